@@ -1,0 +1,169 @@
+//! Plain-data types shared by the eBPF programs (`memprof-ebpf`) and the
+//! userspace daemon (`memprof`).
+//!
+//! Everything here is `#[repr(C)]`, `Copy` and free of pointers, so the same
+//! bytes mean the same thing on both sides of a BPF map. With the `user`
+//! feature the types also implement `aya::Pod`, which lets userspace read
+//! them straight out of maps.
+#![cfg_attr(not(feature = "user"), no_std)]
+
+/// Which allocator family an allocation came from. Stored as a `u8`.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum AllocKind {
+    /// libc heap: malloc, calloc, realloc, memalign, …
+    Libc = 0,
+    /// anonymous or file mappings made with `mmap`.
+    Mmap = 1,
+    /// Boehm GC, scanned objects (`GC_malloc`).
+    Gc = 2,
+    /// Boehm GC, pointer-free objects (`GC_malloc_atomic`).
+    GcAtomic = 3,
+}
+
+impl AllocKind {
+    pub const ALL: [AllocKind; 4] = [
+        AllocKind::Libc,
+        AllocKind::Mmap,
+        AllocKind::Gc,
+        AllocKind::GcAtomic,
+    ];
+
+    pub fn from_u8(v: u8) -> Option<AllocKind> {
+        Self::ALL.get(v as usize).copied()
+    }
+
+    /// The name used in reports and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            AllocKind::Libc => "libc",
+            AllocKind::Mmap => "mmap",
+            AllocKind::Gc => "gc",
+            AllocKind::GcAtomic => "gc_atomic",
+        }
+    }
+}
+
+/// What the return probe must do with a pending call (set by the entry probe).
+pub mod op {
+    /// Returned pointer is a new block of `size` bytes.
+    pub const ALLOC: u8 = 0;
+    /// `realloc`: `old_ptr` is released if the call succeeds (or if size is 0).
+    pub const REALLOC: u8 = 1;
+    /// `posix_memalign`: the new pointer is written to `*out_ptr`; return value 0 on success.
+    pub const OUT_PTR: u8 = 2;
+}
+
+/// Stack id stored when `bpf_get_stackid` failed; counted in [`counter::STACK_ERRORS`].
+pub const NO_STACK: u32 = u32::MAX;
+
+/// Where an allocation was made: the user stack (frame-pointer walk, kept in
+/// the `STACKS` map) plus the return address read from the stack at the probe,
+/// which the frame-pointer walk misses when the allocator does not start with
+/// `push %rbp`. Key of the per-site totals map, and part of every live entry.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AllocSite {
+    /// Return address into the caller of the allocator function.
+    pub caller: u64,
+    /// Id in the `STACKS` map, or [`NO_STACK`].
+    pub stack_id: u32,
+    /// [`AllocKind`] as `u8`.
+    pub kind: u8,
+    pub _pad: [u8; 3],
+}
+
+/// A call in flight: written by the entry probe, consumed by the return probe.
+/// Keyed by thread (`pid_tgid`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct PendingCall {
+    pub site: AllocSite,
+    /// Requested size in bytes.
+    pub size: u64,
+    /// `realloc`: the block being resized; `posix_memalign`: the `void **` out-parameter.
+    pub arg_ptr: u64,
+    /// Number of allocator calls nested inside this one (e.g. `realloc(NULL, n)`
+    /// calls `malloc`): their return probes are skipped, the outer call counts.
+    pub nested: u32,
+    /// One of [`op`].
+    pub op: u8,
+    pub _pad: [u8; 3],
+}
+
+/// One live block: value of the `LIVE` map, keyed by address.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct LiveAlloc {
+    pub site: AllocSite,
+    pub size: u64,
+    /// `bpf_ktime_get_ns()` at allocation (CLOCK_MONOTONIC).
+    pub timestamp_ns: u64,
+}
+
+/// Everything allocated at one site over the whole run: value of the per-CPU
+/// `SITE_TOTALS` map (userspace sums the CPUs).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SiteTotals {
+    pub count: u64,
+    pub bytes: u64,
+}
+
+/// Indexes into the per-CPU `COUNTERS` array: things that went wrong or were
+/// dropped. Nothing is lost silently: every report prints these.
+pub mod counter {
+    /// An allocation could not be recorded in `LIVE` (map full): its free is never matched.
+    pub const LIVE_FULL: u32 = 0;
+    /// A site could not be added to `SITE_TOTALS` (map full): the allocation is missing from totals.
+    pub const SITES_FULL: u32 = 1;
+    /// `bpf_get_stackid` failed (stack map full or hash collision): site recorded without a stack.
+    pub const STACK_ERRORS: u32 = 2;
+    /// A call could not be remembered between entry and return (`PENDING` full): allocation lost.
+    pub const PENDING_FULL: u32 = 3;
+    /// Frees of addresses memprof never saw allocated (made before attach, or lost).
+    pub const UNKNOWN_FREES: u32 = 4;
+    /// Allocations made (recorded or not).
+    pub const ALLOCS: u32 = 5;
+    /// Frees seen (known or unknown).
+    pub const FREES: u32 = 6;
+    /// Failed allocations (NULL / MAP_FAILED returned).
+    pub const FAILED_ALLOCS: u32 = 7;
+    pub const COUNT: u32 = 8;
+}
+
+/// Symbol names the eBPF object exports for its programs, used by userspace
+/// to find and attach them.
+pub mod programs {
+    pub const ALLOC_ENTER: &str = "alloc_enter";
+    pub const CALLOC_ENTER: &str = "calloc_enter";
+    pub const REALLOC_ENTER: &str = "realloc_enter";
+    pub const REALLOCARRAY_ENTER: &str = "reallocarray_enter";
+    pub const MEMALIGN_ENTER: &str = "memalign_enter";
+    pub const POSIX_MEMALIGN_ENTER: &str = "posix_memalign_enter";
+    pub const MMAP_ENTER: &str = "mmap_enter";
+    pub const ALLOC_EXIT: &str = "alloc_exit";
+    pub const FREE_ENTER: &str = "free_enter";
+    pub const MUNMAP_ENTER: &str = "munmap_enter";
+    /// Does nothing: `cargo xtask bench` uses it to measure the bare probe cost.
+    pub const EMPTY: &str = "empty_probe";
+    pub const EMPTY_RET: &str = "empty_retprobe";
+}
+
+/// Map names in the eBPF object.
+pub mod maps {
+    pub const PENDING: &str = "PENDING";
+    pub const LIVE: &str = "LIVE";
+    pub const SITE_TOTALS: &str = "SITE_TOTALS";
+    pub const STACKS: &str = "STACKS";
+    pub const COUNTERS: &str = "COUNTERS";
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: plain #[repr(C)] data, every bit pattern valid, padding explicit.
+    unsafe impl aya::Pod for super::AllocSite {}
+    unsafe impl aya::Pod for super::PendingCall {}
+    unsafe impl aya::Pod for super::LiveAlloc {}
+    unsafe impl aya::Pod for super::SiteTotals {}
+}

@@ -1,0 +1,276 @@
+//! memprof's kernel side: uprobes on allocator functions that keep a table of
+//! live blocks and per-site totals, for one target process.
+//!
+//! Data flow, one allocation:
+//!
+//! 1. entry probe (`alloc_enter`, `calloc_enter`, …): remember the requested
+//!    size, the user stack id and the caller's return address in `PENDING`,
+//!    keyed by thread. The allocator kind (libc, mmap, gc, …) comes from the
+//!    attach cookie, so one program serves every function with the same
+//!    argument layout.
+//! 2. return probe (`alloc_exit`): take the pending call, read the returned
+//!    pointer, insert it into `LIVE` and add to `SITE_TOTALS`.
+//! 3. `free_enter` / `munmap_enter`: remove the block from `LIVE`.
+//!
+//! Userspace reads `LIVE`, `SITE_TOTALS` and `STACKS` at the end. Everything
+//! that could not be recorded is counted in `COUNTERS`.
+#![cfg_attr(target_arch = "bpf", no_std)]
+#![cfg_attr(target_arch = "bpf", no_main)]
+
+#[cfg(target_arch = "bpf")]
+mod probes {
+    use aya_ebpf::{
+        bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
+        helpers::{
+            bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_ktime_get_ns,
+            bpf_probe_read_user,
+        },
+        macros::{map, uprobe, uretprobe},
+        maps::{HashMap, PerCpuArray, PerCpuHashMap, StackTrace},
+        programs::{tracing::StackIdContext, ProbeContext, RetProbeContext},
+        EbpfContext,
+    };
+    use memprof_common::{
+        counter, op, AllocKind, AllocSite, LiveAlloc, PendingCall, SiteTotals, NO_STACK,
+    };
+
+    // Sizes are defaults; userspace sets them from --max-live / --max-stacks.
+    #[map]
+    static PENDING: HashMap<u64, PendingCall> = HashMap::with_max_entries(8192, 0);
+    #[map]
+    static LIVE: HashMap<u64, LiveAlloc> = HashMap::with_max_entries(1 << 20, 0);
+    #[map]
+    static SITE_TOTALS: PerCpuHashMap<AllocSite, SiteTotals> =
+        PerCpuHashMap::with_max_entries(1 << 16, 0);
+    #[map]
+    static STACKS: StackTrace = StackTrace::with_max_entries(1 << 15, 0);
+    #[map]
+    static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
+
+    #[inline(always)]
+    fn bump(index: u32) {
+        if let Some(slot) = COUNTERS.get_ptr_mut(index) {
+            // Per-CPU slot: no other CPU writes it.
+            unsafe { *slot += 1 };
+        }
+    }
+
+    /// Records a call on entry. `size` is the requested size, `arg_ptr` the
+    /// realloc'd block or the posix_memalign out-parameter.
+    #[inline(always)]
+    fn enter(ctx: &ProbeContext, size: u64, arg_ptr: u64, op: u8) {
+        let thread = bpf_get_current_pid_tgid();
+        if let Some(outer) = PENDING.get_ptr_mut(&thread) {
+            // Inside another allocator call of this thread: the outer call counts.
+            unsafe { (*outer).nested += 1 };
+            return;
+        }
+        let kind = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u8;
+        let stack_id = match ctx.get_stackid(&STACKS, BPF_F_USER_STACK as u64) {
+            Ok(id) => id as u32,
+            Err(_) => {
+                bump(counter::STACK_ERRORS);
+                NO_STACK
+            }
+        };
+        // Entry probes sit where %rsp is still the entry value (userspace
+        // guarantees it), so the return address is at the top of the stack.
+        let sp = unsafe { (*ctx.regs).rsp };
+        let caller = unsafe { bpf_probe_read_user(sp as *const u64) }.unwrap_or(0);
+        let call = PendingCall {
+            site: AllocSite {
+                caller,
+                stack_id,
+                kind,
+                _pad: [0; 3],
+            },
+            size,
+            arg_ptr,
+            nested: 0,
+            op,
+            _pad: [0; 3],
+        };
+        if PENDING.insert(&thread, &call, 0).is_err() {
+            bump(counter::PENDING_FULL);
+        }
+    }
+
+    fn arg(ctx: &ProbeContext, n: usize) -> u64 {
+        ctx.arg::<u64>(n).unwrap_or(0)
+    }
+
+    /// `malloc(size)`, `valloc(size)`, `pvalloc(size)`, `mmap(addr, len, …)` use arg 0 or 1.
+    #[uprobe]
+    pub fn alloc_enter(ctx: ProbeContext) -> u32 {
+        enter(&ctx, arg(&ctx, 0), 0, op::ALLOC);
+        0
+    }
+
+    #[uprobe]
+    pub fn mmap_enter(ctx: ProbeContext) -> u32 {
+        enter(&ctx, arg(&ctx, 1), 0, op::ALLOC);
+        0
+    }
+
+    #[uprobe]
+    pub fn calloc_enter(ctx: ProbeContext) -> u32 {
+        let size = arg(&ctx, 0).wrapping_mul(arg(&ctx, 1));
+        enter(&ctx, size, 0, op::ALLOC);
+        0
+    }
+
+    #[uprobe]
+    pub fn realloc_enter(ctx: ProbeContext) -> u32 {
+        enter(&ctx, arg(&ctx, 1), arg(&ctx, 0), op::REALLOC);
+        0
+    }
+
+    #[uprobe]
+    pub fn reallocarray_enter(ctx: ProbeContext) -> u32 {
+        let size = arg(&ctx, 1).wrapping_mul(arg(&ctx, 2));
+        enter(&ctx, size, arg(&ctx, 0), op::REALLOC);
+        0
+    }
+
+    /// `memalign(align, size)`, `aligned_alloc(align, size)`.
+    #[uprobe]
+    pub fn memalign_enter(ctx: ProbeContext) -> u32 {
+        enter(&ctx, arg(&ctx, 1), 0, op::ALLOC);
+        0
+    }
+
+    /// `posix_memalign(void **memptr, align, size)`.
+    #[uprobe]
+    pub fn posix_memalign_enter(ctx: ProbeContext) -> u32 {
+        enter(&ctx, arg(&ctx, 2), arg(&ctx, 0), op::OUT_PTR);
+        0
+    }
+
+    /// Return probe for every allocating function.
+    #[uretprobe]
+    pub fn alloc_exit(ctx: RetProbeContext) -> u32 {
+        let thread = bpf_get_current_pid_tgid();
+        let Some(pending) = PENDING.get_ptr_mut(&thread) else {
+            return 0;
+        };
+        let call = unsafe { *pending };
+        if call.nested > 0 {
+            unsafe { (*pending).nested -= 1 };
+            return 0;
+        }
+        let _ = PENDING.remove(&thread);
+
+        let ret: u64 = ctx.ret();
+        let addr = if call.op == op::OUT_PTR {
+            if ret as u32 == 0 {
+                unsafe { bpf_probe_read_user(call.arg_ptr as *const u64) }.unwrap_or(0)
+            } else {
+                0
+            }
+        } else {
+            ret
+        };
+        // mmap fails with MAP_FAILED (-1), the others with NULL.
+        let failed = addr == 0 || addr > (-4096i64) as u64;
+        if call.op == op::REALLOC && call.arg_ptr != 0 && (!failed || call.size == 0) {
+            // realloc succeeded (or was realloc(p, 0), which frees p): the old block is gone.
+            release(call.arg_ptr);
+        }
+        if failed {
+            if !(call.op == op::REALLOC && call.size == 0) {
+                bump(counter::FAILED_ALLOCS);
+            }
+            return 0;
+        }
+        record(addr, &call);
+        0
+    }
+
+    #[inline(always)]
+    fn record(addr: u64, call: &PendingCall) {
+        bump(counter::ALLOCS);
+        let live = LiveAlloc {
+            site: call.site,
+            size: call.size,
+            timestamp_ns: unsafe { bpf_ktime_get_ns() },
+        };
+        // An address already present means its free was missed: overwrite.
+        if LIVE.insert(&addr, &live, 0).is_err() {
+            bump(counter::LIVE_FULL);
+        }
+        match SITE_TOTALS.get_ptr_mut(&call.site) {
+            Some(totals) => unsafe {
+                (*totals).count += 1;
+                (*totals).bytes += call.size;
+            },
+            None => {
+                let first = SiteTotals {
+                    count: 1,
+                    bytes: call.size,
+                };
+                if SITE_TOTALS
+                    .insert(&call.site, &first, BPF_NOEXIST as u64)
+                    .is_err()
+                {
+                    bump(counter::SITES_FULL);
+                }
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn release(addr: u64) {
+        bump(counter::FREES);
+        if LIVE.remove(&addr).is_err() {
+            bump(counter::UNKNOWN_FREES);
+        }
+    }
+
+    #[uprobe]
+    pub fn free_enter(ctx: ProbeContext) -> u32 {
+        let addr = arg(&ctx, 0);
+        // free(NULL) is a no-op; a free inside an allocator call (GC_realloc
+        // freeing the old block) is accounted by that call's return probe.
+        if addr != 0 && PENDING.get_ptr(&bpf_get_current_pid_tgid()).is_none() {
+            release(addr);
+        }
+        0
+    }
+
+    /// `munmap(addr, len)`: forgets a mapping made by `mmap` at exactly that
+    /// address. Partial unmaps and unmaps of untracked ranges are not counted.
+    #[uprobe]
+    pub fn munmap_enter(ctx: ProbeContext) -> u32 {
+        let addr = arg(&ctx, 0);
+        if let Some(live) = LIVE.get_ptr(&addr) {
+            if unsafe { (*live).site.kind } == AllocKind::Mmap as u8 {
+                bump(counter::FREES);
+                let _ = LIVE.remove(&addr);
+            }
+        }
+        0
+    }
+
+    /// Benchmark baseline: the bare cost of a probe hit.
+    #[uprobe]
+    pub fn empty_probe(_ctx: ProbeContext) -> u32 {
+        0
+    }
+
+    #[uretprobe]
+    pub fn empty_retprobe(_ctx: RetProbeContext) -> u32 {
+        0
+    }
+
+    #[panic_handler]
+    fn panic(_info: &core::panic::PanicInfo) -> ! {
+        loop {}
+    }
+
+    #[unsafe(link_section = "license")]
+    #[unsafe(no_mangle)]
+    static LICENSE: [u8; 4] = *b"GPL\0";
+}
+
+#[cfg(not(target_arch = "bpf"))]
+fn main() {}
