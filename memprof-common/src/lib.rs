@@ -157,6 +157,9 @@ pub mod maps {
     pub const SITE_TOTALS: &str = "SITE_TOTALS";
     pub const STACKS: &str = "STACKS";
     pub const COUNTERS: &str = "COUNTERS";
+    /// One `u32`: 1 while recording. Set to 0 to stop recording at once
+    /// (detaching uprobes takes a grace period each).
+    pub const ENABLED: &str = "ENABLED";
 }
 
 #[cfg(feature = "user")]

@@ -22,11 +22,10 @@ mod probes {
     use aya_ebpf::{
         bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
         helpers::{
-            bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_ktime_get_ns,
-            bpf_probe_read_user,
+            bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
         },
         macros::{map, uprobe, uretprobe},
-        maps::{HashMap, PerCpuArray, PerCpuHashMap, StackTrace},
+        maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, StackTrace},
         programs::{tracing::StackIdContext, ProbeContext, RetProbeContext},
         EbpfContext,
     };
@@ -46,6 +45,14 @@ mod probes {
     static STACKS: StackTrace = StackTrace::with_max_entries(1 << 15, 0);
     #[map]
     static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
+    /// 1 while recording; userspace clears it to stop every program at once.
+    #[map]
+    static ENABLED: Array<u32> = Array::with_max_entries(1, 0);
+
+    #[inline(always)]
+    fn enabled() -> bool {
+        ENABLED.get(0).is_some_and(|&on| on == 1)
+    }
 
     #[inline(always)]
     fn bump(index: u32) {
@@ -59,6 +66,9 @@ mod probes {
     /// realloc'd block or the posix_memalign out-parameter.
     #[inline(always)]
     fn enter(ctx: &ProbeContext, size: u64, arg_ptr: u64, op: u8) {
+        if !enabled() {
+            return;
+        }
         let thread = bpf_get_current_pid_tgid();
         if let Some(outer) = PENDING.get_ptr_mut(&thread) {
             // Inside another allocator call of this thread: the outer call counts.
@@ -149,6 +159,9 @@ mod probes {
     /// Return probe for every allocating function.
     #[uretprobe]
     pub fn alloc_exit(ctx: RetProbeContext) -> u32 {
+        if !enabled() {
+            return 0;
+        }
         let thread = bpf_get_current_pid_tgid();
         let Some(pending) = PENDING.get_ptr_mut(&thread) else {
             return 0;
@@ -228,6 +241,9 @@ mod probes {
 
     #[uprobe]
     pub fn free_enter(ctx: ProbeContext) -> u32 {
+        if !enabled() {
+            return 0;
+        }
         let addr = arg(&ctx, 0);
         // free(NULL) is a no-op; a free inside an allocator call (GC_realloc
         // freeing the old block) is accounted by that call's return probe.
@@ -241,6 +257,9 @@ mod probes {
     /// address. Partial unmaps and unmaps of untracked ranges are not counted.
     #[uprobe]
     pub fn munmap_enter(ctx: ProbeContext) -> u32 {
+        if !enabled() {
+            return 0;
+        }
         let addr = arg(&ctx, 0);
         if let Some(live) = LIVE.get_ptr(&addr) {
             if unsafe { (*live).site.kind } == AllocKind::Mmap as u8 {

@@ -1,2 +1,117 @@
-static OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memprof-probes"));
-fn main() { println!("{}", OBJ.len()); }
+//! The `memprof` binary: parses the command line and runs one subcommand.
+//! Errors end the process with one line on stderr and exit code 1.
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use clap::Parser;
+use memprof::cli::{Cli, Command, ReportArgs, SessionArgs};
+use memprof::probes::ProbeOptions;
+use memprof::session::{self, SessionOptions};
+use memprof::{allocators, profile, report};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+        Err(err) => {
+            // One line: the outermost context and the root cause.
+            let chain: Vec<String> = err.chain().map(|e| e.to_string()).collect();
+            let mut line = chain.join(": ");
+            line.retain(|c| c != '\n');
+            eprintln!("memprof: error: {line}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<i32> {
+    match cli.command {
+        Command::Run { session, command } => {
+            session::run(&command, &session_options(&session, None)?)
+        }
+        Command::Attach {
+            pid,
+            duration,
+            session,
+        } => {
+            let duration = match duration {
+                Some(d) if !(d > 0.0 && d.is_finite()) => {
+                    bail!("--duration must be a positive number of seconds")
+                }
+                Some(d) => Some(Duration::from_secs_f64(d)),
+                None => None,
+            };
+            session::attach(pid, &session_options(&session, duration)?)
+        }
+        Command::Probes {
+            pid,
+            probe_at_entry,
+        } => {
+            let plan = session::plan_for_pid(pid, probe_at_entry)?;
+            let mut out = std::io::stdout().lock();
+            writeln!(
+                out,
+                "{:<16} {:<28} {:>8}  why",
+                "function", "module", "offset"
+            )?;
+            for p in plan {
+                writeln!(
+                    out,
+                    "{:<16} {:<28} {:>8}  {}",
+                    p.func.func.symbol,
+                    allocators::short(&p.func.module),
+                    format!("+{}", p.placement.offset),
+                    p.placement.reason
+                )?;
+            }
+            Ok(0)
+        }
+        Command::Report(args) => report_cmd(&args).map(|()| 0),
+    }
+}
+
+fn session_options(args: &SessionArgs, duration: Option<Duration>) -> Result<SessionOptions> {
+    for (name, value) in [
+        ("--max-live", args.max_live),
+        ("--max-stacks", args.max_stacks),
+        ("--max-sites", args.max_sites),
+    ] {
+        if value == 0 {
+            bail!("{name} must be at least 1");
+        }
+    }
+    Ok(SessionOptions {
+        output: args.output.clone(),
+        probes: ProbeOptions {
+            max_live: args.max_live,
+            max_stacks: args.max_stacks,
+            max_sites: args.max_sites,
+            empty: args.empty_probes,
+        },
+        probe_at_entry: args.probe_at_entry,
+        duration,
+        top: args.top,
+    })
+}
+
+fn report_cmd(args: &ReportArgs) -> Result<()> {
+    let profile = profile::load(&args.file)?;
+    let options = report::Options {
+        min_bytes: args.min_bytes,
+        depth: args.depth,
+        skip: args.skip,
+        top: args.top,
+    };
+    let mut out: Box<dyn Write> = match &args.output {
+        Some(path) => Box::new(std::io::BufWriter::new(
+            std::fs::File::create(path)
+                .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?,
+        )),
+        None => Box::new(std::io::stdout().lock()),
+    };
+    report::render(&profile, args.format, &options, &mut out)?;
+    out.flush()?;
+    Ok(())
+}

@@ -1,0 +1,158 @@
+//! Which functions to probe, and where they live in the target.
+//!
+//! Each allocator backend (today `libc`; the Boehm GC next) is a table of
+//! [`AllocFn`]s: the symbol, the eBPF program that reads its arguments, the
+//! [`AllocKind`] it produces and the argument registers the entry probe reads
+//! (so [`crate::placement`] knows which registers must still be intact).
+//!
+//! [`resolve`] looks every symbol up in the target's modules in load order,
+//! the way the dynamic linker binds them: the first module that defines a
+//! function wins (an executable or a preloaded allocator interposes libc).
+//!
+//! ```no_run
+//! # fn main() -> anyhow::Result<()> {
+//! use memprof::allocators;
+//! let modules = vec!["/usr/bin/ls".into(), "/lib/x86_64-linux-gnu/libc.so.6".into()];
+//! for f in allocators::resolve(&modules, allocators::LIBC)? {
+//!     println!("{} in {} at file offset {:#x}", f.func.symbol, f.module.display(), f.file_offset);
+//! }
+//! # Ok(()) }
+//! ```
+pub mod libc;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use memprof_common::AllocKind;
+use object::{Object, ObjectSegment, ObjectSymbol};
+
+pub use self::libc::LIBC;
+
+/// An x86-64 System V argument register, as the entry probe reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ArgReg {
+    Rdi,
+    Rsi,
+    Rdx,
+}
+
+/// One allocator function memprof knows how to probe.
+#[derive(Debug)]
+pub struct AllocFn {
+    pub symbol: &'static str,
+    /// eBPF program run at entry (see `memprof_common::programs`).
+    pub entry_program: &'static str,
+    /// eBPF program run at return, for functions that return a block.
+    pub exit_program: Option<&'static str>,
+    pub kind: AllocKind,
+    /// Registers the entry program reads.
+    pub args: &'static [ArgReg],
+    /// A run may lack this function without being wrong (missing ones are noted, not fatal).
+    pub optional: bool,
+}
+
+/// A function found in a module of the target.
+#[derive(Debug, Clone)]
+pub struct ResolvedFn {
+    pub func: &'static AllocFn,
+    pub module: PathBuf,
+    /// Virtual address in the module (st_value).
+    pub address: u64,
+    /// Offset of the first byte in the file: what uprobes attach to.
+    pub file_offset: u64,
+    /// The function's code, as far as the symbol size says (at most 4 KiB):
+    /// decoded by [`crate::placement`].
+    pub code: Vec<u8>,
+    /// Another function at the same address was resolved first (glibc's
+    /// `aligned_alloc` is `memalign`): probing it twice would count twice.
+    pub alias_of: Option<&'static str>,
+}
+
+/// Finds each function of `table` in the first of `modules` (in load order)
+/// that defines it. Returns them in table order; functions found nowhere are
+/// left out (the caller decides whether that is an error).
+pub fn resolve(modules: &[PathBuf], table: &'static [AllocFn]) -> Result<Vec<ResolvedFn>> {
+    let mut found: Vec<ResolvedFn> = Vec::new();
+    let mut pending: Vec<&'static AllocFn> = table.iter().collect();
+    for module in modules {
+        if pending.is_empty() {
+            break;
+        }
+        let Ok(data) = std::fs::read(module) else {
+            continue; // vanished or unreadable: the target cannot use it either
+        };
+        let Ok(file) = object::File::parse(&*data) else {
+            continue;
+        };
+        pending.retain(|func| match lookup(&file, &data, func.symbol) {
+            Some((address, file_offset, code)) => {
+                let alias_of = found
+                    .iter()
+                    .find(|f| f.module == *module && f.address == address)
+                    .map(|f| f.func.symbol);
+                found.push(ResolvedFn {
+                    func,
+                    module: module.clone(),
+                    address,
+                    file_offset,
+                    code,
+                    alias_of,
+                });
+                false
+            }
+            None => true,
+        });
+    }
+    found.sort_by_key(|f| table.iter().position(|t| std::ptr::eq(t, f.func)));
+    Ok(found)
+}
+
+/// Looks a defined function up in the dynamic and the static symbol table.
+fn lookup(file: &object::File, data: &[u8], name: &str) -> Option<(u64, u64, Vec<u8>)> {
+    let symbol = file
+        .dynamic_symbols()
+        .chain(file.symbols())
+        .find(|s| s.is_definition() && s.address() != 0 && s.name() == Ok(name))?;
+    let address = symbol.address();
+    let segment = file.segments().find(|seg| {
+        let (start, size) = (seg.address(), seg.size());
+        address >= start && address < start + size
+    })?;
+    let (seg_offset, seg_file_size) = segment.file_range();
+    let file_offset = address - segment.address() + seg_offset;
+    let in_file = seg_offset + seg_file_size;
+    let size = match symbol.size() {
+        0 => 64,
+        n => n.min(4096),
+    };
+    let end = (file_offset + size).min(in_file).min(data.len() as u64);
+    let code = data.get(file_offset as usize..end as usize)?.to_vec();
+    Some((address, file_offset, code))
+}
+
+/// Reads a module's path for messages: the file name is usually enough.
+pub fn short(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string())
+}
+
+/// The result of [`resolve`] checked for the functions a run cannot do without.
+pub fn require(resolved: &[ResolvedFn], table: &[AllocFn], modules: &[PathBuf]) -> Result<()> {
+    let missing: Vec<&str> = table
+        .iter()
+        .filter(|f| !f.optional && !resolved.iter().any(|r| r.func.symbol == f.symbol))
+        .map(|f| f.symbol)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let searched: Vec<String> = modules.iter().map(|m| short(m)).collect();
+    Err(anyhow::anyhow!(
+        "no allocator in the target: {} not found in {} (is it a static binary without libc, or stripped of its symbol table?)",
+        missing.join(", "),
+        searched.join(", ")
+    ))
+    .context("resolving allocator functions")
+    .map_err(|e| anyhow::anyhow!("{}", e.root_cause()))
+}

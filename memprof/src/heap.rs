@@ -1,0 +1,142 @@
+//! From the kernel's maps to allocation groups: one per (kind, call stack),
+//! with live and total counts and bytes, stacks still as raw addresses.
+//!
+//! A site in the kernel is (caller return address, frame-pointer stack id,
+//! kind). Its stack starts at the probed instruction inside the allocator,
+//! then the frame-pointer walk; the walk misses the immediate caller when the
+//! allocator does not begin with `push %rbp` (the kernel only adds `[%rsp]`
+//! for probes on `push %rbp`/`endbr64`), which is why the probe reads the
+//! caller itself. Here the two are joined: `[caller, walk[1..]]`, without
+//! repeating the caller when the kernel did add it.
+use std::collections::HashMap;
+
+use anyhow::Result;
+use memprof_common::{AllocKind, AllocSite, NO_STACK};
+
+use crate::probes::HeapMaps;
+
+/// Allocations from one call stack, as read from the kernel.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RawGroup {
+    pub kind: u8,
+    /// Return addresses, innermost (the allocator's caller) first.
+    pub frames: Vec<u64>,
+    pub live_count: u64,
+    pub live_bytes: u64,
+    pub total_count: u64,
+    pub total_bytes: u64,
+}
+
+impl RawGroup {
+    pub fn kind(&self) -> AllocKind {
+        AllocKind::from_u8(self.kind).unwrap_or(AllocKind::Libc)
+    }
+}
+
+/// Reads the live table and the per-site totals and merges them per stack.
+pub fn collect(maps: &HeapMaps) -> Result<Vec<RawGroup>> {
+    let mut grouper = Grouper {
+        maps,
+        stacks: HashMap::new(),
+        by_frames: HashMap::new(),
+        by_site: HashMap::new(),
+        groups: Vec::new(),
+    };
+    for entry in maps.sites.iter() {
+        let (site, per_cpu) = entry?;
+        let group = grouper.group(site);
+        for totals in per_cpu.iter() {
+            group.total_count += totals.count;
+            group.total_bytes += totals.bytes;
+        }
+    }
+    for entry in maps.live.iter() {
+        let (_addr, live) = entry?;
+        let group = grouper.group(live.site);
+        group.live_count += 1;
+        group.live_bytes += live.size;
+    }
+    Ok(grouper.groups)
+}
+
+/// Assigns sites to groups; sites are few, live blocks many, so the group of
+/// each site is looked up once.
+struct Grouper<'a> {
+    maps: &'a HeapMaps,
+    stacks: HashMap<u32, Vec<u64>>,
+    by_frames: HashMap<(u8, Vec<u64>), usize>,
+    by_site: HashMap<AllocSite, usize>,
+    groups: Vec<RawGroup>,
+}
+
+impl Grouper<'_> {
+    fn group(&mut self, site: AllocSite) -> &mut RawGroup {
+        if let Some(&i) = self.by_site.get(&site) {
+            return &mut self.groups[i];
+        }
+        let maps = self.maps;
+        let walk = self.stacks.entry(site.stack_id).or_insert_with(|| {
+            if site.stack_id == NO_STACK {
+                return Vec::new();
+            }
+            maps.stacks
+                .get(&site.stack_id, 0)
+                .map(|s| s.frames().iter().map(|f| f.ip).collect())
+                .unwrap_or_default()
+        });
+        let frames = join_caller(site.caller, walk);
+        let groups = &mut self.groups;
+        let i = *self
+            .by_frames
+            .entry((site.kind, frames.clone()))
+            .or_insert_with(|| {
+                groups.push(RawGroup {
+                    kind: site.kind,
+                    frames,
+                    ..RawGroup::default()
+                });
+                groups.len() - 1
+            });
+        self.by_site.insert(site, i);
+        &mut self.groups[i]
+    }
+}
+
+/// `[caller, walk[1..]]`: drops the probe's own address (`walk[0]`) and the
+/// caller when the kernel already put it at `walk[1]`.
+pub fn join_caller(caller: u64, walk: &[u64]) -> Vec<u64> {
+    let rest = walk.get(1..).unwrap_or(&[]);
+    let rest = match rest.first() {
+        Some(&first) if first == caller => &rest[1..],
+        _ => rest,
+    };
+    let mut frames = Vec::with_capacity(rest.len() + 1);
+    if caller != 0 {
+        frames.push(caller);
+    }
+    frames.extend_from_slice(rest);
+    frames
+}
+
+#[cfg(test)]
+mod tests {
+    use super::join_caller;
+
+    #[test]
+    fn adds_the_caller_the_walk_missed() {
+        assert_eq!(
+            join_caller(0x20, &[0x10, 0x30, 0x40]),
+            vec![0x20, 0x30, 0x40]
+        );
+    }
+
+    #[test]
+    fn does_not_repeat_a_caller_the_kernel_added() {
+        assert_eq!(join_caller(0x20, &[0x10, 0x20, 0x30]), vec![0x20, 0x30]);
+    }
+
+    #[test]
+    fn no_stack_still_has_the_caller() {
+        assert_eq!(join_caller(0x20, &[]), vec![0x20]);
+    }
+}

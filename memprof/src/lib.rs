@@ -1,0 +1,26 @@
+//! memprof: a memory profiler for Linux that attaches to a program from
+//! outside, with eBPF uprobes on its allocator functions.
+//!
+//! The modules follow one allocation from the probe to the printed table:
+//!
+//! | stage | module |
+//! |---|---|
+//! | the process, its modules, launching it held | [`target`] |
+//! | which functions to probe, where they are | [`allocators`] |
+//! | where in each function to put the probe | [`placement`] |
+//! | loading and attaching the eBPF programs | [`probes`] |
+//! | the kernel's tables → groups per stack | [`heap`] |
+//! | addresses → names and `file:line` | [`symbolize`] |
+//! | the `.mprof` file | [`profile`] |
+//! | markdown, tsv, json | [`report`] |
+//! | the whole pipeline for `run` and `attach` | [`session`] |
+pub mod allocators;
+pub mod cli;
+pub mod heap;
+pub mod placement;
+pub mod probes;
+pub mod profile;
+pub mod report;
+pub mod session;
+pub mod symbolize;
+pub mod target;

@@ -1,0 +1,200 @@
+//! Loading memprof's eBPF programs and attaching them to the target.
+//!
+//! The object is built by `build.rs` and embedded in the binary. Each
+//! program is loaded once and attached to every function that shares its
+//! argument layout; the attach cookie tells the program which
+//! [`memprof_common::AllocKind`] it is counting. Every probe is scoped to the
+//! target's pid. Dropping [`Probes`] (or memprof exiting, however it exits)
+//! closes the links: the kernel then removes the breakpoints.
+use std::num::NonZeroU32;
+
+use anyhow::{anyhow, Context, Result};
+use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, PerCpuHashMap, StackTraceMap};
+use aya::programs::uprobe::UProbeLinkId;
+use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope};
+use aya::programs::UProbe;
+use aya::{Ebpf, EbpfLoader};
+use memprof_common::{counter, maps, programs, AllocSite, LiveAlloc, SiteTotals};
+
+use crate::placement::Planned;
+use crate::profile::Counters;
+
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memprof-probes"));
+
+/// Map sizes and probe modes.
+#[derive(Debug, Clone)]
+pub struct ProbeOptions {
+    /// Capacity of the live-block table.
+    pub max_live: u32,
+    /// Capacity of the stack table.
+    pub max_stacks: u32,
+    /// Capacity of the per-site totals table.
+    pub max_sites: u32,
+    /// Attach programs that do nothing (benchmark of the bare probe cost).
+    pub empty: bool,
+}
+
+/// The loaded programs, with their links while attached.
+pub struct Probes {
+    ebpf: Ebpf,
+    empty: bool,
+    /// Every attached probe: (program name, link).
+    links: Vec<(&'static str, UProbeLinkId)>,
+    /// How many probes (entry + return) are attached.
+    pub attached: usize,
+}
+
+/// The maps, kept after the programs are detached so they can be read.
+pub struct HeapMaps {
+    pub live: HashMap<MapData, u64, LiveAlloc>,
+    pub sites: PerCpuHashMap<MapData, AllocSite, SiteTotals>,
+    pub stacks: StackTraceMap<MapData>,
+    counters: PerCpuArray<MapData, u64>,
+}
+
+impl Probes {
+    /// Loads the eBPF object into the kernel (no probe attached yet).
+    pub fn load(options: &ProbeOptions) -> Result<Probes> {
+        let ebpf = EbpfLoader::new()
+            .map_max_entries(maps::LIVE, options.max_live)
+            .map_max_entries(maps::STACKS, options.max_stacks)
+            .map_max_entries(maps::SITE_TOTALS, options.max_sites)
+            .load(OBJECT)
+            .map_err(|e| permission_hint(anyhow!(e), "loading the eBPF programs"))?;
+        let mut probes = Probes {
+            ebpf,
+            empty: options.empty,
+            links: Vec::new(),
+            attached: 0,
+        };
+        probes.set_enabled(true)?;
+        let names: Vec<String> = probes.ebpf.programs().map(|(n, _)| n.to_string()).collect();
+        for name in names {
+            probes
+                .program(&name)?
+                .load()
+                .map_err(|e| permission_hint(anyhow!(e), &format!("loading program {name}")))?;
+        }
+        Ok(probes)
+    }
+
+    fn program(&mut self, name: &str) -> Result<&mut UProbe> {
+        let program = self
+            .ebpf
+            .program_mut(name)
+            .ok_or_else(|| anyhow!("eBPF object has no program {name}"))?;
+        Ok(program.try_into()?)
+    }
+
+    /// Attaches the entry (and return) probe of every planned function, for `pid` only.
+    pub fn attach(&mut self, pid: u32, plan: &[Planned]) -> Result<()> {
+        let scope = UProbeScope::OneProcess(NonZeroU32::new(pid).context("pid 0")?);
+        for planned in plan {
+            let f = &planned.func;
+            let cookie = Some(f.func.kind as u64);
+            let offset = f.file_offset + planned.placement.offset;
+            let (entry, exit) = if self.empty {
+                (
+                    programs::EMPTY,
+                    f.func.exit_program.map(|_| programs::EMPTY_RET),
+                )
+            } else {
+                (f.func.entry_program, f.func.exit_program)
+            };
+            // The return probe sits at the same offset: %rsp still points at
+            // the return address there (placement guarantees it), and one
+            // breakpoint serves both.
+            for program in std::iter::once(entry).chain(exit) {
+                let point = UProbeAttachPoint {
+                    location: UProbeAttachLocation::AbsoluteOffset(offset),
+                    cookie,
+                };
+                let link = self
+                    .program(program)?
+                    .attach(point, &f.module, scope)
+                    .map_err(|e| permission_hint(anyhow!(e), "attaching a uprobe"))
+                    .with_context(|| {
+                        format!(
+                            "attaching {program} to {} in {}",
+                            f.func.symbol,
+                            f.module.display()
+                        )
+                    })?;
+                self.links.push((program, link));
+                self.attached += 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn set_enabled(&mut self, on: bool) -> Result<()> {
+        let map = self
+            .ebpf
+            .map_mut(maps::ENABLED)
+            .ok_or_else(|| anyhow!("eBPF object has no map {}", maps::ENABLED))?;
+        let mut enabled: Array<&mut MapData, u32> = Array::try_from(map)?;
+        enabled.set(0, u32::from(on), 0)?;
+        Ok(())
+    }
+
+    /// Stops recording at once and starts detaching in the background.
+    ///
+    /// Every program turns into a no-op when the `ENABLED` switch is cleared,
+    /// so the returned maps no longer change. Closing a uprobe costs the
+    /// kernel a grace period (~0.1 s each, serialized), so the links are
+    /// closed on a thread while the caller symbolizes; [`Detaching::wait`]
+    /// joins it. No probe is left in the target after that.
+    pub fn stop(mut self) -> Result<(HeapMaps, Detaching)> {
+        self.set_enabled(false)?;
+        let mut take = |name: &str| -> Result<Map> {
+            self.ebpf
+                .take_map(name)
+                .ok_or_else(|| anyhow!("eBPF object has no map {name}"))
+        };
+        let heap = HeapMaps {
+            live: HashMap::try_from(take(maps::LIVE)?)?,
+            sites: PerCpuHashMap::try_from(take(maps::SITE_TOTALS)?)?,
+            stacks: StackTraceMap::try_from(take(maps::STACKS)?)?,
+            counters: PerCpuArray::try_from(take(maps::COUNTERS)?)?,
+        };
+        let thread = std::thread::spawn(move || drop(self));
+        Ok((heap, Detaching(thread)))
+    }
+}
+
+/// Probes being detached on a background thread.
+pub struct Detaching(std::thread::JoinHandle<()>);
+
+impl Detaching {
+    /// Waits until every probe is detached.
+    pub fn wait(self) {
+        let _ = self.0.join();
+    }
+}
+
+impl HeapMaps {
+    /// Sums the per-CPU counters.
+    pub fn counters(&self) -> Result<Counters> {
+        let get = |index: u32| -> Result<u64> { Ok(self.counters.get(&index, 0)?.iter().sum()) };
+        Ok(Counters {
+            live_map_full: get(counter::LIVE_FULL)?,
+            sites_map_full: get(counter::SITES_FULL)?,
+            stack_errors: get(counter::STACK_ERRORS)?,
+            pending_full: get(counter::PENDING_FULL)?,
+            unknown_frees: get(counter::UNKNOWN_FREES)?,
+            allocs: get(counter::ALLOCS)?,
+            frees: get(counter::FREES)?,
+            failed_allocs: get(counter::FAILED_ALLOCS)?,
+        })
+    }
+}
+
+/// Loading or attaching fails with EPERM without the capabilities: say which.
+fn permission_hint(err: anyhow::Error, what: &str) -> anyhow::Error {
+    let text = format!("{err:#}");
+    if text.contains("Operation not permitted") || text.contains("EPERM") {
+        anyhow!("{what} was not permitted: memprof needs root (CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN)")
+    } else {
+        err.context(what.to_string())
+    }
+}

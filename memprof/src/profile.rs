@@ -1,0 +1,204 @@
+//! The `.mprof` profile file: everything a report needs, symbolized, so
+//! `memprof report` runs anywhere, without privileges and after the target is
+//! gone.
+//!
+//! Layout: one header line `MEMPROF-PROFILE <version>\n`, then the
+//! [`Profile`] as JSON. The header lets [`load`] tell "not a profile",
+//! "another version" and "truncated" apart before parsing.
+//!
+//! ```
+//! use memprof::profile::{self, Profile};
+//! let mut bytes = Vec::new();
+//! profile::write(&Profile::default(), &mut bytes).unwrap();
+//! assert!(bytes.starts_with(b"MEMPROF-PROFILE 1\n"));
+//! let back = profile::parse(&bytes).unwrap();
+//! assert_eq!(back.groups.len(), 0);
+//! ```
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+pub const MAGIC: &str = "MEMPROF-PROFILE";
+/// The version this memprof writes and reads.
+pub const VERSION: u32 = 1;
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Profile {
+    pub memprof_version: String,
+    /// `run` or `attach`.
+    pub mode: String,
+    pub target: TargetInfo,
+    /// Wall-clock start, seconds since the Unix epoch.
+    pub start_unix_s: f64,
+    pub duration_s: f64,
+    /// How the target ended, if it ended while profiled.
+    pub exit: Option<ExitInfo>,
+    /// How stacks were captured: `fp` (frame pointers).
+    pub unwind: String,
+    pub counters: Counters,
+    pub probes: Vec<ProbeInfo>,
+    pub groups: Vec<Group>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct TargetInfo {
+    pub pid: u32,
+    pub command: Vec<String>,
+    pub exe: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExitInfo {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+}
+
+/// What could not be recorded, and totals for context. Nothing is lost
+/// silently: every report prints these.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counters {
+    /// Allocations not recorded as live because the live table was full (`--max-live`).
+    pub live_map_full: u64,
+    /// Allocations missing from per-stack totals because the site table was full.
+    pub sites_map_full: u64,
+    /// Allocations whose stack could not be captured (stack table full or hash collision, `--max-stacks`).
+    pub stack_errors: u64,
+    /// Allocations lost because the in-flight call table was full.
+    pub pending_full: u64,
+    /// Frees of blocks allocated before profiling started (or lost).
+    pub unknown_frees: u64,
+    pub allocs: u64,
+    pub frees: u64,
+    /// Allocation calls that failed (returned NULL / MAP_FAILED).
+    pub failed_allocs: u64,
+}
+
+impl Counters {
+    /// Allocation events that were dropped (not recorded, or recorded only in part).
+    pub fn lost_events(&self) -> u64 {
+        self.live_map_full + self.sites_map_full + self.pending_full
+    }
+}
+
+/// One probe as attached.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ProbeInfo {
+    pub function: String,
+    pub module: String,
+    /// Offset of the entry probe from the function's start.
+    pub entry_offset: u64,
+    /// The kernel emulates the probed instruction (cheap) instead of single-stepping it.
+    pub emulated: bool,
+    pub reason: String,
+}
+
+/// Allocations of one kind from one call stack.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Group {
+    /// `libc`, `mmap`, `gc`, `gc_atomic`.
+    pub kind: String,
+    pub live_count: u64,
+    pub live_bytes: u64,
+    pub total_count: u64,
+    pub total_bytes: u64,
+    /// Innermost first, starting at the caller of the allocator function.
+    pub frames: Vec<Frame>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Frame {
+    /// Readable function name (`[unknown]` when no symbol covers the address).
+    pub function: String,
+    /// The symbol as found in the binary.
+    pub raw_name: String,
+    pub file: Option<String>,
+    pub line: Option<u32>,
+    /// Path of the module (executable or library).
+    pub module: String,
+    /// The return address in the target's address space.
+    pub address: u64,
+}
+
+/// Writes `profile` in the file format.
+pub fn write(profile: &Profile, out: &mut impl Write) -> Result<()> {
+    writeln!(out, "{MAGIC} {VERSION}")?;
+    serde_json::to_writer(&mut *out, profile)?;
+    writeln!(out)?;
+    Ok(())
+}
+
+/// Reads a profile file; errors say what is wrong with it in one line.
+pub fn load(path: &Path) -> Result<Profile> {
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    parse(&bytes).with_context(|| format!("{}", path.display()))
+}
+
+/// Parses the bytes of a profile file.
+pub fn parse(bytes: &[u8]) -> Result<Profile> {
+    let Some(rest) = bytes.strip_prefix(MAGIC.as_bytes()) else {
+        bail!("not a memprof profile (no {MAGIC} header)");
+    };
+    let Some(newline) = rest.iter().position(|&b| b == b'\n') else {
+        bail!("profile is truncated (header incomplete)");
+    };
+    let version = std::str::from_utf8(&rest[..newline])
+        .ok()
+        .and_then(|v| v.trim().parse::<u32>().ok());
+    match version {
+        Some(VERSION) => {}
+        Some(other) => {
+            bail!("profile version {other} is not supported: this memprof reads version {VERSION}")
+        }
+        None => bail!("not a memprof profile (bad version in header)"),
+    }
+    serde_json::from_slice(&rest[newline + 1..]).map_err(|e| {
+        if e.is_eof() {
+            anyhow::anyhow!("profile is truncated (the file ends early)")
+        } else {
+            anyhow::anyhow!("profile is corrupt: {e}")
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Vec<u8> {
+        let mut p = Profile::default();
+        p.groups.push(Group {
+            kind: "libc".into(),
+            live_count: 1,
+            ..Group::default()
+        });
+        let mut bytes = Vec::new();
+        write(&p, &mut bytes).unwrap();
+        bytes
+    }
+
+    fn error(bytes: &[u8]) -> String {
+        format!("{:#}", parse(bytes).unwrap_err())
+    }
+
+    #[test]
+    fn round_trips() {
+        assert_eq!(parse(&sample()).unwrap().groups[0].live_count, 1);
+    }
+
+    #[test]
+    fn names_each_kind_of_bad_file() {
+        assert!(error(b"\x7fELF garbage").contains("not a memprof profile"));
+        let bytes = sample();
+        assert!(error(&bytes[..bytes.len() / 2]).contains("truncated"));
+        let other = String::from_utf8(bytes.clone())
+            .unwrap()
+            .replacen(" 1\n", " 999\n", 1);
+        assert!(error(other.as_bytes()).contains("version 999"));
+        let mut corrupt = bytes.clone();
+        let at = corrupt.len() - 5;
+        corrupt[at] = b'#';
+        assert!(error(&corrupt).contains("corrupt"));
+    }
+}

@@ -1,0 +1,70 @@
+//! Everything in the profile as one JSON document (schema in the README,
+//! `"version"` bumps on incompatible changes). Unlike the tables it keeps
+//! stacks with nothing live and applies `--min-bytes`/`--top`/`--depth` only
+//! when given.
+use std::io::Write;
+
+use anyhow::Result;
+use serde_json::{json, Value};
+
+use super::{select, Options};
+use crate::profile::Profile;
+
+/// Version of the JSON report schema.
+pub const VERSION: u32 = 1;
+
+pub fn write(profile: &Profile, options: &Options, out: &mut dyn Write) -> Result<()> {
+    serde_json::to_writer_pretty(&mut *out, &to_value(profile, options))?;
+    writeln!(out)?;
+    Ok(())
+}
+
+pub fn to_value(profile: &Profile, options: &Options) -> Value {
+    let groups: Vec<Value> = select(profile, options, 0, false)
+        .into_iter()
+        .map(|g| {
+            let frames: Vec<Value> = options
+                .frames(g, usize::MAX)
+                .map(|f| {
+                    json!({
+                        "function": f.function,
+                        "raw_name": f.raw_name,
+                        "file": f.file,
+                        "line": f.line,
+                        "module": f.module,
+                        "address": format!("{:#x}", f.address),
+                    })
+                })
+                .collect();
+            json!({
+                "kind": g.kind,
+                "live_count": g.live_count,
+                "live_bytes": g.live_bytes,
+                "total_count": g.total_count,
+                "total_bytes": g.total_bytes,
+                "frames": frames,
+            })
+        })
+        .collect();
+    let c = &profile.counters;
+    json!({
+        "format": "memprof-report",
+        "version": VERSION,
+        "memprof_version": profile.memprof_version,
+        "mode": profile.mode,
+        "target": {
+            "pid": profile.target.pid,
+            "command": profile.target.command,
+            "exe": profile.target.exe,
+            "exit_code": profile.exit.and_then(|e| e.code),
+            "exit_signal": profile.exit.and_then(|e| e.signal),
+        },
+        "start_unix_s": profile.start_unix_s,
+        "duration_s": profile.duration_s,
+        "unwind": profile.unwind,
+        "lost_events": c.lost_events(),
+        "counters": c,
+        "probes": profile.probes,
+        "groups": groups,
+    })
+}

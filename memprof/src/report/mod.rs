@@ -1,0 +1,221 @@
+//! Report writers: a [`Profile`] in, text out. No tracing code here, so
+//! `memprof report` runs anywhere, without privileges.
+//!
+//! Every writer sees the same rows: [`select`] sorts the groups (live bytes,
+//! then live count, then stack text, all descending but the stack) and
+//! applies `--min-bytes` and `--top`; [`Options::frames`] applies `--skip`
+//! and `--depth` to a stack.
+//!
+//! ```
+//! use memprof::profile::{Group, Profile};
+//! use memprof::report::{render, Format, Options};
+//! let mut profile = Profile::default();
+//! profile.groups.push(Group { kind: "libc".into(), live_count: 3, live_bytes: 3072, ..Default::default() });
+//! let mut out = Vec::new();
+//! render(&profile, Format::Tsv, &Options::default(), &mut out).unwrap();
+//! assert!(String::from_utf8(out).unwrap().starts_with("1\n3\t3072"));
+//! ```
+pub mod json;
+pub mod markdown;
+pub mod tsv;
+
+use std::io::Write;
+
+use anyhow::Result;
+
+use crate::profile::{Frame, Group, Profile};
+
+/// Output formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// Table of live allocations per stack, as perf-tools' MemProf prints it.
+    Markdown,
+    /// Row count, then `count<TAB>bytes<TAB>frame<TAB>frame…` per stack.
+    Tsv,
+    /// Everything in the profile, documented in the README.
+    Json,
+}
+
+/// What to show.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Leave out stacks with fewer live bytes (default: 1024 for markdown and tsv, 0 for json).
+    pub min_bytes: Option<u64>,
+    /// Frames shown per stack (default: 5 in tables, all in json).
+    pub depth: Option<usize>,
+    /// Innermost frames to skip.
+    pub skip: usize,
+    /// At most this many stacks.
+    pub top: Option<usize>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            min_bytes: None,
+            depth: None,
+            skip: 0,
+            top: None,
+        }
+    }
+}
+
+impl Options {
+    /// The frames of `group` to show; `default_depth` applies when `--depth` was not given.
+    pub fn frames<'a>(
+        &self,
+        group: &'a Group,
+        default_depth: usize,
+    ) -> impl Iterator<Item = &'a Frame> {
+        group
+            .frames
+            .iter()
+            .skip(self.skip)
+            .take(self.depth.unwrap_or(default_depth))
+    }
+}
+
+/// Writes `profile` in `format`.
+pub fn render(
+    profile: &Profile,
+    format: Format,
+    options: &Options,
+    out: &mut dyn Write,
+) -> Result<()> {
+    match format {
+        Format::Markdown => markdown::write(profile, options, out),
+        Format::Tsv => tsv::write(profile, options, out),
+        Format::Json => json::write(profile, options, out),
+    }
+}
+
+/// The groups to show, sorted; `live_only` drops stacks with nothing live.
+pub fn select<'a>(
+    profile: &'a Profile,
+    options: &Options,
+    default_min: u64,
+    live_only: bool,
+) -> Vec<&'a Group> {
+    let min = options.min_bytes.unwrap_or(default_min);
+    let mut rows: Vec<(&Group, String)> = profile
+        .groups
+        .iter()
+        .filter(|g| g.live_bytes >= min && (!live_only || g.live_count > 0))
+        .map(|g| (g, stack_key(g)))
+        .collect();
+    rows.sort_by(|(a, ka), (b, kb)| {
+        b.live_bytes
+            .cmp(&a.live_bytes)
+            .then(b.live_count.cmp(&a.live_count))
+            .then(b.total_bytes.cmp(&a.total_bytes))
+            .then_with(|| ka.cmp(kb))
+    });
+    rows.truncate(options.top.unwrap_or(usize::MAX));
+    rows.into_iter().map(|(g, _)| g).collect()
+}
+
+fn stack_key(group: &Group) -> String {
+    group
+        .frames
+        .iter()
+        .map(|f| f.function.as_str())
+        .collect::<Vec<_>>()
+        .join(";")
+}
+
+/// `file:line in 'name'`, the frame text of perf-tools' MemProf.
+pub fn frame_text(frame: &Frame) -> String {
+    let place = match (&frame.file, frame.line) {
+        (Some(file), Some(line)) => format!("{}:{line}", display_path(file)),
+        (Some(file), None) => display_path(file),
+        _ => format!(
+            "{}+{:#x}",
+            crate::allocators::short(std::path::Path::new(&frame.module)),
+            frame.address
+        ),
+    };
+    format!("{place} in '{}'", frame.function)
+}
+
+/// Source paths relative to the current directory when under it.
+fn display_path(path: &str) -> String {
+    std::env::current_dir()
+        .ok()
+        .and_then(|cwd| {
+            std::path::Path::new(path)
+                .strip_prefix(&cwd)
+                .ok()
+                .map(|p| p.display().to_string())
+        })
+        .unwrap_or_else(|| path.to_string())
+}
+
+/// `1234567` → `1,234,567`.
+pub fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// One line naming what was lost, for report headers; empty when nothing was.
+pub fn loss_summary(profile: &Profile) -> String {
+    let c = &profile.counters;
+    format!(
+        "lost events: {} (live table full: {}, site table full: {}, in-flight table full: {}); stacks not captured: {}; frees of unknown blocks: {}",
+        c.lost_events(),
+        c.live_map_full,
+        c.sites_map_full,
+        c.pending_full,
+        c.stack_errors,
+        c.unknown_frees
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thousands_separators() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(28800), "28,800");
+        assert_eq!(thousands(1234567), "1,234,567");
+    }
+
+    fn group(live_bytes: u64, live_count: u64, name: &str) -> Group {
+        Group {
+            kind: "libc".into(),
+            live_bytes,
+            live_count,
+            frames: vec![Frame {
+                function: name.into(),
+                ..Frame::default()
+            }],
+            ..Group::default()
+        }
+    }
+
+    #[test]
+    fn sorts_by_bytes_then_count_then_stack() {
+        let mut p = Profile::default();
+        p.groups = vec![
+            group(2048, 1, "b"),
+            group(4096, 1, "a"),
+            group(2048, 2, "c"),
+            group(2048, 1, "a"),
+            group(10, 1, "tiny"),
+        ];
+        let names: Vec<&str> = select(&p, &Options::default(), 1024, true)
+            .iter()
+            .map(|g| g.frames[0].function.as_str())
+            .collect();
+        assert_eq!(names, ["a", "c", "a", "b"]);
+    }
+}

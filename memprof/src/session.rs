@@ -1,0 +1,360 @@
+//! One profiling session, start to end: the pipeline the other modules
+//! implement, in order.
+//!
+//! 1. find the target ([`crate::target`]) and its allocator functions
+//!    ([`crate::allocators`]), choose probe offsets ([`crate::placement`]);
+//! 2. load and attach the probes ([`crate::probes`]) — for `run`, while the
+//!    command is held right after its `exec`;
+//! 3. wait for the end: the target exits, Ctrl-C / SIGTERM, or `--duration`;
+//!    meanwhile keep a view of its mappings for symbolization;
+//! 4. detach, read the kernel's tables ([`crate::heap`]), symbolize
+//!    ([`crate::symbolize`]), write the profile ([`crate::profile`]) and print
+//!    the top of the table ([`crate::report`]).
+//!
+//! The probes are detached on every path out: [`Probes`] closes its links
+//! when dropped, and the kernel closes them if memprof itself dies.
+use std::fs::File;
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{bail, Context, Result};
+
+use crate::allocators::{self, LIBC};
+use crate::placement::{self, Planned};
+use crate::probes::{ProbeOptions, Probes};
+use crate::profile::{ExitInfo, ProbeInfo, Profile, TargetInfo};
+use crate::report::{self, markdown};
+use crate::target::launch::{self, Event, ExitStatus};
+use crate::target::maps::{self, MapsCache};
+use crate::target::{self, Target};
+use crate::{heap, symbolize};
+
+/// How often the mappings are re-read while the target runs.
+const MAPS_REFRESH: Duration = Duration::from_secs(1);
+/// `run`: after Ctrl-C, how long to wait for the command to exit by itself
+/// (it usually got the same Ctrl-C) before detaching from it.
+const EXIT_GRACE: Duration = Duration::from_secs(1);
+
+/// Settings shared by `run` and `attach`.
+#[derive(Debug, Clone)]
+pub struct SessionOptions {
+    pub output: Option<PathBuf>,
+    pub probes: ProbeOptions,
+    pub probe_at_entry: bool,
+    pub duration: Option<Duration>,
+    /// Rows of the table printed at the end.
+    pub top: usize,
+}
+
+/// `memprof run`: launches `command` under the probes. Returns the exit code
+/// memprof should exit with (the command's own).
+pub fn run(command: &[String], options: &SessionOptions) -> Result<i32> {
+    require_root()?;
+    let exe = target::find_command(&command[0])?;
+    let plan = plan_for(&exe, &[], options.probe_at_entry)?;
+    let (output, out_file) = open_output(options.output.as_ref(), &exe, None)?;
+    let mut probes = Probes::load(&options.probes)?;
+
+    let signals = Signals::block()?;
+    let mut child = launch::launch(&exe, command, &signals.original)?;
+    let pid = child.pid;
+    if let Err(e) = probes.attach(pid, &plan) {
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        let _ = child.poll();
+        return Err(e);
+    }
+    let started = (Instant::now(), SystemTime::now());
+    let mut maps = MapsCache::default();
+    maps.refresh(pid);
+    child.resume();
+    eprintln!(
+        "memprof: profiling {} (pid {pid}, {} probes)",
+        command.join(" "),
+        probes.attached
+    );
+
+    let deadline = options.duration.map(|d| started.0 + d);
+    let mut grace: Option<Instant> = None;
+    let mut last_refresh = Instant::now();
+    let status = loop {
+        match signals.wait(Duration::from_millis(200)) {
+            Some(sig) if sig == libc::SIGINT || sig == libc::SIGTERM => {
+                grace.get_or_insert(Instant::now() + EXIT_GRACE);
+            }
+            _ => {}
+        }
+        let mut exited = None;
+        while let Some(event) = child.poll()? {
+            match event {
+                Event::Exiting => maps.refresh(pid),
+                Event::Exited(status) => {
+                    exited = Some(status);
+                    break;
+                }
+            }
+        }
+        if exited.is_some() {
+            break exited;
+        }
+        let now = Instant::now();
+        if grace.is_some_and(|g| now >= g) || deadline.is_some_and(|d| now >= d) {
+            maps.refresh(pid);
+            child.detach();
+            eprintln!("memprof: stopped profiling; pid {pid} keeps running");
+            break None;
+        }
+        if now - last_refresh >= MAPS_REFRESH {
+            maps.refresh(pid);
+            last_refresh = now;
+        }
+    };
+    drop(signals);
+    if let Some(status) = status {
+        eprintln!("memprof: {} {status}", command.join(" "));
+    }
+    let target = Target {
+        pid,
+        exe,
+        command: command.to_vec(),
+    };
+    let exit = status.map(|s| match s {
+        ExitStatus::Code(c) => ExitInfo {
+            code: Some(c),
+            signal: None,
+        },
+        ExitStatus::Signal(s) => ExitInfo {
+            code: None,
+            signal: Some(s),
+        },
+    });
+    finish(
+        "run", &target, probes, &plan, &maps, started, exit, output, out_file, options,
+    )?;
+    Ok(status.map_or(0, ExitStatus::shell_code))
+}
+
+/// `memprof attach`: profiles a running process until Ctrl-C, SIGTERM,
+/// `--duration` or its exit, and leaves it running.
+pub fn attach(pid: u32, options: &SessionOptions) -> Result<i32> {
+    let target = Target::attach(pid)?;
+    require_root()?;
+    let loaded: Vec<PathBuf> = maps::read(pid)
+        .with_context(|| format!("cannot read the mappings of pid {pid}"))?
+        .into_iter()
+        .map(|m| m.path)
+        .collect();
+    let plan = plan_for(&target.exe, &loaded, options.probe_at_entry)?;
+    let (output, out_file) = open_output(options.output.as_ref(), &target.exe, Some(pid))?;
+    let mut probes = Probes::load(&options.probes)?;
+    let signals = Signals::block()?;
+    probes.attach(pid, &plan)?;
+    let started = (Instant::now(), SystemTime::now());
+    let mut maps = MapsCache::default();
+    maps.refresh(pid);
+    eprintln!(
+        "memprof: attached to pid {pid} ({} probes); Ctrl-C to stop{}",
+        probes.attached,
+        options
+            .duration
+            .map(|d| format!(", or wait {} s", d.as_secs_f64()))
+            .unwrap_or_default()
+    );
+
+    let deadline = options.duration.map(|d| started.0 + d);
+    let mut last_refresh = Instant::now();
+    let mut exited = false;
+    loop {
+        if let Some(sig) = signals.wait(Duration::from_millis(100)) {
+            if sig == libc::SIGINT || sig == libc::SIGTERM {
+                break;
+            }
+        }
+        if !target::is_alive(pid) {
+            exited = true;
+            eprintln!("memprof: pid {pid} exited");
+            break;
+        }
+        let now = Instant::now();
+        if deadline.is_some_and(|d| now >= d) {
+            break;
+        }
+        if now - last_refresh >= MAPS_REFRESH {
+            maps.refresh(pid);
+            last_refresh = now;
+        }
+    }
+    maps.refresh(pid);
+    drop(signals);
+    let exit = exited.then_some(ExitInfo {
+        code: None,
+        signal: None,
+    });
+    finish(
+        "attach", &target, probes, &plan, &maps, started, exit, output, out_file, options,
+    )?;
+    Ok(0)
+}
+
+/// `memprof probes`: where each probe would go in `pid`, and why.
+pub fn plan_for_pid(pid: u32, probe_at_entry: bool) -> Result<Vec<Planned>> {
+    let target = Target::attach(pid)?;
+    let loaded: Vec<PathBuf> = maps::read(pid)?.into_iter().map(|m| m.path).collect();
+    plan_for(&target.exe, &loaded, probe_at_entry)
+}
+
+fn plan_for(
+    exe: &std::path::Path,
+    loaded: &[PathBuf],
+    probe_at_entry: bool,
+) -> Result<Vec<Planned>> {
+    let modules = target::modules(exe, loaded);
+    let resolved = allocators::resolve(&modules, LIBC)?;
+    allocators::require(&resolved, LIBC, &modules)?;
+    Ok(placement::plan(&resolved, probe_at_entry))
+}
+
+/// Detaches, collects, symbolizes, writes the profile, prints the summary.
+#[allow(clippy::too_many_arguments)]
+fn finish(
+    mode: &str,
+    target: &Target,
+    probes: Probes,
+    plan: &[Planned],
+    maps: &MapsCache,
+    started: (Instant, SystemTime),
+    exit: Option<ExitInfo>,
+    output: PathBuf,
+    mut out_file: File,
+    options: &SessionOptions,
+) -> Result<()> {
+    let duration = started.0.elapsed();
+    let (heap_maps, detaching) = probes.stop()?;
+    let counters = heap_maps.counters()?;
+    let raw = heap::collect(&heap_maps)?;
+    drop(heap_maps);
+    let groups = symbolize::symbolize(raw, maps, true);
+    let profile = Profile {
+        memprof_version: env!("CARGO_PKG_VERSION").to_string(),
+        mode: mode.to_string(),
+        target: TargetInfo {
+            pid: target.pid,
+            command: target.command.clone(),
+            exe: target.exe.display().to_string(),
+        },
+        start_unix_s: started
+            .1
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0),
+        duration_s: duration.as_secs_f64(),
+        exit,
+        unwind: "fp".to_string(),
+        counters,
+        probes: plan
+            .iter()
+            .map(|p| ProbeInfo {
+                function: p.func.func.symbol.to_string(),
+                module: p.func.module.display().to_string(),
+                entry_offset: p.placement.offset,
+                emulated: p.placement.emulated,
+                reason: p.placement.reason.clone(),
+            })
+            .collect(),
+        groups,
+    };
+    let mut buffered = std::io::BufWriter::new(&mut out_file);
+    crate::profile::write(&profile, &mut buffered)
+        .and_then(|_| Ok(buffered.flush()?))
+        .with_context(|| format!("cannot write profile to {}", output.display()))?;
+
+    let mut stderr = std::io::stderr().lock();
+    writeln!(stderr)?;
+    markdown::header(&profile, &mut stderr)?;
+    let table = report::Options {
+        top: Some(options.top),
+        ..report::Options::default()
+    };
+    markdown::table(&profile, &table, &mut stderr)?;
+    writeln!(stderr)?;
+    writeln!(
+        stderr,
+        "memprof: profile written to {} (memprof report {} --format markdown|tsv|json)",
+        output.display(),
+        output.display()
+    )?;
+    detaching.wait();
+    Ok(())
+}
+
+/// Creates the output file up front, so a bad path fails before profiling.
+fn open_output(
+    given: Option<&PathBuf>,
+    exe: &std::path::Path,
+    pid: Option<u32>,
+) -> Result<(PathBuf, File)> {
+    let path = match given {
+        Some(p) => p.clone(),
+        None => {
+            let name = allocators::short(exe);
+            PathBuf::from(match pid {
+                Some(pid) => format!("{name}-{pid}.mprof"),
+                None => format!("{name}.mprof"),
+            })
+        }
+    };
+    let file = File::create(&path)
+        .map_err(|e| anyhow::anyhow!("cannot write profile to {}: {}", path.display(), e))?;
+    Ok((path, file))
+}
+
+fn require_root() -> Result<()> {
+    if unsafe { libc::geteuid() } != 0 {
+        bail!(
+            "memprof must run as root: loading eBPF programs and attaching uprobes needs CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE (try sudo)"
+        );
+    }
+    Ok(())
+}
+
+/// SIGINT, SIGTERM and SIGCHLD, blocked and received synchronously with
+/// `sigtimedwait`, so the wait loop wakes at once when the target stops or
+/// the user interrupts, without handlers. The mask is restored on drop.
+struct Signals {
+    set: libc::sigset_t,
+    /// The mask before blocking: what a launched command must start with.
+    original: libc::sigset_t,
+}
+
+impl Signals {
+    fn block() -> Result<Signals> {
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            let mut original: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGCHLD] {
+                libc::sigaddset(&mut set, sig);
+            }
+            if libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut original) != 0 {
+                bail!("cannot block signals");
+            }
+            Ok(Signals { set, original })
+        }
+    }
+
+    /// Waits up to `timeout` for one of the signals.
+    fn wait(&self, timeout: Duration) -> Option<i32> {
+        let ts = libc::timespec {
+            tv_sec: timeout.as_secs() as libc::time_t,
+            tv_nsec: timeout.subsec_nanos() as libc::c_long,
+        };
+        let sig = unsafe { libc::sigtimedwait(&self.set, std::ptr::null_mut(), &ts) };
+        (sig > 0).then_some(sig)
+    }
+}
+
+impl Drop for Signals {
+    fn drop(&mut self) {
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.original, std::ptr::null_mut()) };
+    }
+}

@@ -1,0 +1,272 @@
+//! Starting a command so that nothing it does escapes the probes.
+//!
+//! The child is forked, waits on a pipe, and is then traced with
+//! `PTRACE_SEIZE` before it `exec`s: the kernel stops it right after the
+//! `exec` (`PTRACE_EVENT_EXEC`), when its new image is in place but not one
+//! instruction of it has run. The session attaches the probes and lets it go.
+//! Tracing also stops it once more when it exits (`PTRACE_EVENT_EXIT`), while
+//! its mappings still exist, so short-lived programs can be symbolized.
+//!
+//! (`std::process::Command` cannot do this: a `pre_exec` hook that stops the
+//! child deadlocks, because `spawn` waits for the `exec`.)
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use anyhow::{bail, Result};
+
+/// How the target ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitStatus {
+    Code(i32),
+    Signal(i32),
+}
+
+impl ExitStatus {
+    fn from_wait(status: i32) -> Option<ExitStatus> {
+        if libc::WIFEXITED(status) {
+            Some(ExitStatus::Code(libc::WEXITSTATUS(status)))
+        } else if libc::WIFSIGNALED(status) {
+            Some(ExitStatus::Signal(libc::WTERMSIG(status)))
+        } else {
+            None
+        }
+    }
+
+    /// The exit code a shell would show (128 + signal for a signal).
+    pub fn shell_code(self) -> i32 {
+        match self {
+            ExitStatus::Code(c) => c,
+            ExitStatus::Signal(s) => 128 + s,
+        }
+    }
+}
+
+impl std::fmt::Display for ExitStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ExitStatus::Code(c) => write!(f, "exited with code {c}"),
+            ExitStatus::Signal(s) => write!(f, "was killed by signal {s}"),
+        }
+    }
+}
+
+/// A launched child, stopped right after its `exec` until [`Launched::resume`].
+#[derive(Debug)]
+pub struct Launched {
+    pub pid: u32,
+    traced: bool,
+    /// Stopped at PTRACE_EVENT_EXIT: resumed by the next `poll`.
+    at_exit_stop: bool,
+    status: Option<ExitStatus>,
+}
+
+/// What [`Launched::poll`] saw.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Event {
+    /// The process is about to exit: its mappings can still be read.
+    Exiting,
+    /// It has exited.
+    Exited(ExitStatus),
+}
+
+/// Forks and execs `exe` with `argv`, held stopped after the `exec`.
+/// `child_mask` is the signal mask the command starts with (the caller
+/// blocks signals it waits for; the child must not inherit that).
+pub fn launch(exe: &Path, argv: &[String], child_mask: &libc::sigset_t) -> Result<Launched> {
+    let exe_c = CString::new(exe.as_os_str().as_bytes())?;
+    let argv_c: Vec<CString> = argv
+        .iter()
+        .map(|a| CString::new(a.as_bytes()))
+        .collect::<Result<_, _>>()?;
+    let mut argv_p: Vec<*const libc::c_char> = argv_c.iter().map(|a| a.as_ptr()).collect();
+    argv_p.push(std::ptr::null());
+    let (go_r, go_w) = pipe()?;
+    let (err_r, err_w) = pipe()?;
+
+    // SAFETY: the child only calls async-signal-safe functions before exec.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        bail!("fork failed: {}", std::io::Error::last_os_error());
+    }
+    if pid == 0 {
+        unsafe {
+            libc::close(go_w);
+            libc::close(err_r);
+            libc::sigprocmask(libc::SIG_SETMASK, child_mask, std::ptr::null_mut());
+            let mut byte = 0u8;
+            // EOF instead of the go byte: memprof gave up; do not run the command.
+            if libc::read(go_r, (&mut byte as *mut u8).cast(), 1) != 1 {
+                libc::_exit(127);
+            }
+            libc::execv(exe_c.as_ptr(), argv_p.as_ptr());
+            let errno = *libc::__errno_location();
+            libc::write(err_w, (&errno as *const i32).cast(), 4);
+            libc::_exit(127);
+        }
+    }
+    let pid_u = pid as u32;
+    unsafe {
+        libc::close(go_r);
+        libc::close(err_w);
+    }
+    let options = libc::PTRACE_O_TRACEEXEC | libc::PTRACE_O_TRACEEXIT;
+    let seized = unsafe { libc::ptrace(libc::PTRACE_SEIZE, pid, 0, options as libc::c_long) };
+    if seized == -1 {
+        let err = std::io::Error::last_os_error();
+        unsafe {
+            libc::close(go_w);
+            libc::close(err_r);
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+        }
+        bail!("cannot trace the command (ptrace: {err}); memprof run needs CAP_SYS_PTRACE");
+    }
+    unsafe {
+        libc::write(go_w, b"g".as_ptr().cast(), 1);
+        libc::close(go_w);
+    }
+    let child = Launched {
+        pid: pid_u,
+        traced: true,
+        at_exit_stop: false,
+        status: None,
+    };
+    // Wait for the exec stop; pass on any signal that arrives before it.
+    loop {
+        let status = wait(pid, 0)?.expect("blocking wait");
+        if let Some(exit) = ExitStatus::from_wait(status) {
+            let mut errno = 0i32;
+            let n = unsafe { libc::read(err_r, (&mut errno as *mut i32).cast(), 4) };
+            unsafe { libc::close(err_r) };
+            if n == 4 {
+                bail!(
+                    "cannot execute {}: {}",
+                    exe.display(),
+                    std::io::Error::from_raw_os_error(errno)
+                );
+            }
+            bail!("the command {exit} before it started");
+        }
+        if status >> 8 == (libc::SIGTRAP | (libc::PTRACE_EVENT_EXEC << 8)) {
+            break;
+        }
+        child.cont(stop_signal(status));
+    }
+    unsafe { libc::close(err_r) };
+    Ok(child)
+}
+
+impl Launched {
+    /// Lets the stopped child run.
+    pub fn resume(&mut self) {
+        self.cont(0);
+    }
+
+    fn cont(&self, signal: i32) {
+        unsafe {
+            libc::ptrace(
+                libc::PTRACE_CONT,
+                self.pid as i32,
+                0,
+                signal as libc::c_long,
+            )
+        };
+    }
+
+    /// Handles the child's state changes without blocking. Returns
+    /// [`Event::Exiting`] once when it stops on its way out (the caller reads
+    /// its mappings, then calls `poll` again) and [`Event::Exited`] at the end.
+    pub fn poll(&mut self) -> Result<Option<Event>> {
+        if let Some(status) = self.status {
+            return Ok(Some(Event::Exited(status)));
+        }
+        if std::mem::take(&mut self.at_exit_stop) {
+            self.cont(0);
+        }
+        loop {
+            let Some(status) = wait(self.pid as i32, libc::WNOHANG)? else {
+                return Ok(None); // nothing new
+            };
+            if let Some(exit) = ExitStatus::from_wait(status) {
+                self.status = Some(exit);
+                self.traced = false;
+                return Ok(Some(Event::Exited(exit)));
+            }
+            let event = status >> 16;
+            if event == libc::PTRACE_EVENT_EXIT {
+                // Resumed by the next poll: the caller reads the mappings first.
+                self.at_exit_stop = true;
+                return Ok(Some(Event::Exiting));
+            } else if event == libc::PTRACE_EVENT_STOP {
+                // group-stop (SIGSTOP, Ctrl-Z): stay stopped, keep receiving events
+                unsafe { libc::ptrace(libc::PTRACE_LISTEN, self.pid as i32, 0, 0) };
+            } else if event != 0 {
+                self.cont(0); // another exec
+            } else {
+                self.cont(stop_signal(status));
+            }
+        }
+    }
+
+    /// Stops tracing, leaving the command running (memprof was interrupted).
+    pub fn detach(&mut self) {
+        if !self.traced {
+            return;
+        }
+        self.traced = false;
+        let pid = self.pid as i32;
+        if std::mem::take(&mut self.at_exit_stop) {
+            unsafe { libc::ptrace(libc::PTRACE_DETACH, pid, 0, 0) };
+            return;
+        }
+        unsafe { libc::ptrace(libc::PTRACE_INTERRUPT, pid, 0, 0) };
+        // Wait for it to stop; a signal it was about to receive is handed back on detach.
+        if let Ok(Some(status)) = wait(pid, 0) {
+            if ExitStatus::from_wait(status).is_some() {
+                self.status = ExitStatus::from_wait(status);
+                return;
+            }
+            let signal = if status >> 16 == 0 {
+                stop_signal(status)
+            } else {
+                0
+            };
+            unsafe { libc::ptrace(libc::PTRACE_DETACH, pid, 0, signal as libc::c_long) };
+        }
+    }
+}
+
+/// The signal to deliver when resuming from a signal-delivery stop.
+fn stop_signal(status: i32) -> i32 {
+    if libc::WIFSTOPPED(status) && status >> 16 == 0 {
+        libc::WSTOPSIG(status)
+    } else {
+        0
+    }
+}
+
+/// `waitpid` with `__WALL`; `None` when `WNOHANG` found nothing.
+fn wait(pid: i32, flags: i32) -> Result<Option<i32>> {
+    let mut status = 0;
+    loop {
+        let r = unsafe { libc::waitpid(pid, &mut status, flags | libc::__WALL) };
+        if r == pid {
+            return Ok(Some(status));
+        }
+        if r == 0 {
+            return Ok(None);
+        }
+        let err = std::io::Error::last_os_error();
+        if err.kind() != std::io::ErrorKind::Interrupted {
+            bail!("waiting for pid {pid}: {err}");
+        }
+    }
+}
+
+fn pipe() -> Result<(i32, i32)> {
+    let mut fds = [0; 2];
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        bail!("pipe: {}", std::io::Error::last_os_error());
+    }
+    Ok((fds[0], fds[1]))
+}
