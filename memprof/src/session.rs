@@ -109,7 +109,6 @@ pub fn run(command: &[String], options: &SessionOptions) -> Result<i32> {
             last_refresh = now;
         }
     };
-    drop(signals);
     if let Some(status) = status {
         eprintln!("memprof: {} {status}", command.join(" "));
     }
@@ -128,6 +127,8 @@ pub fn run(command: &[String], options: &SessionOptions) -> Result<i32> {
             signal: Some(s),
         },
     });
+    // `signals` stays blocked until the profile is written (dropped on
+    // return): a second Ctrl-C must not lose it.
     finish(
         "run", &target, probes, &plan, &maps, started, exit, output, out_file, options,
     )?;
@@ -137,8 +138,11 @@ pub fn run(command: &[String], options: &SessionOptions) -> Result<i32> {
 /// `memprof attach`: profiles a running process until Ctrl-C, SIGTERM,
 /// `--duration` or its exit, and leaves it running.
 pub fn attach(pid: u32, options: &SessionOptions) -> Result<i32> {
-    let target = Target::attach(pid)?;
+    if !target::is_alive(pid) {
+        bail!("no process with pid {pid}");
+    }
     require_root()?;
+    let target = Target::attach(pid)?;
     let loaded: Vec<PathBuf> = maps::read(pid)
         .with_context(|| format!("cannot read the mappings of pid {pid}"))?
         .into_iter()
@@ -185,7 +189,8 @@ pub fn attach(pid: u32, options: &SessionOptions) -> Result<i32> {
         }
     }
     maps.refresh(pid);
-    drop(signals);
+    // `signals` stays blocked until the profile is written (dropped on
+    // return): a second Ctrl-C must not lose it.
     let exit = exited.then_some(ExitInfo {
         code: None,
         signal: None,

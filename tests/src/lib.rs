@@ -1,1 +1,388 @@
+//! Helpers for memprof's integration tests (`tests/tests/*.rs`).
+//!
+//! The tests run the real `memprof` binary, as root, on the C fixtures of
+//! `fixtures/c/` (compiled by `build.rs`), then read the profile back through
+//! `memprof report --format json`:
+//!
+//! ```no_run
+//! use memprof_tests::*;
+//! let dir = TempDir::new("basic");
+//! let profile = dir.join("basic.mprof");
+//! run_ok([OsStr::new("run"), OsStr::new("-o"), profile.as_os_str(), OsStr::new("--"), OsStr::new(fixture::BASIC)]);
+//! let json = report_json(&profile);
+//! assert_eq!(Counts::of(group_at(&json, "libc", "make_foo")).live_count, 600);
+//! ```
+//!
+//! The binary is `$MEMPROF_BIN` if set (`cargo xtask test` sets it), else
+//! `<workspace>/target/release/memprof`.
 
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+pub use serde_json::Value;
+pub use std::ffi::OsStr;
+
+/// Paths of the compiled C fixtures (see `fixtures/c/*.c` for what each does).
+pub mod fixture {
+    pub const BASIC: &str = env!("FIXTURE_BASIC");
+    pub const FAMILIES: &str = env!("FIXTURE_FAMILIES");
+    pub const THREADS: &str = env!("FIXTURE_THREADS");
+    pub const ATTACH_TARGET: &str = env!("FIXTURE_ATTACH_TARGET");
+    pub const BENCH_LOOP: &str = env!("FIXTURE_BENCH_LOOP");
+    pub const NO_LIBC: &str = env!("FIXTURE_NO_LIBC");
+}
+
+/// How long any single wait in a test may take before it counts as a hang.
+pub const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The memprof binary under test.
+pub fn memprof_bin() -> PathBuf {
+    match std::env::var_os("MEMPROF_BIN") {
+        Some(bin) => PathBuf::from(bin),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/memprof"),
+    }
+}
+
+/// A `memprof` command with the given arguments, not yet run.
+pub fn memprof<I, S>(args: I) -> Command
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let bin = memprof_bin();
+    assert!(
+        bin.exists(),
+        "memprof binary not found at {} (build it: cargo build --release -p memprof)",
+        bin.display()
+    );
+    let mut command = Command::new(bin);
+    command.args(args);
+    command
+}
+
+/// Runs memprof to completion and returns its output, whatever the exit status.
+pub fn run<I, S>(args: I) -> Output
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let mut command = memprof(args);
+    command
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"))
+}
+
+/// Runs memprof and panics, showing its output, unless it exits 0.
+pub fn run_ok<I, S>(args: I) -> Output
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let args: Vec<_> = args.into_iter().map(|a| a.as_ref().to_owned()).collect();
+    let output = run(&args);
+    assert!(
+        output.status.success(),
+        "memprof {args:?} failed ({})\n{}",
+        output.status,
+        describe(&output)
+    );
+    output
+}
+
+/// `memprof run -o PROFILE -- COMMAND...`, which must exit 0; returns its output.
+pub fn profile_run(profile: &Path, command: &[&str]) -> Output {
+    let mut args = vec![
+        OsStr::new("run"),
+        OsStr::new("-o"),
+        profile.as_os_str(),
+        OsStr::new("--"),
+    ];
+    args.extend(command.iter().map(OsStr::new));
+    let output = run_ok(args);
+    assert!(
+        profile.exists(),
+        "memprof run exited 0 but wrote no {}\n{}",
+        profile.display(),
+        describe(&output)
+    );
+    output
+}
+
+/// stdout and stderr of a finished process, for failure messages.
+pub fn describe(output: &Output) -> String {
+    format!(
+        "--- stdout ---\n{}--- stderr ---\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// `memprof report PROFILE --format FORMAT EXTRA...`, which must succeed; returns stdout.
+pub fn report(profile: &Path, format: &str, extra: &[&str]) -> String {
+    let mut args = vec![
+        OsStr::new("report"),
+        profile.as_os_str(),
+        OsStr::new("--format"),
+        OsStr::new(format),
+    ];
+    args.extend(extra.iter().map(OsStr::new));
+    String::from_utf8(run_ok(args).stdout).expect("report output is UTF-8")
+}
+
+/// The profile as JSON (`memprof report PROFILE --format json`).
+pub fn report_json(profile: &Path) -> Value {
+    let text = report(profile, "json", &[]);
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("report is not JSON ({e}):\n{text}"))
+}
+
+/// The unsigned integer at a JSON pointer (e.g. `/counters/failed_allocs`); panics if absent.
+pub fn uint(json: &Value, pointer: &str) -> u64 {
+    json.pointer(pointer)
+        .and_then(Value::as_u64)
+        .unwrap_or_else(|| panic!("no unsigned integer at {pointer} in {json:#}"))
+}
+
+/// The groups of `kind` whose innermost frame (the allocator's caller) is `function`.
+pub fn groups_at<'a>(json: &'a Value, kind: &str, function: &str) -> Vec<&'a Value> {
+    groups(json)
+        .iter()
+        .filter(|g| {
+            g["kind"] == kind
+                && g.pointer("/frames/0/function").and_then(Value::as_str) == Some(function)
+        })
+        .collect()
+}
+
+/// The one group of `kind` whose innermost frame is `function`; panics,
+/// listing every group, if there is none or more than one.
+pub fn group_at<'a>(json: &'a Value, kind: &str, function: &str) -> &'a Value {
+    match groups_at(json, kind, function).as_slice() {
+        [group] => group,
+        found => panic!(
+            "expected exactly one {kind} group at {function}, found {}; all groups:\n{}",
+            found.len(),
+            list_groups(json)
+        ),
+    }
+}
+
+/// All groups of a JSON report.
+pub fn groups(json: &Value) -> &[Value] {
+    json["groups"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_else(|| panic!("report has no groups array: {json:#}"))
+}
+
+/// One line per group: kind, counts and the innermost frames, for failure messages.
+pub fn list_groups(json: &Value) -> String {
+    let mut list = String::new();
+    for g in groups(json) {
+        let frames: Vec<&str> = g["frames"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .take(4)
+            .map(|f| f["function"].as_str().unwrap_or("?"))
+            .collect();
+        list += &format!(
+            "  {} {:?} <- {}\n",
+            g["kind"],
+            Counts::of(g),
+            frames.join(" <- ")
+        );
+    }
+    list
+}
+
+/// The four counts of a group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counts {
+    pub live_count: u64,
+    pub live_bytes: u64,
+    pub total_count: u64,
+    pub total_bytes: u64,
+}
+
+impl Counts {
+    pub fn of(group: &Value) -> Counts {
+        Counts {
+            live_count: uint(group, "/live_count"),
+            live_bytes: uint(group, "/live_bytes"),
+            total_count: uint(group, "/total_count"),
+            total_bytes: uint(group, "/total_bytes"),
+        }
+    }
+}
+
+/// A fresh directory for one test's files, unique per test name and process.
+/// Removed on drop unless the test failed, so its profiles can be inspected.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new(test: &str) -> TempDir {
+        let path = std::env::temp_dir().join(format!("memprof-test-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path)
+            .unwrap_or_else(|e| panic!("cannot create {}: {e}", path.display()));
+        TempDir(path)
+    }
+
+    pub fn join(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// A child process that is killed and reaped on drop, so a failing test
+/// leaves no fixture or memprof behind.
+pub struct ChildGuard(pub Child);
+
+impl ChildGuard {
+    pub fn pid(&self) -> i32 {
+        self.0.id() as i32
+    }
+
+    /// Sends `sig` to the process.
+    pub fn signal(&self, sig: libc::c_int) {
+        // SAFETY: kill(2) has no memory-safety preconditions.
+        let rc = unsafe { libc::kill(self.pid(), sig) };
+        assert_eq!(
+            rc,
+            0,
+            "kill({}, {sig}): {}",
+            self.pid(),
+            std::io::Error::last_os_error()
+        );
+    }
+
+    /// True while the process has not exited. (`kill(pid, 0)` would also
+    /// succeed on an unreaped zombie child; `try_wait` tells them apart.)
+    pub fn is_running(&mut self) -> bool {
+        self.0.try_wait().expect("try_wait").is_none()
+    }
+
+    /// Waits for the process to exit; panics (and kills it) after `timeout`.
+    pub fn wait_timeout(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.0.try_wait().expect("try_wait") {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = self.0.kill();
+                panic!("pid {} still running after {timeout:?}", self.pid());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The lines of a child's output pipe, read on a thread, so a test can wait
+/// for a given line with a timeout.
+pub struct Lines {
+    what: String,
+    rx: Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Lines {
+    /// Starts reading `pipe`; `what` names it in failure messages.
+    pub fn new(what: &str, pipe: impl Read + Send + 'static) -> Lines {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Lines {
+            what: what.to_owned(),
+            rx,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits for the next line containing `needle` and returns it; panics,
+    /// showing what was read, on timeout or end of output.
+    pub fn wait_for(&mut self, needle: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.rx.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if line.contains(needle) {
+                        return line;
+                    }
+                }
+                Err(e) => {
+                    let why = if e == RecvTimeoutError::Timeout {
+                        "timed out"
+                    } else {
+                        "output ended"
+                    };
+                    panic!(
+                        "{} {why} waiting for a line with {needle:?}; read so far:\n{}",
+                        self.what,
+                        self.seen.join("\n")
+                    );
+                }
+            }
+        }
+    }
+
+    /// Every line read so far plus what is still to come, until the pipe
+    /// closes (call after the process exited).
+    pub fn all(&mut self) -> Vec<String> {
+        while let Ok(line) = self.rx.recv_timeout(TIMEOUT) {
+            self.seen.push(line);
+        }
+        self.seen.clone()
+    }
+}
+
+/// Asserts that memprof failed cleanly: non-zero exit, and stderr is one line
+/// `memprof: error: ...` containing every word of `words`, with no panic.
+pub fn assert_one_line_error(output: &Output, words: &[&str]) {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success(),
+        "expected failure, got {}\n{}",
+        output.status,
+        describe(output)
+    );
+    assert!(!stderr.contains("panicked"), "memprof panicked:\n{stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert!(
+        lines.len() == 1 && lines[0].starts_with("memprof: error:"),
+        "expected one line `memprof: error: ...` on stderr, got {} lines:\n{stderr}",
+        lines.len()
+    );
+    for word in words {
+        assert!(
+            lines[0].contains(word),
+            "error message lacks {word:?}: {}",
+            lines[0]
+        );
+    }
+}

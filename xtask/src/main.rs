@@ -1,1 +1,178 @@
-fn main(){}
+//! `cargo xtask <command>`: memprof's developer tasks.
+//!
+//! ```text
+//! cargo xtask setup     # install what a fresh Debian 12 machine lacks (idempotent)
+//! cargo xtask build     # cargo build --release -p memprof
+//! cargo xtask test      # setup, build, then the integration tests (as root)
+//! cargo xtask demo      # setup, build, profile demo/demo.c and print the report
+//! cargo xtask bench     # setup, build, time bench_loop untraced and under memprof
+//! cargo xtask fixtures  # compile the C test fixtures into target/fixtures
+//! ```
+//!
+//! Every command runs from the workspace root, whatever the current directory.
+
+mod bench;
+mod demo;
+#[path = "../../tests/fixtures/compile.rs"]
+mod fixtures;
+mod setup;
+
+use anyhow::{bail, ensure, Context, Result};
+use clap::{Parser, Subcommand};
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Output};
+
+#[derive(Parser)]
+#[command(about = "memprof developer tasks", bin_name = "cargo xtask")]
+struct Cli {
+    #[command(subcommand)]
+    command: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install the apt packages, the nightly rust-src component and bpf-linker, if missing.
+    Setup,
+    /// Build the memprof binary (target/release/memprof).
+    Build,
+    /// Set up, build, and run all tests (needs root: the tests load eBPF programs).
+    Test,
+    /// Set up, build, profile the demo program and print its report.
+    Demo,
+    /// Set up, build, and compare the cost of a malloc/free pair untraced and traced.
+    Bench,
+    /// Compile the C test fixtures into target/fixtures.
+    Fixtures,
+}
+
+fn main() -> ExitCode {
+    match task(Cli::parse().command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn task(task: Task) -> Result<()> {
+    match task {
+        Task::Setup => setup::setup(),
+        Task::Build => build_memprof().map(drop),
+        Task::Test => test(),
+        Task::Demo => demo::demo(),
+        Task::Bench => bench::bench(),
+        Task::Fixtures => {
+            let built = fixtures::compile_all(&fixtures_src(), &target_dir().join("fixtures"))
+                .map_err(anyhow::Error::msg)?;
+            for (_, exe) in built {
+                println!("fixtures: built {}", exe.display());
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Runs the tests: they attach real uprobes, hence the root check up front.
+fn test() -> Result<()> {
+    ensure!(
+        is_root()?,
+        "cargo xtask test must run as root: the integration tests load eBPF programs and attach uprobes"
+    );
+    setup::setup()?;
+    let memprof = build_memprof()?;
+    run(cargo()
+        .args([
+            "test",
+            "--release",
+            "--workspace",
+            "--exclude",
+            "memprof-ebpf",
+            // Run every test binary even if one fails: CI shows all failures.
+            "--no-fail-fast",
+            "--",
+            "--test-threads=2",
+        ])
+        .env("MEMPROF_BIN", &memprof))
+}
+
+/// The workspace root (the parent of this crate).
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives inside the workspace")
+}
+
+/// Cargo's target directory: `$CARGO_TARGET_DIR` or `<root>/target`.
+fn target_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) => root().join(dir),
+        None => root().join("target"),
+    }
+}
+
+/// Where the C fixtures' sources are.
+fn fixtures_src() -> PathBuf {
+    root().join("tests/fixtures/c")
+}
+
+/// A cargo command (the cargo that runs us, if known) in the workspace root.
+fn cargo() -> Command {
+    let mut command =
+        Command::new(std::env::var_os("CARGO").unwrap_or_else(|| OsString::from("cargo")));
+    command.current_dir(root());
+    command
+}
+
+/// Builds memprof in release mode; returns the absolute path of the binary.
+fn build_memprof() -> Result<PathBuf> {
+    run(cargo().args(["build", "--release", "-p", "memprof"]))?;
+    let bin = target_dir().join("release/memprof");
+    ensure!(
+        bin.exists(),
+        "cargo build succeeded but {} is missing",
+        bin.display()
+    );
+    Ok(bin)
+}
+
+/// Runs a command with inherited stdio; fails unless it exits 0.
+fn run(command: &mut Command) -> Result<()> {
+    let status = command
+        .status()
+        .with_context(|| format!("cannot run {}", show(command)))?;
+    ensure!(status.success(), "{} failed ({status})", show(command));
+    Ok(())
+}
+
+/// Runs a command and captures its output; fails only if it cannot start.
+fn output(command: &mut Command) -> Result<Output> {
+    command
+        .output()
+        .with_context(|| format!("cannot run {}", show(command)))
+}
+
+/// A command line as a user would type it, for messages.
+fn show(command: &Command) -> String {
+    std::iter::once(command.get_program())
+        .chain(command.get_args())
+        .map(|arg| arg.to_string_lossy())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Whether this process runs with effective uid 0 (from /proc, to need no libc crate).
+fn is_root() -> Result<bool> {
+    let status =
+        std::fs::read_to_string("/proc/self/status").context("cannot read /proc/self/status")?;
+    // "Uid:\treal\teffective\tsaved\tfs"
+    let Some(effective) = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().nth(1))
+    else {
+        bail!("no Uid line in /proc/self/status");
+    };
+    Ok(effective == "0")
+}

@@ -1,0 +1,128 @@
+//! `memprof attach` on `fixtures/c/attach_target.c`, a process that allocates
+//! at make_before, says "ready", then allocates at make_during on each SIGUSR1.
+//! memprof must see only what happens while attached, end on SIGINT,
+//! `--duration` or the target's exit, and leave the target unharmed.
+
+use memprof_tests::*;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Starts attach_target and waits until it has made its "before" allocations.
+fn start_target() -> (ChildGuard, Lines) {
+    let child = Command::new(fixture::ATTACH_TARGET)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("cannot start attach_target");
+    let mut target = ChildGuard(child);
+    let mut stdout = Lines::new("attach_target stdout", target.0.stdout.take().unwrap());
+    stdout.wait_for("ready", TIMEOUT);
+    (target, stdout)
+}
+
+/// Starts `memprof attach --pid PID -o PROFILE EXTRA...` and waits until it
+/// says its probes are live.
+fn attach(pid: i32, profile: &Path, extra: &[&str]) -> (ChildGuard, Lines) {
+    let pid = pid.to_string();
+    let mut args = vec![
+        OsStr::new("attach"),
+        OsStr::new("--pid"),
+        OsStr::new(&pid),
+        OsStr::new("-o"),
+        profile.as_os_str(),
+    ];
+    args.extend(extra.iter().map(OsStr::new));
+    let child = memprof(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("cannot start memprof attach");
+    let mut memprof = ChildGuard(child);
+    let mut stderr = Lines::new("memprof attach stderr", memprof.0.stderr.take().unwrap());
+    stderr.wait_for("attached", TIMEOUT);
+    (memprof, stderr)
+}
+
+/// Has the target allocate at make_during once, and waits until it is done.
+fn poke(target: &ChildGuard, stdout: &mut Lines) {
+    target.signal(libc::SIGUSR1);
+    stdout.wait_for("done", TIMEOUT);
+}
+
+/// Waits for memprof to end and asserts it exited 0.
+fn assert_clean_exit(memprof: &mut ChildGuard, stderr: &mut Lines) {
+    let status = memprof.wait_timeout(TIMEOUT);
+    assert!(
+        status.success(),
+        "memprof attach ended with {status}; stderr:\n{}",
+        stderr.all().join("\n")
+    );
+}
+
+#[test]
+fn attach_sigint_detaches_cleanly() {
+    let dir = TempDir::new("attach-sigint");
+    let profile = dir.join("attach.mprof");
+    let (mut target, mut stdout) = start_target();
+    let (mut memprof, mut stderr) = attach(target.pid(), &profile, &[]);
+
+    poke(&target, &mut stdout);
+    memprof.signal(libc::SIGINT);
+    assert_clean_exit(&mut memprof, &mut stderr);
+
+    // The target survives the detach and keeps working: its probes are gone.
+    assert!(target.is_running(), "attach_target died");
+    poke(&target, &mut stdout);
+
+    let json = report_json(&profile);
+    let during = Counts::of(group_at(&json, "libc", "make_during"));
+    assert_eq!(
+        (during.live_count, during.live_bytes),
+        (300, 24_000),
+        "make_during"
+    );
+    assert!(
+        groups_at(&json, "libc", "make_before").is_empty(),
+        "allocations made before attaching were reported:\n{}",
+        list_groups(&json)
+    );
+}
+
+#[test]
+fn attach_duration_ends_by_itself() {
+    let dir = TempDir::new("attach-duration");
+    let profile = dir.join("attach.mprof");
+    let (mut target, _stdout) = start_target();
+    let started = Instant::now();
+    let (mut memprof, mut stderr) = attach(target.pid(), &profile, &["--duration", "2"]);
+
+    assert_clean_exit(&mut memprof, &mut stderr);
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "ended after {:?}, before --duration 2",
+        started.elapsed()
+    );
+    assert!(target.is_running(), "attach_target died");
+    report_json(&profile);
+}
+
+#[test]
+fn attach_target_exit_ends_memprof() {
+    let dir = TempDir::new("attach-target-exit");
+    let profile = dir.join("attach.mprof");
+    let (mut target, mut stdout) = start_target();
+    let (mut memprof, mut stderr) = attach(target.pid(), &profile, &[]);
+
+    poke(&target, &mut stdout);
+    // Kill and reap the target, so no zombie is left for memprof to wait on.
+    target.0.kill().unwrap();
+    target.0.wait().unwrap();
+    assert_clean_exit(&mut memprof, &mut stderr);
+
+    // The profile is still written, with what was seen before the exit.
+    let json = report_json(&profile);
+    assert_eq!(
+        Counts::of(group_at(&json, "libc", "make_during")).total_count,
+        300
+    );
+}

@@ -1,0 +1,109 @@
+//! `cargo xtask setup`: everything a fresh Debian 12 machine needs to build
+//! and test memprof. Idempotent: each step checks first and skips what is
+//! already there, printing one line per step:
+//!
+//! ```text
+//! setup: crystal ... already installed
+//! setup: rust-src (nightly) ... installing
+//! ```
+
+use crate::{output, run};
+use anyhow::{Context, Result};
+use std::process::Command;
+
+/// Debian packages: Crystal and Boehm GC (Crystal targets and fixtures),
+/// Crystal sample programs (real workloads), Go, and a C toolchain (fixtures).
+const APT_PACKAGES: &[&str] = &[
+    "crystal",
+    "libgc-dev",
+    "crystal-samples",
+    "golang-go",
+    "gcc",
+    "make",
+];
+
+/// The newest bpf-linker that works with the Rust toolchain's own LLVM here
+/// (see DESIGN.md, "Toolchain facts").
+const BPF_LINKER_VERSION: &str = "0.10.4";
+
+pub fn setup() -> Result<()> {
+    apt_packages()?;
+    rust_src()?;
+    bpf_linker()
+}
+
+/// Installs the missing apt packages, with one `apt-get update` first (a fresh
+/// machine has empty package lists) and only if something is missing.
+fn apt_packages() -> Result<()> {
+    let mut missing = Vec::new();
+    for package in APT_PACKAGES {
+        if dpkg_installed(package)? {
+            println!("setup: {package} ... already installed");
+        } else {
+            println!("setup: {package} ... installing");
+            missing.push(*package);
+        }
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    run(apt_get().arg("update"))?;
+    run(apt_get().args(["install", "-y"]).args(&missing))
+}
+
+fn apt_get() -> Command {
+    let mut command = Command::new("apt-get");
+    command.env("DEBIAN_FRONTEND", "noninteractive");
+    command
+}
+
+fn dpkg_installed(package: &str) -> Result<bool> {
+    let mut query = Command::new("dpkg-query");
+    query.args(["-W", "-f=${Status}", package]);
+    let out = output(&mut query).context("setup expects a Debian system (dpkg-query)")?;
+    // Unknown packages make dpkg-query fail; removed ones show another status.
+    Ok(out.status.success()
+        && String::from_utf8_lossy(&out.stdout).trim() == "install ok installed")
+}
+
+/// The eBPF crate is built with nightly `-Z build-std=core`, which needs rust-src.
+fn rust_src() -> Result<()> {
+    let mut list = Command::new("rustup");
+    list.args(["+nightly", "component", "list", "--installed"]);
+    let out = output(&mut list)?;
+    if out.status.success()
+        && String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .any(|l| l.trim() == "rust-src")
+    {
+        println!("setup: rust-src (nightly) ... already installed");
+        return Ok(());
+    }
+    println!("setup: rust-src (nightly) ... installing");
+    run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))
+}
+
+/// aya-build links the eBPF object with bpf-linker, found on PATH.
+fn bpf_linker() -> Result<()> {
+    let installed = Command::new("bpf-linker")
+        .arg("--version")
+        .output()
+        .map(|out| {
+            String::from_utf8_lossy(&out.stdout)
+                .split_whitespace()
+                .any(|word| word == BPF_LINKER_VERSION)
+        })
+        .unwrap_or(false); // not on PATH
+    if installed {
+        println!("setup: bpf-linker {BPF_LINKER_VERSION} ... already installed");
+        return Ok(());
+    }
+    println!("setup: bpf-linker {BPF_LINKER_VERSION} ... installing (takes a few minutes)");
+    // `cargo install` ignores the workspace's .cargo/config.toml, as it should.
+    let mut install = crate::cargo();
+    install.args(["install", "bpf-linker", "--version", BPF_LINKER_VERSION]);
+    run(&mut install)?;
+    output(Command::new("bpf-linker").arg("--version"))
+        .context("bpf-linker was installed but is not on PATH (add ~/.cargo/bin to PATH)")?;
+    Ok(())
+}
