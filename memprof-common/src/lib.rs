@@ -129,7 +129,9 @@ pub mod counter {
     pub const FREES: u32 = 6;
     /// Failed allocations (NULL / MAP_FAILED returned).
     pub const FAILED_ALLOCS: u32 = 7;
-    pub const COUNT: u32 = 8;
+    /// Stacks the DWARF unwinder could not follow to the end.
+    pub const TRUNCATED_STACKS: u32 = 8;
+    pub const COUNT: u32 = 9;
 }
 
 /// Symbol names the eBPF object exports for its programs, used by userspace

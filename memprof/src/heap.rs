@@ -25,6 +25,8 @@ pub struct RawGroup {
     pub live_bytes: u64,
     pub total_count: u64,
     pub total_bytes: u64,
+    /// The unwinder did not reach the end of this stack.
+    pub truncated: bool,
 }
 
 impl RawGroup {

@@ -185,6 +185,7 @@ impl HeapMaps {
             allocs: get(counter::ALLOCS)?,
             frees: get(counter::FREES)?,
             failed_allocs: get(counter::FAILED_ALLOCS)?,
+            truncated_stacks: get(counter::TRUNCATED_STACKS)?,
         })
     }
 }

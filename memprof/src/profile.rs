@@ -35,8 +35,11 @@ pub struct Profile {
     pub duration_s: f64,
     /// How the target ended, if it ended while profiled.
     pub exit: Option<ExitInfo>,
-    /// How stacks were captured: `fp` (frame pointers).
+    /// How stacks were captured: `fp` (frame pointers) or `dwarf` (CFI tables from `.eh_frame`).
     pub unwind: String,
+    /// How dead GC objects are recognized (`address reuse only` until mark bits are read).
+    #[serde(default)]
+    pub gc_liveness: Option<String>,
     pub counters: Counters,
     pub probes: Vec<ProbeInfo>,
     pub groups: Vec<Group>,
@@ -73,6 +76,9 @@ pub struct Counters {
     pub frees: u64,
     /// Allocation calls that failed (returned NULL / MAP_FAILED).
     pub failed_allocs: u64,
+    /// Stacks the unwinder could not follow to their end (marked `truncated`).
+    #[serde(default)]
+    pub truncated_stacks: u64,
 }
 
 impl Counters {
@@ -105,6 +111,12 @@ pub struct Group {
     pub total_bytes: u64,
     /// Innermost first, starting at the caller of the allocator function.
     pub frames: Vec<Frame>,
+    /// The stack could not be unwound to its end (unwinder gave up or hit the depth limit).
+    #[serde(default)]
+    pub truncated: bool,
+    /// The Crystal class (or buffer kind) these objects are, where the stack says so.
+    #[serde(default)]
+    pub type_name: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -255,6 +255,7 @@ fn finish(
         duration_s: duration.as_secs_f64(),
         exit,
         unwind: "fp".to_string(),
+        gc_liveness: None,
         counters,
         probes: plan
             .iter()

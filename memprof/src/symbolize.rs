@@ -76,6 +76,8 @@ pub fn symbolize(raw: Vec<RawGroup>, maps: &MapsCache, progress: bool) -> Vec<Gr
                 .iter()
                 .flat_map(|a| resolved.get(a).cloned().unwrap_or_default())
                 .collect(),
+            truncated: g.truncated,
+            type_name: None,
         })
         .collect()
 }

@@ -47,12 +47,32 @@ enum Task {
 }
 
 fn main() -> ExitCode {
+    cargo_bin_on_path();
     match task(Cli::parse().command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("xtask: error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `cargo install` puts bpf-linker in `$CARGO_HOME/bin`, which a CI shell
+/// may not have on PATH; aya-build (run by memprof's build script, a child of
+/// this process) looks for it there.
+fn cargo_bin_on_path() {
+    let cargo_home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")));
+    let Some(bin) = cargo_home.map(|h| h.join("bin")) else {
+        return;
+    };
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    if !std::env::split_paths(&path).any(|p| p == bin) {
+        let joined = std::env::join_paths(std::iter::once(bin).chain(std::env::split_paths(&path)))
+            .expect("PATH entries");
+        // Single-threaded at this point.
+        std::env::set_var("PATH", joined);
     }
 }
 
