@@ -54,8 +54,11 @@ pub mod op {
     pub const OUT_PTR: u8 = 2;
 }
 
-/// Stack id stored when `bpf_get_stackid` failed; counted in [`counter::STACK_ERRORS`].
-pub const NO_STACK: u32 = u32::MAX;
+/// Stack id stored when no stack could be captured; counted in [`counter::STACK_ERRORS`].
+pub const NO_STACK: u64 = u64::MAX;
+
+/// Deepest stack the DWARF unwinder follows.
+pub const MAX_FRAMES: usize = 64;
 
 /// Where an allocation was made: the user stack (frame-pointer walk, kept in
 /// the `STACKS` map) plus the return address read from the stack at the probe,
@@ -66,11 +69,12 @@ pub const NO_STACK: u32 = u32::MAX;
 pub struct AllocSite {
     /// Return address into the caller of the allocator function.
     pub caller: u64,
-    /// Id in the `STACKS` map, or [`NO_STACK`].
-    pub stack_id: u32,
+    /// Frame-pointer unwinding: id in the `STACKS` map. DWARF unwinding: key
+    /// (hash of the frames) in `DWARF_STACKS`. [`NO_STACK`] if none.
+    pub stack_id: u64,
     /// [`AllocKind`] as `u8`.
     pub kind: u8,
-    pub _pad: [u8; 3],
+    pub _pad: [u8; 7],
 }
 
 /// A call in flight: written by the entry probe, consumed by the return probe.
@@ -150,6 +154,8 @@ pub mod programs {
     /// Does nothing: `cargo xtask bench` uses it to measure the bare probe cost.
     pub const EMPTY: &str = "empty_probe";
     pub const EMPTY_RET: &str = "empty_retprobe";
+    /// On the dynamic linker's `_dl_debug_state`: libraries were (un)loaded.
+    pub const DL_DEBUG_STATE: &str = "dl_debug_state";
 }
 
 /// Map names in the eBPF object.
@@ -162,6 +168,71 @@ pub mod maps {
     /// One `u32`: 1 while recording. Set to 0 to stop recording at once
     /// (detaching uprobes takes a grace period each).
     pub const ENABLED: &str = "ENABLED";
+    pub const DWARF_STACKS: &str = "DWARF_STACKS";
+    pub const UNWIND_ROWS: &str = "UNWIND_ROWS";
+    pub const MODULE_RANGES: &str = "MODULE_RANGES";
+    /// `u32` settings indexed by [`config`](super::config).
+    pub const CONFIG: &str = "CONFIG";
+}
+
+/// Indexes into the `CONFIG` array.
+pub mod config {
+    /// 1: unwind with the CFI tables (`UNWIND_ROWS`), 0: frame pointers.
+    pub const UNWIND_DWARF: u32 = 0;
+    /// Number of valid entries in `MODULE_RANGES`.
+    pub const MODULE_COUNT: u32 = 1;
+    /// 1: the main thread is traced by memprof (`run`): signal it when the
+    /// dynamic linker has loaded libraries, so their ranges are known before
+    /// their code runs.
+    pub const SIGNAL_ON_DLOPEN: u32 = 2;
+    /// Set to 1 by the kernel when it sent that signal; cleared by userspace.
+    pub const DLOPEN_SIGNALLED: u32 = 3;
+    pub const COUNT: u32 = 4;
+}
+
+/// How to find the canonical frame address (CFA) at a pc.
+pub mod cfa {
+    pub const RSP: u8 = 0;
+    pub const RBP: u8 = 1;
+    /// The outermost frame (return address undefined): the stack ends here.
+    pub const END: u8 = 2;
+    /// No rule memprof can follow (expressions, gaps between functions).
+    pub const UNKNOWN: u8 = 3;
+}
+
+/// One row of a compact CFI table: from `pc` (module-relative) until the
+/// next row, CFA = `cfa_reg` + `cfa_offset`; the return address is at
+/// CFA - 8; %rbp is saved at CFA + `rbp_offset` when `rbp_saved` is 1.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnwindRow {
+    pub pc: u32,
+    pub cfa_offset: i32,
+    pub rbp_offset: i16,
+    pub cfa_reg: u8,
+    pub rbp_saved: u8,
+}
+
+/// Where a module's code is mapped in the target and where its rows are.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ModuleRange {
+    pub start: u64,
+    pub end: u64,
+    /// Runtime address minus the module's own (ELF) address.
+    pub bias: u64,
+    pub row_start: u32,
+    pub row_count: u32,
+}
+
+/// A stack captured by the DWARF unwinder: return addresses, innermost first.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct DwarfStack {
+    pub len: u32,
+    /// 1 if the unwinder stopped before the outermost frame.
+    pub truncated: u32,
+    pub frames: [u64; MAX_FRAMES],
 }
 
 #[cfg(feature = "user")]
@@ -171,4 +242,7 @@ mod pod {
     unsafe impl aya::Pod for super::PendingCall {}
     unsafe impl aya::Pod for super::LiveAlloc {}
     unsafe impl aya::Pod for super::SiteTotals {}
+    unsafe impl aya::Pod for super::UnwindRow {}
+    unsafe impl aya::Pod for super::ModuleRange {}
+    unsafe impl aya::Pod for super::DwarfStack {}
 }

@@ -12,8 +12,14 @@
 //!    pointer, insert it into `LIVE` and add to `SITE_TOTALS`.
 //! 3. `free_enter` / `munmap_enter`: remove the block from `LIVE`.
 //!
-//! Userspace reads `LIVE`, `SITE_TOTALS` and `STACKS` at the end. Everything
-//! that could not be recorded is counted in `COUNTERS`.
+//! Userspace reads `LIVE`, `SITE_TOTALS` and `STACKS`/`DWARF_STACKS` at the
+//! end. Everything that could not be recorded is counted in `COUNTERS`.
+//!
+//! Stacks: with frame pointers, `bpf_get_stackid`. Code without frame
+//! pointers (Crystal, most optimized C) is unwound here with compact CFI
+//! tables that userspace builds from each module's `.eh_frame`
+//! (`UNWIND_ROWS`, located through `MODULE_RANGES`); each distinct stack is
+//! stored once in `DWARF_STACKS`, keyed by a hash of its frames.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 
@@ -23,6 +29,7 @@ mod probes {
         bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
         helpers::{
             bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
+            bpf_send_signal_thread,
         },
         macros::{map, uprobe, uretprobe},
         maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, StackTrace},
@@ -30,7 +37,8 @@ mod probes {
         EbpfContext,
     };
     use memprof_common::{
-        counter, op, AllocKind, AllocSite, LiveAlloc, PendingCall, SiteTotals, NO_STACK,
+        cfa, config, counter, op, AllocKind, AllocSite, DwarfStack, LiveAlloc, ModuleRange,
+        PendingCall, SiteTotals, UnwindRow, MAX_FRAMES, NO_STACK,
     };
 
     // Sizes are defaults; userspace sets them from --max-live / --max-stacks.
@@ -49,9 +57,29 @@ mod probes {
     #[map]
     static ENABLED: Array<u32> = Array::with_max_entries(1, 0);
 
+    #[map]
+    static CONFIG: Array<u32> = Array::with_max_entries(config::COUNT, 0);
+    #[map]
+    static DWARF_STACKS: HashMap<u64, DwarfStack> = HashMap::with_max_entries(1 << 15, 0);
+    #[map]
+    static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(1, 0);
+    #[map]
+    static MODULE_RANGES: Array<ModuleRange> = Array::with_max_entries(MAX_MODULES, 0);
+    /// The stack being unwound (too big for the 512-byte BPF stack).
+    #[map]
+    static SCRATCH: PerCpuArray<DwarfStack> = PerCpuArray::with_max_entries(1, 0);
+
+    /// A power of two; one less is the usable count (see `dwarf_unwind`).
+    const MAX_MODULES: u32 = 128;
+
     #[inline(always)]
     fn enabled() -> bool {
         ENABLED.get(0).is_some_and(|&on| on == 1)
+    }
+
+    #[inline(always)]
+    fn setting(index: u32) -> u32 {
+        CONFIG.get(index).copied().unwrap_or(0)
     }
 
     #[inline(always)]
@@ -76,23 +104,31 @@ mod probes {
             return;
         }
         let kind = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u8;
-        let stack_id = match ctx.get_stackid(&STACKS, BPF_F_USER_STACK as u64) {
-            Ok(id) => id as u32,
-            Err(_) => {
+        // Entry probes sit where %rsp and %rbp still have their entry values
+        // (userspace guarantees it), so the return address is at the top of
+        // the stack and the caller's frame is intact.
+        let sp = unsafe { (*ctx.regs).rsp };
+        let caller = unsafe { bpf_probe_read_user(sp as *const u64) }.unwrap_or(0);
+        let stack = if setting(config::UNWIND_DWARF) == 1 {
+            dwarf_unwind(ctx)
+        } else {
+            ctx.get_stackid(&STACKS, BPF_F_USER_STACK as u64)
+                .map(|id| id as u64)
+                .ok()
+        };
+        let stack_id = match stack {
+            Some(id) => id,
+            None => {
                 bump(counter::STACK_ERRORS);
                 NO_STACK
             }
         };
-        // Entry probes sit where %rsp is still the entry value (userspace
-        // guarantees it), so the return address is at the top of the stack.
-        let sp = unsafe { (*ctx.regs).rsp };
-        let caller = unsafe { bpf_probe_read_user(sp as *const u64) }.unwrap_or(0);
         let call = PendingCall {
             site: AllocSite {
                 caller,
                 stack_id,
                 kind,
-                _pad: [0; 3],
+                _pad: [0; 7],
             },
             size,
             arg_ptr,
@@ -103,6 +139,139 @@ mod probes {
         if PENDING.insert(&thread, &call, 0).is_err() {
             bump(counter::PENDING_FULL);
         }
+    }
+
+    const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+
+    /// Unwinds the user stack from the probe (at function entry) with the
+    /// CFI tables and stores it in `DWARF_STACKS`. Returns its key.
+    #[inline(always)]
+    fn dwarf_unwind(ctx: &ProbeContext) -> Option<u64> {
+        let stack = unsafe { &mut *SCRATCH.get_ptr_mut(0)? };
+        let regs = unsafe { &*ctx.regs };
+        // At entry the CFA is %rsp + 8 and the return address is at %rsp.
+        let mut sp = regs.rsp;
+        let mut bp = regs.rbp;
+        let mut pc = unsafe { bpf_probe_read_user(sp as *const u64) }.ok()?;
+        sp += 8;
+        // A mask, not min(): min() would give the verifier a constant bound,
+        // and with constant indices it cannot prune the binary searches.
+        let modules = setting(config::MODULE_COUNT) & (MAX_MODULES - 1);
+        let mut hash = FNV_OFFSET;
+        let mut len: u32 = 0;
+        let mut truncated: u32 = 1;
+        for i in 0..MAX_FRAMES {
+            if pc == 0 {
+                truncated = 0;
+                break;
+            }
+            stack.frames[i] = pc;
+            len = i as u32 + 1;
+            hash = (hash ^ pc).wrapping_mul(FNV_PRIME);
+            // A return address points after the call: look up the call itself.
+            let Some(row) = find_row(pc - 1, modules) else {
+                break;
+            };
+            let base = match row.cfa_reg {
+                cfa::RSP => sp,
+                cfa::RBP => bp,
+                cfa::END => {
+                    truncated = 0;
+                    break;
+                }
+                _ => break,
+            };
+            let frame = base.wrapping_add(row.cfa_offset as i64 as u64);
+            if row.rbp_saved == 1 {
+                let at = frame.wrapping_add(row.rbp_offset as i64 as u64);
+                match unsafe { bpf_probe_read_user(at as *const u64) } {
+                    Ok(saved) => bp = saved,
+                    Err(_) => break,
+                }
+            }
+            match unsafe { bpf_probe_read_user((frame - 8) as *const u64) } {
+                Ok(ret) => pc = ret,
+                Err(_) => break,
+            }
+            sp = frame;
+        }
+        if len as usize == MAX_FRAMES && pc != 0 {
+            truncated = 1;
+        }
+        stack.len = len;
+        stack.truncated = truncated;
+        if truncated == 1 {
+            bump(counter::TRUNCATED_STACKS);
+            hash ^= 1; // same frames, but a truncated stack is another stack
+        }
+        match DWARF_STACKS.insert(&hash, stack, BPF_NOEXIST as u64) {
+            Ok(()) => Some(hash),
+            Err(e) if e == -17 => Some(hash), // EEXIST: seen before
+            Err(_) => None,
+        }
+    }
+
+    /// The CFI row covering `pc`: binary search for the module, then for the
+    /// last row starting at or before `pc`.
+    ///
+    /// Both searches are branch-free (a fixed number of halvings, the
+    /// comparison turned into 0/1 arithmetically): a data-dependent branch per
+    /// step multiplies the paths the verifier must walk.
+    #[inline(always)]
+    fn find_row(pc: u64, modules: u32) -> Option<UnwindRow> {
+        if modules == 0 {
+            return None;
+        }
+        // Module: the last range with start <= pc (ranges are sorted).
+        let mut base: u32 = 0;
+        let mut len: u32 = modules;
+        for _ in 0..7 {
+            let half = len >> 1;
+            let m = MODULE_RANGES.get(base + half)?;
+            base += half * at_or_before(m.start, pc);
+            len -= half;
+        }
+        let module = MODULE_RANGES.get(base)?;
+        if pc < module.start || pc >= module.end || module.row_count == 0 {
+            return None;
+        }
+        let rel = pc.wrapping_sub(module.bias) & 0xffff_ffff;
+        let mut base = module.row_start;
+        let mut len = module.row_count;
+        for _ in 0..26 {
+            let half = len >> 1;
+            let row = UNWIND_ROWS.get(base + half)?;
+            base += half * at_or_before(row.pc as u64, rel);
+            len -= half;
+        }
+        let row = UNWIND_ROWS.get(base)?;
+        if row.pc as u64 > rel {
+            return None;
+        }
+        Some(*row)
+    }
+
+    /// 1 if `a <= b`, else 0, without a branch (both below 2^63).
+    #[inline(always)]
+    fn at_or_before(a: u64, b: u64) -> u32 {
+        ((b.wrapping_sub(a) >> 63) ^ 1) as u32
+    }
+
+    /// `_dl_debug_state` runs when the dynamic linker has changed the list of
+    /// loaded libraries. During `run` the main thread is traced: a SIGTRAP
+    /// stops it so memprof can add the new libraries' address ranges before
+    /// their code runs (memprof swallows the signal).
+    #[uprobe]
+    pub fn dl_debug_state(_ctx: ProbeContext) -> u32 {
+        let thread = bpf_get_current_pid_tgid();
+        if setting(config::SIGNAL_ON_DLOPEN) == 1 && (thread >> 32) == (thread & 0xffff_ffff) {
+            if let Some(flag) = CONFIG.get_ptr_mut(config::DLOPEN_SIGNALLED) {
+                unsafe { *flag = 1 };
+            }
+            unsafe { bpf_send_signal_thread(5) }; // SIGTRAP
+        }
+        0
     }
 
     fn arg(ctx: &ProbeContext, n: usize) -> u64 {
@@ -185,7 +354,13 @@ mod probes {
         };
         // mmap fails with MAP_FAILED (-1), the others with NULL.
         let failed = addr == 0 || addr > (-4096i64) as u64;
+        let mut call = call;
         if call.op == op::REALLOC && call.arg_ptr != 0 && (!failed || call.size == 0) {
+            // The new block has the kind of the old one (GC_realloc keeps
+            // atomic objects atomic).
+            if let Some(old) = LIVE.get_ptr(&call.arg_ptr) {
+                call.site.kind = unsafe { (*old).site.kind };
+            }
             // realloc succeeded (or was realloc(p, 0), which frees p): the old block is gone.
             release(call.arg_ptr);
         }

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use crate::report::Format;
+use crate::session::{Heap, Unwind};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -74,6 +75,9 @@ pub enum Command {
         /// Show the +0 placement used with --probe-at-entry.
         #[arg(long)]
         probe_at_entry: bool,
+        /// Which allocators: libc, gc or all.
+        #[arg(long, value_enum, default_value_t = Heap::All)]
+        heap: Heap,
     },
     /// Print a profile written by run or attach.
     Report(ReportArgs),
@@ -102,6 +106,14 @@ pub struct SessionArgs {
     /// Rows of the table printed at the end.
     #[arg(long, default_value_t = 10, value_name = "N")]
     pub top: usize,
+    /// Which allocators to profile: libc (malloc & co, mmap), gc (Boehm GC), or all.
+    #[arg(long, value_enum, default_value_t = Heap::All)]
+    pub heap: Heap,
+    /// How to capture call stacks. dwarf unwinds in the kernel with CFI tables
+    /// built from each module's .eh_frame (works without frame pointers, e.g.
+    /// Crystal); fp follows frame pointers (cheaper). auto = dwarf.
+    #[arg(long, value_enum, default_value_t = Unwind::Auto)]
+    pub unwind: Unwind,
 }
 
 #[derive(Debug, Args)]

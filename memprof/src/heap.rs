@@ -39,6 +39,7 @@ impl RawGroup {
 pub fn collect(maps: &HeapMaps) -> Result<Vec<RawGroup>> {
     let mut grouper = Grouper {
         maps,
+        dwarf: maps.dwarf,
         stacks: HashMap::new(),
         by_frames: HashMap::new(),
         by_site: HashMap::new(),
@@ -65,7 +66,10 @@ pub fn collect(maps: &HeapMaps) -> Result<Vec<RawGroup>> {
 /// each site is looked up once.
 struct Grouper<'a> {
     maps: &'a HeapMaps,
-    stacks: HashMap<u32, Vec<u64>>,
+    /// Stacks come from the DWARF unwinder (else from frame pointers).
+    dwarf: bool,
+    /// Stack id → (frames, truncated).
+    stacks: HashMap<u64, (Vec<u64>, bool)>,
     by_frames: HashMap<(u8, Vec<u64>), usize>,
     by_site: HashMap<AllocSite, usize>,
     groups: Vec<RawGroup>,
@@ -76,17 +80,34 @@ impl Grouper<'_> {
         if let Some(&i) = self.by_site.get(&site) {
             return &mut self.groups[i];
         }
-        let maps = self.maps;
-        let walk = self.stacks.entry(site.stack_id).or_insert_with(|| {
-            if site.stack_id == NO_STACK {
-                return Vec::new();
-            }
-            maps.stacks
-                .get(&site.stack_id, 0)
-                .map(|s| s.frames().iter().map(|f| f.ip).collect())
-                .unwrap_or_default()
-        });
-        let frames = join_caller(site.caller, walk);
+        let (maps, dwarf) = (self.maps, self.dwarf);
+        let (frames, truncated) = self
+            .stacks
+            .entry(site.stack_id)
+            .or_insert_with(|| {
+                if site.stack_id == NO_STACK {
+                    // No stack: the caller alone, marked as cut short.
+                    return (join_caller(site.caller, &[]), true);
+                }
+                if dwarf {
+                    // The DWARF unwinder starts at the caller already.
+                    match maps.dwarf_stacks.get(&site.stack_id, 0) {
+                        Ok(s) => (
+                            s.frames[..(s.len as usize).min(s.frames.len())].to_vec(),
+                            s.truncated != 0,
+                        ),
+                        Err(_) => (join_caller(site.caller, &[]), true),
+                    }
+                } else {
+                    let walk: Vec<u64> = u32::try_from(site.stack_id)
+                        .ok()
+                        .and_then(|id| maps.stacks.get(&id, 0).ok())
+                        .map(|s| s.frames().iter().map(|f| f.ip).collect())
+                        .unwrap_or_default();
+                    (join_caller(site.caller, &walk), false)
+                }
+            })
+            .clone();
         let groups = &mut self.groups;
         let i = *self
             .by_frames
@@ -95,6 +116,7 @@ impl Grouper<'_> {
                 groups.push(RawGroup {
                     kind: site.kind,
                     frames,
+                    truncated,
                     ..RawGroup::default()
                 });
                 groups.len() - 1

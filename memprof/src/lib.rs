@@ -24,3 +24,4 @@ pub mod report;
 pub mod session;
 pub mod symbolize;
 pub mod target;
+pub mod unwind;

@@ -48,8 +48,9 @@ fn run(cli: Cli) -> Result<i32> {
         Command::Probes {
             pid,
             probe_at_entry,
+            heap,
         } => {
-            let plan = session::plan_for_pid(pid, probe_at_entry)?;
+            let plan = session::plan_for_pid(pid, probe_at_entry, heap)?;
             let mut out = std::io::stdout().lock();
             writeln!(
                 out,
@@ -92,6 +93,8 @@ fn session_options(args: &SessionArgs, duration: Option<Duration>) -> Result<Ses
         },
         probe_at_entry: args.probe_at_entry,
         duration,
+        heap: args.heap,
+        unwind: args.unwind,
         top: args.top,
     })
 }

@@ -14,10 +14,13 @@ use aya::programs::uprobe::UProbeLinkId;
 use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope};
 use aya::programs::UProbe;
 use aya::{Ebpf, EbpfLoader};
-use memprof_common::{counter, maps, programs, AllocSite, LiveAlloc, SiteTotals};
+use memprof_common::{
+    config, counter, maps, programs, AllocSite, DwarfStack, LiveAlloc, ModuleRange, SiteTotals,
+};
 
 use crate::placement::Planned;
 use crate::profile::Counters;
+use crate::unwind::Tables;
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memprof-probes"));
 
@@ -34,6 +37,9 @@ pub struct ProbeOptions {
     pub empty: bool,
 }
 
+/// How many module ranges the kernel's table holds (its size, 128, minus one).
+pub const MAX_MODULES: usize = 127;
+
 /// The loaded programs, with their links while attached.
 pub struct Probes {
     ebpf: Ebpf,
@@ -49,16 +55,24 @@ pub struct HeapMaps {
     pub live: HashMap<MapData, u64, LiveAlloc>,
     pub sites: PerCpuHashMap<MapData, AllocSite, SiteTotals>,
     pub stacks: StackTraceMap<MapData>,
+    pub dwarf_stacks: HashMap<MapData, u64, DwarfStack>,
+    /// Stacks were unwound with the CFI tables (`dwarf_stacks`), not frame pointers.
+    pub dwarf: bool,
     counters: PerCpuArray<MapData, u64>,
 }
 
 impl Probes {
     /// Loads the eBPF object into the kernel (no probe attached yet).
-    pub fn load(options: &ProbeOptions) -> Result<Probes> {
+    /// With `unwind_tables`, stacks are unwound in the kernel with those CFI
+    /// rows; without, by frame pointers.
+    pub fn load(options: &ProbeOptions, unwind_tables: Option<&Tables>) -> Result<Probes> {
+        let rows = unwind_tables.map_or(1, |t| t.rows.len().max(1)) as u32;
         let ebpf = EbpfLoader::new()
             .map_max_entries(maps::LIVE, options.max_live)
             .map_max_entries(maps::STACKS, options.max_stacks)
+            .map_max_entries(maps::DWARF_STACKS, options.max_stacks)
             .map_max_entries(maps::SITE_TOTALS, options.max_sites)
+            .map_max_entries(maps::UNWIND_ROWS, rows)
             .load(OBJECT)
             .map_err(|e| permission_hint(anyhow!(e), "loading the eBPF programs"))?;
         let mut probes = Probes {
@@ -68,6 +82,14 @@ impl Probes {
             attached: 0,
         };
         probes.set_enabled(true)?;
+        if let Some(tables) = unwind_tables {
+            let map = probes.map_mut(maps::UNWIND_ROWS)?;
+            let mut rows: Array<&mut MapData, memprof_common::UnwindRow> = Array::try_from(map)?;
+            for (i, row) in tables.rows.iter().enumerate() {
+                rows.set(i as u32, row, 0)?;
+            }
+            probes.set_config(config::UNWIND_DWARF, 1)?;
+        }
         let names: Vec<String> = probes.ebpf.programs().map(|(n, _)| n.to_string()).collect();
         for name in names {
             probes
@@ -127,14 +149,69 @@ impl Probes {
         Ok(())
     }
 
+    fn map_mut(&mut self, name: &str) -> Result<&mut Map> {
+        self.ebpf
+            .map_mut(name)
+            .ok_or_else(|| anyhow!("eBPF object has no map {name}"))
+    }
+
     fn set_enabled(&mut self, on: bool) -> Result<()> {
-        let map = self
-            .ebpf
-            .map_mut(maps::ENABLED)
-            .ok_or_else(|| anyhow!("eBPF object has no map {}", maps::ENABLED))?;
-        let mut enabled: Array<&mut MapData, u32> = Array::try_from(map)?;
+        let mut enabled: Array<&mut MapData, u32> = Array::try_from(self.map_mut(maps::ENABLED)?)?;
         enabled.set(0, u32::from(on), 0)?;
         Ok(())
+    }
+
+    fn set_config(&mut self, index: u32, value: u32) -> Result<()> {
+        let mut config: Array<&mut MapData, u32> = Array::try_from(self.map_mut(maps::CONFIG)?)?;
+        config.set(index, value, 0)?;
+        Ok(())
+    }
+
+    /// Tells the unwinder where each module is mapped (sorted by address).
+    pub fn set_module_ranges(&mut self, ranges: &[ModuleRange]) -> Result<()> {
+        let ranges = &ranges[..ranges.len().min(MAX_MODULES)];
+        // Shrink the count first, so the kernel never reads a half-written entry.
+        self.set_config(config::MODULE_COUNT, 0)?;
+        {
+            let mut table: Array<&mut MapData, ModuleRange> =
+                Array::try_from(self.map_mut(maps::MODULE_RANGES)?)?;
+            for (i, range) in ranges.iter().enumerate() {
+                table.set(i as u32, range, 0)?;
+            }
+        }
+        self.set_config(config::MODULE_COUNT, ranges.len() as u32)
+    }
+
+    /// `run` only: have `dl_debug_state` stop the traced main thread when the
+    /// dynamic linker loads libraries. `module` is the dynamic linker and
+    /// `file_offset` its `_dl_debug_state`.
+    pub fn watch_library_loads(
+        &mut self,
+        pid: u32,
+        module: &std::path::Path,
+        file_offset: u64,
+    ) -> Result<()> {
+        let scope = UProbeScope::OneProcess(NonZeroU32::new(pid).context("pid 0")?);
+        let link = self
+            .program(programs::DL_DEBUG_STATE)?
+            .attach(
+                UProbeAttachLocation::AbsoluteOffset(file_offset),
+                module,
+                scope,
+            )
+            .with_context(|| format!("attaching to _dl_debug_state in {}", module.display()))?;
+        self.links.push((programs::DL_DEBUG_STATE, link));
+        self.set_config(config::SIGNAL_ON_DLOPEN, 1)
+    }
+
+    /// Whether the kernel sent the library-load signal since the last call.
+    pub fn take_library_load_signal(&mut self) -> Result<bool> {
+        let mut config: Array<&mut MapData, u32> = Array::try_from(self.map_mut(maps::CONFIG)?)?;
+        let sent = config.get(&config::DLOPEN_SIGNALLED, 0)? == 1;
+        if sent {
+            config.set(config::DLOPEN_SIGNALLED, 0, 0)?;
+        }
+        Ok(sent)
     }
 
     /// Stops recording at once and starts detaching in the background.
@@ -146,6 +223,9 @@ impl Probes {
     /// joins it. No probe is left in the target after that.
     pub fn stop(mut self) -> Result<(HeapMaps, Detaching)> {
         self.set_enabled(false)?;
+        let mut config: Array<&mut MapData, u32> = Array::try_from(self.map_mut(maps::CONFIG)?)?;
+        let dwarf = config.get(&config::UNWIND_DWARF, 0)? == 1;
+        config.set(config::SIGNAL_ON_DLOPEN, 0, 0)?;
         let mut take = |name: &str| -> Result<Map> {
             self.ebpf
                 .take_map(name)
@@ -155,6 +235,8 @@ impl Probes {
             live: HashMap::try_from(take(maps::LIVE)?)?,
             sites: PerCpuHashMap::try_from(take(maps::SITE_TOTALS)?)?,
             stacks: StackTraceMap::try_from(take(maps::STACKS)?)?,
+            dwarf_stacks: HashMap::try_from(take(maps::DWARF_STACKS)?)?,
+            dwarf,
             counters: PerCpuArray::try_from(take(maps::COUNTERS)?)?,
         };
         let thread = std::thread::spawn(move || drop(self));

@@ -20,7 +20,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
 
-use crate::allocators::{self, LIBC};
+use memprof_common::AllocKind;
+
+use crate::allocators::{self, BOEHM, LIBC};
 use crate::placement::{self, Planned};
 use crate::probes::{ProbeOptions, Probes};
 use crate::profile::{ExitInfo, ProbeInfo, Profile, TargetInfo};
@@ -28,6 +30,7 @@ use crate::report::{self, markdown};
 use crate::target::launch::{self, Event, ExitStatus};
 use crate::target::maps::{self, MapsCache};
 use crate::target::{self, Target};
+use crate::unwind::Tables;
 use crate::{heap, symbolize};
 
 /// How often the mappings are re-read while the target runs.
@@ -36,6 +39,28 @@ const MAPS_REFRESH: Duration = Duration::from_secs(1);
 /// (it usually got the same Ctrl-C) before detaching from it.
 const EXIT_GRACE: Duration = Duration::from_secs(1);
 
+/// Which allocator families to probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Heap {
+    /// libc (malloc & co, mmap) and the Boehm GC, whichever the target has.
+    All,
+    /// Only the Boehm GC (`GC_malloc` & co).
+    Gc,
+    /// Only libc: malloc & co and mmap.
+    Libc,
+}
+
+/// How to capture stacks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Unwind {
+    /// DWARF: right for code with and without frame pointers.
+    Auto,
+    /// Frame pointers only (cheaper; short stacks for code without them).
+    Fp,
+    /// CFI tables from each module's .eh_frame, unwound in the kernel.
+    Dwarf,
+}
+
 /// Settings shared by `run` and `attach`.
 #[derive(Debug, Clone)]
 pub struct SessionOptions {
@@ -43,8 +68,33 @@ pub struct SessionOptions {
     pub probes: ProbeOptions,
     pub probe_at_entry: bool,
     pub duration: Option<Duration>,
+    pub heap: Heap,
+    pub unwind: Unwind,
     /// Rows of the table printed at the end.
     pub top: usize,
+}
+
+/// What to attach where, decided before anything is attached.
+pub struct Plan {
+    pub probes: Vec<Planned>,
+    /// CFI tables of the target's modules (DWARF unwinding), else `None`.
+    pub tables: Option<Tables>,
+}
+
+impl Plan {
+    fn has_gc(&self) -> bool {
+        self.probes
+            .iter()
+            .any(|p| matches!(p.func.func.kind, AllocKind::Gc | AllocKind::GcAtomic))
+    }
+
+    fn unwind_name(&self) -> &'static str {
+        if self.tables.is_some() {
+            "dwarf"
+        } else {
+            "fp"
+        }
+    }
 }
 
 /// `memprof run`: launches `command` under the probes. Returns the exit code
@@ -52,26 +102,39 @@ pub struct SessionOptions {
 pub fn run(command: &[String], options: &SessionOptions) -> Result<i32> {
     require_root()?;
     let exe = target::find_command(&command[0])?;
-    let plan = plan_for(&exe, &[], options.probe_at_entry)?;
+    let plan = plan_for(&exe, &[], options)?;
     let (output, out_file) = open_output(options.output.as_ref(), &exe, None)?;
-    let mut probes = Probes::load(&options.probes)?;
+    let mut probes = Probes::load(&options.probes, plan.tables.as_ref())?;
 
     let signals = Signals::block()?;
     let mut child = launch::launch(&exe, command, &signals.original)?;
     let pid = child.pid;
-    if let Err(e) = probes.attach(pid, &plan) {
+    let mut maps = MapsCache::default();
+    let prepared = probes.attach(pid, &plan.probes).and_then(|()| {
+        if let Some(tables) = &plan.tables {
+            update_ranges(&mut probes, tables, &mut maps, pid)?;
+            // Libraries are mapped by the dynamic linker after this point:
+            // have it stop the command each time, to place them in time.
+            if let Some(ld_so) = target::interpreter(&exe) {
+                if let Some((_, offset)) = allocators::symbol_in(&ld_so, "_dl_debug_state") {
+                    probes.watch_library_loads(pid, &ld_so, offset)?;
+                }
+            }
+        }
+        Ok(())
+    });
+    if let Err(e) = prepared {
         unsafe { libc::kill(pid as i32, libc::SIGKILL) };
         let _ = child.poll();
         return Err(e);
     }
     let started = (Instant::now(), SystemTime::now());
-    let mut maps = MapsCache::default();
-    maps.refresh(pid);
     child.resume();
     eprintln!(
-        "memprof: profiling {} (pid {pid}, {} probes)",
+        "memprof: profiling {} (pid {pid}, {} probes, {} unwinding)",
         command.join(" "),
-        probes.attached
+        probes.attached,
+        plan.unwind_name()
     );
 
     let deadline = options.duration.map(|d| started.0 + d);
@@ -87,7 +150,18 @@ pub fn run(command: &[String], options: &SessionOptions) -> Result<i32> {
         let mut exited = None;
         while let Some(event) = child.poll()? {
             match event {
-                Event::Exiting => maps.refresh(pid),
+                Event::Exiting => {
+                    maps.refresh(pid);
+                }
+                Event::Trap => {
+                    let ours = probes.take_library_load_signal()?;
+                    if ours {
+                        if let Some(tables) = &plan.tables {
+                            update_ranges(&mut probes, tables, &mut maps, pid)?;
+                        }
+                    }
+                    child.resume_from_trap(!ours);
+                }
                 Event::Exited(status) => {
                     exited = Some(status);
                     break;
@@ -105,7 +179,7 @@ pub fn run(command: &[String], options: &SessionOptions) -> Result<i32> {
             break None;
         }
         if now - last_refresh >= MAPS_REFRESH {
-            maps.refresh(pid);
+            refresh(&mut probes, &plan, &mut maps, pid)?;
             last_refresh = now;
         }
     };
@@ -148,17 +222,20 @@ pub fn attach(pid: u32, options: &SessionOptions) -> Result<i32> {
         .into_iter()
         .map(|m| m.path)
         .collect();
-    let plan = plan_for(&target.exe, &loaded, options.probe_at_entry)?;
+    let plan = plan_for(&target.exe, &loaded, options)?;
     let (output, out_file) = open_output(options.output.as_ref(), &target.exe, Some(pid))?;
-    let mut probes = Probes::load(&options.probes)?;
+    let mut probes = Probes::load(&options.probes, plan.tables.as_ref())?;
     let signals = Signals::block()?;
-    probes.attach(pid, &plan)?;
-    let started = (Instant::now(), SystemTime::now());
     let mut maps = MapsCache::default();
-    maps.refresh(pid);
+    if let Some(tables) = &plan.tables {
+        update_ranges(&mut probes, tables, &mut maps, pid)?;
+    }
+    probes.attach(pid, &plan.probes)?;
+    let started = (Instant::now(), SystemTime::now());
     eprintln!(
-        "memprof: attached to pid {pid} ({} probes); Ctrl-C to stop{}",
+        "memprof: attached to pid {pid} ({} probes, {} unwinding); Ctrl-C to stop{}",
         probes.attached,
+        plan.unwind_name(),
         options
             .duration
             .map(|d| format!(", or wait {} s", d.as_secs_f64()))
@@ -184,7 +261,7 @@ pub fn attach(pid: u32, options: &SessionOptions) -> Result<i32> {
             break;
         }
         if now - last_refresh >= MAPS_REFRESH {
-            maps.refresh(pid);
+            refresh(&mut probes, &plan, &mut maps, pid)?;
             last_refresh = now;
         }
     }
@@ -201,22 +278,85 @@ pub fn attach(pid: u32, options: &SessionOptions) -> Result<i32> {
     Ok(0)
 }
 
-/// `memprof probes`: where each probe would go in `pid`, and why.
-pub fn plan_for_pid(pid: u32, probe_at_entry: bool) -> Result<Vec<Planned>> {
-    let target = Target::attach(pid)?;
-    let loaded: Vec<PathBuf> = maps::read(pid)?.into_iter().map(|m| m.path).collect();
-    plan_for(&target.exe, &loaded, probe_at_entry)
+/// Re-reads the mappings: for symbolization and, when unwinding with DWARF,
+/// for the kernel's module ranges.
+fn refresh(probes: &mut Probes, plan: &Plan, maps: &mut MapsCache, pid: u32) -> Result<()> {
+    match &plan.tables {
+        Some(tables) => update_ranges(probes, tables, maps, pid),
+        None => {
+            maps.refresh(pid);
+            Ok(())
+        }
+    }
 }
 
-fn plan_for(
-    exe: &std::path::Path,
-    loaded: &[PathBuf],
-    probe_at_entry: bool,
-) -> Result<Vec<Planned>> {
+fn update_ranges(
+    probes: &mut Probes,
+    tables: &Tables,
+    maps: &mut MapsCache,
+    pid: u32,
+) -> Result<()> {
+    if let Some(now) = maps.refresh(pid) {
+        probes.set_module_ranges(&tables.ranges(&now))?;
+    }
+    Ok(())
+}
+
+/// `memprof probes`: where each probe would go in `pid`, and why.
+pub fn plan_for_pid(pid: u32, probe_at_entry: bool, heap: Heap) -> Result<Vec<Planned>> {
+    let target = Target::attach(pid)?;
+    let loaded: Vec<PathBuf> = maps::read(pid)?.into_iter().map(|m| m.path).collect();
+    let options = SessionOptions {
+        output: None,
+        probes: ProbeOptions {
+            max_live: 1,
+            max_stacks: 1,
+            max_sites: 1,
+            empty: false,
+        },
+        probe_at_entry,
+        duration: None,
+        heap,
+        unwind: Unwind::Fp, // the tables are not needed to show placements
+        top: 0,
+    };
+    Ok(plan_for(&target.exe, &loaded, &options)?.probes)
+}
+
+/// Finds the allocator functions of the chosen heaps, places their probes,
+/// and builds the unwind tables.
+fn plan_for(exe: &std::path::Path, loaded: &[PathBuf], options: &SessionOptions) -> Result<Plan> {
     let modules = target::modules(exe, loaded);
-    let resolved = allocators::resolve(&modules, LIBC)?;
-    allocators::require(&resolved, LIBC, &modules)?;
-    Ok(placement::plan(&resolved, probe_at_entry))
+    let libc = allocators::resolve(&modules, LIBC)?;
+    let gc = allocators::resolve(&modules, BOEHM)?;
+    let (libc_ok, gc_ok) = (
+        allocators::require(&libc, LIBC, &modules),
+        allocators::require(&gc, BOEHM, &modules),
+    );
+    let resolved: Vec<_> = match options.heap {
+        Heap::Libc => {
+            libc_ok?;
+            libc
+        }
+        Heap::Gc => {
+            gc_ok?;
+            gc
+        }
+        Heap::All => match (libc_ok.is_ok(), gc_ok.is_ok()) {
+            (false, false) => return Err(libc_ok.unwrap_err()),
+            (true, false) => libc,
+            (false, true) => gc,
+            (true, true) => libc.into_iter().chain(gc).collect(),
+        },
+    };
+    let tables = match options.unwind {
+        Unwind::Fp => None,
+        Unwind::Auto | Unwind::Dwarf => Some(Tables::build(&modules)),
+    };
+    Ok(Plan {
+        probes: placement::plan(&resolved, options.probe_at_entry),
+        tables,
+    })
 }
 
 /// Detaches, collects, symbolizes, writes the profile, prints the summary.
@@ -225,7 +365,7 @@ fn finish(
     mode: &str,
     target: &Target,
     probes: Probes,
-    plan: &[Planned],
+    plan: &Plan,
     maps: &MapsCache,
     started: (Instant, SystemTime),
     exit: Option<ExitInfo>,
@@ -254,10 +394,13 @@ fn finish(
             .unwrap_or(0.0),
         duration_s: duration.as_secs_f64(),
         exit,
-        unwind: "fp".to_string(),
-        gc_liveness: None,
+        unwind: plan.unwind_name().to_string(),
+        gc_liveness: plan.has_gc().then(|| {
+            "address reuse only: a GC block counts as live until GC_free or until its address is allocated again".to_string()
+        }),
         counters,
         probes: plan
+            .probes
             .iter()
             .map(|p| ProbeInfo {
                 function: p.func.func.symbol.to_string(),

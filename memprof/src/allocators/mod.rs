@@ -18,6 +18,7 @@
 //! }
 //! # Ok(()) }
 //! ```
+pub mod boehm;
 pub mod libc;
 
 use std::path::{Path, PathBuf};
@@ -26,6 +27,7 @@ use anyhow::{Context, Result};
 use memprof_common::AllocKind;
 use object::{Object, ObjectSegment, ObjectSymbol};
 
+pub use self::boehm::BOEHM;
 pub use self::libc::LIBC;
 
 /// An x86-64 System V argument register, as the entry probe reads it.
@@ -107,6 +109,13 @@ pub fn resolve(modules: &[PathBuf], table: &'static [AllocFn]) -> Result<Vec<Res
     Ok(found)
 }
 
+/// Where `name` is defined in the ELF file at `path`: its address and file offset.
+pub fn symbol_in(path: &Path, name: &str) -> Option<(u64, u64)> {
+    let data = std::fs::read(path).ok()?;
+    let file = object::File::parse(&*data).ok()?;
+    lookup(&file, &data, name).map(|(address, offset, _)| (address, offset))
+}
+
 /// Looks a defined function up in the dynamic and the static symbol table.
 fn lookup(file: &object::File, data: &[u8], name: &str) -> Option<(u64, u64, Vec<u8>)> {
     let symbol = file
@@ -153,6 +162,4 @@ pub fn require(resolved: &[ResolvedFn], table: &[AllocFn], modules: &[PathBuf]) 
         missing.join(", "),
         searched.join(", ")
     ))
-    .context("resolving allocator functions")
-    .map_err(|e| anyhow::anyhow!("{}", e.root_cause()))
 }

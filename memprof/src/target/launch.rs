@@ -68,6 +68,9 @@ pub enum Event {
     Exiting,
     /// It has exited.
     Exited(ExitStatus),
+    /// It stopped on a SIGTRAP: the caller decides whether it was memprof's
+    /// own (then [`Launched::resume_from_trap`] swallows it) or the program's.
+    Trap,
 }
 
 /// Forks and execs `exe` with `argv`, held stopped after the `exec`.
@@ -162,6 +165,11 @@ impl Launched {
         self.cont(0);
     }
 
+    /// Resumes after [`Event::Trap`], delivering the SIGTRAP or not.
+    pub fn resume_from_trap(&mut self, deliver: bool) {
+        self.cont(if deliver { libc::SIGTRAP } else { 0 });
+    }
+
     fn cont(&self, signal: i32) {
         unsafe {
             libc::ptrace(
@@ -202,6 +210,8 @@ impl Launched {
                 unsafe { libc::ptrace(libc::PTRACE_LISTEN, self.pid as i32, 0, 0) };
             } else if event != 0 {
                 self.cont(0); // another exec
+            } else if stop_signal(status) == libc::SIGTRAP {
+                return Ok(Some(Event::Trap)); // resumed by resume_from_trap
             } else {
                 self.cont(stop_signal(status));
             }

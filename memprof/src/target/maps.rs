@@ -66,11 +66,12 @@ pub struct MapsCache {
 }
 
 impl MapsCache {
-    /// Takes a snapshot of `pid`; errors (the process is gone) keep the old view.
-    pub fn refresh(&mut self, pid: u32) {
-        if let Ok(now) = read(pid) {
-            self.merge(now);
-        }
+    /// Takes a snapshot of `pid` and returns it; errors (the process is
+    /// gone) keep the old view and return `None`.
+    pub fn refresh(&mut self, pid: u32) -> Option<Vec<Mapping>> {
+        let now = read(pid).ok()?;
+        self.merge(now.clone());
+        Some(now)
     }
 
     pub fn merge(&mut self, now: Vec<Mapping>) {

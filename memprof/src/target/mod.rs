@@ -129,7 +129,7 @@ fn needed_libraries(exe: &Path) -> Vec<PathBuf> {
 }
 
 /// The dynamic linker named in the executable's `.interp`, if any.
-fn interpreter(exe: &Path) -> Option<PathBuf> {
+pub fn interpreter(exe: &Path) -> Option<PathBuf> {
     let data = std::fs::read(exe).ok()?;
     let file = object::File::parse(&*data).ok()?;
     let interp = file.section_by_name(".interp")?.data().ok()?;

@@ -1,0 +1,65 @@
+//! The Boehm GC (bdwgc), as Crystal uses it: `GC_malloc` (scanned objects,
+//! kind `gc`), `GC_malloc_atomic` (pointer-free buffers, `gc_atomic`),
+//! `GC_realloc`, `GC_free`, and the rarer variants. Found in `libgc.so.1`
+//! (Debian's Crystal) or in the executable itself (Crystal release builds link
+//! libgc statically, with `-rdynamic`, so the symbols survive `strip`).
+//!
+//! `GC_realloc` calls `GC_malloc_kind`/`GC_free` and may tail-jump to
+//! `GC_malloc`: the kernel counts a call made inside another allocator call
+//! once (the outer one), and `GC_malloc_kind` itself is never probed.
+//! A realloc'd block keeps the kind of the block it replaces.
+//!
+//! The collector never calls `GC_free` for what it collects: until mark bits
+//! are read, a GC block counts as live until `GC_free` or until its address is
+//! handed out again (the kernel's live table replaces the entry).
+use memprof_common::{programs as p, AllocKind};
+
+use super::{AllocFn, ArgReg::*};
+
+use AllocKind::{Gc, GcAtomic};
+
+const fn alloc(
+    symbol: &'static str,
+    entry_program: &'static str,
+    kind: AllocKind,
+    args: &'static [super::ArgReg],
+    optional: bool,
+) -> AllocFn {
+    AllocFn {
+        symbol,
+        entry_program,
+        exit_program: Some(p::ALLOC_EXIT),
+        kind,
+        args,
+        optional,
+    }
+}
+
+pub static BOEHM: &[AllocFn] = &[
+    alloc("GC_malloc", p::ALLOC_ENTER, Gc, &[Rdi], false),
+    alloc("GC_malloc_atomic", p::ALLOC_ENTER, GcAtomic, &[Rdi], true),
+    alloc("GC_realloc", p::REALLOC_ENTER, Gc, &[Rdi, Rsi], true),
+    alloc("GC_malloc_uncollectable", p::ALLOC_ENTER, Gc, &[Rdi], true),
+    alloc(
+        "GC_malloc_ignore_off_page",
+        p::ALLOC_ENTER,
+        Gc,
+        &[Rdi],
+        true,
+    ),
+    alloc(
+        "GC_malloc_atomic_ignore_off_page",
+        p::ALLOC_ENTER,
+        GcAtomic,
+        &[Rdi],
+        true,
+    ),
+    AllocFn {
+        symbol: "GC_free",
+        entry_program: p::FREE_ENTER,
+        exit_program: None,
+        kind: Gc,
+        args: &[Rdi],
+        optional: false,
+    },
+];

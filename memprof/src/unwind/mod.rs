@@ -1,0 +1,265 @@
+//! Compact unwind tables for the in-kernel DWARF unwinder.
+//!
+//! Crystal code (and most optimized C) keeps no frame pointers, but every
+//! x86-64 module carries `.eh_frame`: for each instruction, how to find the
+//! canonical frame address (CFA), the return address (always CFA - 8 here) and
+//! the caller's `%rbp`. [`ModuleTable::build`] evaluates those rules with gimli
+//! and flattens them into sorted [`UnwindRow`]s of 12 bytes — what the eBPF
+//! unwinder binary-searches at each frame. [`Tables::ranges`] then tells it
+//! where each module is mapped in the target.
+//!
+//! ```no_run
+//! use memprof::unwind::ModuleTable;
+//! let table = ModuleTable::build("/usr/lib/x86_64-linux-gnu/libc.so.6".as_ref()).unwrap();
+//! println!("{} rows", table.rows.len());
+//! ```
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use gimli::{
+    BaseAddresses, CfaRule, CieOrFde, EhFrame, NativeEndian, RegisterRule, UnwindContext,
+    UnwindSection, X86_64,
+};
+use memprof_common::{cfa, ModuleRange, UnwindRow};
+use object::{Object, ObjectSection, ObjectSegment};
+
+use crate::target::maps::Mapping;
+
+/// The rows of one module, plus what is needed to place it in memory.
+#[derive(Debug, Clone, Default)]
+pub struct ModuleTable {
+    pub rows: Vec<UnwindRow>,
+    /// `(file offset, virtual address, file size)` of each loadable segment.
+    segments: Vec<(u64, u64, u64)>,
+}
+
+impl ModuleTable {
+    /// Reads `.eh_frame` of the ELF file at `path` and flattens it.
+    pub fn build(path: &Path) -> Result<ModuleTable> {
+        let data = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        let file = object::File::parse(&*data)?;
+        let segments = file
+            .segments()
+            .map(|s| {
+                let (offset, size) = s.file_range();
+                (offset, s.address(), size)
+            })
+            .collect();
+        let Some(section) = file.section_by_name(".eh_frame") else {
+            return Ok(ModuleTable {
+                rows: Vec::new(),
+                segments,
+            });
+        };
+        let mut bases = BaseAddresses::default().set_eh_frame(section.address());
+        if let Some(text) = file.section_by_name(".text") {
+            bases = bases.set_text(text.address());
+        }
+        if let Some(got) = file.section_by_name(".got") {
+            bases = bases.set_got(got.address());
+        }
+        let eh_frame = EhFrame::new(section.data()?, NativeEndian);
+        let spans = spans(&eh_frame, &bases)?;
+        Ok(ModuleTable {
+            rows: flatten(spans),
+            segments,
+        })
+    }
+
+    /// Runtime address minus ELF address for a mapping of this module.
+    fn bias(&self, mapping: &Mapping) -> Option<u64> {
+        let &(offset, vaddr, _) = self.segments.iter().find(|&&(offset, _, size)| {
+            mapping.file_offset >= offset && mapping.file_offset < offset + size.max(1)
+        })?;
+        let vaddr_at_map = vaddr + (mapping.file_offset - offset);
+        Some(mapping.start.wrapping_sub(vaddr_at_map))
+    }
+}
+
+/// One FDE row: `[start, end)` with its rule.
+struct Span {
+    start: u64,
+    end: u64,
+    row: UnwindRow,
+}
+
+fn spans(
+    eh_frame: &EhFrame<gimli::EndianSlice<'_, NativeEndian>>,
+    bases: &BaseAddresses,
+) -> Result<Vec<Span>> {
+    let mut ctx = UnwindContext::new();
+    let mut spans = Vec::new();
+    let mut entries = eh_frame.entries(bases);
+    while let Some(entry) = entries.next()? {
+        let CieOrFde::Fde(partial) = entry else {
+            continue;
+        };
+        let Ok(fde) = partial.parse(EhFrame::cie_from_offset) else {
+            continue;
+        };
+        let Ok(mut rows) = fde.rows(eh_frame, bases, &mut ctx) else {
+            continue;
+        };
+        while let Ok(Some(row)) = rows.next_row() {
+            spans.push(Span {
+                start: row.start_address(),
+                end: row.end_address(),
+                row: rule(row),
+            });
+        }
+    }
+    Ok(spans)
+}
+
+/// The compact form of one gimli row.
+fn rule(row: &gimli::UnwindTableRow<usize>) -> UnwindRow {
+    let unknown = UnwindRow {
+        cfa_reg: cfa::UNKNOWN,
+        ..UnwindRow::default()
+    };
+    match row.register(X86_64::RA) {
+        Some(RegisterRule::Undefined) => {
+            return UnwindRow {
+                cfa_reg: cfa::END,
+                ..UnwindRow::default()
+            }
+        }
+        Some(RegisterRule::Offset(-8)) => {}
+        _ => return unknown,
+    }
+    let (cfa_reg, cfa_offset) = match row.cfa() {
+        CfaRule::RegisterAndOffset { register, offset } if *register == X86_64::RSP => {
+            (cfa::RSP, *offset)
+        }
+        CfaRule::RegisterAndOffset { register, offset } if *register == X86_64::RBP => {
+            (cfa::RBP, *offset)
+        }
+        _ => return unknown,
+    };
+    let Ok(cfa_offset) = i32::try_from(cfa_offset) else {
+        return unknown;
+    };
+    let (rbp_saved, rbp_offset) = match row.register(X86_64::RBP) {
+        Some(RegisterRule::Offset(o)) => match i16::try_from(o) {
+            Ok(o) => (1, o),
+            Err(_) => return unknown,
+        },
+        _ => (0, 0),
+    };
+    UnwindRow {
+        pc: 0,
+        cfa_offset,
+        rbp_offset,
+        cfa_reg,
+        rbp_saved,
+    }
+}
+
+/// Sorts the spans, marks the gaps between functions as unknown and merges
+/// neighbours with the same rule.
+fn flatten(mut spans: Vec<Span>) -> Vec<UnwindRow> {
+    spans.sort_by_key(|s| s.start);
+    let mut rows: Vec<UnwindRow> = Vec::with_capacity(spans.len());
+    let mut push = |pc: u64, mut row: UnwindRow| {
+        let Ok(pc) = u32::try_from(pc) else { return };
+        row.pc = pc;
+        match rows.last_mut() {
+            Some(last) if last.pc == pc => *last = row,
+            Some(last) if UnwindRow { pc, ..*last } == row => {}
+            _ => rows.push(row),
+        }
+    };
+    for (i, span) in spans.iter().enumerate() {
+        push(span.start, span.row);
+        let next_start = spans.get(i + 1).map(|n| n.start);
+        if next_start.is_none_or(|n| n > span.end) {
+            push(
+                span.end,
+                UnwindRow {
+                    cfa_reg: cfa::UNKNOWN,
+                    ..UnwindRow::default()
+                },
+            );
+        }
+    }
+    rows
+}
+
+/// The tables of every module of a target, concatenated as the kernel sees them.
+#[derive(Debug, Default)]
+pub struct Tables {
+    modules: HashMap<PathBuf, (u32, ModuleTable)>,
+    pub rows: Vec<UnwindRow>,
+}
+
+impl Tables {
+    /// Builds the tables of `modules`; modules that cannot be read are left out
+    /// (their frames end the unwinding, and such stacks are marked truncated).
+    pub fn build(modules: &[PathBuf]) -> Tables {
+        let mut tables = Tables::default();
+        for module in modules {
+            let _ = tables.add(module);
+        }
+        tables
+    }
+
+    fn add(&mut self, module: &Path) -> Result<()> {
+        if self.modules.contains_key(module) {
+            return Ok(());
+        }
+        let table = ModuleTable::build(module)?;
+        if table.rows.is_empty() {
+            bail!("no unwind rows in {}", module.display());
+        }
+        let start = self.rows.len() as u32;
+        self.rows.extend_from_slice(&table.rows);
+        self.modules.insert(module.to_path_buf(), (start, table));
+        Ok(())
+    }
+
+    /// Where the target has each module's code mapped, sorted by address,
+    /// for the kernel's `MODULE_RANGES`.
+    pub fn ranges(&self, mappings: &[Mapping]) -> Vec<ModuleRange> {
+        let mut ranges: Vec<ModuleRange> = mappings
+            .iter()
+            .filter(|m| m.executable)
+            .filter_map(|m| {
+                let (row_start, table) = self.modules.get(&m.path)?;
+                Some(ModuleRange {
+                    start: m.start,
+                    end: m.end,
+                    bias: table.bias(m)?,
+                    row_start: *row_start,
+                    row_count: table.rows.len() as u32,
+                })
+            })
+            .collect();
+        ranges.sort_by_key(|r| r.start);
+        ranges
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn libc_has_rows_for_malloc() {
+        let libc = crate::target::modules(&crate::target::find_command("sh").unwrap(), &[])
+            .into_iter()
+            .find(|m| m.to_string_lossy().contains("libc.so"))
+            .unwrap();
+        let table = ModuleTable::build(&libc).unwrap();
+        assert!(table.rows.len() > 1000, "{} rows", table.rows.len());
+        assert!(
+            table.rows.windows(2).all(|w| w[0].pc < w[1].pc),
+            "sorted, unique pcs"
+        );
+        // Function entries are CFA = rsp + 8.
+        assert!(table
+            .rows
+            .iter()
+            .any(|r| r.cfa_reg == cfa::RSP && r.cfa_offset == 8));
+    }
+}
