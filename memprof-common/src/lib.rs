@@ -57,7 +57,7 @@ pub mod op {
 /// Stack id stored when no stack could be captured; counted in [`counter::STACK_ERRORS`].
 pub const NO_STACK: u64 = u64::MAX;
 
-/// Deepest stack the DWARF unwinder follows.
+/// Deepest stack the DWARF unwinder follows (127 is rejected by the verifier as written).
 pub const MAX_FRAMES: usize = 64;
 
 /// Where an allocation was made: the user stack (frame-pointer walk, kept in

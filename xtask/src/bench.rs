@@ -12,7 +12,7 @@
 //!
 //! A workload is timed by its own `loop_ns=<n>` line on stdout (so start-up
 //! and probe attachment are not counted) or by the wall clock ([`Clock`]).
-//! Add rows to [`WAYS`] and entries to [`workloads`].
+//! Add rows to the `*_WAYS` lists and entries to [`workloads`].
 
 use crate::{build_memprof, fixtures, fixtures_src, output, setup::setup, show, target_dir};
 use anyhow::{bail, ensure, Context, Result};
@@ -23,6 +23,9 @@ use std::time::{Duration, Instant};
 
 const REPETITIONS: usize = 3;
 
+/// `memprof run -- binary-trees 10` counts this many allocations (GC and libc).
+const BINARY_TREES_10_ALLOCS: u64 = 265_683;
+
 /// One way to run a workload: untraced (`memprof: None`), or under
 /// `memprof run <these options> -o FILE -- <workload>`.
 struct Way {
@@ -30,17 +33,47 @@ struct Way {
     memprof: Option<&'static [&'static str]>,
 }
 
-const WAYS: &[Way] = &[
+/// Ways for the malloc/free loop: the bare probe cost at +0 and placed,
+/// memprof with each unwinder, and memprof without probe placement.
+const MALLOC_WAYS: &[Way] = &[
     Way {
         name: "untraced",
         memprof: None,
     },
     Way {
-        name: "memprof --empty-probes",
+        name: "empty probes at +0",
+        memprof: Some(&["--empty-probes", "--probe-at-entry"]),
+    },
+    Way {
+        name: "empty probes, placed",
         memprof: Some(&["--empty-probes"]),
     },
     Way {
-        name: "memprof",
+        name: "memprof (dwarf)",
+        memprof: Some(&[]),
+    },
+    Way {
+        name: "memprof --unwind fp",
+        memprof: Some(&["--unwind", "fp"]),
+    },
+    Way {
+        name: "memprof --probe-at-entry",
+        memprof: Some(&["--probe-at-entry"]),
+    },
+];
+
+/// Ways for the Crystal (GC-heavy) workload.
+const GC_WAYS: &[Way] = &[
+    Way {
+        name: "untraced",
+        memprof: None,
+    },
+    Way {
+        name: "empty probes, placed",
+        memprof: Some(&["--empty-probes"]),
+    },
+    Way {
+        name: "memprof (dwarf)",
         memprof: Some(&[]),
     },
     Way {
@@ -52,6 +85,7 @@ const WAYS: &[Way] = &[
 /// A program to time, and how many operations (of what kind) one run does.
 struct Workload {
     command: Vec<OsString>,
+    ways: &'static [Way],
     ops: u64,
     op: &'static str,
     clock: Clock,
@@ -62,8 +96,9 @@ struct Workload {
 enum Clock {
     /// The `loop_ns=<n>` line the workload prints on stdout (required).
     LoopNs,
-    /// The wall-clock time of the whole command, memprof's start-up included.
-    #[allow(dead_code)] // for workloads that print no timing of their own
+    /// Untraced: the wall-clock time of the command. Traced: the target's
+    /// run time recorded in the profile (`duration_s`), so memprof's own
+    /// start-up and probe teardown are not counted.
     Wall,
 }
 
@@ -74,12 +109,34 @@ fn workloads() -> Result<Vec<Workload>> {
     let bench_loop = fixtures::compile(&fixtures_src().join("bench_loop.c"), &out_dir)
         .map_err(anyhow::Error::msg)?;
     let pairs = 1_000_000;
-    Ok(vec![Workload {
-        command: vec![bench_loop.into(), pairs.to_string().into()],
-        ops: pairs,
-        op: "malloc/free pair",
-        clock: Clock::LoopNs,
-    }])
+    // crystal-samples' binary-trees, as shipped: GC-heavy, deep recursion.
+    let binary_trees = out_dir.join("binary-trees");
+    if !binary_trees.exists() {
+        println!("bench: compiling binary-trees.cr (crystal build --release)");
+        crate::run(
+            Command::new("crystal")
+                .args(["build", "--release", "-o"])
+                .arg(&binary_trees)
+                .arg("/usr/share/doc/crystal/examples/binary-trees.cr"),
+        )?;
+    }
+    Ok(vec![
+        Workload {
+            command: vec![bench_loop.into(), pairs.to_string().into()],
+            ways: MALLOC_WAYS,
+            ops: pairs,
+            op: "malloc/free pair",
+            clock: Clock::LoopNs,
+        },
+        Workload {
+            command: vec![binary_trees.into(), "10".into()],
+            ways: GC_WAYS,
+            // GC allocations of one run at depth 10 (memprof's own count).
+            ops: BINARY_TREES_10_ALLOCS,
+            op: "GC allocation",
+            clock: Clock::Wall,
+        },
+    ])
 }
 
 pub fn bench() -> Result<()> {
@@ -100,7 +157,7 @@ pub fn bench() -> Result<()> {
         );
         println!("|{:-<28}|{:-<12}|{:-<26}|{:-<13}|", "", "", "", "");
         let mut baseline = None;
-        for way in WAYS {
+        for way in workload.ways {
             let mut command = match way.memprof {
                 None => Command::new(&workload.command[0]),
                 Some(options) => {
@@ -116,7 +173,8 @@ pub fn bench() -> Result<()> {
                 }
             };
             command.args(&workload.command[1..]);
-            let time = median_time(&mut command, workload.clock)?.as_secs_f64();
+            let traced = way.memprof.map(|_| (memprof.as_path(), profile.as_path()));
+            let time = median_time(&mut command, workload.clock, traced)?.as_secs_f64();
             let baseline = *baseline.get_or_insert(time);
             println!(
                 "| {:<26} | {:>10.1} | {:>24.3} | {:>9.1} × |",
@@ -160,16 +218,25 @@ fn thousands(n: u64) -> String {
 }
 
 /// Runs `command` [`REPETITIONS`] times; returns the median time.
-fn median_time(command: &mut Command, clock: Clock) -> Result<Duration> {
+/// `traced` is (memprof, profile) when the command is `memprof run`.
+fn median_time(
+    command: &mut Command,
+    clock: Clock,
+    traced: Option<(&Path, &Path)>,
+) -> Result<Duration> {
     let mut times = (0..REPETITIONS)
-        .map(|_| time_once(command, clock))
+        .map(|_| time_once(command, clock, traced))
         .collect::<Result<Vec<_>>>()?;
     times.sort();
     Ok(times[times.len() / 2])
 }
 
 /// One timed run; fails unless the command exits 0.
-fn time_once(command: &mut Command, clock: Clock) -> Result<Duration> {
+fn time_once(
+    command: &mut Command,
+    clock: Clock,
+    traced: Option<(&Path, &Path)>,
+) -> Result<Duration> {
     let start = Instant::now();
     let out = output(command)?;
     let wall = start.elapsed();
@@ -182,7 +249,10 @@ fn time_once(command: &mut Command, clock: Clock) -> Result<Duration> {
         String::from_utf8_lossy(&out.stderr)
     );
     if let Clock::Wall = clock {
-        return Ok(wall);
+        return match traced {
+            None => Ok(wall),
+            Some((memprof, profile)) => profile_duration(memprof, profile),
+        };
     }
     let Some(ns) = stdout
         .lines()
@@ -195,4 +265,26 @@ fn time_once(command: &mut Command, clock: Clock) -> Result<Duration> {
         .parse()
         .with_context(|| format!("{}: bad loop_ns line {ns:?}", show(command)))?;
     Ok(Duration::from_nanos(ns))
+}
+
+/// The target's run time as the profile recorded it.
+fn profile_duration(memprof: &Path, profile: &Path) -> Result<Duration> {
+    let out = output(
+        Command::new(memprof)
+            .arg("report")
+            .arg(profile)
+            .args(["--format", "json"]),
+    )?;
+    ensure!(
+        out.status.success(),
+        "memprof report {} failed",
+        profile.display()
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let seconds = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("\"duration_s\":"))
+        .and_then(|v| v.trim().trim_end_matches(',').parse::<f64>().ok())
+        .with_context(|| format!("no duration_s in the report of {}", profile.display()))?;
+    Ok(Duration::from_secs_f64(seconds))
 }

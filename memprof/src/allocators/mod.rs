@@ -23,7 +23,7 @@ pub mod libc;
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use memprof_common::AllocKind;
 use object::{Object, ObjectSegment, ObjectSymbol};
 
