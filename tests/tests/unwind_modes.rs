@@ -56,8 +56,8 @@ fn profile(fixture: &str, unwind: &str, dir: &TempDir) -> Summary {
 
 fn same_results(name: &str, fixture: &str) {
     let dir = TempDir::new(&format!("unwind-{name}"));
-    let fp = profile(fixture, "fp", &dir);
-    let dwarf = profile(fixture, "dwarf", &dir);
+    let fp = summarize(&profile(fixture, "fp", &dir).1);
+    let dwarf = summarize(&profile(fixture, "dwarf", &dir).1);
     assert!(!fp.is_empty(), "no groups reach main");
     assert_eq!(fp, dwarf, "frame pointers and DWARF disagree");
 }

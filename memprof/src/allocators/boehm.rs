@@ -18,36 +18,19 @@ use super::{AllocFn, ArgReg::*};
 
 use AllocKind::{Gc, GcAtomic};
 
-const fn alloc(
-    symbol: &'static str,
-    entry_program: &'static str,
-    kind: AllocKind,
-    args: &'static [super::ArgReg],
-    optional: bool,
-) -> AllocFn {
-    AllocFn {
-        symbol,
-        entry_program,
-        exit_program: Some(p::ALLOC_EXIT),
-        kind,
-        args,
-        optional,
-    }
-}
-
 pub static BOEHM: &[AllocFn] = &[
-    alloc("GC_malloc", p::ALLOC_ENTER, Gc, &[Rdi], false),
-    alloc("GC_malloc_atomic", p::ALLOC_ENTER, GcAtomic, &[Rdi], true),
-    alloc("GC_realloc", p::REALLOC_ENTER, Gc, &[Rdi, Rsi], true),
-    alloc("GC_malloc_uncollectable", p::ALLOC_ENTER, Gc, &[Rdi], true),
-    alloc(
+    AllocFn::alloc("GC_malloc", p::ALLOC_ENTER, Gc, &[Rdi], false),
+    AllocFn::alloc("GC_malloc_atomic", p::ALLOC_ENTER, GcAtomic, &[Rdi], true),
+    AllocFn::alloc("GC_realloc", p::REALLOC_ENTER, Gc, &[Rdi, Rsi], true),
+    AllocFn::alloc("GC_malloc_uncollectable", p::ALLOC_ENTER, Gc, &[Rdi], true),
+    AllocFn::alloc(
         "GC_malloc_ignore_off_page",
         p::ALLOC_ENTER,
         Gc,
         &[Rdi],
         true,
     ),
-    alloc(
+    AllocFn::alloc(
         "GC_malloc_atomic_ignore_off_page",
         p::ALLOC_ENTER,
         GcAtomic,

@@ -53,6 +53,43 @@ pub struct AllocFn {
     pub optional: bool,
 }
 
+impl AllocFn {
+    /// A function that returns a new block (probed at entry and return).
+    pub const fn alloc(
+        symbol: &'static str,
+        entry_program: &'static str,
+        kind: AllocKind,
+        args: &'static [ArgReg],
+        optional: bool,
+    ) -> AllocFn {
+        AllocFn {
+            symbol,
+            entry_program,
+            exit_program: Some(memprof_common::programs::ALLOC_EXIT),
+            kind,
+            args,
+            optional,
+        }
+    }
+
+    /// A function that releases the block its first argument points to.
+    pub const fn release(
+        symbol: &'static str,
+        entry_program: &'static str,
+        kind: AllocKind,
+        optional: bool,
+    ) -> AllocFn {
+        AllocFn {
+            symbol,
+            entry_program,
+            exit_program: None,
+            kind,
+            args: &[ArgReg::Rdi],
+            optional,
+        }
+    }
+}
+
 /// A function found in a module of the target.
 #[derive(Debug, Clone)]
 pub struct ResolvedFn {
