@@ -37,7 +37,8 @@ fn summarize(json: &Value) -> Summary {
     summary
 }
 
-fn profile(fixture: &str, unwind: &str, dir: &TempDir) -> Summary {
+/// Profiles `fixture` with `--unwind unwind`; returns the profile's path and its JSON report.
+fn profile(fixture: &str, unwind: &str, dir: &TempDir) -> (std::path::PathBuf, Value) {
     let path = dir.join(&format!("{unwind}.mprof"));
     let out = run([
         "run",
@@ -51,7 +52,7 @@ fn profile(fixture: &str, unwind: &str, dir: &TempDir) -> Summary {
     assert!(out.status.success(), "{}", describe(&out));
     let json = report_json(&path);
     assert_eq!(json["unwind"], unwind);
-    summarize(&json)
+    (path, json)
 }
 
 fn same_results(name: &str, fixture: &str) {
