@@ -351,7 +351,17 @@ fn plan_for(exe: &std::path::Path, loaded: &[PathBuf], options: &SessionOptions)
     };
     let tables = match options.unwind {
         Unwind::Fp => None,
-        Unwind::Auto | Unwind::Dwarf => Some(Tables::build(&modules)),
+        Unwind::Auto | Unwind::Dwarf => {
+            let started = Instant::now();
+            let tables = Tables::build(&modules);
+            eprintln!(
+                "memprof: unwind tables: {} rows from {} modules ({:.1} s)",
+                report::thousands(tables.rows.len() as u64),
+                tables.module_count(),
+                started.elapsed().as_secs_f64()
+            );
+            Some(tables)
+        }
     };
     Ok(Plan {
         probes: placement::plan(&resolved, options.probe_at_entry),
@@ -374,6 +384,7 @@ fn finish(
     options: &SessionOptions,
 ) -> Result<()> {
     let duration = started.0.elapsed();
+    let attached = probes.attached;
     let (heap_maps, detaching) = probes.stop()?;
     let counters = heap_maps.counters()?;
     let raw = heap::collect(&heap_maps)?;
@@ -432,6 +443,7 @@ fn finish(
         output.display(),
         output.display()
     )?;
+    eprintln!("memprof: detaching {} probes (the kernel takes ~0.1 s each)", attached);
     detaching.wait();
     Ok(())
 }

@@ -218,6 +218,11 @@ impl Tables {
         Ok(())
     }
 
+    /// How many modules have rows.
+    pub fn module_count(&self) -> usize {
+        self.modules.len()
+    }
+
     /// Where the target has each module's code mapped, sorted by address,
     /// for the kernel's `MODULE_RANGES`.
     pub fn ranges(&self, mappings: &[Mapping]) -> Vec<ModuleRange> {
