@@ -1,6 +1,8 @@
 //! Compiles the C fixtures (`fixtures/c/*.c`) into OUT_DIR and exports each
-//! path as `FIXTURE_<NAME>` (e.g. `FIXTURE_BASIC`), read with `env!` in
-//! `src/lib.rs`.
+//! path as `FIXTURE_<NAME>` (e.g. `FIXTURE_BASIC`), and the Crystal fixtures
+//! (`fixtures/crystal/*.cr`) in each build flavour as
+//! `FIXTURE_CR_<NAME>_<FLAVOUR>` (e.g. `FIXTURE_CR_ALLOCS_RELEASE`), read with
+//! `env!` in `src/lib.rs`.
 
 #[path = "fixtures/compile.rs"]
 mod compile;
@@ -17,6 +19,16 @@ fn main() {
         println!(
             "cargo:rustc-env=FIXTURE_{}={}",
             name.to_uppercase(),
+            exe.display()
+        );
+    }
+    let built = compile::compile_crystal_all(Path::new("fixtures/crystal"), &out_dir)
+        .unwrap_or_else(|e| panic!("{e}"));
+    for (name, flavour, exe) in built {
+        println!(
+            "cargo:rustc-env=FIXTURE_CR_{}_{}={}",
+            name.to_uppercase(),
+            flavour.name().to_uppercase(),
             exe.display()
         );
     }

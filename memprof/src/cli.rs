@@ -138,4 +138,17 @@ pub struct ReportArgs {
     /// Show at most N stacks.
     #[arg(long, value_name = "N")]
     pub top: Option<usize>,
+    /// Hide the allocator plumbing at the top of each stack (GC_malloc,
+    /// GC.malloc, __crystal_malloc64, Pointer(T).malloc, …), so the first frame
+    /// shown is the allocation site; --skip-runtime=false shows it.
+    #[arg(
+        long,
+        value_name = "BOOL",
+        default_value_t = true,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
+    pub skip_runtime: bool,
 }

@@ -11,11 +11,13 @@
 //! | loading and attaching the eBPF programs | [`probes`] |
 //! | the kernel's tables → groups per stack | [`heap`] |
 //! | addresses → names and `file:line` | [`symbolize`] |
+//! | Crystal names, allocator plumbing, allocated classes | [`crystal`] |
 //! | the `.mprof` file | [`profile`] |
 //! | markdown, tsv, json | [`report`] |
 //! | the whole pipeline for `run` and `attach` | [`session`] |
 pub mod allocators;
 pub mod cli;
+pub mod crystal;
 pub mod heap;
 pub mod placement;
 pub mod probes;

@@ -106,6 +106,7 @@ fn report_cmd(args: &ReportArgs) -> Result<()> {
         depth: args.depth,
         skip: args.skip,
         top: args.top,
+        skip_runtime: args.skip_runtime,
     };
     let mut out: Box<dyn Write> = match &args.output {
         Some(path) => Box::new(std::io::BufWriter::new(
@@ -114,7 +115,18 @@ fn report_cmd(args: &ReportArgs) -> Result<()> {
         )),
         None => Box::new(std::io::stdout().lock()),
     };
-    report::render(&profile, args.format, &options, &mut out)?;
-    out.flush()?;
-    Ok(())
+    let written = report::render(&profile, args.format, &options, &mut out)
+        .and_then(|()| out.flush().map_err(Into::into));
+    match written {
+        // `memprof report … | head` is done, not failed.
+        Err(e) if is_broken_pipe(&e) => Ok(()),
+        other => other,
+    }
+}
+
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|e| {
+        e.downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }

@@ -102,8 +102,8 @@ impl Plan {
 pub fn run(command: &[String], options: &SessionOptions) -> Result<i32> {
     require_root()?;
     let exe = target::find_command(&command[0])?;
+    let output = Output::create(options.output.as_ref(), &exe, None)?;
     let plan = plan_for(&exe, &[], options)?;
-    let (output, out_file) = open_output(options.output.as_ref(), &exe, None)?;
     let mut probes = Probes::load(&options.probes, plan.tables.as_ref())?;
 
     let signals = Signals::block()?;
@@ -204,7 +204,7 @@ pub fn run(command: &[String], options: &SessionOptions) -> Result<i32> {
     // `signals` stays blocked until the profile is written (dropped on
     // return): a second Ctrl-C must not lose it.
     finish(
-        "run", &target, probes, &plan, &maps, started, exit, output, out_file, options,
+        "run", &target, probes, &plan, &maps, started, exit, output, options,
     )?;
     Ok(status.map_or(0, ExitStatus::shell_code))
 }
@@ -222,8 +222,8 @@ pub fn attach(pid: u32, options: &SessionOptions) -> Result<i32> {
         .into_iter()
         .map(|m| m.path)
         .collect();
+    let output = Output::create(options.output.as_ref(), &target.exe, Some(pid))?;
     let plan = plan_for(&target.exe, &loaded, options)?;
-    let (output, out_file) = open_output(options.output.as_ref(), &target.exe, Some(pid))?;
     let mut probes = Probes::load(&options.probes, plan.tables.as_ref())?;
     let signals = Signals::block()?;
     let mut maps = MapsCache::default();
@@ -273,7 +273,7 @@ pub fn attach(pid: u32, options: &SessionOptions) -> Result<i32> {
         signal: None,
     });
     finish(
-        "attach", &target, probes, &plan, &maps, started, exit, output, out_file, options,
+        "attach", &target, probes, &plan, &maps, started, exit, output, options,
     )?;
     Ok(0)
 }
@@ -379,8 +379,7 @@ fn finish(
     maps: &MapsCache,
     started: (Instant, SystemTime),
     exit: Option<ExitInfo>,
-    output: PathBuf,
-    mut out_file: File,
+    mut output: Output,
     options: &SessionOptions,
 ) -> Result<()> {
     let duration = started.0.elapsed();
@@ -423,10 +422,12 @@ fn finish(
             .collect(),
         groups,
     };
-    let mut buffered = std::io::BufWriter::new(&mut out_file);
+    let mut buffered = std::io::BufWriter::new(&mut output.file);
     crate::profile::write(&profile, &mut buffered)
         .and_then(|_| Ok(buffered.flush()?))
-        .with_context(|| format!("cannot write profile to {}", output.display()))?;
+        .with_context(|| format!("cannot write profile to {}", output.path.display()))?;
+    output.written = true;
+    let output = output.path.clone();
 
     let mut stderr = std::io::stderr().lock();
     writeln!(stderr)?;
@@ -443,30 +444,50 @@ fn finish(
         output.display(),
         output.display()
     )?;
-    eprintln!("memprof: detaching {} probes (the kernel takes ~0.1 s each)", attached);
+    eprintln!(
+        "memprof: detaching {} probes (the kernel takes ~0.1 s each)",
+        attached
+    );
     detaching.wait();
     Ok(())
 }
 
-/// Creates the output file up front, so a bad path fails before profiling.
-fn open_output(
-    given: Option<&PathBuf>,
-    exe: &std::path::Path,
-    pid: Option<u32>,
-) -> Result<(PathBuf, File)> {
-    let path = match given {
-        Some(p) => p.clone(),
-        None => {
-            let name = allocators::short(exe);
-            PathBuf::from(match pid {
-                Some(pid) => format!("{name}-{pid}.mprof"),
-                None => format!("{name}.mprof"),
-            })
+/// The profile file, created up front so a bad path fails before anything
+/// is attached; removed again if the session fails before writing it.
+struct Output {
+    path: PathBuf,
+    file: File,
+    written: bool,
+}
+
+impl Output {
+    fn create(given: Option<&PathBuf>, exe: &std::path::Path, pid: Option<u32>) -> Result<Output> {
+        let path = match given {
+            Some(p) => p.clone(),
+            None => {
+                let name = allocators::short(exe);
+                PathBuf::from(match pid {
+                    Some(pid) => format!("{name}-{pid}.mprof"),
+                    None => format!("{name}.mprof"),
+                })
+            }
+        };
+        let file = File::create(&path)
+            .map_err(|e| anyhow::anyhow!("cannot write profile to {}: {}", path.display(), e))?;
+        Ok(Output {
+            path,
+            file,
+            written: false,
+        })
+    }
+}
+
+impl Drop for Output {
+    fn drop(&mut self) {
+        if !self.written {
+            let _ = std::fs::remove_file(&self.path);
         }
-    };
-    let file = File::create(&path)
-        .map_err(|e| anyhow::anyhow!("cannot write profile to {}: {}", path.display(), e))?;
-    Ok((path, file))
+    }
 }
 
 fn require_root() -> Result<()> {

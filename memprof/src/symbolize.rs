@@ -6,17 +6,37 @@
 //! after the call instruction, so `address - 1` is looked up (the line of the
 //! call, not of the next statement). Inlined functions become frames of their
 //! own, innermost first.
+//!
+//! Every module is looked up twice: in its ELF symbol table (`.symtab`, else
+//! `.dynsym` of stripped binaries) for the function's name, and in its DWARF
+//! for `file:line` and inlined functions. Crystal's DWARF names are short
+//! (`new` for `*Foo::new<Int32>:Foo`), so the symbol table's full name wins;
+//! inlined functions have only their DWARF name. In `.dynsym` the linker cut
+//! Crystal names at `@`, taking the rest for a symbol version
+//! (`*Array(Foo)@Array(T)#push…` became `*Array(Foo)` + version
+//! `Array(T)#push…`): [`versioned_crystal_names`] joins them again. A frame
+//! keeps the symbol in `raw_name`, and shows [`crate::crystal::readable`] or
+//! the demangled C++/Rust name in `function`:
+//!
+//! ```
+//! use memprof::symbolize::display_name;
+//! assert_eq!(display_name("*Foo::new<Int32>:Foo"), "Foo.new");
+//! assert_eq!(display_name("_ZNK4llvm6Module4dumpEv"), "llvm::Module::dump() const");
+//! assert_eq!(display_name("make_foo"), "make_foo");
+//! ```
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use blazesym::symbolize::source::{Elf, Source};
-use blazesym::symbolize::{Input, Symbolized, Symbolizer};
+use blazesym::symbolize::{CodeInfo, Input, Sym, Symbolized, Symbolizer};
+use memprof_common::AllocKind;
 
+use crate::crystal;
 use crate::heap::RawGroup;
 use crate::profile::{Frame, Group};
 use crate::target::maps::MapsCache;
 
-/// Symbolizes every group's stack.
+/// Symbolizes every group's stack and names the class each GC group allocates.
 pub fn symbolize(raw: Vec<RawGroup>, maps: &MapsCache, progress: bool) -> Vec<Group> {
     let mut by_module: HashMap<PathBuf, Vec<(u64, u64)>> = HashMap::new();
     let mut unknown: Vec<u64> = Vec::new();
@@ -37,10 +57,15 @@ pub fn symbolize(raw: Vec<RawGroup>, maps: &MapsCache, progress: bool) -> Vec<Gr
         );
     }
 
-    let symbolizer = Symbolizer::builder()
+    // Demangling is ours (`display_name`): `raw_name` keeps the symbol as is.
+    let names = Symbolizer::builder()
+        .enable_code_info(false)
+        .enable_demangling(false)
+        .build();
+    let lines = Symbolizer::builder()
         .enable_code_info(true)
         .enable_inlined_fns(true)
-        .enable_demangling(true)
+        .enable_demangling(false)
         .build();
     let mut resolved: HashMap<u64, Vec<Frame>> = HashMap::new();
     for (module, mut addrs) in by_module {
@@ -48,15 +73,24 @@ pub fn symbolize(raw: Vec<RawGroup>, maps: &MapsCache, progress: bool) -> Vec<Gr
         addrs.dedup();
         let offsets: Vec<u64> = addrs.iter().map(|&(_, off)| off).collect();
         let module_name = module.display().to_string();
-        let source = Source::Elf(Elf::new(&module));
-        let results = symbolizer
-            .symbolize(&source, Input::FileOffset(&offsets))
+        let mut symtab = Elf::new(&module);
+        symtab.debug_syms = false;
+        let symtab = names
+            .symbolize(&Source::Elf(symtab), Input::FileOffset(&offsets))
             .unwrap_or_default();
+        let dwarf = lines
+            .symbolize(&Source::Elf(Elf::new(&module)), Input::FileOffset(&offsets))
+            .unwrap_or_default();
+        let mut versioned = None;
         for (i, &(addr, _)) in addrs.iter().enumerate() {
-            let frames = match results.get(i) {
-                Some(Symbolized::Sym(sym)) => sym_frames(sym, &module_name, addr),
-                _ => vec![unknown_frame(Some(&module_name), addr)],
-            };
+            let mut symbol = found(&symtab, i).cloned();
+            if let Some(sym) = symbol.as_mut().filter(|s| s.name.starts_with(['*', '~'])) {
+                let names = versioned.get_or_insert_with(|| versioned_crystal_names(&module));
+                if let Some(name) = names.get(&sym.addr) {
+                    sym.name = name.clone().into();
+                }
+            }
+            let frames = sym_frames(symbol.as_ref(), found(&dwarf, i), &module_name, addr);
             resolved.insert(addr, frames);
         }
     }
@@ -65,50 +99,139 @@ pub fn symbolize(raw: Vec<RawGroup>, maps: &MapsCache, progress: bool) -> Vec<Gr
     }
 
     raw.into_iter()
-        .map(|g| Group {
-            kind: g.kind().name().to_string(),
-            live_count: g.live_count,
-            live_bytes: g.live_bytes,
-            total_count: g.total_count,
-            total_bytes: g.total_bytes,
-            frames: g
+        .map(|g| {
+            let frames: Vec<Frame> = g
                 .frames
                 .iter()
                 .flat_map(|a| resolved.get(a).cloned().unwrap_or_default())
-                .collect(),
-            truncated: g.truncated,
-            type_name: None,
+                .collect();
+            Group {
+                kind: g.kind().name().to_string(),
+                live_count: g.live_count,
+                live_bytes: g.live_bytes,
+                total_count: g.total_count,
+                total_bytes: g.total_bytes,
+                // Classes are a GC heap notion; libc and mmap rows keep their call site.
+                type_name: match g.kind() {
+                    AllocKind::Gc | AllocKind::GcAtomic => crystal::allocated_type(&frames),
+                    AllocKind::Libc | AllocKind::Mmap => None,
+                },
+                frames,
+                truncated: g.truncated,
+            }
         })
         .collect()
 }
 
-/// The frames of one address: inlined callees first, then the function itself.
-fn sym_frames(sym: &blazesym::symbolize::Sym<'_>, module: &str, addr: u64) -> Vec<Frame> {
-    let location = |info: Option<&blazesym::symbolize::CodeInfo<'_>>| match info {
-        Some(info) => (Some(info.to_path().display().to_string()), info.line),
-        None => (None, None),
+/// The whole names of the Crystal symbols (`*…`, `~…`) of a module without
+/// `.symtab`, by address: `.dynsym` name `@` version name. (`.symtab` keeps
+/// the names whole, so modules that have one get an empty map.)
+pub fn versioned_crystal_names(path: &Path) -> HashMap<u64, String> {
+    std::fs::read(path)
+        .ok()
+        .and_then(|data| versioned_names(&data).ok())
+        .unwrap_or_default()
+}
+
+fn versioned_names(data: &[u8]) -> object::read::Result<HashMap<u64, String>> {
+    use object::elf::{FileHeader64, SHT_DYNSYM, SHT_SYMTAB};
+    use object::read::elf::{FileHeader, Sym as _};
+    use object::{Endianness, SymbolIndex};
+
+    let mut names = HashMap::new();
+    let header = FileHeader64::<Endianness>::parse(data)?;
+    let endian = header.endian()?;
+    let sections = header.sections(endian, data)?;
+    if !sections.symbols(endian, data, SHT_SYMTAB)?.is_empty() {
+        return Ok(names);
+    }
+    let Some(versions) = sections.versions(endian, data)? else {
+        return Ok(names);
     };
-    let mut frames = Vec::with_capacity(sym.inlined.len() + 1);
-    for inlined in sym.inlined.iter().rev() {
-        let (file, line) = location(inlined.code_info.as_ref());
-        frames.push(Frame {
-            function: inlined.name.to_string(),
-            raw_name: inlined.name.to_string(),
+    let dynsym = sections.symbols(endian, data, SHT_DYNSYM)?;
+    for (i, sym) in dynsym.symbols().iter().enumerate() {
+        let name = dynsym.symbol_name(endian, sym)?;
+        if !name.starts_with(b"*") && !name.starts_with(b"~") {
+            continue;
+        }
+        let version = versions.version(versions.version_index(endian, SymbolIndex(i)))?;
+        if let Some(version) = version {
+            let whole = [name, version.name()].join(&b'@');
+            names.insert(
+                sym.st_value(endian),
+                String::from_utf8_lossy(&whole).into_owned(),
+            );
+        }
+    }
+    Ok(names)
+}
+
+/// The `i`-th result of a batch, if a symbol was found.
+fn found<'a>(results: &'a [Symbolized<'a>], i: usize) -> Option<&'a Sym<'a>> {
+    match results.get(i) {
+        Some(Symbolized::Sym(sym)) => Some(sym),
+        _ => None,
+    }
+}
+
+/// The name to show for a symbol: Crystal's readable form, else the
+/// demangled C++ or Rust name, else the symbol itself.
+pub fn display_name(raw: &str) -> String {
+    crystal::readable(raw)
+        .or_else(|| demangle(raw))
+        .unwrap_or_else(|| raw.to_string())
+}
+
+/// Rust (legacy `_ZN…E` and v0 `_R…`) and C++ (`_Z…`) names, demangled.
+fn demangle(raw: &str) -> Option<String> {
+    if raw.starts_with("_R") || raw.starts_with("_ZN") {
+        if let Ok(name) = rustc_demangle::try_demangle(raw) {
+            return Some(format!("{name:#}"));
+        }
+    }
+    // Only `_Z` names: cpp_demangle also reads bare type codes (`i` → `int`).
+    if raw.starts_with("_Z") {
+        return cpp_demangle::Symbol::new(raw).ok()?.demangle().ok();
+    }
+    None
+}
+
+/// The frames of one address, innermost first: the functions DWARF says
+/// were inlined there, then the function the symbol table names.
+fn sym_frames(
+    symtab: Option<&Sym<'_>>,
+    dwarf: Option<&Sym<'_>>,
+    module: &str,
+    addr: u64,
+) -> Vec<Frame> {
+    let outer_name = match (symtab, dwarf) {
+        (Some(sym), _) | (None, Some(sym)) => sym.name.to_string(),
+        (None, None) => return vec![unknown_frame(Some(module), addr)],
+    };
+    let frame = |raw: &str, info: Option<&CodeInfo<'_>>| {
+        let (file, line) = match info {
+            Some(info) => (Some(info.to_path().display().to_string()), info.line),
+            None => (None, None),
+        };
+        Frame {
+            function: display_name(raw),
+            raw_name: raw.to_string(),
             file,
             line,
             module: module.to_string(),
             address: addr,
-        });
+        }
+    };
+    let mut frames = Vec::new();
+    if let Some(dwarf) = dwarf {
+        for inlined in dwarf.inlined.iter().rev() {
+            frames.push(frame(&inlined.name, inlined.code_info.as_ref()));
+        }
     }
-    let (file, line) = location(sym.code_info.as_deref());
-    frames.push(Frame {
-        function: sym.name.to_string(),
-        raw_name: sym.name.to_string(),
-        file,
-        line,
-        module: module.to_string(),
-        address: addr,
-    });
+    frames.push(frame(
+        &outer_name,
+        dwarf.and_then(|d| d.code_info.as_deref()),
+    ));
     frames
 }
 
@@ -120,5 +243,68 @@ fn unknown_frame(module: Option<&str>, addr: u64) -> Frame {
         line: None,
         module: module.unwrap_or("[unknown]").to_string(),
         address: addr,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_to_show() {
+        assert_eq!(
+            display_name("*Array(Int32)@Array(T)#push<Int32>:Array(Int32)"),
+            "Array(Int32)#push"
+        );
+        assert_eq!(display_name("__crystal_main"), "__crystal_main");
+        assert_eq!(display_name("_Znwm"), "operator new(unsigned long)");
+        assert_eq!(
+            display_name("_ZN3std2rt10lang_start17h0123456789abcdefE"),
+            "std::rt::lang_start"
+        );
+        // Not mangled, even if cpp_demangle would read it as a type.
+        assert_eq!(display_name("i"), "i");
+        assert_eq!(display_name("_Zgarbage"), "_Zgarbage");
+    }
+
+    /// The test binary itself: its symbol table names `display_name`, its
+    /// DWARF gives this file.
+    #[test]
+    fn symbolizes_an_address_of_this_binary() {
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let addr = display_name as fn(&str) -> String as usize as u64;
+        // The file offset of `addr`, from the mapping that holds it.
+        let offset = maps
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.split_whitespace();
+                let (range, _, off) = (f.next()?, f.next()?, f.next()?);
+                let (start, end) = range.split_once('-')?;
+                let start = u64::from_str_radix(start, 16).ok()?;
+                let end = u64::from_str_radix(end, 16).ok()?;
+                let path = f.nth(2)?;
+                (path == exe.to_str()? && (start..end).contains(&addr))
+                    .then(|| addr - start + u64::from_str_radix(off, 16).unwrap())
+            })
+            .next()
+            .expect("a mapping of the test binary holds display_name");
+        let names = Symbolizer::builder().enable_demangling(false).build();
+        let mut elf = Elf::new(&exe);
+        elf.debug_syms = false;
+        let symtab = names
+            .symbolize_single(&Source::Elf(elf), Input::FileOffset(offset))
+            .unwrap();
+        let Symbolized::Sym(sym) = symtab else {
+            panic!("no symbol for display_name")
+        };
+        let frames = sym_frames(Some(&sym), None, "self", addr);
+        assert_eq!(frames.len(), 1);
+        assert!(frames[0].raw_name.starts_with("_ZN"), "{:?}", frames[0]);
+        assert!(
+            frames[0].function.ends_with("symbolize::display_name"),
+            "{:?}",
+            frames[0]
+        );
     }
 }

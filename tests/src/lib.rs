@@ -33,6 +33,39 @@ pub mod fixture {
     pub const ATTACH_TARGET: &str = env!("FIXTURE_ATTACH_TARGET");
     pub const BENCH_LOOP: &str = env!("FIXTURE_BENCH_LOOP");
     pub const NO_LIBC: &str = env!("FIXTURE_NO_LIBC");
+
+    /// The Crystal fixture `fixtures/crystal/allocs.cr` (`allocs CASE`) in
+    /// each build flavour (see `fixtures/compile.rs`).
+    pub mod crystal {
+        pub const ALLOCS_SOURCE: &str =
+            concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/crystal/allocs.cr");
+        /// `crystal build`: libgc.so, nothing inlined.
+        pub const ALLOCS_DEBUG: &str = env!("FIXTURE_CR_ALLOCS_DEBUG");
+        /// `crystal build --release`.
+        pub const ALLOCS_RELEASE: &str = env!("FIXTURE_CR_ALLOCS_RELEASE");
+        /// `crystal build` against libgc.a: the GC is in the executable.
+        pub const ALLOCS_STATIC: &str = env!("FIXTURE_CR_ALLOCS_STATIC");
+        /// The static build, stripped: `.dynsym` names only, no DWARF.
+        pub const ALLOCS_STRIPPED: &str = env!("FIXTURE_CR_ALLOCS_STRIPPED");
+    }
+}
+
+/// The number of the line of `source` that carries the mark `# line:NAME`;
+/// panics if there is not exactly one.
+pub fn marked_line(source: &str, name: &str) -> u32 {
+    let text =
+        std::fs::read_to_string(source).unwrap_or_else(|e| panic!("cannot read {source}: {e}"));
+    let mark = format!("# line:{name}");
+    let lines: Vec<usize> = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| l.trim_end().ends_with(&mark))
+        .map(|(i, _)| i + 1)
+        .collect();
+    match lines[..] {
+        [line] => line as u32,
+        _ => panic!("{source}: expected one line marked {mark:?}, found {lines:?}"),
+    }
 }
 
 /// How long any single wait in a test may take before it counts as a hang.

@@ -1,7 +1,7 @@
 //! Everything in the profile as one JSON document (schema in the README,
 //! `"version"` bumps on incompatible changes). Unlike the tables it keeps
 //! stacks with nothing live and applies `--min-bytes`/`--top`/`--depth` only
-//! when given.
+//! when given; the allocator plumbing is hidden unless `--skip-runtime=false`.
 use std::io::Write;
 
 use anyhow::Result;
@@ -42,6 +42,8 @@ pub fn to_value(profile: &Profile, options: &Options) -> Value {
                 "live_bytes": g.live_bytes,
                 "total_count": g.total_count,
                 "total_bytes": g.total_bytes,
+                "type_name": g.type_name,
+                "truncated": g.truncated,
                 "frames": frames,
             })
         })
@@ -62,9 +64,55 @@ pub fn to_value(profile: &Profile, options: &Options) -> Value {
         "start_unix_s": profile.start_unix_s,
         "duration_s": profile.duration_s,
         "unwind": profile.unwind,
+        "gc_liveness": profile.gc_liveness,
         "lost_events": c.lost_events(),
         "counters": c,
         "probes": profile.probes,
         "groups": groups,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::{Frame, Group};
+
+    #[test]
+    fn groups_carry_type_and_truncation() {
+        let raw = "*GC::malloc<UInt64>:Pointer(Void)";
+        let profile = Profile {
+            gc_liveness: Some("address reuse only".into()),
+            groups: vec![Group {
+                kind: "gc".into(),
+                type_name: Some("Foo".into()),
+                truncated: true,
+                frames: vec![
+                    Frame {
+                        function: "GC.malloc".into(),
+                        raw_name: raw.into(),
+                        ..Frame::default()
+                    },
+                    Frame {
+                        function: "Foo.new".into(),
+                        raw_name: "*Foo::new:Foo".into(),
+                        ..Frame::default()
+                    },
+                ],
+                ..Group::default()
+            }],
+            ..Profile::default()
+        };
+        let json = to_value(&profile, &Options::default());
+        assert_eq!(json["gc_liveness"], "address reuse only");
+        let group = &json["groups"][0];
+        assert_eq!(group["type_name"], "Foo");
+        assert_eq!(group["truncated"], true);
+        assert_eq!(group["frames"][0]["raw_name"], "*Foo::new:Foo");
+        let all = Options {
+            skip_runtime: false,
+            ..Options::default()
+        };
+        let json = to_value(&profile, &all);
+        assert_eq!(json["groups"][0]["frames"][0]["raw_name"], raw);
+    }
 }

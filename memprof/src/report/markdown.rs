@@ -7,7 +7,9 @@
 //! ```
 //!
 //! One row per stack with live allocations: the live count and bytes, and
-//! the frames innermost first. A header names the target and what was lost.
+//! the frames innermost first (a stack the unwinder could not follow to its
+//! end ends with `…(truncated)`). A header names the target, what was lost
+//! and how dead GC objects are recognized.
 use std::io::Write;
 
 use anyhow::Result;
@@ -53,6 +55,11 @@ pub fn header(profile: &Profile, out: &mut dyn Write) -> Result<()> {
     writeln!(out)?;
     writeln!(out, "{}.", capitalize(&loss_summary(profile)))?;
     writeln!(out)?;
+    if let Some(liveness) = &profile.gc_liveness {
+        let stop = if liveness.ends_with('.') { "" } else { "." };
+        writeln!(out, "GC liveness: {liveness}{stop}")?;
+        writeln!(out)?;
+    }
     Ok(())
 }
 
@@ -71,10 +78,13 @@ pub fn table(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
     writeln!(out, "| Allocations | Total size | Context |")?;
     writeln!(out, "|------------:|-----------:|---------|")?;
     for g in rows {
-        let context: Vec<String> = options
+        let mut context: Vec<String> = options
             .frames(g, DEFAULT_DEPTH)
-            .map(|f| format!("`{}`", frame_text(f).replace('|', "\\|").replace('`', "'")))
+            .map(|f| format!("`{}`", escape(&frame_text(f))))
             .collect();
+        if g.truncated {
+            context.push("`…(truncated)`".to_string());
+        }
         let context = if context.is_empty() {
             "(no stack)".to_string()
         } else {
@@ -90,9 +100,81 @@ pub fn table(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
     Ok(())
 }
 
+/// Text for a markdown table cell: `|` would end the cell, a backtick the code span.
+pub fn escape(text: &str) -> String {
+    text.replace('|', "\\|").replace('`', "'")
+}
+
 fn capitalize(s: &str) -> String {
     let mut c = s.chars();
     c.next()
         .map(|f| f.to_uppercase().chain(c).collect())
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::{Counters, Frame, Group};
+
+    fn render(profile: &Profile) -> String {
+        let mut out = Vec::new();
+        write(profile, &Options::default(), &mut out).unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn header_tells_gc_liveness_and_truncated_stacks() {
+        let mut profile = Profile {
+            gc_liveness: Some("address reuse only".into()),
+            counters: Counters {
+                truncated_stacks: 3,
+                ..Counters::default()
+            },
+            ..Profile::default()
+        };
+        let text = render(&profile);
+        assert!(text.contains("GC liveness: address reuse only."), "{text}");
+        assert!(text.contains("truncated stacks: 3"), "{text}");
+        profile.gc_liveness = None;
+        profile.counters.truncated_stacks = 0;
+        let text = render(&profile);
+        assert!(
+            !text.contains("GC liveness") && !text.contains("truncated"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn truncated_rows_say_so() {
+        let frame = Frame {
+            function: "Hash(String, Int32 | Nil)#upsert".into(),
+            raw_name: "x".into(),
+            file: Some("/src/app.cr".into()),
+            line: Some(3),
+            ..Frame::default()
+        };
+        let profile = Profile {
+            groups: vec![Group {
+                kind: "gc".into(),
+                live_count: 2,
+                live_bytes: 4096,
+                frames: vec![frame],
+                truncated: true,
+                ..Group::default()
+            }],
+            ..Profile::default()
+        };
+        let text = render(&profile);
+        let row = text
+            .lines()
+            .find(|l| l.starts_with("| ") && l.contains("4,096"))
+            .unwrap();
+        assert!(
+            row.ends_with(
+                "`/src/app.cr:3 in 'Hash(String, Int32 \\| Nil)#upsert'`<br>`…(truncated)` |"
+            ),
+            "{row}"
+        );
+    }
 }

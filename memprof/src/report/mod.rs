@@ -3,8 +3,9 @@
 //!
 //! Every writer sees the same rows: [`select`] sorts the groups (live bytes,
 //! then live count, then stack text, all descending but the stack) and
-//! applies `--min-bytes` and `--top`; [`Options::frames`] applies `--skip`
-//! and `--depth` to a stack.
+//! applies `--min-bytes` and `--top`; [`Options::frames`] hides the
+//! allocator plumbing (`--skip-runtime`) and applies `--skip` and `--depth`
+//! to a stack. [`types`] sums live objects per allocated class instead.
 //!
 //! ```
 //! use memprof::profile::{Group, Profile};
@@ -18,11 +19,13 @@
 pub mod json;
 pub mod markdown;
 pub mod tsv;
+pub mod types;
 
 use std::io::Write;
 
 use anyhow::Result;
 
+use crate::crystal;
 use crate::profile::{Frame, Group, Profile};
 
 /// Output formats.
@@ -34,6 +37,8 @@ pub enum Format {
     Tsv,
     /// Everything in the profile, documented in the README.
     Json,
+    /// Live objects and bytes per allocated Crystal class (`| Objects | Bytes | Type |`).
+    Types,
 }
 
 /// What to show.
@@ -47,6 +52,9 @@ pub struct Options {
     pub skip: usize,
     /// At most this many stacks.
     pub top: Option<usize>,
+    /// Hide the allocator plumbing (`GC.malloc`, `__crystal_malloc64`,
+    /// `Pointer(T).malloc`, …) at the top of each stack, before `--skip`.
+    pub skip_runtime: bool,
 }
 
 impl Default for Options {
@@ -56,6 +64,7 @@ impl Default for Options {
             depth: None,
             skip: 0,
             top: None,
+            skip_runtime: true,
         }
     }
 }
@@ -67,11 +76,32 @@ impl Options {
         group: &'a Group,
         default_depth: usize,
     ) -> impl Iterator<Item = &'a Frame> {
+        let hidden = if self.skip_runtime {
+            runtime_frames(group)
+        } else {
+            0
+        };
         group
             .frames
             .iter()
-            .skip(self.skip)
+            .skip(hidden + self.skip)
             .take(self.depth.unwrap_or(default_depth))
+    }
+}
+
+/// How many innermost frames of `group` are allocator plumbing. Only that
+/// first run: plumbing deeper in a stack (a GC callback) stays. A stack of
+/// nothing but plumbing (cut short) is shown whole.
+pub fn runtime_frames(group: &Group) -> usize {
+    let n = group
+        .frames
+        .iter()
+        .take_while(|f| crystal::is_runtime(f))
+        .count();
+    if n == group.frames.len() {
+        0
+    } else {
+        n
     }
 }
 
@@ -86,6 +116,7 @@ pub fn render(
         Format::Markdown => markdown::write(profile, options, out),
         Format::Tsv => tsv::write(profile, options, out),
         Format::Json => json::write(profile, options, out),
+        Format::Types => types::write(profile, options, out),
     }
 }
 
@@ -155,7 +186,7 @@ pub fn thousands(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3);
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -163,10 +194,10 @@ pub fn thousands(n: u64) -> String {
     out
 }
 
-/// One line naming what was lost, for report headers; empty when nothing was.
+/// One line naming what was lost, for report headers.
 pub fn loss_summary(profile: &Profile) -> String {
     let c = &profile.counters;
-    format!(
+    let mut line = format!(
         "lost events: {} (live table full: {}, site table full: {}, in-flight table full: {}); stacks not captured: {}; frees of unknown blocks: {}",
         c.lost_events(),
         c.live_map_full,
@@ -174,7 +205,11 @@ pub fn loss_summary(profile: &Profile) -> String {
         c.pending_full,
         c.stack_errors,
         c.unknown_frees
-    )
+    );
+    if c.truncated_stacks > 0 {
+        line += &format!("; truncated stacks: {}", c.truncated_stacks);
+    }
+    line
 }
 
 #[cfg(test)]
@@ -202,16 +237,69 @@ mod tests {
         }
     }
 
+    fn named(raw: &str) -> Frame {
+        Frame {
+            function: crate::symbolize::display_name(raw),
+            raw_name: raw.into(),
+            ..Frame::default()
+        }
+    }
+
+    #[test]
+    fn hides_the_allocator_plumbing_before_skip_and_depth() {
+        let group = Group {
+            frames: [
+                "*GC::malloc<UInt64>:Pointer(Void)",
+                "__crystal_malloc64",
+                "*Foo::new<Int32>:Foo",
+                "*make_foos:Array(Foo)",
+                "__crystal_main",
+            ]
+            .map(named)
+            .to_vec(),
+            ..Group::default()
+        };
+        let shown = |options: &Options| -> Vec<String> {
+            options
+                .frames(&group, usize::MAX)
+                .map(|f| f.function.clone())
+                .collect()
+        };
+        assert_eq!(
+            shown(&Options::default()),
+            ["Foo.new", "make_foos", "__crystal_main"]
+        );
+        let options = Options {
+            skip: 1,
+            depth: Some(1),
+            ..Options::default()
+        };
+        assert_eq!(shown(&options), ["make_foos"]);
+        let options = Options {
+            skip_runtime: false,
+            ..Options::default()
+        };
+        assert_eq!(shown(&options)[..2], ["GC.malloc", "__crystal_malloc64"]);
+        // Nothing but plumbing: shown as it is rather than as no stack.
+        let cut = Group {
+            frames: vec![named("__crystal_malloc64")],
+            ..Group::default()
+        };
+        assert_eq!(Options::default().frames(&cut, 5).count(), 1);
+    }
+
     #[test]
     fn sorts_by_bytes_then_count_then_stack() {
-        let mut p = Profile::default();
-        p.groups = vec![
-            group(2048, 1, "b"),
-            group(4096, 1, "a"),
-            group(2048, 2, "c"),
-            group(2048, 1, "a"),
-            group(10, 1, "tiny"),
-        ];
+        let p = Profile {
+            groups: vec![
+                group(2048, 1, "b"),
+                group(4096, 1, "a"),
+                group(2048, 2, "c"),
+                group(2048, 1, "a"),
+                group(10, 1, "tiny"),
+            ],
+            ..Profile::default()
+        };
         let names: Vec<&str> = select(&p, &Options::default(), 1024, true)
             .iter()
             .map(|g| g.frames[0].function.as_str())

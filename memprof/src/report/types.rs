@@ -1,0 +1,225 @@
+//! `--format types`: live objects and bytes per allocated class, like
+//! perf-tools MemProf's `log_object_counts` / `log_object_sizes`:
+//!
+//! ```text
+//! | Objects |     Bytes | Type |
+//! |--------:|----------:|------|
+//! | 100,000 | 3,200,000 | Foo |
+//! |       1 |   800,000 | Array(Foo) buffer |
+//! |       4 |   262,144 | in GC.init (boehm.cr:146) |
+//! |       1 |     4,096 | in free_block (allocs.cr:62) |
+//! ```
+//!
+//! The type is each group's [`Group::type_name`] (see
+//! [`crate::crystal::allocated_type`]); groups without one (libc and mmap
+//! blocks, release builds that inlined `Foo.new`) are summed per allocation
+//! site: the first named frame that is not allocator plumbing, with its
+//! `file:line` where known (short DWARF names like `new` need it), or
+//! `(unknown)`. Rows are sorted by bytes, then objects, then name;
+//! `--min-bytes` (default 0) and `--top` apply to rows.
+//!
+//! ```
+//! use memprof::profile::{Group, Profile};
+//! use memprof::report::{types, Options};
+//! let foo = Group { kind: "gc".into(), live_count: 2, live_bytes: 64, type_name: Some("Foo".into()), ..Default::default() };
+//! let profile = Profile { groups: vec![foo.clone(), foo], ..Default::default() };
+//! let rows = types::rows(&profile, &Options::default());
+//! assert_eq!((rows[0].name.as_str(), rows[0].objects, rows[0].bytes), ("Foo", 4, 128));
+//! ```
+use std::collections::HashMap;
+use std::io::Write;
+
+use anyhow::Result;
+
+use super::{markdown, thousands, Options};
+use crate::crystal;
+use crate::profile::{Group, Profile};
+
+/// Live objects of one type.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TypeRow {
+    pub name: String,
+    pub objects: u64,
+    pub bytes: u64,
+}
+
+pub fn write(profile: &Profile, options: &Options, out: &mut dyn Write) -> Result<()> {
+    markdown::header(profile, out)?;
+    let rows = rows(profile, options);
+    if rows.is_empty() {
+        writeln!(out, "No live objects.")?;
+        return Ok(());
+    }
+    let cells: Vec<(String, String)> = rows
+        .iter()
+        .map(|r| (thousands(r.objects), thousands(r.bytes)))
+        .collect();
+    let objects = cells
+        .iter()
+        .map(|c| c.0.len())
+        .fold("Objects".len(), usize::max);
+    let bytes = cells
+        .iter()
+        .map(|c| c.1.len())
+        .fold("Bytes".len(), usize::max);
+    writeln!(
+        out,
+        "| {:>objects$} | {:>bytes$} | Type |",
+        "Objects", "Bytes"
+    )?;
+    writeln!(
+        out,
+        "|{}:|{}:|------|",
+        "-".repeat(objects + 1),
+        "-".repeat(bytes + 1)
+    )?;
+    for (row, (n, b)) in rows.iter().zip(&cells) {
+        writeln!(
+            out,
+            "| {n:>objects$} | {b:>bytes$} | {} |",
+            markdown::escape(&row.name)
+        )?;
+    }
+    Ok(())
+}
+
+/// The live objects per type, sorted, `--min-bytes` and `--top` applied.
+pub fn rows(profile: &Profile, options: &Options) -> Vec<TypeRow> {
+    let mut sums: HashMap<String, (u64, u64)> = HashMap::new();
+    for g in profile.groups.iter().filter(|g| g.live_count > 0) {
+        let sum = sums.entry(type_of(g)).or_default();
+        sum.0 += g.live_count;
+        sum.1 += g.live_bytes;
+    }
+    let min = options.min_bytes.unwrap_or(0);
+    let mut rows: Vec<TypeRow> = sums
+        .into_iter()
+        .filter(|&(_, (_, bytes))| bytes >= min)
+        .map(|(name, (objects, bytes))| TypeRow {
+            name,
+            objects,
+            bytes,
+        })
+        .collect();
+    rows.sort_by(|a, b| {
+        b.bytes
+            .cmp(&a.bytes)
+            .then(b.objects.cmp(&a.objects))
+            .then_with(|| a.name.cmp(&b.name))
+    });
+    rows.truncate(options.top.unwrap_or(usize::MAX));
+    rows
+}
+
+/// The type a group is counted under.
+fn type_of(group: &Group) -> String {
+    if let Some(name) = &group.type_name {
+        return name.clone();
+    }
+    let site = group
+        .frames
+        .iter()
+        .find(|f| !crystal::is_runtime(f) && !f.raw_name.is_empty());
+    let Some(frame) = site else {
+        return "(unknown)".to_string();
+    };
+    match (&frame.file, frame.line) {
+        (Some(file), Some(line)) => {
+            let file = file.rsplit('/').next().unwrap_or(file);
+            format!("in {} ({file}:{line})", frame.function)
+        }
+        _ => format!("in {}", frame.function),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::Frame;
+
+    fn group(type_name: Option<&str>, frames: &[&str], live_count: u64, live_bytes: u64) -> Group {
+        Group {
+            kind: "gc".into(),
+            live_count,
+            live_bytes,
+            type_name: type_name.map(str::to_string),
+            frames: frames
+                .iter()
+                .map(|raw| Frame {
+                    function: crate::symbolize::display_name(raw),
+                    raw_name: raw.to_string(),
+                    file: raw.starts_with('*').then(|| "/src/allocs.cr".to_string()),
+                    line: raw.starts_with('*').then_some(12),
+                    ..Frame::default()
+                })
+                .collect(),
+            ..Group::default()
+        }
+    }
+
+    fn profile() -> Profile {
+        Profile {
+            groups: vec![
+                group(Some("Foo"), &[], 60_000, 1_920_000),
+                group(Some("Array(Foo) buffer"), &[], 1, 800_000),
+                group(Some("Foo"), &[], 40_000, 1_280_000),
+                group(
+                    None,
+                    &["__crystal_malloc64", "*make_foos:Array(Foo)"],
+                    3,
+                    96,
+                ),
+                group(None, &["*make_foos:Array(Foo)"], 1, 32),
+                group(None, &["", "GC_init", "*GC::init:Nil"], 2, 48),
+                group(None, &[], 1, 16),
+                group(Some("Dead"), &[], 0, 0),
+            ],
+            ..Profile::default()
+        }
+    }
+
+    #[test]
+    fn sums_live_objects_per_type() {
+        let rows = rows(&profile(), &Options::default());
+        let got: Vec<(&str, u64, u64)> = rows
+            .iter()
+            .map(|r| (r.name.as_str(), r.objects, r.bytes))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("Foo", 100_000, 3_200_000),
+                ("Array(Foo) buffer", 1, 800_000),
+                ("in make_foos (allocs.cr:12)", 4, 128),
+                ("in GC.init (allocs.cr:12)", 2, 48),
+                ("(unknown)", 1, 16),
+            ]
+        );
+    }
+
+    #[test]
+    fn min_bytes_and_top_apply_to_rows() {
+        let options = Options {
+            min_bytes: Some(100),
+            top: Some(2),
+            ..Options::default()
+        };
+        let names: Vec<String> = rows(&profile(), &options)
+            .into_iter()
+            .map(|r| r.name)
+            .collect();
+        assert_eq!(names, ["Foo", "Array(Foo) buffer"]);
+    }
+
+    #[test]
+    fn table() {
+        let mut out = Vec::new();
+        write(&profile(), &Options::default(), &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.contains("| Objects |     Bytes | Type |\n|--------:|----------:|------|\n"),
+            "{text}"
+        );
+        assert!(text.contains("| 100,000 | 3,200,000 | Foo |\n"), "{text}");
+    }
+}
