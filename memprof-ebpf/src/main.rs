@@ -59,8 +59,10 @@ mod probes {
 
     #[map]
     static CONFIG: Array<u32> = Array::with_max_entries(config::COUNT, 0);
+    /// Filled on demand (BPF_F_NO_PREALLOC): most runs use a fraction of it.
     #[map]
-    static DWARF_STACKS: HashMap<u64, DwarfStack> = HashMap::with_max_entries(1 << 15, 0);
+    static DWARF_STACKS: HashMap<u64, DwarfStack> =
+        HashMap::with_max_entries(1 << 16, aya_ebpf::bindings::BPF_F_NO_PREALLOC);
     #[map]
     static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(1, 0);
     #[map]

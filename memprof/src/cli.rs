@@ -91,8 +91,9 @@ pub struct SessionArgs {
     /// Capacity of the kernel's live-block table; blocks beyond it are counted as lost.
     #[arg(long, default_value_t = 1 << 20, value_name = "N")]
     pub max_live: u32,
-    /// Capacity of the kernel's stack table; stacks beyond it are counted as not captured.
-    #[arg(long, default_value_t = 1 << 15, value_name = "N")]
+    /// Capacity of the kernel's stack table (distinct call stacks); allocations
+    /// with a stack beyond it are counted as "stacks not captured".
+    #[arg(long, default_value_t = 1 << 16, value_name = "N")]
     pub max_stacks: u32,
     /// Capacity of the per-stack totals table.
     #[arg(long, default_value_t = 1 << 16, value_name = "N")]

@@ -67,10 +67,16 @@ impl Probes {
     /// rows; without, by frame pointers.
     pub fn load(options: &ProbeOptions, unwind_tables: Option<&Tables>) -> Result<Probes> {
         let rows = unwind_tables.map_or(1, |t| t.rows.len().max(1)) as u32;
+        // Only the stack table of the chosen unwinder gets its full size
+        // (the frame-pointer one is preallocated: ~1 KiB an entry).
+        let (fp_stacks, dwarf_stacks) = match unwind_tables {
+            Some(_) => (1, options.max_stacks),
+            None => (options.max_stacks, 1),
+        };
         let ebpf = EbpfLoader::new()
             .map_max_entries(maps::LIVE, options.max_live)
-            .map_max_entries(maps::STACKS, options.max_stacks)
-            .map_max_entries(maps::DWARF_STACKS, options.max_stacks)
+            .map_max_entries(maps::STACKS, fp_stacks)
+            .map_max_entries(maps::DWARF_STACKS, dwarf_stacks)
             .map_max_entries(maps::SITE_TOTALS, options.max_sites)
             .map_max_entries(maps::UNWIND_ROWS, rows)
             .load(OBJECT)
