@@ -77,18 +77,7 @@ fn families_same_with_fp_and_dwarf() {
 fn threads_same_with_fp_and_dwarf() {
     let dir = TempDir::new("unwind-threads");
     for unwind in ["fp", "dwarf"] {
-        let path = dir.join(&format!("{unwind}.mprof"));
-        let out = run([
-            "run",
-            "--unwind",
-            unwind,
-            "-o",
-            path.to_str().unwrap(),
-            "--",
-            fixture::THREADS,
-        ]);
-        assert!(out.status.success(), "{}", describe(&out));
-        let json = report_json(&path);
+        let (path, json) = profile(fixture::THREADS, unwind, &dir);
         assert_eq!(
             Counts::of(group_at(&json, "libc", "worker")),
             Counts {
