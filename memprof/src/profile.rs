@@ -131,6 +131,9 @@ pub struct Frame {
     pub module: String,
     /// The return address in the target's address space.
     pub address: u64,
+    /// The same address as an offset in the module's file (stable across runs).
+    #[serde(default)]
+    pub offset: Option<u64>,
 }
 
 /// Writes `profile` in the file format.

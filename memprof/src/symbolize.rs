@@ -103,7 +103,11 @@ pub fn symbolize(raw: Vec<RawGroup>, maps: &MapsCache, progress: bool) -> Vec<Gr
             let frames: Vec<Frame> = g
                 .frames
                 .iter()
-                .flat_map(|a| resolved.get(a).cloned().unwrap_or_default())
+                .flat_map(|&a| {
+                    let offset = maps.find(a.saturating_sub(1)).map(|m| m.file_offset_of(a));
+                    let frames = resolved.get(&a).cloned().unwrap_or_default();
+                    frames.into_iter().map(move |f| Frame { offset, ..f })
+                })
                 .collect();
             Group {
                 kind: g.kind().name().to_string(),
@@ -220,6 +224,7 @@ fn sym_frames(
             line,
             module: module.to_string(),
             address: addr,
+            offset: None,
         }
     };
     let mut frames = Vec::new();
@@ -243,6 +248,7 @@ fn unknown_frame(module: Option<&str>, addr: u64) -> Frame {
         line: None,
         module: module.unwrap_or("[unknown]").to_string(),
         address: addr,
+        offset: None,
     }
 }
 

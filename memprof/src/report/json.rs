@@ -33,6 +33,7 @@ pub fn to_value(profile: &Profile, options: &Options) -> Value {
                         "line": f.line,
                         "module": f.module,
                         "address": format!("{:#x}", f.address),
+                        "offset": f.offset.map(|o| format!("{o:#x}")),
                     })
                 })
                 .collect();

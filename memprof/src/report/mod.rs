@@ -159,10 +159,12 @@ pub fn frame_text(frame: &Frame) -> String {
     let place = match (&frame.file, frame.line) {
         (Some(file), Some(line)) => format!("{}:{line}", display_path(file)),
         (Some(file), None) => display_path(file),
+        // No source line: the module and the offset in its file (stable
+        // across runs, unlike the address).
         _ => format!(
             "{}+{:#x}",
             crate::allocators::short(std::path::Path::new(&frame.module)),
-            frame.address
+            frame.offset.unwrap_or(frame.address)
         ),
     };
     format!("{place} in '{}'", frame.function)
