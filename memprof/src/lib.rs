@@ -18,6 +18,7 @@
 pub mod allocators;
 pub mod cli;
 pub mod crystal;
+pub mod gc;
 pub mod heap;
 pub mod placement;
 pub mod probes;
