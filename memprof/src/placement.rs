@@ -132,14 +132,24 @@ fn clobbers(
         })
         .chain([Register::RSP, Register::RBP])
         .collect();
-    info.info(insn).used_registers().iter().find_map(|used| {
-        let full = used.register().full_register();
-        let writes = !matches!(
-            used.access(),
-            OpAccess::Read | OpAccess::CondRead | OpAccess::None | OpAccess::NoMemAccess
-        );
-        (writes && watched.contains(&full)).then_some(full)
-    })
+    written_registers(info, insn).find(|r| watched.contains(r))
+}
+
+/// The full registers `insn` writes (a write to `%esi` counts as `%rsi`).
+pub fn written_registers<'a>(
+    info: &'a mut InstructionInfoFactory,
+    insn: &Instruction,
+) -> impl Iterator<Item = Register> + 'a {
+    info.info(insn)
+        .used_registers()
+        .iter()
+        .filter(|used| {
+            !matches!(
+                used.access(),
+                OpAccess::Read | OpAccess::CondRead | OpAccess::None | OpAccess::NoMemAccess
+            )
+        })
+        .map(|used| used.register().full_register())
 }
 
 /// A branch anywhere in the decoded function that targets (0, offset]:

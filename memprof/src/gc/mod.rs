@@ -45,7 +45,7 @@ use std::path::Path;
 use anyhow::{anyhow, Result};
 use iced_x86::{
     Code, Decoder, DecoderOptions, FlowControl, Formatter, Instruction, InstructionInfoFactory,
-    IntelFormatter, Mnemonic, OpAccess, OpKind, Register,
+    IntelFormatter, Mnemonic, OpKind, Register,
 };
 
 use self::image::Image;
@@ -316,18 +316,7 @@ fn increments(image: &Image, gc_no: u64, targets: &HashSet<u64>) -> (Vec<Instruc
             },
             _ => None,
         });
-        let written: Vec<Register> = info
-            .info(insn)
-            .used_registers()
-            .iter()
-            .filter(|u| {
-                !matches!(
-                    u.access(),
-                    OpAccess::Read | OpAccess::CondRead | OpAccess::None | OpAccess::NoMemAccess
-                )
-            })
-            .map(|u| u.register().full_register())
-            .collect();
+        let written: Vec<Register> = crate::placement::written_registers(&mut info, insn).collect();
         held.retain(|(r, _)| !written.contains(r));
         if let (Some(reg), Some(h)) = (dest, now) {
             held.push((reg, h));

@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use iced_x86::{
     Code, Decoder, DecoderOptions, FlowControl, Instruction, InstructionInfoFactory, Mnemonic,
-    OpAccess, OpKind, Register,
+    OpKind, Register,
 };
 
 use super::image::Image;
@@ -809,22 +809,8 @@ impl Run<'_> {
             | Mnemonic::Prefetchw => {}
             _ => {
                 // Anything else: every register it writes becomes unknown.
-                let written: Vec<Register> = self
-                    .info
-                    .info(insn)
-                    .used_registers()
-                    .iter()
-                    .filter(|u| {
-                        !matches!(
-                            u.access(),
-                            OpAccess::Read
-                                | OpAccess::CondRead
-                                | OpAccess::None
-                                | OpAccess::NoMemAccess
-                        )
-                    })
-                    .map(|u| u.register().full_register())
-                    .collect();
+                let written: Vec<Register> =
+                    crate::placement::written_registers(&mut self.info, insn).collect();
                 for reg in written {
                     state.set(reg, V::Unknown);
                 }
