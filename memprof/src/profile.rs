@@ -37,12 +37,46 @@ pub struct Profile {
     pub exit: Option<ExitInfo>,
     /// How stacks were captured: `fp` (frame pointers) or `dwarf` (CFI tables from `.eh_frame`).
     pub unwind: String,
-    /// How dead GC objects are recognized (`address reuse only` until mark bits are read).
-    #[serde(default)]
-    pub gc_liveness: Option<String>,
     pub counters: Counters,
     pub probes: Vec<ProbeInfo>,
     pub groups: Vec<Group>,
+    /// What the Boehm collector did while profiled (targets with a GC heap).
+    #[serde(default)]
+    pub gc: Option<GcSummary>,
+}
+
+/// The Boehm GC as memprof saw it: collections, the mark-bit verdicts, the
+/// heap at the end.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct GcSummary {
+    /// How dead GC objects are recognized: `mark bits` (the collector's own
+    /// verdict, read after each collection) or `address reuse only: <why>`.
+    pub liveness: String,
+    /// Collections whose end memprof saw and judged tracked objects at.
+    pub collections: u64,
+    /// Collections seen but not judged (the collecting thread could not be
+    /// held, or its memory could not be read); their dead are found later.
+    #[serde(default)]
+    pub collections_not_judged: u64,
+    /// The GC's collection number (`GC_gc_no`) of the last collection judged.
+    pub last_collection: Option<u64>,
+    /// At the last collection judged: tracked objects the collector had
+    /// marked (reachable), and their bytes as the GC counts them (object
+    /// sizes rounded up to its granules), comparable to its "in-use heap".
+    pub marked_count: u64,
+    pub marked_bytes: u64,
+    /// Time spent judging, total and the longest single pass (the pause it
+    /// added to one collection: the collector is held while it runs).
+    pub pass_seconds: f64,
+    pub longest_pass_seconds: f64,
+    /// The collector's own figures at the end (`GC_get_heap_size`,
+    /// `GC_get_free_bytes`, `GC_get_unmapped_bytes`), when readable.
+    #[serde(default)]
+    pub heap_size: Option<u64>,
+    #[serde(default)]
+    pub free_bytes: Option<u64>,
+    #[serde(default)]
+    pub unmapped_bytes: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -117,6 +151,80 @@ pub struct Group {
     /// The Crystal class (or buffer kind) these objects are, where the stack says so.
     #[serde(default)]
     pub type_name: Option<String>,
+    /// GC kinds: objects the collector reclaimed (judged by mark bits, or
+    /// proven by their address being allocated again) and their bytes.
+    #[serde(default)]
+    pub collected_count: u64,
+    #[serde(default)]
+    pub collected_bytes: u64,
+    /// GC kinds: of the live objects, those marked at the last collection
+    /// (reachable then; the rest were allocated after it).
+    #[serde(default)]
+    pub marked_count: u64,
+    #[serde(default)]
+    pub marked_bytes: u64,
+    /// How long the objects that died (freed or collected) had lived.
+    #[serde(default)]
+    pub lifetimes: Lifetimes,
+    /// GC kinds: `[collection number, live objects after it]` at the
+    /// collections judged (at most 64 points, older ones thinned out):
+    /// the growth the `--leaks` view looks for.
+    #[serde(default)]
+    pub gc_history: Vec<[u64; 2]>,
+}
+
+/// Upper bounds of the lifetime histogram buckets, in nanoseconds: 100 µs,
+/// 1 ms, 10 ms, 100 ms, 1 s, 10 s, 100 s, and one bucket for longer.
+pub const LIFETIME_BOUNDS_NS: [u64; 7] = [
+    100_000,
+    1_000_000,
+    10_000_000,
+    100_000_000,
+    1_000_000_000,
+    10_000_000_000,
+    100_000_000_000,
+];
+
+/// Lifetimes of the objects of one stack that died while profiled.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lifetimes {
+    /// Objects that died: freed (libc, `GC_free`) or collected.
+    pub died: u64,
+    /// Sum of their lifetimes, nanoseconds (allocation to free; for
+    /// collected objects, to the end of the collection that found them dead).
+    pub total_ns: u64,
+    /// Histogram of lifetimes: bucket `i` counts lifetimes below
+    /// `LIFETIME_BOUNDS_NS[i]` (and at least the bound before); the last
+    /// bucket the rest.
+    pub buckets: [u64; 8],
+    /// GC kinds: collected at the first collection after their allocation
+    /// (they did not survive one collection).
+    pub within_first_collection: u64,
+    /// GC kinds: sum over collected objects of the collections they survived.
+    pub collections_survived: u64,
+}
+
+impl Lifetimes {
+    /// Adds one death after `ns` nanoseconds.
+    pub fn record(&mut self, ns: u64) {
+        self.died += 1;
+        self.total_ns += ns;
+        let bucket = LIFETIME_BOUNDS_NS
+            .iter()
+            .position(|&bound| ns < bound)
+            .unwrap_or(LIFETIME_BOUNDS_NS.len());
+        self.buckets[bucket] += 1;
+    }
+
+    /// Deaths younger than `ns`, counted from whole buckets (so `ns` is
+    /// rounded up to the next bucket bound).
+    pub fn died_within(&self, ns: u64) -> u64 {
+        let upto = LIFETIME_BOUNDS_NS
+            .iter()
+            .position(|&bound| ns <= bound)
+            .unwrap_or(LIFETIME_BOUNDS_NS.len());
+        self.buckets[..=upto].iter().sum()
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -405,8 +405,9 @@ fn finish(
         duration_s: duration.as_secs_f64(),
         exit,
         unwind: plan.unwind_name().to_string(),
-        gc_liveness: plan.has_gc().then(|| {
-            "address reuse only: a GC block counts as live until GC_free or until its address is allocated again".to_string()
+        gc: plan.has_gc().then(|| crate::profile::GcSummary {
+            liveness: "address reuse only: a GC block counts as live until GC_free or until its address is allocated again".to_string(),
+            ..Default::default()
         }),
         counters,
         probes: plan

@@ -122,6 +122,7 @@ pub fn symbolize(raw: Vec<RawGroup>, maps: &MapsCache, progress: bool) -> Vec<Gr
                 },
                 frames,
                 truncated: g.truncated,
+                ..Group::default()
             }
         })
         .collect()

@@ -73,8 +73,8 @@ fn profile(build: Build, case: &str) -> (TempDir, std::path::PathBuf, Value) {
     let json = report_json(&path);
     assert_eq!(json["unwind"], "dwarf", "Crystal has no frame pointers");
     assert!(
-        json["gc_liveness"].is_string(),
-        "no gc_liveness in the report"
+        json["gc"]["liveness"].is_string(),
+        "no gc liveness in the report"
     );
     assert_eq!(uint(&json, "/lost_events"), 0);
     assert_eq!(uint(&json, "/counters/stack_errors"), 0);

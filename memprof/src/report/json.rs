@@ -45,6 +45,12 @@ pub fn to_value(profile: &Profile, options: &Options) -> Value {
                 "total_bytes": g.total_bytes,
                 "type_name": g.type_name,
                 "truncated": g.truncated,
+                "collected_count": g.collected_count,
+                "collected_bytes": g.collected_bytes,
+                "marked_count": g.marked_count,
+                "marked_bytes": g.marked_bytes,
+                "lifetimes": g.lifetimes,
+                "gc_history": g.gc_history,
                 "frames": frames,
             })
         })
@@ -65,7 +71,7 @@ pub fn to_value(profile: &Profile, options: &Options) -> Value {
         "start_unix_s": profile.start_unix_s,
         "duration_s": profile.duration_s,
         "unwind": profile.unwind,
-        "gc_liveness": profile.gc_liveness,
+        "gc": profile.gc,
         "lost_events": c.lost_events(),
         "counters": c,
         "probes": profile.probes,
@@ -82,7 +88,10 @@ mod tests {
     fn groups_carry_type_and_truncation() {
         let raw = "*GC::malloc<UInt64>:Pointer(Void)";
         let profile = Profile {
-            gc_liveness: Some("address reuse only".into()),
+            gc: Some(crate::profile::GcSummary {
+                liveness: "address reuse only".into(),
+                ..Default::default()
+            }),
             groups: vec![Group {
                 kind: "gc".into(),
                 type_name: Some("Foo".into()),
@@ -104,7 +113,7 @@ mod tests {
             ..Profile::default()
         };
         let json = to_value(&profile, &Options::default());
-        assert_eq!(json["gc_liveness"], "address reuse only");
+        assert_eq!(json["gc"]["liveness"], "address reuse only");
         let group = &json["groups"][0];
         assert_eq!(group["type_name"], "Foo");
         assert_eq!(group["truncated"], true);

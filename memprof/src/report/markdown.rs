@@ -55,11 +55,52 @@ pub fn header(profile: &Profile, out: &mut dyn Write) -> Result<()> {
     writeln!(out)?;
     writeln!(out, "{}.", capitalize(&loss_summary(profile)))?;
     writeln!(out)?;
-    if let Some(liveness) = &profile.gc_liveness {
-        let stop = if liveness.ends_with('.') { "" } else { "." };
-        writeln!(out, "GC liveness: {liveness}{stop}")?;
-        writeln!(out)?;
+    if let Some(gc) = &profile.gc {
+        gc_summary(gc, out)?;
     }
+    Ok(())
+}
+
+/// What the collector did: liveness method, collections, heap at the end.
+fn gc_summary(gc: &crate::profile::GcSummary, out: &mut dyn Write) -> Result<()> {
+    let stop = if gc.liveness.ends_with('.') { "" } else { "." };
+    writeln!(out, "GC liveness: {}{stop}", gc.liveness)?;
+    if gc.collections > 0 || gc.collections_not_judged > 0 {
+        let last = gc
+            .last_collection
+            .map(|n| format!(" (last: #{n})"))
+            .unwrap_or_default();
+        write!(
+            out,
+            "GC collections judged: {}{last}; marked at the last: {} objects, {} bytes; judging took {:.3} s (longest pause {:.1} ms)",
+            thousands(gc.collections),
+            thousands(gc.marked_count),
+            thousands(gc.marked_bytes),
+            gc.pass_seconds,
+            gc.longest_pass_seconds * 1e3
+        )?;
+        if gc.collections_not_judged > 0 {
+            write!(
+                out,
+                "; not judged: {}",
+                thousands(gc.collections_not_judged)
+            )?;
+        }
+        writeln!(out, ".")?;
+    }
+    if let Some(size) = gc.heap_size {
+        let free = gc.free_bytes.map(thousands).unwrap_or_else(|| "?".into());
+        let unmapped = gc
+            .unmapped_bytes
+            .map(thousands)
+            .unwrap_or_else(|| "?".into());
+        writeln!(
+            out,
+            "GC heap at the end: {} bytes, {free} free, {unmapped} unmapped.",
+            thousands(size)
+        )?;
+    }
+    writeln!(out)?;
     Ok(())
 }
 
@@ -126,7 +167,10 @@ mod tests {
     #[test]
     fn header_tells_gc_liveness_and_truncated_stacks() {
         let mut profile = Profile {
-            gc_liveness: Some("address reuse only".into()),
+            gc: Some(crate::profile::GcSummary {
+                liveness: "address reuse only".into(),
+                ..Default::default()
+            }),
             counters: Counters {
                 truncated_stacks: 3,
                 ..Counters::default()
@@ -136,7 +180,7 @@ mod tests {
         let text = render(&profile);
         assert!(text.contains("GC liveness: address reuse only."), "{text}");
         assert!(text.contains("truncated stacks: 3"), "{text}");
-        profile.gc_liveness = None;
+        profile.gc = None;
         profile.counters.truncated_stacks = 0;
         let text = render(&profile);
         assert!(
