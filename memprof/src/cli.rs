@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use crate::report::Format;
-use crate::session::{Heap, Unwind};
+use crate::session::{GcLiveness, Heap, Unwind};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -115,6 +115,20 @@ pub struct SessionArgs {
     /// Crystal); fp follows frame pointers (cheaper). auto = dwarf.
     #[arg(long, value_enum, default_value_t = Unwind::Auto)]
     pub unwind: Unwind,
+    /// How dead Boehm GC objects are found. marks: after every collection,
+    /// read the collector's own mark bits (memprof traces the target with
+    /// ptrace and holds the collecting thread, world already stopped, while
+    /// it reads them: a pause of ~1 ms per 10,000 tracked objects, see
+    /// `cargo xtask bench`), plus address reuse. reuse: only address reuse
+    /// (an object counts as live until GC_free or until its address is
+    /// allocated again; no tracing, no pause, overstates live memory).
+    /// memprof falls back to reuse, and says so, when the target's libgc is
+    /// not one it can read or the target cannot be traced (a debugger).
+    #[arg(long, value_enum, default_value_t = GcLiveness::Marks)]
+    pub gc_liveness: GcLiveness,
+    /// Write each mark-bit verdict to FILE: `<GC_gc_no> <address> live|dead <why>`.
+    #[arg(long, hide = true, value_name = "FILE")]
+    pub gc_verdicts: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

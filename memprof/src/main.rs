@@ -96,6 +96,8 @@ fn session_options(args: &SessionArgs, duration: Option<Duration>) -> Result<Ses
         heap: args.heap,
         unwind: args.unwind,
         top: args.top,
+        gc_liveness: args.gc_liveness,
+        gc_verdicts: args.gc_verdicts.clone(),
     })
 }
 
