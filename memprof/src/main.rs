@@ -102,14 +102,21 @@ fn session_options(args: &SessionArgs, duration: Option<Duration>) -> Result<Ses
 }
 
 fn report_cmd(args: &ReportArgs) -> Result<()> {
-    let profile = profile::load(&args.file)?;
-    let options = report::Options {
+    let mut profile = profile::load(&args.file)?;
+    let mut options = report::Options {
         min_bytes: args.min_bytes,
         depth: args.depth,
         skip: args.skip,
         top: args.top,
         skip_runtime: args.skip_runtime,
+        keep_order: false,
     };
+    let leak_table = args.leaks && args.format == report::Format::Markdown;
+    if args.leaks && !leak_table {
+        profile = report::leaks::leaking(&profile);
+        options.keep_order = true;
+        options.min_bytes.get_or_insert(0);
+    }
     let mut out: Box<dyn Write> = match &args.output {
         Some(path) => Box::new(std::io::BufWriter::new(
             std::fs::File::create(path)
@@ -117,8 +124,12 @@ fn report_cmd(args: &ReportArgs) -> Result<()> {
         )),
         None => Box::new(std::io::stdout().lock()),
     };
-    let written = report::render(&profile, args.format, &options, &mut out)
-        .and_then(|()| out.flush().map_err(Into::into));
+    let written = if leak_table {
+        report::leaks::write(&profile, &options, &mut out)
+    } else {
+        report::render(&profile, args.format, &options, &mut out)
+    }
+    .and_then(|()| out.flush().map_err(Into::into));
     match written {
         // `memprof report … | head` is done, not failed.
         Err(e) if is_broken_pipe(&e) => Ok(()),

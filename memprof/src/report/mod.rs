@@ -17,6 +17,7 @@
 //! assert!(String::from_utf8(out).unwrap().starts_with("1\n3\t3072"));
 //! ```
 pub mod json;
+pub mod leaks;
 pub mod markdown;
 pub mod tsv;
 pub mod types;
@@ -55,6 +56,8 @@ pub struct Options {
     /// Hide the allocator plumbing (`GC.malloc`, `__crystal_malloc64`,
     /// `Pointer(T).malloc`, …) at the top of each stack, before `--skip`.
     pub skip_runtime: bool,
+    /// Keep the profile's order of stacks (`--leaks` ranks them itself).
+    pub keep_order: bool,
 }
 
 impl Default for Options {
@@ -65,6 +68,7 @@ impl Default for Options {
             skip: 0,
             top: None,
             skip_runtime: true,
+            keep_order: false,
         }
     }
 }
@@ -134,13 +138,15 @@ pub fn select<'a>(
         .filter(|g| g.live_bytes >= min && (!live_only || g.live_count > 0))
         .map(|g| (g, stack_key(g)))
         .collect();
-    rows.sort_by(|(a, ka), (b, kb)| {
-        b.live_bytes
-            .cmp(&a.live_bytes)
-            .then(b.live_count.cmp(&a.live_count))
-            .then(b.total_bytes.cmp(&a.total_bytes))
-            .then_with(|| ka.cmp(kb))
-    });
+    if !options.keep_order {
+        rows.sort_by(|(a, ka), (b, kb)| {
+            b.live_bytes
+                .cmp(&a.live_bytes)
+                .then(b.live_count.cmp(&a.live_count))
+                .then(b.total_bytes.cmp(&a.total_bytes))
+                .then_with(|| ka.cmp(kb))
+        });
+    }
     rows.truncate(options.top.unwrap_or(usize::MAX));
     rows.into_iter().map(|(g, _)| g).collect()
 }
