@@ -41,13 +41,14 @@ mod probes {
             bpf_send_signal_thread,
         },
         macros::{map, uprobe, uretprobe},
-        maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, StackTrace},
+        maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf, StackTrace},
         programs::{tracing::StackIdContext, ProbeContext, RetProbeContext},
         EbpfContext,
     };
     use memprof_common::{
-        cfa, config, counter, lifetime_bucket, op, AllocKind, AllocSite, DwarfStack, LiveAlloc,
-        ModuleRange, PendingCall, SiteTotals, UnwindRow, HOLD_SIGNAL, MAX_FRAMES, NO_STACK,
+        cfa, config, counter, gc_event, lifetime_bucket, op, AllocKind, AllocSite, DwarfStack,
+        GcEvent, LiveAlloc, ModuleRange, PendingCall, SiteTotals, UnwindRow, HOLD_SIGNAL,
+        MAX_FRAMES, NO_STACK,
     };
 
     // Sizes are defaults; userspace sets them from --max-live / --max-stacks.
@@ -89,6 +90,10 @@ mod probes {
     /// tid → epoch of the collection it is being held at.
     #[map]
     static HELD: HashMap<u32, u64> = HashMap::with_max_entries(4096, 0);
+
+    /// GC objects allocated and gone, for userspace's copy (size set by userspace).
+    #[map]
+    static GC_EVENTS: RingBuf = RingBuf::with_byte_size(1 << 12, 0);
 
     /// A power of two; one less is the usable count (see `dwarf_unwind`).
     const MAX_MODULES: u32 = 128;
@@ -439,10 +444,12 @@ mod probes {
         // object, collected (its address was reused); else a missed free.
         if let Some(old) = LIVE.get_ptr(&addr) {
             let old = unsafe { *old };
-            retire(&old, now, true);
+            retire(addr, &old, now, true);
         }
         if LIVE.insert(&addr, &live, 0).is_err() {
             bump(counter::LIVE_FULL);
+        } else if is_gc(live.site.kind) {
+            gc_event(addr, gc_event::ALLOC, &live);
         }
         match SITE_TOTALS.get_ptr_mut(&call.site) {
             Some(totals) => unsafe {
@@ -465,14 +472,38 @@ mod probes {
         }
     }
 
+    #[inline(always)]
+    fn is_gc(kind: u8) -> bool {
+        kind == AllocKind::Gc as u8 || kind == AllocKind::GcAtomic as u8
+    }
+
+    /// Tells userspace's copy of the GC objects (only while it judges them).
+    #[inline(always)]
+    fn gc_event(addr: u64, op: u64, object: &LiveAlloc) {
+        if setting(config::GC_HOLD) != 1 {
+            return;
+        }
+        let event = GcEvent {
+            addr,
+            op,
+            object: *object,
+        };
+        if GC_EVENTS.output::<GcEvent>(&event, 0).is_err() {
+            bump(counter::GC_EVENTS_LOST);
+        }
+    }
+
     /// Adds a dead block's lifetime to its site's totals (this CPU's slot).
     #[inline(always)]
-    fn retire(old: &LiveAlloc, now: u64, reused: bool) {
+    fn retire(addr: u64, old: &LiveAlloc, now: u64, reused: bool) {
+        if is_gc(old.site.kind) {
+            gc_event(addr, gc_event::GONE, old);
+        }
         let Some(totals) = SITE_TOTALS.get_ptr_mut(&old.site) else {
             return; // the site table was full when it was allocated (counted then)
         };
         let lifetime = now.saturating_sub(old.timestamp_ns);
-        let gc = old.site.kind == AllocKind::Gc as u8 || old.site.kind == AllocKind::GcAtomic as u8;
+        let gc = is_gc(old.site.kind);
         unsafe {
             (*totals).died += 1;
             (*totals).lifetime_ns += lifetime;
@@ -490,7 +521,7 @@ mod probes {
         match LIVE.get_ptr(&addr) {
             Some(old) => {
                 let old = unsafe { *old };
-                retire(&old, unsafe { bpf_ktime_get_ns() }, false);
+                retire(addr, &old, unsafe { bpf_ktime_get_ns() }, false);
                 let _ = LIVE.remove(&addr);
             }
             None => bump(counter::UNKNOWN_FREES),

@@ -123,7 +123,7 @@ pub fn run(command: &[String], options: &SessionOptions) -> Result<i32> {
     let exe = target::find_command(&command[0])?;
     let output = Output::create(options.output.as_ref(), &exe, None)?;
     let plan = plan_for(&exe, &[], options)?;
-    let mut probes = Probes::load(&options.probes, plan.tables.as_ref())?;
+    let mut probes = Probes::load(&probe_options(&plan, options), plan.tables.as_ref())?;
 
     let signals = Signals::block()?;
     let mut child = launch::launch(&exe, command, &signals.original)?;
@@ -200,6 +200,7 @@ pub fn run(command: &[String], options: &SessionOptions) -> Result<i32> {
         if exited.is_some() {
             break exited;
         }
+        gc.drain(&mut probes);
         let now = Instant::now();
         if grace.is_some_and(|g| now >= g) || deadline.is_some_and(|d| now >= d) {
             maps.refresh(pid);
@@ -255,7 +256,7 @@ pub fn attach(pid: u32, options: &SessionOptions) -> Result<i32> {
         .collect();
     let output = Output::create(options.output.as_ref(), &target.exe, Some(pid))?;
     let plan = plan_for(&target.exe, &loaded, options)?;
-    let mut probes = Probes::load(&options.probes, plan.tables.as_ref())?;
+    let mut probes = Probes::load(&probe_options(&plan, options), plan.tables.as_ref())?;
     let signals = Signals::block()?;
     let mut maps = MapsCache::default();
     if let Some(tables) = &plan.tables {
@@ -301,6 +302,7 @@ pub fn attach(pid: u32, options: &SessionOptions) -> Result<i32> {
                 }
             }
         }
+        gc.drain(&mut probes);
         if !target::is_alive(pid) {
             exited = true;
             eprintln!("memprof: pid {pid} exited");
@@ -371,6 +373,7 @@ pub fn plan_for_pid(pid: u32, probe_at_entry: bool, heap: Heap) -> Result<Vec<Pl
             max_stacks: 1,
             max_sites: 1,
             empty: false,
+            gc_events_bytes: 0,
         },
         probe_at_entry,
         duration: None,
@@ -427,6 +430,18 @@ fn plan_for(exe: &std::path::Path, loaded: &[PathBuf], options: &SessionOptions)
         probes: placement::plan(&resolved, options.probe_at_entry),
         tables,
     })
+}
+
+/// The GC event ring buffer: enough for ~1M allocations between two reads
+/// (the session reads it at least every 200 ms, and at each collection).
+const GC_EVENTS_BYTES: u32 = 64 << 20;
+
+fn probe_options(plan: &Plan, options: &SessionOptions) -> ProbeOptions {
+    let mut probes = options.probes.clone();
+    if plan.gc_module().is_some() && options.gc_liveness == GcLiveness::Marks {
+        probes.gc_events_bytes = GC_EVENTS_BYTES;
+    }
+    probes
 }
 
 /// The mark-bit passes of a session with a GC heap, or why there are none.
@@ -507,16 +522,21 @@ impl GcWatch {
         let Some(judge) = &mut self.judge else {
             return Ok(true);
         };
-        let result = probes
-            .live_entries()
-            .and_then(|live| judge.pass(epoch, &live))
-            .and_then(|dead| probes.forget_live(&dead));
+        probes.drain_gc_events(|event| judge.apply(event));
+        let result = judge.pass(epoch).and_then(|dead| probes.forget_live(&dead));
         if let Err(e) = result {
             judge.not_judged(1);
             self.fall_back(format!("the mark-bit pass failed: {e:#}"));
             probes.stop_holding()?;
         }
         Ok(true)
+    }
+
+    /// Keeps the copy of the GC objects current (the ring buffer must not fill).
+    fn drain(&mut self, probes: &mut Probes) {
+        if let Some(judge) = &mut self.judge {
+            probes.drain_gc_events(|event| judge.apply(event));
+        }
     }
 
     /// The collector's heap figures, while the target's memory is readable.
@@ -539,6 +559,7 @@ impl GcWatch {
                 let _ = judge.finish();
                 let mut s = judge.summary().clone();
                 s.collections_not_judged += probes.collections_not_held().unwrap_or(0);
+                s.events_lost = probes.gc_events_lost().unwrap_or(0);
                 s
             }
             (None, Some(why)) => crate::profile::GcSummary {
