@@ -193,41 +193,40 @@ fn derive(image: &Image) -> Result<HeapStatsLayout> {
         },
     };
     // `word` or `word - unmapped`: the word, and whether unmapped is subtracted.
-    let word_less_unmapped = |name: &str,
-                              returned: Returned|
-     -> Result<((Option<u64>, u64), bool)> {
-        let words = match returned {
-            Returned::Words(words) => words,
-            Returned::Zero => {
-                return Err(unsupported(
+    let word_less_unmapped =
+        |name: &str, returned: Returned| -> Result<((Option<u64>, u64), bool)> {
+            let words = match returned {
+                Returned::Words(words) => words,
+                Returned::Zero => {
+                    return Err(unsupported(
+                        module,
+                        format!("{name}: returns the constant 0"),
+                    ))
+                }
+            };
+            let plus: Vec<(Option<u64>, u64)> = words
+                .iter()
+                .filter(|w| !w.2)
+                .map(|&(s, o, _)| (s, o))
+                .collect();
+            let minus: Vec<(Option<u64>, u64)> = words
+                .iter()
+                .filter(|w| w.2)
+                .map(|&(s, o, _)| (s, o))
+                .collect();
+            match (plus.as_slice(), minus.as_slice()) {
+                (&[word], []) if Some(word) != unmapped => Ok((word, false)),
+                (&[word], &[less]) if Some(less) == unmapped && Some(word) != unmapped => {
+                    Ok((word, true))
+                }
+                _ => Err(unsupported(
                     module,
-                    format!("{name}: returns the constant 0"),
-                ))
-            }
-        };
-        let plus: Vec<(Option<u64>, u64)> = words
-            .iter()
-            .filter(|w| !w.2)
-            .map(|&(s, o, _)| (s, o))
-            .collect();
-        let minus: Vec<(Option<u64>, u64)> = words
-            .iter()
-            .filter(|w| w.2)
-            .map(|&(s, o, _)| (s, o))
-            .collect();
-        match (plus.as_slice(), minus.as_slice()) {
-            (&[word], []) if Some(word) != unmapped => Ok((word, false)),
-            (&[word], &[less]) if Some(less) == unmapped && Some(word) != unmapped => {
-                Ok((word, true))
-            }
-            _ => Err(unsupported(
-                module,
-                format!(
+                    format!(
                     "{name}: returns neither a word nor a word minus GC_unmapped_bytes: {words:x?}"
                 ),
-            )),
-        }
-    };
+                )),
+            }
+        };
     let (heap, heap_less) = word_less_unmapped("GC_get_heap_size", heap)?;
     let (free, free_less) = word_less_unmapped("GC_get_free_bytes", free)?;
     if heap == free {
