@@ -176,7 +176,7 @@ pub fn run(command: &[String], options: &SessionOptions) -> Result<i32> {
             match event {
                 Event::Exiting => {
                     maps.refresh(pid);
-                    gc.read_heap_stats(pid);
+                    gc.read_heap_stats();
                 }
                 Event::Signal { tid, signal } if signal == libc::SIGTRAP => {
                     let ours = tid == pid && probes.take_library_load_signal()?;
@@ -204,7 +204,7 @@ pub fn run(command: &[String], options: &SessionOptions) -> Result<i32> {
         let now = Instant::now();
         if grace.is_some_and(|g| now >= g) || deadline.is_some_and(|d| now >= d) {
             maps.refresh(pid);
-            gc.read_heap_stats(pid);
+            gc.read_heap_stats();
             probes.stop_holding()?;
             child.detach();
             eprintln!("memprof: stopped profiling; pid {pid} keeps running");
@@ -292,7 +292,7 @@ pub fn attach(pid: u32, options: &SessionOptions) -> Result<i32> {
                 match event {
                     Event::Exiting => {
                         maps.refresh(pid);
-                        gc.read_heap_stats(pid);
+                        gc.read_heap_stats();
                     }
                     Event::Signal { tid, signal } => {
                         let ours = signal != libc::SIGTRAP && gc.on_hold(&mut probes, tid)?;
@@ -319,7 +319,7 @@ pub fn attach(pid: u32, options: &SessionOptions) -> Result<i32> {
     }
     maps.refresh(pid);
     if !exited {
-        gc.read_heap_stats(pid);
+        gc.read_heap_stats();
     }
     // No new holds, then let every thread go.
     probes.stop_holding()?;
@@ -449,8 +449,8 @@ struct GcWatch {
     judge: Option<Judge>,
     /// Why dead GC objects are found by address reuse only (no GC heap: None).
     fallback: Option<String>,
-    /// The collector's heap size, free and unmapped bytes at the end.
-    heap_stats: Option<[u64; 3]>,
+    /// The collector's heap figures at the end.
+    heap_stats: Option<crate::gc::HeapStats>,
     pid: u32,
 }
 
@@ -540,9 +540,10 @@ impl GcWatch {
     }
 
     /// The collector's heap figures, while the target's memory is readable.
-    fn read_heap_stats(&mut self, pid: u32) {
-        let _ = pid;
-        // Filled in with the heap-size layout (gc::heap_stats).
+    fn read_heap_stats(&mut self) {
+        if let Some(stats) = self.judge.as_mut().and_then(|j| j.heap_stats()) {
+            self.heap_stats = Some(stats);
+        }
     }
 
     fn sites(
@@ -568,10 +569,10 @@ impl GcWatch {
             },
             (None, None) => return None,
         };
-        if let Some([size, free, unmapped]) = self.heap_stats {
-            summary.heap_size = Some(size);
-            summary.free_bytes = Some(free);
-            summary.unmapped_bytes = Some(unmapped);
+        if let Some(stats) = &self.heap_stats {
+            summary.heap_size = Some(stats.heap_size);
+            summary.free_bytes = Some(stats.free_bytes);
+            summary.unmapped_bytes = Some(stats.unmapped_bytes);
         }
         Some(summary)
     }

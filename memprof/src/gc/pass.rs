@@ -37,7 +37,10 @@ use anyhow::{Context, Result};
 use memprof_common::{gc_event, AllocSite, GcEvent, LiveAlloc};
 
 use super::lookup::Block;
-use super::{derive_layout, find_end_of_mark, EndOfMark, MarkLayout, Verdict};
+use super::{
+    derive_heap_stats, derive_layout, find_end_of_mark, EndOfMark, HeapStats, HeapStatsLayout,
+    MarkLayout, Verdict,
+};
 use crate::profile::{GcSummary, Lifetimes};
 use crate::target::maps;
 
@@ -65,6 +68,8 @@ pub struct Judge {
     module: PathBuf,
     layout: MarkLayout,
     end: EndOfMark,
+    /// Where the collector keeps its heap size and free bytes, if derivable.
+    heap_stats: Option<HeapStatsLayout>,
     /// Run-time minus link-time address of `module` (found at the first pass).
     bias: Option<u64>,
     mem: File,
@@ -96,6 +101,7 @@ impl Judge {
             module: module.to_path_buf(),
             layout,
             end,
+            heap_stats: derive_heap_stats(module).ok(),
             bias: None,
             mem,
             sites: HashMap::new(),
@@ -254,7 +260,21 @@ impl Judge {
             Some(slot) => word(slot + bias)?,
             None => self.end.gc_no + bias,
         };
-        Ok(word(at).context("reading GC_gc_no")?)
+        word(at).context("reading GC_gc_no")
+    }
+
+    /// The collector's heap size, free and unmapped bytes now (`None` if
+    /// its layout was not derivable or the memory is gone).
+    pub fn heap_stats(&mut self) -> Option<HeapStats> {
+        let layout = self.heap_stats.as_ref()?;
+        let bias = match self.bias {
+            Some(b) => b,
+            None => load_bias(self.pid, &self.module).ok()?,
+        };
+        let mem = &self.mem;
+        layout
+            .read(bias, &mut |a, buf| mem.read_exact_at(buf, a))
+            .ok()
     }
 
     /// What the passes learned, per site.
