@@ -255,7 +255,8 @@ pub mod maps {
 pub mod config {
     /// 1: unwind with the CFI tables (`UNWIND_ROWS`), 0: frame pointers.
     pub const UNWIND_DWARF: u32 = 0;
-    /// Number of valid entries in `MODULE_RANGES`.
+    /// Low 7 bits: entries in the `MODULE_RANGES` table in use; bit 8:
+    /// which of its two tables is in use.
     pub const MODULE_COUNT: u32 = 1;
     /// 1: the main thread is traced by memprof (`run`): signal it when the
     /// dynamic linker has loaded libraries, so their ranges are known before

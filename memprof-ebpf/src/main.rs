@@ -76,7 +76,9 @@ mod probes {
     #[map]
     static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(1, 0);
     #[map]
-    static MODULE_RANGES: Array<ModuleRange> = Array::with_max_entries(MAX_MODULES, 0);
+    /// Two tables of MAX_MODULES: userspace fills the one not in use, then
+    /// switches (`config::MODULE_COUNT`), so no probe sees a half-written one.
+    static MODULE_RANGES: Array<ModuleRange> = Array::with_max_entries(2 * MAX_MODULES, 0);
     /// The stack being unwound (too big for the 512-byte BPF stack).
     #[map]
     static SCRATCH: PerCpuArray<DwarfStack> = PerCpuArray::with_max_entries(1, 0);
@@ -183,7 +185,9 @@ mod probes {
         sp += 8;
         // A mask, not min(): min() would give the verifier a constant bound,
         // and with constant indices it cannot prune the binary searches.
-        let modules = setting(config::MODULE_COUNT) & (MAX_MODULES - 1);
+        let packed = setting(config::MODULE_COUNT);
+        let modules = packed & (MAX_MODULES - 1);
+        let table = (packed >> 8 & 1) * MAX_MODULES;
         let mut hash = FNV_OFFSET;
         let mut len: u32 = 0;
         let mut truncated: u32 = 1;
@@ -196,7 +200,7 @@ mod probes {
             len = i as u32 + 1;
             hash = (hash ^ pc).wrapping_mul(FNV_PRIME);
             // A return address points after the call: look up the call itself.
-            let Some(row) = find_row(pc - 1, modules) else {
+            let Some(row) = find_row(pc - 1, table, modules) else {
                 break;
             };
             let base = match row.cfa_reg {
@@ -245,7 +249,7 @@ mod probes {
     /// comparison turned into 0/1 arithmetically): a data-dependent branch per
     /// step multiplies the paths the verifier must walk.
     #[inline(always)]
-    fn find_row(pc: u64, modules: u32) -> Option<UnwindRow> {
+    fn find_row(pc: u64, table: u32, modules: u32) -> Option<UnwindRow> {
         if modules == 0 {
             return None;
         }
@@ -254,11 +258,11 @@ mod probes {
         let mut len: u32 = modules;
         for _ in 0..7 {
             let half = len >> 1;
-            let m = MODULE_RANGES.get(base + half)?;
+            let m = MODULE_RANGES.get(table + base + half)?;
             base += half * at_or_before(m.start, pc);
             len -= half;
         }
-        let module = MODULE_RANGES.get(base)?;
+        let module = MODULE_RANGES.get(table + base)?;
         if pc < module.start || pc >= module.end || module.row_count == 0 {
             return None;
         }

@@ -54,7 +54,13 @@ pub struct Probes {
     pub attached: usize,
     /// GC objects allocated and gone (see [`memprof_common::GcEvent`]).
     gc_events: Option<RingBuf<MapData>>,
+    /// The module ranges the kernel has, and which half of its table holds them.
+    module_ranges: Vec<ModuleRange>,
+    module_half: u32,
 }
+
+/// Entries in each half of the kernel's module table.
+const TABLE_SIZE: u32 = 128;
 
 /// The maps, kept after the programs are detached so they can be read.
 pub struct HeapMaps {
@@ -94,6 +100,8 @@ impl Probes {
             links: Vec::new(),
             attached: 0,
             gc_events: None,
+            module_ranges: Vec::new(),
+            module_half: 0,
         };
         probes.gc_events = Some(RingBuf::try_from(
             probes
@@ -188,18 +196,30 @@ impl Probes {
     }
 
     /// Tells the unwinder where each module is mapped (sorted by address).
+    ///
+    /// The kernel's table is double: the new ranges go into the half not in
+    /// use, then one write of `MODULE_COUNT` switches halves, so a probe
+    /// never unwinds with a half-written (or empty) table. Unchanged ranges
+    /// are not rewritten.
     pub fn set_module_ranges(&mut self, ranges: &[ModuleRange]) -> Result<()> {
         let ranges = &ranges[..ranges.len().min(MAX_MODULES)];
-        // Shrink the count first, so the kernel never reads a half-written entry.
-        self.set_config(config::MODULE_COUNT, 0)?;
+        if ranges == self.module_ranges.as_slice() {
+            return Ok(());
+        }
+        self.module_half ^= 1;
+        let offset = self.module_half * TABLE_SIZE;
         {
             let mut table: Array<&mut MapData, ModuleRange> =
                 Array::try_from(self.map_mut(maps::MODULE_RANGES)?)?;
             for (i, range) in ranges.iter().enumerate() {
-                table.set(i as u32, range, 0)?;
+                table.set(offset + i as u32, range, 0)?;
             }
         }
-        self.set_config(config::MODULE_COUNT, ranges.len() as u32)
+        self.module_ranges = ranges.to_vec();
+        self.set_config(
+            config::MODULE_COUNT,
+            ranges.len() as u32 | self.module_half << 8,
+        )
     }
 
     /// `run` only: have `dl_debug_state` stop the traced main thread when the
