@@ -10,10 +10,15 @@ use std::time::{Duration, Instant};
 
 /// Starts attach_target and waits until it has made its "before" allocations.
 fn start_target() -> (ChildGuard, Lines) {
-    let child = Command::new(fixture::ATTACH_TARGET)
+    start(fixture::ATTACH_TARGET)
+}
+
+/// Starts a fixture that says "ready" and waits for it.
+fn start(exe: &str) -> (ChildGuard, Lines) {
+    let child = Command::new(exe)
         .stdout(Stdio::piped())
         .spawn()
-        .expect("cannot start attach_target");
+        .unwrap_or_else(|e| panic!("cannot start {exe}: {e}"));
     let mut target = ChildGuard(child);
     let mut stdout = Lines::new("attach_target stdout", target.0.stdout.take().unwrap());
     stdout.wait_for("ready", TIMEOUT);
@@ -125,4 +130,51 @@ fn attach_target_exit_ends_memprof() {
         Counts::of(group_at(&json, "libc", "make_during")).total_count,
         300
     );
+}
+
+/// A GC program: memprof traces its threads to hold each collection for the
+/// mark-bit pass, and must leave it untraced and working after SIGINT.
+#[test]
+fn attach_gc_target_judges_collections_and_detaches() {
+    let dir = TempDir::new("attach-gc");
+    let profile = dir.join("attach.mprof");
+    let (mut target, mut stdout) = start(fixture::GC_ATTACH_TARGET);
+    let (mut memprof, mut stderr) = attach(target.pid(), &profile, &["--heap", "gc"]);
+
+    poke(&target, &mut stdout);
+    poke(&target, &mut stdout);
+    memprof.signal(libc::SIGINT);
+    assert_clean_exit(&mut memprof, &mut stderr);
+
+    // Untraced again (TracerPid 0) and still collecting.
+    let status = std::fs::read_to_string(format!("/proc/{}/status", target.pid())).unwrap();
+    assert!(
+        status.contains("TracerPid:\t0\n"),
+        "still traced:\n{status}"
+    );
+    poke(&target, &mut stdout);
+    assert!(target.is_running(), "gc_attach_target died");
+
+    let json = report_json(&profile);
+    assert_eq!(json["gc"]["liveness"], "mark bits");
+    assert!(uint(&json, "/gc/collections") >= 2, "{}", json["gc"]);
+    assert_eq!(uint(&json, "/gc/collections_not_judged"), 0);
+    let kept = group_at(&json, "gc", "make_kept");
+    assert_eq!(
+        Counts::of(kept),
+        Counts {
+            live_count: 200,
+            live_bytes: 200 * 64,
+            total_count: 200,
+            total_bytes: 200 * 64
+        }
+    );
+    assert_eq!(uint(kept, "/marked_count"), 200);
+    let garbage = group_at(&json, "gc", "make_garbage");
+    assert_eq!(uint(garbage, "/total_count"), 2_000);
+    // Collected by the collection after each round (the conservative GC may
+    // keep a stale pointer or two alive).
+    let collected = uint(garbage, "/collected_count");
+    assert_eq!(collected + uint(garbage, "/live_count"), 2_000);
+    assert!(collected >= 1_990, "only {collected} of 2,000 collected");
 }
