@@ -452,3 +452,36 @@ fn binary_trees_marked_bytes_match_the_gc() {
         off * 100.0
     );
 }
+
+/// `--gc-liveness reuse`: no tracing, no passes, and the report says how
+/// dead GC objects were found; the dropped objects still count as live.
+#[test]
+fn reuse_only_is_said_in_the_report() {
+    let dir = TempDir::new("gc-reuse");
+    let profile = dir.join("profile.mprof");
+    let gc_verdicts = dir.join("gc-verdicts.txt");
+    run_ok([
+        OsStr::new("run"),
+        OsStr::new("--heap"),
+        OsStr::new("gc"),
+        OsStr::new("--gc-liveness"),
+        OsStr::new("reuse"),
+        OsStr::new("-o"),
+        profile.as_os_str(),
+        OsStr::new("--"),
+        OsStr::new(fixture::GC_VERDICTS),
+        gc_verdicts.as_os_str(),
+    ]);
+    let json = report_json(&profile);
+    let liveness = json["gc"]["liveness"].as_str().unwrap_or_default();
+    assert!(
+        liveness.starts_with("address reuse only (--gc-liveness reuse)"),
+        "{liveness}"
+    );
+    assert_eq!(uint(&json, "/gc/collections"), 0);
+    let dropped = gc_groups_with(&json, "make_dropped");
+    assert_eq!(sum(&dropped, "collected_count"), 0);
+    assert_eq!(sum(&dropped, "live_count"), sum(&dropped, "total_count"));
+    let text = report(&profile, "markdown", &[]);
+    assert!(text.contains("GC liveness: address reuse only"), "{text}");
+}

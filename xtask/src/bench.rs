@@ -90,7 +90,7 @@ const COLLECTION_WAYS: &[Way] = &[
         memprof: None,
     },
     Way {
-        name: "memprof --gc-liveness reuse",
+        name: "memprof, reuse only",
         memprof: Some(&["--heap", "gc", "--gc-liveness", "reuse"]),
     },
     Way {
