@@ -24,5 +24,5 @@ def handle_request(i : Int32) : Int32
 end
 
 total = 0
-300_000.times { |i| total += handle_request(i) }
-puts "handled 300,000 requests (#{total} parts), #{SESSIONS.size} sessions remembered"
+100_000.times { |i| total += handle_request(i) }
+puts "handled 100,000 requests (#{total} parts), #{SESSIONS.size} sessions remembered"
