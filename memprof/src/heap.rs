@@ -47,7 +47,7 @@ impl RawGroup {
 
 /// Reads the live table and the per-site totals and merges them per stack,
 /// with what the mark-bit passes learned per site (`gc`).
-pub fn collect(maps: &HeapMaps, gc: Option<&HashMap<AllocSite, SiteGc>>) -> Result<Vec<RawGroup>> {
+pub fn collect(maps: &HeapMaps, gc: Option<&[(AllocSite, SiteGc)]>) -> Result<Vec<RawGroup>> {
     let mut grouper = Grouper {
         maps,
         dwarf: maps.dwarf,
@@ -73,7 +73,8 @@ pub fn collect(maps: &HeapMaps, gc: Option<&HashMap<AllocSite, SiteGc>>) -> Resu
             group.collected_bytes += totals.reused_bytes;
         }
     }
-    for (&site, s) in gc.into_iter().flatten() {
+    for (site, s) in gc.into_iter().flatten() {
+        let site = *site;
         let group = grouper.group(site);
         group.collected_count += s.collected_count;
         group.collected_bytes += s.collected_bytes;

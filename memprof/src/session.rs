@@ -546,10 +546,7 @@ impl GcWatch {
         }
     }
 
-    fn sites(
-        &self,
-    ) -> Option<&std::collections::HashMap<memprof_common::AllocSite, crate::gc::pass::SiteGc>>
-    {
+    fn sites(&self) -> Option<&[(memprof_common::AllocSite, crate::gc::pass::SiteGc)]> {
         self.judge.as_ref().map(|j| j.sites())
     }
 

@@ -24,7 +24,6 @@
 //! assert_eq!(judge.summary().collections, 0);
 //! # Ok(()) }
 //! ```
-use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -34,7 +33,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use memprof_common::{gc_event, AllocSite, GcEvent, LiveAlloc};
+use memprof_common::{gc_event, AllocSite, GcEvent};
 
 use super::lookup::Block;
 use super::{
@@ -62,6 +61,16 @@ pub struct SiteGc {
     pub history: Vec<[u64; 2]>,
 }
 
+/// A tracked GC object.
+#[derive(Debug, Clone, Copy)]
+struct Tracked {
+    size: u64,
+    timestamp_ns: u64,
+    epoch: u64,
+    /// Index into [`Judge::sites`].
+    site: u32,
+}
+
 /// Judges tracked GC objects after each collection.
 pub struct Judge {
     pid: u32,
@@ -73,9 +82,14 @@ pub struct Judge {
     /// Run-time minus link-time address of `module` (found at the first pass).
     bias: Option<u64>,
     mem: File,
-    sites: HashMap<AllocSite, SiteGc>,
-    /// The tracked GC objects (kept current from the kernel's GC events).
-    objects: HashMap<u64, LiveAlloc, BuildAddressHasher>,
+    /// Sites seen, numbered in order of appearance (objects refer to them
+    /// by number, so a pass does not hash sites), and what was learned.
+    site_numbers: HashMap<AllocSite, u32>,
+    sites: Vec<(AllocSite, SiteGc)>,
+    /// The tracked GC objects (kept current from the kernel's GC events),
+    /// in address order: a pass then visits each heap block's objects
+    /// together and reads its header once, from the cache's warm end.
+    objects: BTreeMap<u64, Tracked>,
     summary: GcSummary,
     /// `--gc-verdicts`: one line per object judged.
     verdicts: Option<BufWriter<File>>,
@@ -104,8 +118,9 @@ impl Judge {
             heap_stats: derive_heap_stats(module).ok(),
             bias: None,
             mem,
-            sites: HashMap::new(),
-            objects: HashMap::default(),
+            site_numbers: HashMap::new(),
+            sites: Vec::new(),
+            objects: BTreeMap::new(),
             summary: GcSummary {
                 liveness: "mark bits".into(),
                 ..GcSummary::default()
@@ -133,7 +148,21 @@ impl Judge {
     pub fn apply(&mut self, event: &GcEvent) {
         match event.op {
             gc_event::ALLOC => {
-                self.objects.insert(event.addr, event.object);
+                let object = &event.object;
+                let sites = &mut self.sites;
+                let site = *self.site_numbers.entry(object.site).or_insert_with(|| {
+                    sites.push((object.site, SiteGc::default()));
+                    sites.len() as u32 - 1
+                });
+                self.objects.insert(
+                    event.addr,
+                    Tracked {
+                        size: object.size,
+                        timestamp_ns: object.timestamp_ns,
+                        epoch: object.epoch,
+                        site,
+                    },
+                );
             }
             _ => {
                 self.objects.remove(&event.addr);
@@ -160,53 +189,55 @@ impl Judge {
         let mut read = |a: u64, buf: &mut [u8]| pages.read(a, buf);
         let arrays = self.layout.arrays_at(bias, &mut read)?;
         let block_mask = !(self.layout.hblksize() - 1);
-        let mut blocks: HashMap<u64, Block, BuildAddressHasher> = HashMap::default();
+        // The block of the previous object (objects come in address order).
+        let mut block: Option<(u64, Block)> = None;
         let now_ns = monotonic_ns();
         let mut dead = Vec::new();
-        let mut marked: HashMap<AllocSite, (u64, u64), BuildAddressHasher> = HashMap::default();
-        let mut live_now: HashMap<AllocSite, u64, BuildAddressHasher> = HashMap::default();
-        let mut collected: Vec<(AllocSite, LiveAlloc)> = Vec::new();
+        // Per site: (marked objects, their GC bytes, live objects).
+        let mut per_site = vec![(0u64, 0u64, 0u64); self.sites.len()];
+        let mut collected: Vec<Tracked> = Vec::new();
         for (&addr, &object) in &self.objects {
+            let site = &mut per_site[object.site as usize];
             if object.epoch >= epoch {
                 // Allocated after this collection began: its mark means nothing yet.
-                *live_now.entry(object.site).or_default() += 1;
+                site.2 += 1;
                 continue;
             }
-            let block = match blocks.entry(addr & block_mask) {
-                Entry::Occupied(e) => e.into_mut(),
-                Entry::Vacant(e) => {
-                    let b = self
-                        .layout
-                        .block(addr & block_mask, arrays, &mut read)
-                        .with_context(|| {
-                            format!(
-                                "reading the GC's mark bits of {addr:#x} in pid {}",
-                                self.pid
-                            )
-                        })?;
-                    e.insert(b)
+            let start = addr & block_mask;
+            let header = match &block {
+                Some((at, header)) if *at == start => header,
+                _ => {
+                    let header =
+                        self.layout
+                            .block(start, arrays, &mut read)
+                            .with_context(|| {
+                                format!(
+                                    "reading the GC's mark bits of {addr:#x} in pid {}",
+                                    self.pid
+                                )
+                            })?;
+                    &block.insert((start, header)).1
                 }
             };
-            let (verdict, size) = self.layout.verdict_in(addr, block);
+            let (verdict, size) = self.layout.verdict_in(addr, header);
             if let Some(out) = &mut self.verdicts {
                 let word = if verdict.is_live() { "live" } else { "dead" };
                 writeln!(out, "{gc_no} {addr:#x} {word} {verdict:?}")?;
             }
             if verdict == Verdict::Marked {
-                let m = marked.entry(object.site).or_default();
-                m.0 += 1;
-                m.1 += size;
-                *live_now.entry(object.site).or_default() += 1;
+                site.0 += 1;
+                site.1 += size;
+                site.2 += 1;
             } else {
                 dead.push(addr);
-                collected.push((object.site, object));
+                collected.push(object);
             }
         }
         for &addr in &dead {
             self.objects.remove(&addr);
         }
-        for (site, object) in collected {
-            let s = self.sites.entry(site).or_default();
+        for object in collected {
+            let s = &mut self.sites[object.site as usize].1;
             s.collected_count += 1;
             s.collected_bytes += object.size;
             s.lifetimes
@@ -217,25 +248,14 @@ impl Judge {
                 s.lifetimes.within_first_collection += 1;
             }
         }
-        // Marked counts are "as of the last pass"; every site with history
-        // gets a point, so shrinking stacks show it.
+        // Marked counts are "as of the last pass"; every site gets a point,
+        // so shrinking stacks show it.
         let (mut count, mut bytes) = (0, 0);
-        for (site, s) in self.sites.iter_mut() {
-            let (c, b) = marked.remove(site).unwrap_or_default();
-            (s.marked_count, s.marked_bytes) = (c, b);
-            count += c;
-            bytes += b;
-            push_point(&mut s.history, [gc_no, live_now.remove(site).unwrap_or(0)]);
-        }
-        for (site, (c, b)) in marked {
-            let s = self.sites.entry(site).or_default();
-            (s.marked_count, s.marked_bytes) = (c, b);
-            count += c;
-            bytes += b;
-            push_point(&mut s.history, [gc_no, live_now.remove(&site).unwrap_or(0)]);
-        }
-        for (site, n) in live_now {
-            push_point(&mut self.sites.entry(site).or_default().history, [gc_no, n]);
+        for ((_, s), &(marked, marked_bytes, live)) in self.sites.iter_mut().zip(&per_site) {
+            (s.marked_count, s.marked_bytes) = (marked, marked_bytes);
+            count += marked;
+            bytes += marked_bytes;
+            push_point(&mut s.history, [gc_no, live]);
         }
         let summary = &mut self.summary;
         summary.collections += 1;
@@ -278,7 +298,7 @@ impl Judge {
     }
 
     /// What the passes learned, per site.
-    pub fn sites(&self) -> &HashMap<AllocSite, SiteGc> {
+    pub fn sites(&self) -> &[(AllocSite, SiteGc)] {
         &self.sites
     }
 
