@@ -103,6 +103,31 @@ pub struct LiveAlloc {
     pub size: u64,
     /// `bpf_ktime_get_ns()` at allocation (CLOCK_MONOTONIC).
     pub timestamp_ns: u64,
+    /// GC collections seen (`GC_EPOCH`) when it was allocated: a collection
+    /// judges only objects allocated before it.
+    pub epoch: u64,
+}
+
+/// Upper bounds of the lifetime histogram buckets, in nanoseconds: 100 µs,
+/// 1 ms, 10 ms, 100 ms, 1 s, 10 s, 100 s; the last bucket holds the rest.
+pub const LIFETIME_BOUNDS_NS: [u64; 7] = [
+    100_000,
+    1_000_000,
+    10_000_000,
+    100_000_000,
+    1_000_000_000,
+    10_000_000_000,
+    100_000_000_000,
+];
+
+/// Histogram bucket of a lifetime of `ns` nanoseconds.
+#[inline(always)]
+pub fn lifetime_bucket(ns: u64) -> usize {
+    let mut bucket = 0;
+    for bound in LIFETIME_BOUNDS_NS {
+        bucket += (ns >= bound) as usize;
+    }
+    bucket
 }
 
 /// Everything allocated at one site over the whole run: value of the per-CPU
@@ -112,6 +137,16 @@ pub struct LiveAlloc {
 pub struct SiteTotals {
     pub count: u64,
     pub bytes: u64,
+    /// Blocks of this site that died: freed, or (GC kinds) found dead
+    /// because their address was allocated again.
+    pub died: u64,
+    /// Sum of their lifetimes, nanoseconds.
+    pub lifetime_ns: u64,
+    /// Their lifetimes by [`lifetime_bucket`].
+    pub buckets: [u64; 8],
+    /// GC kinds: of `died`, those proven collected by address reuse.
+    pub reused: u64,
+    pub reused_bytes: u64,
 }
 
 /// Indexes into the per-CPU `COUNTERS` array: things that went wrong or were
@@ -135,7 +170,12 @@ pub mod counter {
     pub const FAILED_ALLOCS: u32 = 7;
     /// Stacks the DWARF unwinder could not follow to the end.
     pub const TRUNCATED_STACKS: u32 = 8;
-    pub const COUNT: u32 = 9;
+    /// GC collections whose end of marking the probe saw.
+    pub const GC_COLLECTIONS: u32 = 9;
+    /// Of those, collections whose collecting thread memprof could not hold
+    /// for the mark-bit pass (not traced): not judged.
+    pub const GC_NOT_HELD: u32 = 10;
+    pub const COUNT: u32 = 11;
 }
 
 /// Symbol names the eBPF object exports for its programs, used by userspace
@@ -156,6 +196,8 @@ pub mod programs {
     pub const EMPTY_RET: &str = "empty_retprobe";
     /// On the dynamic linker's `_dl_debug_state`: libraries were (un)loaded.
     pub const DL_DEBUG_STATE: &str = "dl_debug_state";
+    /// On every `GC_gc_no++` of the Boehm GC: a collection finished marking.
+    pub const GC_COLLECTION: &str = "gc_collection";
 }
 
 /// Map names in the eBPF object.
@@ -173,6 +215,13 @@ pub mod maps {
     pub const MODULE_RANGES: &str = "MODULE_RANGES";
     /// `u32` settings indexed by [`config`](super::config).
     pub const CONFIG: &str = "CONFIG";
+    /// One `u64`: collections seen so far (the probe on `GC_gc_no++` counts).
+    pub const GC_EPOCH: &str = "GC_EPOCH";
+    /// Threads (tid → 1) memprof traces: only those can be held at a collection.
+    pub const TRACED: &str = "TRACED";
+    /// tid → epoch: the thread is being stopped at the end of that
+    /// collection's marking for the mark-bit pass (removed by userspace).
+    pub const HELD: &str = "HELD";
 }
 
 /// Indexes into the `CONFIG` array.
@@ -187,8 +236,16 @@ pub mod config {
     pub const SIGNAL_ON_DLOPEN: u32 = 2;
     /// Set to 1 by the kernel when it sent that signal; cleared by userspace.
     pub const DLOPEN_SIGNALLED: u32 = 3;
-    pub const COUNT: u32 = 4;
+    /// 1: at the end of each collection's marking, stop the collecting
+    /// thread (if traced) with [`HOLD_SIGNAL`](super::HOLD_SIGNAL) for the mark-bit pass.
+    pub const GC_HOLD: u32 = 4;
+    pub const COUNT: u32 = 5;
 }
+
+/// The signal that stops a collecting thread for the mark-bit pass: SIGURG,
+/// ignored by default, so if it ever reached the program (memprof killed
+/// in between) nothing would happen. memprof, tracing the thread, takes it.
+pub const HOLD_SIGNAL: u32 = 23;
 
 /// How to find the canonical frame address (CFA) at a pc.
 pub mod cfa {

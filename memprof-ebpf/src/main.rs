@@ -10,7 +10,16 @@
 //!    argument layout.
 //! 2. return probe (`alloc_exit`): take the pending call, read the returned
 //!    pointer, insert it into `LIVE` and add to `SITE_TOTALS`.
-//! 3. `free_enter` / `munmap_enter`: remove the block from `LIVE`.
+//! 3. `free_enter` / `munmap_enter`: remove the block from `LIVE`, adding
+//!    its lifetime to its site's totals.
+//!
+//! Boehm GC objects are never freed: `gc_collection` (on `GC_gc_no++`, the
+//! end of a collection's marking, world stopped) counts the collection in
+//! `GC_EPOCH` and stops the collecting thread with a signal memprof takes
+//! (it traces the target): memprof reads the mark bits while the world is
+//! still stopped and removes the dead from `LIVE` itself. Every allocation
+//! is tagged with the epoch it was made in (only older ones are judged); an
+//! allocation at an address still in `LIVE` proves the old object died.
 //!
 //! Userspace reads `LIVE`, `SITE_TOTALS` and `STACKS`/`DWARF_STACKS` at the
 //! end. Everything that could not be recorded is counted in `COUNTERS`.
@@ -37,8 +46,8 @@ mod probes {
         EbpfContext,
     };
     use memprof_common::{
-        cfa, config, counter, op, AllocKind, AllocSite, DwarfStack, LiveAlloc, ModuleRange,
-        PendingCall, SiteTotals, UnwindRow, MAX_FRAMES, NO_STACK,
+        cfa, config, counter, lifetime_bucket, op, AllocKind, AllocSite, DwarfStack, LiveAlloc,
+        ModuleRange, PendingCall, SiteTotals, UnwindRow, HOLD_SIGNAL, MAX_FRAMES, NO_STACK,
     };
 
     // Sizes are defaults; userspace sets them from --max-live / --max-stacks.
@@ -70,6 +79,16 @@ mod probes {
     /// The stack being unwound (too big for the 512-byte BPF stack).
     #[map]
     static SCRATCH: PerCpuArray<DwarfStack> = PerCpuArray::with_max_entries(1, 0);
+
+    /// Collections seen (see `gc_collection`).
+    #[map]
+    static GC_EPOCH: Array<u64> = Array::with_max_entries(1, 0);
+    /// Threads memprof traces (tid → 1): only those can be held.
+    #[map]
+    static TRACED: HashMap<u32, u32> = HashMap::with_max_entries(4096, 0);
+    /// tid → epoch of the collection it is being held at.
+    #[map]
+    static HELD: HashMap<u32, u64> = HashMap::with_max_entries(4096, 0);
 
     /// A power of two; one less is the usable count (see `dwarf_unwind`).
     const MAX_MODULES: u32 = 128;
@@ -276,6 +295,36 @@ mod probes {
         0
     }
 
+    /// On `GC_gc_no++`: a collection finished marking; the world is stopped
+    /// and the mark bits are the collector's verdict. Count it, and hold
+    /// the collecting thread (a signal to it, which memprof's tracer takes)
+    /// so memprof reads the marks before anything changes them.
+    #[uprobe]
+    pub fn gc_collection(_ctx: ProbeContext) -> u32 {
+        if !enabled() {
+            return 0;
+        }
+        let Some(slot) = GC_EPOCH.get_ptr_mut(0) else {
+            return 0;
+        };
+        // One collector at a time, world stopped: a plain add is safe.
+        let epoch = unsafe {
+            *slot += 1;
+            *slot
+        };
+        bump(counter::GC_COLLECTIONS);
+        let tid = bpf_get_current_pid_tgid() as u32;
+        if setting(config::GC_HOLD) == 1
+            && TRACED.get_ptr(&tid).is_some()
+            && HELD.insert(&tid, &epoch, 0).is_ok()
+        {
+            unsafe { bpf_send_signal_thread(HOLD_SIGNAL) };
+        } else {
+            bump(counter::GC_NOT_HELD);
+        }
+        0
+    }
+
     fn arg(ctx: &ProbeContext, n: usize) -> u64 {
         ctx.arg::<u64>(n).unwrap_or(0)
     }
@@ -379,12 +428,19 @@ mod probes {
     #[inline(always)]
     fn record(addr: u64, call: &PendingCall) {
         bump(counter::ALLOCS);
+        let now = unsafe { bpf_ktime_get_ns() };
         let live = LiveAlloc {
             site: call.site,
             size: call.size,
-            timestamp_ns: unsafe { bpf_ktime_get_ns() },
+            timestamp_ns: now,
+            epoch: GC_EPOCH.get(0).copied().unwrap_or(0),
         };
-        // An address already present means its free was missed: overwrite.
+        // An address still live was freed without us seeing it: for a GC
+        // object, collected (its address was reused); else a missed free.
+        if let Some(old) = LIVE.get_ptr(&addr) {
+            let old = unsafe { *old };
+            retire(&old, now, true);
+        }
         if LIVE.insert(&addr, &live, 0).is_err() {
             bump(counter::LIVE_FULL);
         }
@@ -397,6 +453,7 @@ mod probes {
                 let first = SiteTotals {
                     count: 1,
                     bytes: call.size,
+                    ..SiteTotals::default()
                 };
                 if SITE_TOTALS
                     .insert(&call.site, &first, BPF_NOEXIST as u64)
@@ -408,11 +465,35 @@ mod probes {
         }
     }
 
+    /// Adds a dead block's lifetime to its site's totals (this CPU's slot).
+    #[inline(always)]
+    fn retire(old: &LiveAlloc, now: u64, reused: bool) {
+        let Some(totals) = SITE_TOTALS.get_ptr_mut(&old.site) else {
+            return; // the site table was full when it was allocated (counted then)
+        };
+        let lifetime = now.saturating_sub(old.timestamp_ns);
+        let gc = old.site.kind == AllocKind::Gc as u8 || old.site.kind == AllocKind::GcAtomic as u8;
+        unsafe {
+            (*totals).died += 1;
+            (*totals).lifetime_ns += lifetime;
+            (*totals).buckets[lifetime_bucket(lifetime) & 7] += 1;
+            if reused && gc {
+                (*totals).reused += 1;
+                (*totals).reused_bytes += old.size;
+            }
+        }
+    }
+
     #[inline(always)]
     fn release(addr: u64) {
         bump(counter::FREES);
-        if LIVE.remove(&addr).is_err() {
-            bump(counter::UNKNOWN_FREES);
+        match LIVE.get_ptr(&addr) {
+            Some(old) => {
+                let old = unsafe { *old };
+                retire(&old, unsafe { bpf_ktime_get_ns() }, false);
+                let _ = LIVE.remove(&addr);
+            }
+            None => bump(counter::UNKNOWN_FREES),
         }
     }
 
@@ -440,8 +521,7 @@ mod probes {
         let addr = arg(&ctx, 0);
         if let Some(live) = LIVE.get_ptr(&addr) {
             if unsafe { (*live).site.kind } == AllocKind::Mmap as u8 {
-                bump(counter::FREES);
-                let _ = LIVE.remove(&addr);
+                release(addr);
             }
         }
         0

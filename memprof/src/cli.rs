@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use crate::report::{Count, Format};
-use crate::session::{Heap, Unwind};
+use crate::session::{GcLiveness, Heap, Unwind};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -117,11 +117,25 @@ pub struct SessionArgs {
     /// Crystal); fp follows frame pointers (cheaper). auto = dwarf.
     #[arg(long, value_enum, default_value_t = Unwind::Auto)]
     pub unwind: Unwind,
+    /// How dead Boehm GC objects are found. marks: after every collection,
+    /// read the collector's own mark bits (memprof traces the target with
+    /// ptrace and holds the collecting thread, world already stopped, while
+    /// it reads them: a pause of ~1 ms per 10,000 tracked objects, see
+    /// `cargo xtask bench`), plus address reuse. reuse: only address reuse
+    /// (an object counts as live until GC_free or until its address is
+    /// allocated again; no tracing, no pause, overstates live memory).
+    /// memprof falls back to reuse, and says so, when the target's libgc is
+    /// not one it can read or the target cannot be traced (a debugger).
+    #[arg(long, value_enum, default_value_t = GcLiveness::Marks)]
+    pub gc_liveness: GcLiveness,
+    /// Write each mark-bit verdict to FILE: `<GC_gc_no> <address> live|dead <why>`.
+    #[arg(long, hide = true, value_name = "FILE")]
+    pub gc_verdicts: Option<PathBuf>,
     /// Timeline: read the live table this often and keep live blocks and
     /// bytes per kind in the profile (report --format timeline|html draws
-    /// them); 0 turns it off. Reading costs ~1 µs per live block in memprof
-    /// (not in the target); with a huge live table samples are spaced out so
-    /// that reading takes at most a tenth of the time.
+    /// them); 0 turns it off. memprof reads the table in batches, without
+    /// stopping the target; with a huge live table samples are spaced out so
+    /// that reading takes at most a tenth of memprof's time (it says so).
     #[arg(long, default_value_t = crate::live::DEFAULT_SAMPLE_MS, value_name = "MS")]
     pub sample_period: u64,
     /// Reprint the top table (--top rows) on stderr every SECS seconds while

@@ -13,7 +13,9 @@ use std::collections::HashMap;
 use anyhow::Result;
 use memprof_common::{AllocKind, AllocSite, NO_STACK};
 
+use crate::gc::pass::{merge_histories, SiteGc};
 use crate::probes::HeapMaps;
+use crate::profile::Lifetimes;
 
 /// Allocations from one call stack, as read from the kernel.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -27,6 +29,14 @@ pub struct RawGroup {
     pub total_bytes: u64,
     /// The unwinder did not reach the end of this stack.
     pub truncated: bool,
+    /// GC kinds: collected (mark-bit passes and address reuse).
+    pub collected_count: u64,
+    pub collected_bytes: u64,
+    /// GC kinds: marked at the last collection judged.
+    pub marked_count: u64,
+    pub marked_bytes: u64,
+    pub lifetimes: Lifetimes,
+    pub gc_history: Vec<[u64; 2]>,
 }
 
 impl RawGroup {
@@ -35,8 +45,9 @@ impl RawGroup {
     }
 }
 
-/// Reads the live table and the per-site totals and merges them per stack.
-pub fn collect(maps: &HeapMaps) -> Result<Vec<RawGroup>> {
+/// Reads the live table and the per-site totals and merges them per stack,
+/// with what the mark-bit passes learned per site (`gc`).
+pub fn collect(maps: &HeapMaps, gc: Option<&HashMap<AllocSite, SiteGc>>) -> Result<Vec<RawGroup>> {
     let mut grouper = Grouper {
         maps,
         dwarf: maps.dwarf,
@@ -51,7 +62,29 @@ pub fn collect(maps: &HeapMaps) -> Result<Vec<RawGroup>> {
         for totals in per_cpu.iter() {
             group.total_count += totals.count;
             group.total_bytes += totals.bytes;
+            // Frees and address reuse, seen by the kernel.
+            let l = &mut group.lifetimes;
+            l.died += totals.died;
+            l.total_ns += totals.lifetime_ns;
+            for (mine, theirs) in l.buckets.iter_mut().zip(totals.buckets) {
+                *mine += theirs;
+            }
+            group.collected_count += totals.reused;
+            group.collected_bytes += totals.reused_bytes;
         }
+    }
+    for (&site, s) in gc.into_iter().flatten() {
+        let group = grouper.group(site);
+        group.collected_count += s.collected_count;
+        group.collected_bytes += s.collected_bytes;
+        group.marked_count += s.marked_count;
+        group.marked_bytes += s.marked_bytes;
+        group.lifetimes.add(&s.lifetimes);
+        group.gc_history = if group.gc_history.is_empty() {
+            s.history.clone()
+        } else {
+            merge_histories(&group.gc_history, &s.history)
+        };
     }
     for entry in maps.live.iter() {
         let (_addr, live) = entry?;

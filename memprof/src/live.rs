@@ -2,12 +2,12 @@
 //!
 //! - **timeline**: every `--sample-period` (default 100 ms) the live table
 //!   is read and summed per kind ([`Sample`]); the samples go into the
-//!   profile and `report --format timeline|html` draws them. Reading the
-//!   table costs about a microsecond per live block (two syscalls), in
+//!   profile and `report --format timeline|html` draws them. The table is
+//!   read in batches (`BPF_MAP_LOOKUP_BATCH`, 8,192 entries a syscall), in
 //!   memprof, not in the target (the probes never wait for it). memprof
-//!   keeps that reading under a tenth of its time: with a big live table
-//!   (a million blocks take ~1 s) samples are spaced out to ten times the
-//!   time one took, and memprof says so once.
+//!   keeps that reading under a tenth of its time: with a huge live table
+//!   samples are spaced out to ten times the time one took, and memprof
+//!   says so once.
 //! - **`--interval SECS`**: the top table, reprinted on stderr (the screen
 //!   cleared first when stderr is a terminal, appended otherwise).
 //! - **`--snapshot-every SECS`**: a complete profile written every SECS
@@ -38,6 +38,9 @@ use crate::profile::{self, Group, Profile, Sample, Timeline};
 use crate::report::{self, markdown};
 use crate::symbolize;
 use crate::target::maps::MapsCache;
+
+/// What the GC mark-bit judge knows per site (collected, marked).
+pub type GcSites = std::collections::HashMap<memprof_common::AllocSite, crate::gc::pass::SiteGc>;
 
 /// Default `--sample-period`, milliseconds.
 pub const DEFAULT_SAMPLE_MS: u64 = 100;
@@ -133,6 +136,7 @@ impl Live {
         &mut self,
         probes: &Probes,
         maps: &MapsCache,
+        gc_sites: Option<&GcSites>,
         header: &dyn Fn() -> Profile,
     ) -> Result<()> {
         let now = Instant::now();
@@ -140,16 +144,16 @@ impl Live {
         if !(due(self.next_sample) || due(self.next_print) || due(self.next_snapshot)) {
             return Ok(());
         }
-        if self.maps.is_none() {
-            self.maps = Some(probes.peek()?);
-        }
         if due(self.next_sample) {
-            self.sample()?;
+            self.sample(probes)?;
         }
         let print = due(self.next_print);
         let snapshot = due(self.next_snapshot);
         if print || snapshot {
-            let profile = self.current(maps, header)?;
+            if self.maps.is_none() {
+                self.maps = Some(probes.peek()?);
+            }
+            let profile = self.current(maps, gc_sites, header)?;
             if snapshot {
                 self.snapshots += 1;
                 let path = snapshot_path(&self.output, self.snapshots);
@@ -166,18 +170,11 @@ impl Live {
     }
 
     /// One timeline sample: the live table summed per kind.
-    fn sample(&mut self) -> Result<()> {
-        let Some(maps) = &self.maps else {
-            return Ok(());
-        };
+    fn sample(&mut self, probes: &Probes) -> Result<()> {
         let t0 = Instant::now();
         let mut live: BTreeMap<String, [u64; 2]> = BTreeMap::new();
         let mut per_kind = [[0u64; 2]; 4];
-        for entry in maps.live.iter() {
-            let Ok((_, block)) = entry else {
-                // Freed between reading its key and its value.
-                continue;
-            };
+        for (_, block) in probes.live_entries()? {
             let sum = &mut per_kind[usize::from(block.site.kind).min(3)];
             sum[0] += 1;
             sum[1] += block.size;
@@ -210,11 +207,16 @@ impl Live {
     }
 
     /// A profile of the tables as they are now.
-    fn current(&self, maps: &MapsCache, header: &dyn Fn() -> Profile) -> Result<Profile> {
+    fn current(
+        &self,
+        maps: &MapsCache,
+        gc_sites: Option<&GcSites>,
+        header: &dyn Fn() -> Profile,
+    ) -> Result<Profile> {
         let Some(heap_maps) = &self.maps else {
             anyhow::bail!("the kernel tables are not open");
         };
-        let raw = heap::collect(heap_maps)?;
+        let raw = heap::collect(heap_maps, gc_sites)?;
         let groups = symbolize::symbolize(raw, maps, false);
         Ok(Profile {
             duration_s: self.started.elapsed().as_secs_f64(),

@@ -98,6 +98,8 @@ fn session_options(args: &SessionArgs, duration: Option<Duration>) -> Result<Ses
         heap: args.heap,
         unwind: args.unwind,
         top: args.top,
+        gc_liveness: args.gc_liveness,
+        gc_verdicts: args.gc_verdicts.clone(),
         live: LiveOptions {
             sample_period: (args.sample_period > 0)
                 .then(|| Duration::from_millis(args.sample_period)),

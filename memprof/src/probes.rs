@@ -210,6 +210,89 @@ impl Probes {
         self.set_config(config::SIGNAL_ON_DLOPEN, 1)
     }
 
+    /// Puts a collection probe on each `GC_gc_no++` (file `offsets` in
+    /// `module`) and has the kernel hold the collecting thread for the
+    /// mark-bit pass when it is one memprof traces ([`Self::set_traced`]).
+    pub fn watch_collections(
+        &mut self,
+        pid: u32,
+        module: &std::path::Path,
+        offsets: &[u64],
+    ) -> Result<()> {
+        let scope = UProbeScope::OneProcess(NonZeroU32::new(pid).context("pid 0")?);
+        for &offset in offsets {
+            let link = self
+                .program(programs::GC_COLLECTION)?
+                .attach(UProbeAttachLocation::AbsoluteOffset(offset), module, scope)
+                .map_err(|e| permission_hint(anyhow!(e), "attaching a uprobe"))
+                .with_context(|| {
+                    format!(
+                        "attaching to GC_gc_no++ at {offset:#x} in {}",
+                        module.display()
+                    )
+                })?;
+            self.links.push((programs::GC_COLLECTION, link));
+            self.attached += 1;
+        }
+        self.set_config(config::GC_HOLD, 1)
+    }
+
+    /// No more holds at collections (before the tracer lets the threads go).
+    pub fn stop_holding(&mut self) -> Result<()> {
+        self.set_config(config::GC_HOLD, 0)
+    }
+
+    /// Marks thread `tid` as traced by memprof: the kernel may hold it.
+    pub fn set_traced(&mut self, tid: u32) -> Result<()> {
+        let mut traced: HashMap<&mut MapData, u32, u32> =
+            HashMap::try_from(self.map_mut(maps::TRACED)?)?;
+        traced.insert(tid, 1, 0)?;
+        Ok(())
+    }
+
+    /// If the kernel is holding `tid` at a collection, the collection's
+    /// epoch (and the hold is cleared).
+    pub fn take_held(&mut self, tid: u32) -> Result<Option<u64>> {
+        let mut held: HashMap<&mut MapData, u32, u64> =
+            HashMap::try_from(self.map_mut(maps::HELD)?)?;
+        match held.get(&tid, 0) {
+            Ok(epoch) => {
+                held.remove(&tid)?;
+                Ok(Some(epoch))
+            }
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// Collections the kernel saw and could not hold for (summed over CPUs).
+    pub fn collections_not_held(&self) -> Result<u64> {
+        let map = self
+            .ebpf
+            .map(maps::COUNTERS)
+            .ok_or_else(|| anyhow!("eBPF object has no map COUNTERS"))?;
+        let counters: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(map)?;
+        Ok(counters.get(&counter::GC_NOT_HELD, 0)?.iter().sum())
+    }
+
+    /// Every entry of the live table, read in batches (a pass needs them
+    /// all; one syscall per entry would cost ~1 s per million).
+    pub fn live_entries(&self) -> Result<Vec<(u64, LiveAlloc)>> {
+        batch::lookup_all(self.live_fd()?)
+    }
+
+    /// Removes dead blocks from the live table.
+    pub fn forget_live(&self, addresses: &[u64]) -> Result<()> {
+        batch::delete(self.live_fd()?, addresses)
+    }
+
+    fn live_fd(&self) -> Result<std::os::fd::RawFd> {
+        use std::os::fd::{AsFd, AsRawFd};
+        match self.ebpf.map(maps::LIVE) {
+            Some(Map::HashMap(data)) => Ok(data.fd().as_fd().as_raw_fd()),
+            _ => Err(anyhow!("eBPF object has no hash map LIVE")),
+        }
+    }
+
     /// Whether the kernel sent the library-load signal since the last call.
     pub fn take_library_load_signal(&mut self) -> Result<bool> {
         let mut config: Array<&mut MapData, u32> = Array::try_from(self.map_mut(maps::CONFIG)?)?;
@@ -313,6 +396,109 @@ impl HeapMaps {
             failed_allocs: get(counter::FAILED_ALLOCS)?,
             truncated_stacks: get(counter::TRUNCATED_STACKS)?,
         })
+    }
+}
+
+/// `BPF_MAP_LOOKUP_BATCH` / `BPF_MAP_DELETE_BATCH`, which aya 0.14 does
+/// not wrap: thousands of entries per syscall.
+mod batch {
+    use anyhow::{bail, Result};
+    use memprof_common::LiveAlloc;
+    use std::os::fd::RawFd;
+
+    const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+    const BPF_MAP_DELETE_BATCH: libc::c_long = 27;
+    /// Entries per call; must exceed the longest hash bucket.
+    const CHUNK: usize = 8192;
+
+    /// The `batch` member of `union bpf_attr`.
+    #[repr(C)]
+    #[derive(Default)]
+    struct BatchAttr {
+        in_batch: u64,
+        out_batch: u64,
+        keys: u64,
+        values: u64,
+        count: u32,
+        map_fd: u32,
+        elem_flags: u64,
+        flags: u64,
+    }
+
+    fn bpf(cmd: libc::c_long, attr: &mut BatchAttr) -> std::io::Result<()> {
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                cmd,
+                attr as *mut BatchAttr,
+                std::mem::size_of::<BatchAttr>(),
+            )
+        };
+        if r < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    }
+
+    pub fn lookup_all(fd: RawFd) -> Result<Vec<(u64, LiveAlloc)>> {
+        let mut out = Vec::new();
+        let mut keys = vec![0u64; CHUNK];
+        let mut values: Vec<LiveAlloc> = vec![unsafe { std::mem::zeroed() }; CHUNK];
+        let (mut token_in, mut token_out) = (0u64, 0u64);
+        let mut first = true;
+        loop {
+            let mut attr = BatchAttr {
+                in_batch: if first {
+                    0
+                } else {
+                    &mut token_in as *mut u64 as u64
+                },
+                out_batch: &mut token_out as *mut u64 as u64,
+                keys: keys.as_mut_ptr() as u64,
+                values: values.as_mut_ptr() as u64,
+                count: CHUNK as u32,
+                map_fd: fd as u32,
+                ..BatchAttr::default()
+            };
+            let result = bpf(BPF_MAP_LOOKUP_BATCH, &mut attr);
+            let n = attr.count as usize;
+            out.extend(keys[..n].iter().copied().zip(values[..n].iter().copied()));
+            match result {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(out),
+                Err(e) => bail!("reading the live table: {e}"),
+            }
+            token_in = token_out;
+            first = false;
+        }
+    }
+
+    pub fn delete(fd: RawFd, keys: &[u64]) -> Result<()> {
+        for chunk in keys.chunks(CHUNK) {
+            let mut attr = BatchAttr {
+                keys: chunk.as_ptr() as u64,
+                count: chunk.len() as u32,
+                map_fd: fd as u32,
+                ..BatchAttr::default()
+            };
+            if let Err(e) = bpf(BPF_MAP_DELETE_BATCH, &mut attr) {
+                // ENOENT: a key already gone (freed meanwhile); delete the rest one by one.
+                if e.raw_os_error() != Some(libc::ENOENT) {
+                    bail!("removing dead objects from the live table: {e}");
+                }
+                for key in &chunk[attr.count as usize..] {
+                    let mut one = BatchAttr {
+                        keys: key as *const u64 as u64,
+                        count: 1,
+                        map_fd: fd as u32,
+                        ..BatchAttr::default()
+                    };
+                    let _ = bpf(BPF_MAP_DELETE_BATCH, &mut one);
+                }
+            }
+        }
+        Ok(())
     }
 }
 

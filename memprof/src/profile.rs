@@ -199,17 +199,7 @@ pub struct Group {
     pub gc_history: Vec<[u64; 2]>,
 }
 
-/// Upper bounds of the lifetime histogram buckets, in nanoseconds: 100 µs,
-/// 1 ms, 10 ms, 100 ms, 1 s, 10 s, 100 s, and one bucket for longer.
-pub const LIFETIME_BOUNDS_NS: [u64; 7] = [
-    100_000,
-    1_000_000,
-    10_000_000,
-    100_000_000,
-    1_000_000_000,
-    10_000_000_000,
-    100_000_000_000,
-];
+pub use memprof_common::LIFETIME_BOUNDS_NS;
 
 /// Lifetimes of the objects of one stack that died while profiled.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -235,11 +225,18 @@ impl Lifetimes {
     pub fn record(&mut self, ns: u64) {
         self.died += 1;
         self.total_ns += ns;
-        let bucket = LIFETIME_BOUNDS_NS
-            .iter()
-            .position(|&bound| ns < bound)
-            .unwrap_or(LIFETIME_BOUNDS_NS.len());
-        self.buckets[bucket] += 1;
+        self.buckets[memprof_common::lifetime_bucket(ns)] += 1;
+    }
+
+    /// Adds `other`'s deaths.
+    pub fn add(&mut self, other: &Lifetimes) {
+        self.died += other.died;
+        self.total_ns += other.total_ns;
+        for (mine, theirs) in self.buckets.iter_mut().zip(other.buckets) {
+            *mine += theirs;
+        }
+        self.within_first_collection += other.within_first_collection;
+        self.collections_survived += other.collections_survived;
     }
 
     /// Deaths younger than `ns`, counted from whole buckets (so `ns` is

@@ -23,13 +23,15 @@ use anyhow::{bail, Context, Result};
 use memprof_common::AllocKind;
 
 use crate::allocators::{self, BOEHM, LIBC};
+use crate::gc::pass::Judge;
 use crate::live::{Live, LiveOptions};
 use crate::placement::{self, Planned};
 use crate::probes::{ProbeOptions, Probes};
 use crate::profile::{ExitInfo, ProbeInfo, Profile, TargetInfo};
 use crate::report::{self, markdown};
-use crate::target::launch::{self, Event, ExitStatus};
+use crate::target::launch::{self, ExitStatus};
 use crate::target::maps::{self, MapsCache};
+use crate::target::trace::{Event, Tracer};
 use crate::target::{self, Target};
 use crate::unwind::Tables;
 use crate::{heap, symbolize};
@@ -75,6 +77,21 @@ pub struct SessionOptions {
     pub top: usize,
     /// Timeline sampling, `--interval`, `--snapshot-every`.
     pub live: LiveOptions,
+    pub gc_liveness: GcLiveness,
+    /// Write every mark-bit verdict here (`--gc-verdicts`, for tests).
+    pub gc_verdicts: Option<PathBuf>,
+}
+
+/// How dead Boehm GC objects are recognized.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum GcLiveness {
+    /// Read the collector's mark bits after every collection (the
+    /// collecting thread is held meanwhile; memprof traces the target),
+    /// plus address reuse.
+    Marks,
+    /// Only address reuse: an object counts as live until GC_free or
+    /// until its address is allocated again (no tracing, no pause).
+    Reuse,
 }
 
 /// What to attach where, decided before anything is attached.
@@ -85,10 +102,12 @@ pub struct Plan {
 }
 
 impl Plan {
-    fn has_gc(&self) -> bool {
+    /// The module holding the probed Boehm GC (libgc.so or the executable).
+    fn gc_module(&self) -> Option<PathBuf> {
         self.probes
             .iter()
-            .any(|p| matches!(p.func.func.kind, AllocKind::Gc | AllocKind::GcAtomic))
+            .find(|p| matches!(p.func.func.kind, AllocKind::Gc | AllocKind::GcAtomic))
+            .map(|p| p.func.module.clone())
     }
 
     fn unwind_name(&self) -> &'static str {
@@ -113,7 +132,10 @@ pub fn run(command: &[String], options: &SessionOptions) -> Result<i32> {
     let mut child = launch::launch(&exe, command, &signals.original)?;
     let pid = child.pid;
     let mut maps = MapsCache::default();
+    let mut gc = GcWatch::new(&plan, options, pid);
     let prepared = probes.attach(pid, &plan.probes).and_then(|()| {
+        probes.set_traced(pid)?;
+        gc.start(&mut probes, pid)?;
         if let Some(tables) = &plan.tables {
             update_ranges(&mut probes, tables, &mut maps, pid)?;
             // Libraries are mapped by the dynamic linker after this point:
@@ -128,13 +150,13 @@ pub fn run(command: &[String], options: &SessionOptions) -> Result<i32> {
     });
     if let Err(e) = prepared {
         unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-        let _ = child.poll();
+        let _ = child.poll(&mut |_| {});
         return Err(e);
     }
     let started = (Instant::now(), SystemTime::now());
     let mut live = Live::new(options.live.clone(), started.0, &output.path);
     let header = || describe("run", pid, command, &exe, &plan, started);
-    child.resume();
+    child.resume_signal(pid, 0, false);
     eprintln!(
         "memprof: profiling {} (pid {pid}, {} probes, {} unwinding)",
         command.join(" "),
@@ -153,19 +175,26 @@ pub fn run(command: &[String], options: &SessionOptions) -> Result<i32> {
             _ => {}
         }
         let mut exited = None;
-        while let Some(event) = child.poll()? {
+        while let Some(event) = child.poll(&mut |tid| {
+            let _ = probes.set_traced(tid);
+        })? {
             match event {
                 Event::Exiting => {
                     maps.refresh(pid);
+                    gc.read_heap_stats(pid);
                 }
-                Event::Trap => {
-                    let ours = probes.take_library_load_signal()?;
+                Event::Signal { tid, signal } if signal == libc::SIGTRAP => {
+                    let ours = tid == pid && probes.take_library_load_signal()?;
                     if ours {
                         if let Some(tables) = &plan.tables {
                             update_ranges(&mut probes, tables, &mut maps, pid)?;
                         }
                     }
-                    child.resume_from_trap(!ours);
+                    child.resume_signal(tid, signal, !ours);
+                }
+                Event::Signal { tid, signal } => {
+                    let ours = gc.on_hold(&mut probes, tid)?;
+                    child.resume_signal(tid, signal, !ours);
                 }
                 Event::Exited(status) => {
                     exited = Some(status);
@@ -179,6 +208,8 @@ pub fn run(command: &[String], options: &SessionOptions) -> Result<i32> {
         let now = Instant::now();
         if grace.is_some_and(|g| now >= g) || deadline.is_some_and(|d| now >= d) {
             maps.refresh(pid);
+            gc.read_heap_stats(pid);
+            probes.stop_holding()?;
             child.detach();
             eprintln!("memprof: stopped profiling; pid {pid} keeps running");
             break None;
@@ -187,7 +218,7 @@ pub fn run(command: &[String], options: &SessionOptions) -> Result<i32> {
             refresh(&mut probes, &plan, &mut maps, pid)?;
             last_refresh = now;
         }
-        live.tick(&probes, &maps, &header)?;
+        live.tick(&probes, &maps, gc.sites(), &header)?;
     };
     if let Some(status) = status {
         eprintln!("memprof: {} {status}", command.join(" "));
@@ -210,7 +241,7 @@ pub fn run(command: &[String], options: &SessionOptions) -> Result<i32> {
     // `signals` stays blocked until the profile is written (dropped on
     // return): a second Ctrl-C must not lose it.
     finish(
-        "run", &target, probes, &plan, &maps, started, exit, output, options, live,
+        "run", &target, probes, gc, &plan, &maps, started, exit, output, options, live,
     )?;
     Ok(status.map_or(0, ExitStatus::shell_code))
 }
@@ -237,6 +268,8 @@ pub fn attach(pid: u32, options: &SessionOptions) -> Result<i32> {
         update_ranges(&mut probes, tables, &mut maps, pid)?;
     }
     probes.attach(pid, &plan.probes)?;
+    let mut gc = GcWatch::new(&plan, options, pid);
+    let mut tracer = gc.trace(&mut probes, pid)?;
     let started = (Instant::now(), SystemTime::now());
     let mut live = Live::new(options.live.clone(), started.0, &output.path);
     let header = || describe("attach", pid, &target.command, &target.exe, &plan, started);
@@ -259,6 +292,23 @@ pub fn attach(pid: u32, options: &SessionOptions) -> Result<i32> {
                 break;
             }
         }
+        if let Some(tracer) = &mut tracer {
+            while let Some(event) = tracer.poll(&mut |tid| {
+                let _ = probes.set_traced(tid);
+            })? {
+                match event {
+                    Event::Exiting => {
+                        maps.refresh(pid);
+                        gc.read_heap_stats(pid);
+                    }
+                    Event::Signal { tid, signal } => {
+                        let ours = signal != libc::SIGTRAP && gc.on_hold(&mut probes, tid)?;
+                        tracer.resume_signal(tid, signal, !ours);
+                    }
+                    Event::Exited(_) => break,
+                }
+            }
+        }
         if !target::is_alive(pid) {
             exited = true;
             eprintln!("memprof: pid {pid} exited");
@@ -272,9 +322,17 @@ pub fn attach(pid: u32, options: &SessionOptions) -> Result<i32> {
             refresh(&mut probes, &plan, &mut maps, pid)?;
             last_refresh = now;
         }
-        live.tick(&probes, &maps, &header)?;
+        live.tick(&probes, &maps, gc.sites(), &header)?;
     }
     maps.refresh(pid);
+    if !exited {
+        gc.read_heap_stats(pid);
+    }
+    // No new holds, then let every thread go.
+    probes.stop_holding()?;
+    if let Some(tracer) = &mut tracer {
+        tracer.detach();
+    }
     // `signals` stays blocked until the profile is written (dropped on
     // return): a second Ctrl-C must not lose it.
     let exit = exited.then_some(ExitInfo {
@@ -282,7 +340,7 @@ pub fn attach(pid: u32, options: &SessionOptions) -> Result<i32> {
         signal: None,
     });
     finish(
-        "attach", &target, probes, &plan, &maps, started, exit, output, options, live,
+        "attach", &target, probes, gc, &plan, &maps, started, exit, output, options, live,
     )?;
     Ok(0)
 }
@@ -329,6 +387,8 @@ pub fn plan_for_pid(pid: u32, probe_at_entry: bool, heap: Heap) -> Result<Vec<Pl
         unwind: Unwind::Fp, // the tables are not needed to show placements
         top: 0,
         live: LiveOptions::default(),
+        gc_liveness: GcLiveness::Reuse,
+        gc_verdicts: None,
     };
     Ok(plan_for(&target.exe, &loaded, &options)?.probes)
 }
@@ -379,12 +439,140 @@ fn plan_for(exe: &std::path::Path, loaded: &[PathBuf], options: &SessionOptions)
     })
 }
 
+/// The mark-bit passes of a session with a GC heap, or why there are none.
+struct GcWatch {
+    judge: Option<Judge>,
+    /// Why dead GC objects are found by address reuse only (no GC heap: None).
+    fallback: Option<String>,
+    /// The collector's heap size, free and unmapped bytes at the end.
+    heap_stats: Option<[u64; 3]>,
+    pid: u32,
+}
+
+impl GcWatch {
+    fn new(plan: &Plan, options: &SessionOptions, pid: u32) -> GcWatch {
+        let mut watch = GcWatch {
+            judge: None,
+            fallback: None,
+            heap_stats: None,
+            pid,
+        };
+        let Some(module) = plan.gc_module() else {
+            return watch;
+        };
+        if options.gc_liveness == GcLiveness::Reuse {
+            watch.fallback = Some("--gc-liveness reuse".into());
+            return watch;
+        }
+        match Judge::new(pid, &module, options.gc_verdicts.as_deref()) {
+            Ok(judge) => watch.judge = Some(judge),
+            Err(e) => watch.fall_back(format!("{e:#}")),
+        }
+        watch
+    }
+
+    /// Says once why mark bits are not read, and stops reading them.
+    fn fall_back(&mut self, why: String) {
+        eprintln!("memprof: GC mark bits not read ({why}); dead GC objects are found by address reuse only");
+        self.judge = None;
+        self.fallback = Some(why);
+    }
+
+    /// Attaches the collection probes (the caller traces the target).
+    fn start(&mut self, probes: &mut Probes, pid: u32) -> Result<()> {
+        if let Some(judge) = &self.judge {
+            probes.watch_collections(pid, judge.module(), &judge.collection_offsets())?;
+        }
+        Ok(())
+    }
+
+    /// `attach`: traces the target's threads so collectors can be held, and
+    /// attaches the collection probes. `None` without a GC heap or when
+    /// tracing is refused (then address reuse only).
+    fn trace(&mut self, probes: &mut Probes, pid: u32) -> Result<Option<Tracer>> {
+        if self.judge.is_none() {
+            return Ok(None);
+        }
+        match Tracer::seize(pid, &mut |tid| {
+            let _ = probes.set_traced(tid);
+        }) {
+            Ok(tracer) => {
+                self.start(probes, pid)?;
+                Ok(Some(tracer))
+            }
+            Err(e) => {
+                self.fall_back(format!("{e:#}"));
+                Ok(None)
+            }
+        }
+    }
+
+    /// A thread stopped with the hold signal: if the kernel is holding it
+    /// at a collection, judge the tracked objects now. Returns whether the
+    /// signal was memprof's.
+    fn on_hold(&mut self, probes: &mut Probes, tid: u32) -> Result<bool> {
+        let Some(epoch) = probes.take_held(tid)? else {
+            return Ok(false);
+        };
+        let Some(judge) = &mut self.judge else {
+            return Ok(true);
+        };
+        let result = probes
+            .live_entries()
+            .and_then(|live| judge.pass(epoch, &live))
+            .and_then(|dead| probes.forget_live(&dead));
+        if let Err(e) = result {
+            judge.not_judged(1);
+            self.fall_back(format!("the mark-bit pass failed: {e:#}"));
+            probes.stop_holding()?;
+        }
+        Ok(true)
+    }
+
+    /// The collector's heap figures, while the target's memory is readable.
+    fn read_heap_stats(&mut self, pid: u32) {
+        let _ = pid;
+        // Filled in with the heap-size layout (gc::heap_stats).
+    }
+
+    fn sites(
+        &self,
+    ) -> Option<&std::collections::HashMap<memprof_common::AllocSite, crate::gc::pass::SiteGc>>
+    {
+        self.judge.as_ref().map(|j| j.sites())
+    }
+
+    fn summary(&mut self, probes: &Probes) -> Option<crate::profile::GcSummary> {
+        let _ = self.pid;
+        let mut summary = match (&mut self.judge, &self.fallback) {
+            (Some(judge), _) => {
+                let _ = judge.finish();
+                let mut s = judge.summary().clone();
+                s.collections_not_judged += probes.collections_not_held().unwrap_or(0);
+                s
+            }
+            (None, Some(why)) => crate::profile::GcSummary {
+                liveness: format!("address reuse only ({why}): a GC object counts as live until GC_free or until its address is allocated again"),
+                ..Default::default()
+            },
+            (None, None) => return None,
+        };
+        if let Some([size, free, unmapped]) = self.heap_stats {
+            summary.heap_size = Some(size);
+            summary.free_bytes = Some(free);
+            summary.unmapped_bytes = Some(unmapped);
+        }
+        Some(summary)
+    }
+}
+
 /// Detaches, collects, symbolizes, writes the profile, prints the summary.
 #[allow(clippy::too_many_arguments)]
 fn finish(
     mode: &str,
     target: &Target,
     probes: Probes,
+    mut gc: GcWatch,
     plan: &Plan,
     maps: &MapsCache,
     started: (Instant, SystemTime),
@@ -395,9 +583,10 @@ fn finish(
 ) -> Result<()> {
     let duration = started.0.elapsed();
     let attached = probes.attached;
+    let gc_summary = gc.summary(&probes);
     let (heap_maps, detaching) = probes.stop()?;
     let counters = heap_maps.counters()?;
-    let raw = heap::collect(&heap_maps)?;
+    let raw = heap::collect(&heap_maps, gc.sites())?;
     drop(heap_maps);
     let groups = symbolize::symbolize(raw, maps, true);
     let timeline = live.into_timeline(&groups, duration.as_secs_f64());
@@ -417,10 +606,7 @@ fn finish(
         duration_s: duration.as_secs_f64(),
         exit,
         unwind: plan.unwind_name().to_string(),
-        gc: plan.has_gc().then(|| crate::profile::GcSummary {
-            liveness: "address reuse only: a GC block counts as live until GC_free or until its address is allocated again".to_string(),
-            ..Default::default()
-        }),
+        gc: gc_summary,
         counters,
         probes: plan
             .probes

@@ -122,7 +122,12 @@ pub fn symbolize(raw: Vec<RawGroup>, maps: &MapsCache, progress: bool) -> Vec<Gr
                 },
                 frames,
                 truncated: g.truncated,
-                ..Group::default()
+                collected_count: g.collected_count,
+                collected_bytes: g.collected_bytes,
+                marked_count: g.marked_count,
+                marked_bytes: g.marked_bytes,
+                lifetimes: g.lifetimes.clone(),
+                gc_history: g.gc_history.clone(),
             }
         })
         .collect()

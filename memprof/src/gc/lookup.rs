@@ -61,6 +61,18 @@ impl MarkLayout {
         bias: u64,
         read: &mut impl FnMut(u64, &mut [u8]) -> io::Result<()>,
     ) -> io::Result<Verdict> {
+        Ok(self.judge(p, bias, read)?.0)
+    }
+
+    /// [`Self::verdict`], and the object's size as the GC counts it (its
+    /// block's object size, `hb_sz`) when it is [`Verdict::Marked`] or
+    /// [`Verdict::Unmarked`], else 0.
+    pub fn judge(
+        &self,
+        p: u64,
+        bias: u64,
+        read: &mut impl FnMut(u64, &mut [u8]) -> io::Result<()>,
+    ) -> io::Result<(Verdict, u64)> {
         // Little-endian unsigned of `len` bytes (8 or 1).
         let mut load = |addr: u64, len: usize| -> io::Result<u64> {
             let mut buf = [0u8; 8];
@@ -87,29 +99,30 @@ impl MarkLayout {
             8,
         )?;
         if hdr == 0 {
-            return Ok(Verdict::NoBlock);
+            return Ok((Verdict::NoBlock, 0));
         }
         if hdr <= self.max_forward {
-            return Ok(Verdict::Forwarded);
+            return Ok((Verdict::Forwarded, 0));
         }
         if load(hdr + self.hb_flags, 1)? as u8 & self.free_blk != 0 {
-            return Ok(Verdict::FreeBlock);
+            return Ok((Verdict::FreeBlock, 0));
         }
         let size = load(hdr + self.hb_sz, 8)?;
         let in_block = p & (self.hblksize() - 1);
         // GC_base: objects are laid out from the block start, `size` apart;
         // one larger than a block starts at the block.
         if size == 0 || !p.is_multiple_of(8) || !in_block.is_multiple_of(size) {
-            return Ok(Verdict::NotAnObject);
+            return Ok((Verdict::NotAnObject, 0));
         }
         if size <= self.hblksize() && in_block + size > self.hblksize() {
-            return Ok(Verdict::NotAnObject);
+            return Ok((Verdict::NotAnObject, 0));
         }
         let mark = load(hdr + self.hb_marks + (in_block >> self.granule_shift), 1)?;
-        Ok(if mark != 0 {
+        let verdict = if mark != 0 {
             Verdict::Marked
         } else {
             Verdict::Unmarked
-        })
+        };
+        Ok((verdict, size))
     }
 }

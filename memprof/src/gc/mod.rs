@@ -37,6 +37,7 @@
 mod image;
 pub mod layout;
 pub mod lookup;
+pub mod pass;
 mod symbolic;
 
 use std::collections::HashSet;

@@ -3,9 +3,9 @@
 //! The child is forked, waits on a pipe, and is then traced with
 //! `PTRACE_SEIZE` before it `exec`s: the kernel stops it right after the
 //! `exec` (`PTRACE_EVENT_EXEC`), when its new image is in place but not one
-//! instruction of it has run. The session attaches the probes and lets it go.
-//! Tracing also stops it once more when it exits (`PTRACE_EVENT_EXIT`), while
-//! its mappings still exist, so short-lived programs can be symbolized.
+//! instruction of it has run. The session attaches the probes and lets it go
+//! ([`Tracer::resume_signal`] with no signal); the [`Tracer`] then follows
+//! every thread (see [`super::trace`]).
 //!
 //! (`std::process::Command` cannot do this: a `pre_exec` hook that stops the
 //! child deadlocks, because `spawn` waits for the `exec`.)
@@ -15,6 +15,8 @@ use std::path::Path;
 
 use anyhow::{bail, Result};
 
+use super::trace::{self, Tracer};
+
 /// How the target ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExitStatus {
@@ -23,7 +25,7 @@ pub enum ExitStatus {
 }
 
 impl ExitStatus {
-    fn from_wait(status: i32) -> Option<ExitStatus> {
+    pub(super) fn from_wait(status: i32) -> Option<ExitStatus> {
         if libc::WIFEXITED(status) {
             Some(ExitStatus::Code(libc::WEXITSTATUS(status)))
         } else if libc::WIFSIGNALED(status) {
@@ -51,32 +53,10 @@ impl std::fmt::Display for ExitStatus {
     }
 }
 
-/// A launched child, stopped right after its `exec` until [`Launched::resume`].
-#[derive(Debug)]
-pub struct Launched {
-    pub pid: u32,
-    traced: bool,
-    /// Stopped at PTRACE_EVENT_EXIT: resumed by the next `poll`.
-    at_exit_stop: bool,
-    status: Option<ExitStatus>,
-}
-
-/// What [`Launched::poll`] saw.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Event {
-    /// The process is about to exit: its mappings can still be read.
-    Exiting,
-    /// It has exited.
-    Exited(ExitStatus),
-    /// It stopped on a SIGTRAP: the caller decides whether it was memprof's
-    /// own (then [`Launched::resume_from_trap`] swallows it) or the program's.
-    Trap,
-}
-
 /// Forks and execs `exe` with `argv`, held stopped after the `exec`.
 /// `child_mask` is the signal mask the command starts with (the caller
 /// blocks signals it waits for; the child must not inherit that).
-pub fn launch(exe: &Path, argv: &[String], child_mask: &libc::sigset_t) -> Result<Launched> {
+pub fn launch(exe: &Path, argv: &[String], child_mask: &libc::sigset_t) -> Result<Tracer> {
     let exe_c = CString::new(exe.as_os_str().as_bytes())?;
     let argv_c: Vec<CString> = argv
         .iter()
@@ -113,7 +93,7 @@ pub fn launch(exe: &Path, argv: &[String], child_mask: &libc::sigset_t) -> Resul
         libc::close(go_r);
         libc::close(err_w);
     }
-    let options = libc::PTRACE_O_TRACEEXEC | libc::PTRACE_O_TRACEEXIT;
+    let options = libc::PTRACE_O_TRACEEXEC | trace::OPTIONS;
     let seized = unsafe { libc::ptrace(libc::PTRACE_SEIZE, pid, 0, options as libc::c_long) };
     if seized == -1 {
         let err = std::io::Error::last_os_error();
@@ -128,12 +108,7 @@ pub fn launch(exe: &Path, argv: &[String], child_mask: &libc::sigset_t) -> Resul
         libc::write(go_w, b"g".as_ptr().cast(), 1);
         libc::close(go_w);
     }
-    let child = Launched {
-        pid: pid_u,
-        traced: true,
-        at_exit_stop: false,
-        status: None,
-    };
+    let child = Tracer::for_launched(pid_u);
     // Wait for the exec stop; pass on any signal that arrives before it.
     loop {
         let status = wait(pid, 0)?.expect("blocking wait");
@@ -153,97 +128,17 @@ pub fn launch(exe: &Path, argv: &[String], child_mask: &libc::sigset_t) -> Resul
         if status >> 8 == (libc::SIGTRAP | (libc::PTRACE_EVENT_EXEC << 8)) {
             break;
         }
-        child.cont(stop_signal(status));
-    }
-    unsafe { libc::close(err_r) };
-    Ok(child)
-}
-
-impl Launched {
-    /// Lets the stopped child run.
-    pub fn resume(&mut self) {
-        self.cont(0);
-    }
-
-    /// Resumes after [`Event::Trap`], delivering the SIGTRAP or not.
-    pub fn resume_from_trap(&mut self, deliver: bool) {
-        self.cont(if deliver { libc::SIGTRAP } else { 0 });
-    }
-
-    fn cont(&self, signal: i32) {
         unsafe {
             libc::ptrace(
                 libc::PTRACE_CONT,
-                self.pid as i32,
+                pid,
                 0,
-                signal as libc::c_long,
+                stop_signal(status) as libc::c_long,
             )
         };
     }
-
-    /// Handles the child's state changes without blocking. Returns
-    /// [`Event::Exiting`] once when it stops on its way out (the caller reads
-    /// its mappings, then calls `poll` again) and [`Event::Exited`] at the end.
-    pub fn poll(&mut self) -> Result<Option<Event>> {
-        if let Some(status) = self.status {
-            return Ok(Some(Event::Exited(status)));
-        }
-        if std::mem::take(&mut self.at_exit_stop) {
-            self.cont(0);
-        }
-        loop {
-            let Some(status) = wait(self.pid as i32, libc::WNOHANG)? else {
-                return Ok(None); // nothing new
-            };
-            if let Some(exit) = ExitStatus::from_wait(status) {
-                self.status = Some(exit);
-                self.traced = false;
-                return Ok(Some(Event::Exited(exit)));
-            }
-            let event = status >> 16;
-            if event == libc::PTRACE_EVENT_EXIT {
-                // Resumed by the next poll: the caller reads the mappings first.
-                self.at_exit_stop = true;
-                return Ok(Some(Event::Exiting));
-            } else if event == libc::PTRACE_EVENT_STOP {
-                // group-stop (SIGSTOP, Ctrl-Z): stay stopped, keep receiving events
-                unsafe { libc::ptrace(libc::PTRACE_LISTEN, self.pid as i32, 0, 0) };
-            } else if event != 0 {
-                self.cont(0); // another exec
-            } else if stop_signal(status) == libc::SIGTRAP {
-                return Ok(Some(Event::Trap)); // resumed by resume_from_trap
-            } else {
-                self.cont(stop_signal(status));
-            }
-        }
-    }
-
-    /// Stops tracing, leaving the command running (memprof was interrupted).
-    pub fn detach(&mut self) {
-        if !self.traced {
-            return;
-        }
-        self.traced = false;
-        let pid = self.pid as i32;
-        if std::mem::take(&mut self.at_exit_stop) {
-            unsafe { libc::ptrace(libc::PTRACE_DETACH, pid, 0, 0) };
-            return;
-        }
-        unsafe { libc::ptrace(libc::PTRACE_INTERRUPT, pid, 0, 0) };
-        // Wait for it to stop; a signal it was about to receive is handed back on detach.
-        if let Ok(Some(status)) = wait(pid, 0) {
-            if ExitStatus::from_wait(status).is_some() {
-                self.status = ExitStatus::from_wait(status);
-                return;
-            }
-            let signal = if status >> 16 == 0 {
-                stop_signal(status)
-            } else {
-                0
-            };
-            unsafe { libc::ptrace(libc::PTRACE_DETACH, pid, 0, signal as libc::c_long) };
-        }
-    }
+    unsafe { libc::close(err_r) };
+    Ok(child)
 }
 
 /// The signal to deliver when resuming from a signal-delivery stop.

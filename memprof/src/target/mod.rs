@@ -8,6 +8,7 @@
 //!   load order (the order in which the dynamic linker binds symbols).
 pub mod launch;
 pub mod maps;
+pub mod trace;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

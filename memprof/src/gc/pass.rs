@@ -1,0 +1,362 @@
+//! The mark-bit pass: after each collection's marking, the collector's own
+//! verdict on every tracked GC object, read from the target's memory.
+//!
+//! When the probe on `GC_gc_no++` fires, the world is stopped and the mark
+//! bits are final; the kernel holds the collecting thread (a signal memprof's
+//! tracer takes), so nothing can change them while the pass runs: no
+//! mutator runs and the next collection, which clears them, cannot start.
+//! The pass reads the live table, and for each GC object allocated before
+//! this collection (its epoch tag is older) repeats `GC_base(p) == p &&
+//! GC_is_marked(p)` ([`MarkLayout::judge`]); the unmarked are removed from
+//! the live table and counted as collected, with their lifetimes. Reads go
+//! through a page cache: neighbouring objects share block headers, so a pass
+//! reads each header page once.
+//!
+//! Objects allocated after the collection started are not judged (their
+//! mark is 0 until the next one). Objects whose address is allocated again
+//! are retired by the kernel (address reuse) even if a pass was missed.
+//!
+//! ```no_run
+//! # fn main() -> anyhow::Result<()> {
+//! use memprof::gc::pass::Judge;
+//! let libgc = std::path::Path::new("/usr/lib/x86_64-linux-gnu/libgc.so.1");
+//! let judge = Judge::new(1234, libgc, None)?; // pid 1234
+//! assert_eq!(judge.summary().collections, 0);
+//! # Ok(()) }
+//! ```
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use memprof_common::{AllocKind, AllocSite, LiveAlloc};
+
+use super::{derive_layout, find_end_of_mark, EndOfMark, MarkLayout, Verdict};
+use crate::profile::{GcSummary, Lifetimes};
+use crate::target::maps;
+
+/// Most points kept in a stack's GC history (older points are thinned out).
+const HISTORY_POINTS: usize = 64;
+
+/// What the passes learned about one allocation site.
+#[derive(Debug, Clone, Default)]
+pub struct SiteGc {
+    /// Objects found unmarked (collected), and their requested bytes.
+    pub collected_count: u64,
+    pub collected_bytes: u64,
+    /// Lifetimes of the collected objects.
+    pub lifetimes: Lifetimes,
+    /// At the last pass: objects found marked, and their size as the GC counts it.
+    pub marked_count: u64,
+    pub marked_bytes: u64,
+    /// `[GC_gc_no, live objects]` after each pass.
+    pub history: Vec<[u64; 2]>,
+}
+
+/// Judges tracked GC objects after each collection.
+pub struct Judge {
+    pid: u32,
+    module: PathBuf,
+    layout: MarkLayout,
+    end: EndOfMark,
+    /// Run-time minus link-time address of `module` (found at the first pass).
+    bias: Option<u64>,
+    mem: File,
+    sites: HashMap<AllocSite, SiteGc>,
+    summary: GcSummary,
+    /// `--gc-verdicts`: one line per object judged.
+    verdicts: Option<BufWriter<File>>,
+}
+
+impl Judge {
+    /// Derives what the pass needs from `module` (the libgc the target
+    /// uses: a shared library or the executable). Errors if its code is not
+    /// shaped as memprof knows (`unsupported libgc layout: …`).
+    pub fn new(pid: u32, module: &Path, verdicts: Option<&Path>) -> Result<Judge> {
+        let layout = derive_layout(module)?;
+        let end = find_end_of_mark(module)?;
+        let mem = File::open(format!("/proc/{pid}/mem"))
+            .with_context(|| format!("cannot read the memory of pid {pid}"))?;
+        let verdicts = match verdicts {
+            Some(path) => Some(BufWriter::new(File::create(path).with_context(|| {
+                format!("cannot write GC verdicts to {}", path.display())
+            })?)),
+            None => None,
+        };
+        Ok(Judge {
+            pid,
+            module: module.to_path_buf(),
+            layout,
+            end,
+            bias: None,
+            mem,
+            sites: HashMap::new(),
+            summary: GcSummary {
+                liveness: "mark bits".into(),
+                ..GcSummary::default()
+            },
+            verdicts,
+        })
+    }
+
+    /// File offsets of the `GC_gc_no++` instructions: where the collection
+    /// probes go.
+    pub fn collection_offsets(&self) -> Vec<u64> {
+        self.end.increments.iter().map(|i| i.offset).collect()
+    }
+
+    pub fn module(&self) -> &Path {
+        &self.module
+    }
+
+    /// Counts a collection that could not be judged.
+    pub fn not_judged(&mut self, collections: u64) {
+        self.summary.collections_not_judged += collections;
+    }
+
+    /// One pass, at the end of the marking of collection `epoch` (memprof's
+    /// count), with the collector held. `live` is the live table; returns
+    /// the addresses found dead, for the caller to remove from it.
+    pub fn pass(&mut self, epoch: u64, live: &[(u64, LiveAlloc)]) -> Result<Vec<u64>> {
+        let started = Instant::now();
+        let bias = match self.bias {
+            Some(b) => b,
+            None => {
+                let b = load_bias(self.pid, &self.module)?;
+                self.bias = Some(b);
+                b
+            }
+        };
+        let mut pages = PageCache::new(&self.mem);
+        let gc_no = self.read_gc_no(bias, &mut pages)?;
+        let now_ns = monotonic_ns();
+        let mut dead = Vec::new();
+        let mut marked: HashMap<AllocSite, (u64, u64)> = HashMap::new();
+        let mut live_now: HashMap<AllocSite, u64> = HashMap::new();
+        let mut collected: Vec<(AllocSite, LiveAlloc)> = Vec::new();
+        for &(addr, object) in live {
+            if !matches!(
+                AllocKind::from_u8(object.site.kind),
+                Some(AllocKind::Gc | AllocKind::GcAtomic)
+            ) {
+                continue;
+            }
+            if object.epoch >= epoch {
+                // Allocated after this collection began: its mark means nothing yet.
+                *live_now.entry(object.site).or_default() += 1;
+                continue;
+            }
+            let (verdict, size) = self
+                .layout
+                .judge(addr, bias, &mut |a, buf| pages.read(a, buf))
+                .with_context(|| {
+                    format!(
+                        "reading the GC's mark bits of {addr:#x} in pid {}",
+                        self.pid
+                    )
+                })?;
+            if let Some(out) = &mut self.verdicts {
+                let word = if verdict.is_live() { "live" } else { "dead" };
+                writeln!(out, "{gc_no} {addr:#x} {word} {verdict:?}")?;
+            }
+            if verdict == Verdict::Marked {
+                let m = marked.entry(object.site).or_default();
+                m.0 += 1;
+                m.1 += size;
+                *live_now.entry(object.site).or_default() += 1;
+            } else {
+                dead.push(addr);
+                collected.push((object.site, object));
+            }
+        }
+        for (site, object) in collected {
+            let s = self.sites.entry(site).or_default();
+            s.collected_count += 1;
+            s.collected_bytes += object.size;
+            s.lifetimes
+                .record(now_ns.saturating_sub(object.timestamp_ns));
+            let survived = epoch - 1 - object.epoch;
+            s.lifetimes.collections_survived += survived;
+            if survived == 0 {
+                s.lifetimes.within_first_collection += 1;
+            }
+        }
+        // Marked counts are "as of the last pass"; every site with history
+        // gets a point, so shrinking stacks show it.
+        let (mut count, mut bytes) = (0, 0);
+        for (site, s) in self.sites.iter_mut() {
+            let (c, b) = marked.remove(site).unwrap_or_default();
+            (s.marked_count, s.marked_bytes) = (c, b);
+            count += c;
+            bytes += b;
+            push_point(&mut s.history, [gc_no, live_now.remove(site).unwrap_or(0)]);
+        }
+        for (site, (c, b)) in marked {
+            let s = self.sites.entry(site).or_default();
+            (s.marked_count, s.marked_bytes) = (c, b);
+            count += c;
+            bytes += b;
+            push_point(&mut s.history, [gc_no, live_now.remove(&site).unwrap_or(0)]);
+        }
+        for (site, n) in live_now {
+            push_point(&mut self.sites.entry(site).or_default().history, [gc_no, n]);
+        }
+        let summary = &mut self.summary;
+        summary.collections += 1;
+        summary.last_collection = Some(gc_no);
+        summary.marked_count = count;
+        summary.marked_bytes = bytes;
+        let took = started.elapsed().as_secs_f64();
+        summary.pass_seconds += took;
+        summary.longest_pass_seconds = summary.longest_pass_seconds.max(took);
+        Ok(dead)
+    }
+
+    /// `GC_gc_no`, through its GOT slot when the library has one (the
+    /// executable may hold a copy-relocated `GC_gc_no`).
+    fn read_gc_no(&self, bias: u64, pages: &mut PageCache) -> Result<u64> {
+        let mut word = |addr: u64| -> io::Result<u64> {
+            let mut buf = [0u8; 8];
+            pages.read(addr, &mut buf)?;
+            Ok(u64::from_le_bytes(buf))
+        };
+        let at = match self.end.gc_no_slot {
+            Some(slot) => word(slot + bias)?,
+            None => self.end.gc_no + bias,
+        };
+        Ok(word(at).context("reading GC_gc_no")?)
+    }
+
+    /// What the passes learned, per site.
+    pub fn sites(&self) -> &HashMap<AllocSite, SiteGc> {
+        &self.sites
+    }
+
+    pub fn summary(&self) -> &GcSummary {
+        &self.summary
+    }
+
+    /// Flushes the `--gc-verdicts` file.
+    pub fn finish(&mut self) -> Result<()> {
+        if let Some(out) = &mut self.verdicts {
+            out.flush()?;
+        }
+        Ok(())
+    }
+}
+
+/// Appends a point; past twice the limit, keeps every other one.
+fn push_point(history: &mut Vec<[u64; 2]>, point: [u64; 2]) {
+    history.push(point);
+    if history.len() >= 2 * HISTORY_POINTS {
+        let mut i = 0;
+        history.retain(|_| {
+            i += 1;
+            i % 2 == 0
+        });
+    }
+}
+
+/// Pages of the target's memory read during one pass (the target is held:
+/// they cannot change meanwhile).
+struct PageCache<'a> {
+    mem: &'a File,
+    pages: HashMap<u64, Box<[u8; PAGE]>>,
+}
+
+const PAGE: usize = 4096;
+
+impl<'a> PageCache<'a> {
+    fn new(mem: &'a File) -> PageCache<'a> {
+        PageCache {
+            mem,
+            pages: HashMap::new(),
+        }
+    }
+
+    fn read(&mut self, addr: u64, buf: &mut [u8]) -> io::Result<()> {
+        let mut done = 0;
+        while done < buf.len() {
+            let at = addr + done as u64;
+            let page = at & !(PAGE as u64 - 1);
+            let offset = (at - page) as usize;
+            let n = (PAGE - offset).min(buf.len() - done);
+            if !self.pages.contains_key(&page) {
+                let mut data = Box::new([0u8; PAGE]);
+                self.mem.read_exact_at(&mut data[..], page)?;
+                self.pages.insert(page, data);
+            }
+            buf[done..done + n].copy_from_slice(&self.pages[&page][offset..offset + n]);
+            done += n;
+        }
+        Ok(())
+    }
+}
+
+/// Run-time minus link-time address of `module` in process `pid`.
+pub fn load_bias(pid: u32, module: &Path) -> Result<u64> {
+    let data =
+        std::fs::read(module).with_context(|| format!("cannot read {}", module.display()))?;
+    let file = object::File::parse(&*data)?;
+    use object::{Object, ObjectSegment};
+    let first = file
+        .segments()
+        .find(|s| s.file_range().0 == 0)
+        .with_context(|| format!("{} has no segment at file offset 0", module.display()))?;
+    let canonical = module
+        .canonicalize()
+        .unwrap_or_else(|_| module.to_path_buf());
+    let mappings = maps::read(pid)?;
+    let mapping = mappings
+        .iter()
+        .find(|m| m.file_offset == 0 && (m.path == module || m.path == canonical))
+        .with_context(|| format!("{} is not mapped in pid {pid}", module.display()))?;
+    Ok(mapping.start.wrapping_sub(first.address()))
+}
+
+/// CLOCK_MONOTONIC in nanoseconds: the clock of `bpf_ktime_get_ns`.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Merges the GC histories of sites that make one stack, summing counts
+/// per collection.
+pub fn merge_histories(a: &[[u64; 2]], b: &[[u64; 2]]) -> Vec<[u64; 2]> {
+    let mut by_collection: BTreeMap<u64, u64> = BTreeMap::new();
+    for &[no, n] in a.iter().chain(b) {
+        *by_collection.entry(no).or_default() += n;
+    }
+    by_collection.into_iter().map(|(no, n)| [no, n]).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn history_is_thinned_not_cut() {
+        let mut h = Vec::new();
+        for i in 0..200 {
+            push_point(&mut h, [i, i]);
+        }
+        assert!(h.len() < 2 * HISTORY_POINTS);
+        assert_eq!(h.last(), Some(&[199, 199]));
+        assert!(h[0][0] < 10, "{:?}", h[0]);
+    }
+
+    #[test]
+    fn histories_merge_per_collection() {
+        assert_eq!(
+            merge_histories(&[[1, 2], [2, 3]], &[[2, 1], [3, 1]]),
+            vec![[1, 2], [2, 4], [3, 1]]
+        );
+    }
+}

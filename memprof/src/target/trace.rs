@@ -1,0 +1,260 @@
+//! Tracing every thread of the target with `ptrace(PTRACE_SEIZE)`, for two
+//! things only: stopping a thread when memprof's eBPF side asks (a signal
+//! it sends to the thread, which memprof takes instead of the program), and
+//! seeing the process exit while its mappings still exist.
+//!
+//! `PTRACE_SEIZE` does not stop anything; new threads are traced from birth
+//! (`PTRACE_O_TRACECLONE`). Every other signal is handed back to the program
+//! unchanged, group-stops (Ctrl-Z, SIGSTOP) stay stops. [`Tracer::detach`]
+//! lets every thread go, handing back a signal that was about to be
+//! delivered; if memprof dies, the kernel detaches by itself.
+//!
+//! Why a signal and not `SIGSTOP`: a group-stop would be seen by the
+//! program's parent (a shell would take the terminal back).
+use std::collections::HashSet;
+
+use anyhow::{bail, Result};
+
+use super::launch::ExitStatus;
+
+/// What [`Tracer::poll`] saw.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Event {
+    /// The process is about to exit: its mappings can still be read.
+    Exiting,
+    /// It has exited.
+    Exited(ExitStatus),
+    /// Thread `tid` stopped before receiving `signal`, one memprof may have
+    /// sent (SIGTRAP from `dl_debug_state`, the GC hold signal). It stays
+    /// stopped until [`Tracer::resume_signal`].
+    Signal { tid: u32, signal: i32 },
+}
+
+/// The traced threads of one process.
+#[derive(Debug)]
+pub struct Tracer {
+    pub pid: u32,
+    threads: HashSet<u32>,
+    /// Threads stopped by [`Event::Signal`], waiting for `resume_signal`.
+    stopped: HashSet<u32>,
+    /// The leader is stopped at `PTRACE_EVENT_EXIT`: resumed by the next poll.
+    at_exit_stop: bool,
+    status: Option<ExitStatus>,
+}
+
+/// The options every traced thread gets.
+pub const OPTIONS: i32 = libc::PTRACE_O_TRACECLONE | libc::PTRACE_O_TRACEEXIT;
+
+impl Tracer {
+    /// A tracer for a process whose leader is already seized (by `launch`).
+    pub(super) fn for_launched(pid: u32) -> Tracer {
+        Tracer {
+            pid,
+            threads: HashSet::from([pid]),
+            stopped: HashSet::new(),
+            at_exit_stop: false,
+            status: None,
+        }
+    }
+
+    /// Seizes every thread of running process `pid`; it keeps running.
+    /// Fails if another tracer (a debugger) has it.
+    pub fn seize(pid: u32, on_new_thread: &mut dyn FnMut(u32)) -> Result<Tracer> {
+        let mut tracer = Tracer {
+            pid,
+            threads: HashSet::new(),
+            stopped: HashSet::new(),
+            at_exit_stop: false,
+            status: None,
+        };
+        // Threads may start while we list them: list until nothing is new
+        // (once a thread is traced, its children are traced at birth).
+        loop {
+            let mut new = 0;
+            for tid in task_ids(pid) {
+                if tracer.threads.contains(&tid) {
+                    continue;
+                }
+                let r = unsafe {
+                    libc::ptrace(libc::PTRACE_SEIZE, tid as i32, 0, OPTIONS as libc::c_long)
+                };
+                if r == -1 {
+                    let err = std::io::Error::last_os_error();
+                    if err.raw_os_error() == Some(libc::ESRCH) {
+                        continue; // the thread ended meanwhile
+                    }
+                    tracer.detach();
+                    bail!("cannot trace pid {pid} (thread {tid}): {err} (is a debugger attached?)");
+                }
+                tracer.threads.insert(tid);
+                on_new_thread(tid);
+                new += 1;
+            }
+            if new == 0 {
+                return Ok(tracer);
+            }
+        }
+    }
+
+    /// The traced threads.
+    pub fn threads(&self) -> impl Iterator<Item = u32> + '_ {
+        self.threads.iter().copied()
+    }
+
+    /// Handles the threads' state changes without blocking; returns at the
+    /// first event the caller must see. New threads are passed to
+    /// `on_new_thread` before they run one instruction.
+    pub fn poll(&mut self, on_new_thread: &mut dyn FnMut(u32)) -> Result<Option<Event>> {
+        if let Some(status) = self.status {
+            return Ok(Some(Event::Exited(status)));
+        }
+        if std::mem::take(&mut self.at_exit_stop) {
+            cont(self.pid, 0);
+        }
+        loop {
+            let Some((tid, status)) = wait_any(libc::WNOHANG)? else {
+                return Ok(None);
+            };
+            if let Some(exit) = ExitStatus::from_wait(status) {
+                self.threads.remove(&tid);
+                if tid == self.pid {
+                    self.status = Some(exit);
+                    self.threads.clear();
+                    return Ok(Some(Event::Exited(exit)));
+                }
+                continue;
+            }
+            if !self.threads.contains(&tid) {
+                // A new thread's first stop, possibly before its parent's
+                // clone event.
+                self.threads.insert(tid);
+                on_new_thread(tid);
+                cont(tid, 0);
+                continue;
+            }
+            match status >> 16 {
+                0 => {
+                    let signal = libc::WSTOPSIG(status);
+                    if signal == libc::SIGTRAP || signal == memprof_common::HOLD_SIGNAL as i32 {
+                        self.stopped.insert(tid);
+                        return Ok(Some(Event::Signal { tid, signal }));
+                    }
+                    cont(tid, signal);
+                }
+                libc::PTRACE_EVENT_CLONE => {
+                    let mut new: libc::c_ulong = 0;
+                    unsafe { libc::ptrace(libc::PTRACE_GETEVENTMSG, tid as i32, 0, &mut new) };
+                    let new = new as u32;
+                    if new != 0 && self.threads.insert(new) {
+                        on_new_thread(new);
+                    }
+                    cont(tid, 0);
+                }
+                libc::PTRACE_EVENT_EXIT if tid == self.pid => {
+                    // Resumed by the next poll: the caller reads the mappings first.
+                    self.at_exit_stop = true;
+                    return Ok(Some(Event::Exiting));
+                }
+                libc::PTRACE_EVENT_STOP => {
+                    let signal = libc::WSTOPSIG(status);
+                    if matches!(
+                        signal,
+                        libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU
+                    ) {
+                        // group-stop (Ctrl-Z, SIGSTOP): stay stopped, keep receiving events
+                        unsafe { libc::ptrace(libc::PTRACE_LISTEN, tid as i32, 0, 0) };
+                    } else {
+                        cont(tid, 0); // a new thread's start, a stray interrupt
+                    }
+                }
+                _ => cont(tid, 0), // exec, exit of another thread
+            }
+        }
+    }
+
+    /// Resumes a thread stopped by [`Event::Signal`], delivering the signal
+    /// to the program or not.
+    pub fn resume_signal(&mut self, tid: u32, signal: i32, deliver: bool) {
+        self.stopped.remove(&tid);
+        cont(tid, if deliver { signal } else { 0 });
+    }
+
+    /// Stops tracing every thread, leaving the process running. Threads
+    /// still stopped by [`Event::Signal`] go without the signal.
+    pub fn detach(&mut self) {
+        if self.status.is_some() {
+            return;
+        }
+        let at_exit = std::mem::take(&mut self.at_exit_stop);
+        let mut stopped = std::mem::take(&mut self.stopped);
+        if at_exit {
+            stopped.insert(self.pid);
+        }
+        for &tid in &self.threads {
+            if !stopped.contains(&tid) {
+                unsafe { libc::ptrace(libc::PTRACE_INTERRUPT, tid as i32, 0, 0) };
+            }
+        }
+        for tid in std::mem::take(&mut self.threads) {
+            if stopped.contains(&tid) {
+                unsafe { libc::ptrace(libc::PTRACE_DETACH, tid as i32, 0, 0) };
+                continue;
+            }
+            // Wait for it to stop; a signal it was about to receive is handed back on detach.
+            let mut status = 0;
+            let r = unsafe { libc::waitpid(tid as i32, &mut status, libc::__WALL) };
+            if r != tid as i32 || ExitStatus::from_wait(status).is_some() {
+                if tid == self.pid && r == tid as i32 {
+                    self.status = ExitStatus::from_wait(status);
+                }
+                continue;
+            }
+            let signal = if status >> 16 == 0 {
+                let s = libc::WSTOPSIG(status);
+                // Our own hold signal is never the program's.
+                if s == memprof_common::HOLD_SIGNAL as i32 {
+                    0
+                } else {
+                    s
+                }
+            } else {
+                0
+            };
+            unsafe { libc::ptrace(libc::PTRACE_DETACH, tid as i32, 0, signal as libc::c_long) };
+        }
+    }
+}
+
+fn cont(tid: u32, signal: i32) {
+    unsafe { libc::ptrace(libc::PTRACE_CONT, tid as i32, 0, signal as libc::c_long) };
+}
+
+/// `waitpid(-1)` over every traced thread; `None` when `WNOHANG` found nothing.
+fn wait_any(flags: i32) -> Result<Option<(u32, i32)>> {
+    let mut status = 0;
+    loop {
+        let r = unsafe { libc::waitpid(-1, &mut status, flags | libc::__WALL) };
+        if r > 0 {
+            return Ok(Some((r as u32, status)));
+        }
+        if r == 0 {
+            return Ok(None);
+        }
+        let err = std::io::Error::last_os_error();
+        match err.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::ECHILD) => return Ok(None),
+            _ => bail!("waiting for the target: {err}"),
+        }
+    }
+}
+
+/// The thread ids of `pid`.
+fn task_ids(pid: u32) -> Vec<u32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|dir| {
+            dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
