@@ -31,6 +31,7 @@ pub mod fixture {
     pub const FAMILIES: &str = env!("FIXTURE_FAMILIES");
     pub const THREADS: &str = env!("FIXTURE_THREADS");
     pub const ATTACH_TARGET: &str = env!("FIXTURE_ATTACH_TARGET");
+    pub const GROW: &str = env!("FIXTURE_GROW");
     pub const BENCH_LOOP: &str = env!("FIXTURE_BENCH_LOOP");
     pub const NO_LIBC: &str = env!("FIXTURE_NO_LIBC");
 

@@ -207,11 +207,11 @@ pub fn write(
     }
     writeln!(
         out,
-        "| Δ Allocations | Δ Size | Before | After | Kind | Context |"
+        "| Δ Allocations |     Δ Size |     Before |      After | Kind | Context |"
     )?;
     writeln!(
         out,
-        "|--------------:|-------:|-------:|------:|------|---------|"
+        "|--------------:|-----------:|-----------:|-----------:|------|---------|"
     )?;
     for r in rows {
         let context: Vec<String> = options
@@ -220,7 +220,7 @@ pub fn write(
             .collect();
         writeln!(
             out,
-            "| {:>13} | {:>6} | {:>6} | {:>5} | {} | {} |",
+            "| {:>13} | {:>10} | {:>10} | {:>10} | {} | {} |",
             signed(r.count_growth),
             signed(r.bytes_growth),
             thousands(r.before[1]),

@@ -32,7 +32,7 @@ table{border-collapse:collapse;margin:.5em 0}\
 td,th{border:1px solid #ccc;padding:.25em .6em;vertical-align:top;text-align:left}\
 td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}\
 code{font-size:90%}.note{color:#666}\
-section{margin-bottom:2em}svg{max-width:100%}";
+section{margin-bottom:2em}#flamegraph svg{width:100%;max-width:1400px}";
 
 /// `<`, `>`, `&` and quotes as entities.
 pub fn escape(text: &str) -> String {
