@@ -158,15 +158,15 @@ fn report_cmd(args: &ReportArgs) -> Result<()> {
             let before = filter.apply(&profile::load(&files[0])?);
             let after = filter.apply(&profile::load(&files[1])?);
             diff::check_compatible(&before, &after)?;
-            Loaded::Diff(before, after)
+            vec![before, after]
         }
         (None, Some(file)) => {
             let profile = profile::load(file)?;
-            Loaded::One(if filter.is_empty() {
+            vec![if filter.is_empty() {
                 profile
             } else {
                 filter.apply(&profile)
-            })
+            }]
         }
         (None, None) => bail!("no profile given"),
     };
@@ -177,9 +177,10 @@ fn report_cmd(args: &ReportArgs) -> Result<()> {
         )),
         None => Box::new(std::io::stdout().lock()),
     };
-    let written = match &loaded {
-        Loaded::One(profile) => report::render(profile, args.format, &options, &mut out),
-        Loaded::Diff(before, after) => {
+    // One profile, or the two of --diff.
+    let written = match &loaded[..] {
+        [profile] => report::render(profile, args.format, &options, &mut out),
+        [before, after, ..] => {
             let files = args.diff.as_deref().unwrap_or_default();
             let names = [0, 1].map(|i| files[i].to_str().unwrap_or("?"));
             diff::write(
@@ -191,6 +192,7 @@ fn report_cmd(args: &ReportArgs) -> Result<()> {
                 &mut out,
             )
         }
+        [] => Ok(()),
     }
     .and_then(|()| out.flush().map_err(Into::into));
     if written.is_err() {
@@ -204,11 +206,6 @@ fn report_cmd(args: &ReportArgs) -> Result<()> {
         Err(e) if is_broken_pipe(&e) => Ok(()),
         other => other,
     }
-}
-
-enum Loaded {
-    One(profile::Profile),
-    Diff(profile::Profile, profile::Profile),
 }
 
 fn is_broken_pipe(err: &anyhow::Error) -> bool {

@@ -192,13 +192,11 @@ impl Filter {
 /// Mean size of one allocation of `group` (`total_bytes / total_count`, or
 /// the live figures when the totals are missing), rounded down.
 pub fn mean_size(group: &Group) -> u64 {
-    if group.total_count > 0 {
-        group.total_bytes / group.total_count
-    } else if group.live_count > 0 {
-        group.live_bytes / group.live_count
-    } else {
-        0
-    }
+    group
+        .total_bytes
+        .checked_div(group.total_count)
+        .or_else(|| group.live_bytes.checked_div(group.live_count))
+        .unwrap_or(0)
 }
 
 /// Checks the `--size-min`/`--size-max` pair.

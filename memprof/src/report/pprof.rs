@@ -241,6 +241,9 @@ pub fn write(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
     Ok(())
 }
 
+/// Module, address, and (function, line) of each frame at that address.
+type LocationKey = (String, u64, Vec<(String, u32)>);
+
 #[derive(Default)]
 struct Builder {
     strings: Vec<String>,
@@ -248,7 +251,7 @@ struct Builder {
     functions: Vec<proto::Function>,
     function_ids: HashMap<(String, String, String), u64>,
     locations: Vec<proto::Location>,
-    location_ids: HashMap<(String, u64, Vec<(String, u32)>), u64>,
+    location_ids: HashMap<LocationKey, u64>,
     mappings: Vec<proto::Mapping>,
     mapping_ids: HashMap<String, u64>,
 }
