@@ -57,6 +57,9 @@ pub struct Timeline {
     /// of the kernel tables under a tenth of the time.
     pub period_s: f64,
     pub samples: Vec<Sample>,
+    /// The longest a reading of the live table took, seconds.
+    #[serde(default)]
+    pub longest_read_s: f64,
 }
 
 /// One reading of the kernel's live table.
@@ -69,6 +72,11 @@ pub struct Sample {
     /// The Boehm GC's heap size (`GC_get_heap_size`) at that time, where known.
     #[serde(default)]
     pub gc_heap_bytes: Option<u64>,
+    /// Read from the per-site totals (the live table was too big to read
+    /// at this rate): counts exact, bytes of freed blocks estimated from
+    /// their site's mean allocation size.
+    #[serde(default)]
+    pub estimated: bool,
 }
 
 /// The Boehm GC as memprof saw it: collections, the mark-bit verdicts, the
