@@ -541,3 +541,54 @@ fn crystal_flamegraph_folded_and_pprof() {
     assert_eq!(pprof_flat(&file, "inuse_space", "Foo.new"), "3200000B");
     assert_eq!(pprof_flat(&file, "inuse_objects", "Foo.new"), "100000");
 }
+
+#[test]
+fn timeline_past_ten_thousand_blocks_comes_from_site_totals() {
+    let dir = TempDir::new("timeline-big");
+    let output = dir.join("grow.mprof");
+    let mut grow = Grow::start();
+    let pid = grow.child.pid().to_string();
+    let child = memprof([
+        OsStr::new("attach"),
+        OsStr::new("--pid"),
+        OsStr::new(&pid),
+        OsStr::new("-o"),
+        output.as_os_str(),
+        OsStr::new("--sample-period"),
+        OsStr::new("20"),
+    ])
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("cannot start memprof attach");
+    let mut memprof = ChildGuard(child);
+    let mut stderr = Lines::new("memprof attach stderr", memprof.0.stderr.take().unwrap());
+    stderr.wait_for("attached", TIMEOUT);
+    // 45 steps: 11,250 live blocks, past the exact reading's 10,000.
+    for _ in 0..45 {
+        grow.step();
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    memprof.signal(libc::SIGINT);
+    let status = memprof.wait_timeout(TIMEOUT);
+    assert!(
+        status.success(),
+        "memprof attach: {status}\n{}",
+        stderr.all().join("\n")
+    );
+    let json = report_json(&output);
+    let samples = json["timeline"]["samples"].as_array().unwrap();
+    let want = serde_json::json!([11_250, 720_000]);
+    let estimated: Vec<&Value> = samples.iter().filter(|s| s["estimated"] == true).collect();
+    assert!(
+        estimated.iter().any(|s| s["live"]["libc"] == want),
+        "no estimated sample with {want}: {samples:?}"
+    );
+    assert!(
+        samples
+            .iter()
+            .any(|s| s["estimated"] == false && s["live"]["libc"][0].as_u64() < Some(10_000)),
+        "no exact sample below 10,000 blocks"
+    );
+    assert_eq!(samples.last().unwrap()["live"]["libc"], want);
+}
