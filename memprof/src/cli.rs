@@ -174,7 +174,8 @@ pub struct ReportArgs {
     /// Write to this file instead of standard output.
     #[arg(long, short)]
     pub output: Option<PathBuf>,
-    /// Leave out stacks with fewer live bytes [default: 1024 for markdown and tsv, 0 for json].
+    /// Leave out stacks with fewer live bytes [default: 1024 for markdown and tsv, 0 for the other formats].
+    /// With --diff: leave out stacks whose live bytes changed by less.
     #[arg(long, value_name = "BYTES")]
     pub min_bytes: Option<u64>,
     /// Frames shown per stack [default: 5 for markdown and tsv, all for json].
@@ -183,7 +184,7 @@ pub struct ReportArgs {
     /// Skip this many innermost frames of every stack.
     #[arg(long, default_value_t = 0, value_name = "N")]
     pub skip: usize,
-    /// Show at most N stacks.
+    /// Show at most N stacks (types: N types) [default: all; 50 in the html tables].
     #[arg(long, value_name = "N")]
     pub top: Option<usize>,
     /// Hide the allocator plumbing at the top of each stack (GC_malloc,

@@ -143,6 +143,7 @@ fn report_cmd(args: &ReportArgs) -> Result<()> {
         count: args.count,
         total: args.total,
         inverted: args.inverted,
+        filters: describe_filters(args),
     };
     if args.diff.is_some() && !args.format.diffable() {
         bail!("--diff writes markdown or json, not {:?}", args.format);
@@ -206,6 +207,39 @@ fn report_cmd(args: &ReportArgs) -> Result<()> {
         Err(e) if is_broken_pipe(&e) => Ok(()),
         other => other,
     }
+}
+
+/// The filters given, in words, for report headers.
+fn describe_filters(args: &ReportArgs) -> Option<String> {
+    let mut parts = Vec::new();
+    if !args.kind.is_empty() {
+        parts.push(format!("--kind {}", args.kind.join(",")));
+    }
+    for (flag, value) in [
+        ("--function", &args.function),
+        ("--source", &args.source),
+        ("--exclude-function", &args.exclude_function),
+    ] {
+        if let Some(v) = value {
+            parts.push(format!("{flag} '{v}'"));
+        }
+    }
+    if let Some(min) = args.size_min {
+        parts.push(format!("--size-min {min} (mean allocation size)"));
+    }
+    if let Some(max) = args.size_max {
+        parts.push(format!("--size-max {max} (mean allocation size)"));
+    }
+    if args.leaked {
+        parts.push("--leaked (stacks with blocks live at the end)".to_string());
+    }
+    if args.temporary {
+        parts.push(format!(
+            "--temporary: live counts and bytes are the allocations that died soon (GC: at the first collection; libc and mmap: within {} ms)",
+            args.temporary_ms
+        ));
+    }
+    (!parts.is_empty()).then(|| parts.join("; "))
 }
 
 fn is_broken_pipe(err: &anyhow::Error) -> bool {

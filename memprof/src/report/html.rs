@@ -59,7 +59,7 @@ pub fn write(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
         escape(&title)
     )?;
     writeln!(out, "<h1>{}</h1>", escape(&title))?;
-    summary(profile, out)?;
+    summary(profile, options, out)?;
 
     writeln!(
         out,
@@ -101,7 +101,7 @@ pub fn write(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
     Ok(())
 }
 
-fn summary(profile: &Profile, out: &mut dyn Write) -> Result<()> {
+fn summary(profile: &Profile, options: &Options, out: &mut dyn Write) -> Result<()> {
     let t = &profile.target;
     let c = &profile.counters;
     let live: u64 = profile.groups.iter().map(|g| g.live_bytes).sum();
@@ -140,6 +140,9 @@ fn summary(profile: &Profile, out: &mut dyn Write) -> Result<()> {
         if let Some(size) = gc.heap_size {
             rows.push(("GC heap at the end", format!("{} bytes", thousands(size))));
         }
+    }
+    if let Some(filters) = &options.filters {
+        rows.push(("Filtered", filters.clone()));
     }
     writeln!(out, "<section id=\"summary\"><h2>Summary</h2><table>")?;
     for (name, value) in rows {

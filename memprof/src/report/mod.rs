@@ -96,6 +96,9 @@ pub struct Options {
     pub total: bool,
     /// Flamegraph: icicle graph (roots at the top).
     pub inverted: bool,
+    /// The filters applied, in words (`--function make_foo; --temporary …`),
+    /// for the headers of markdown, types and html; `None` when unfiltered.
+    pub filters: Option<String>,
 }
 
 impl Default for Options {
@@ -109,6 +112,7 @@ impl Default for Options {
             count: Count::Bytes,
             total: false,
             inverted: false,
+            filters: None,
         }
     }
 }
