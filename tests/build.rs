@@ -2,12 +2,16 @@
 //! path as `FIXTURE_<NAME>` (e.g. `FIXTURE_BASIC`), and the Crystal fixtures
 //! (`fixtures/crystal/*.cr`) in each build flavour as
 //! `FIXTURE_CR_<NAME>_<FLAVOUR>` (e.g. `FIXTURE_CR_ALLOCS_RELEASE`), read with
-//! `env!` in `src/lib.rs`.
+//! `env!` in `src/lib.rs`. Also builds crystal-samples' binary-trees.cr
+//! (`FIXTURE_CR_BINARY_TREES_RELEASE`).
 
 #[path = "fixtures/compile.rs"]
 mod compile;
 
 use std::path::{Path, PathBuf};
+
+/// crystal-samples' binary-trees, exported as `FIXTURE_CR_BINARY_TREES_RELEASE`.
+const BINARY_TREES: &str = "/usr/share/doc/crystal/examples/binary-trees.cr";
 
 fn main() {
     let src_dir = Path::new("fixtures/c");
@@ -24,6 +28,18 @@ fn main() {
     }
     let built = compile::compile_crystal_all(Path::new("fixtures/crystal"), &out_dir)
         .unwrap_or_else(|e| panic!("{e}"));
+    // crystal-samples' binary-trees (GC-heavy), as shipped.
+    let binary_trees = Path::new(BINARY_TREES);
+    println!("cargo:rerun-if-changed={BINARY_TREES}");
+    if !binary_trees.exists() {
+        panic!("{BINARY_TREES} not found (install crystal-samples: `cargo xtask setup`)");
+    }
+    let mut built = built;
+    for (flavour, exe) in compile::compile_crystal(binary_trees, &out_dir.join("crystal"))
+        .unwrap_or_else(|e| panic!("{e}"))
+    {
+        built.push(("binary_trees".into(), flavour, exe));
+    }
     for (name, flavour, exe) in built {
         println!(
             "cargo:rustc-env=FIXTURE_CR_{}_{}={}",

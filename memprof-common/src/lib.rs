@@ -108,6 +108,28 @@ pub struct LiveAlloc {
     pub epoch: u64,
 }
 
+/// A change to the set of live GC objects, streamed to userspace through
+/// the `GC_EVENTS` ring buffer, so the mark-bit pass has its own copy of
+/// the GC objects instead of reading the whole live table each collection.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct GcEvent {
+    pub addr: u64,
+    /// One of [`gc_event`].
+    pub op: u64,
+    /// The object ([`gc_event::ALLOC`] only).
+    pub object: LiveAlloc,
+}
+
+/// [`GcEvent::op`] values.
+pub mod gc_event {
+    /// A GC object was allocated at `addr`.
+    pub const ALLOC: u64 = 0;
+    /// The GC object at `addr` is gone (GC_free, GC_realloc, or its address
+    /// was allocated again).
+    pub const GONE: u64 = 1;
+}
+
 /// Upper bounds of the lifetime histogram buckets, in nanoseconds: 100 µs,
 /// 1 ms, 10 ms, 100 ms, 1 s, 10 s, 100 s; the last bucket holds the rest.
 pub const LIFETIME_BOUNDS_NS: [u64; 7] = [
@@ -175,7 +197,10 @@ pub mod counter {
     /// Of those, collections whose collecting thread memprof could not hold
     /// for the mark-bit pass (not traced): not judged.
     pub const GC_NOT_HELD: u32 = 10;
-    pub const COUNT: u32 = 11;
+    /// GC events the ring buffer had no room for: those objects are never
+    /// judged by mark bits (they stay live unless freed or reused).
+    pub const GC_EVENTS_LOST: u32 = 11;
+    pub const COUNT: u32 = 12;
 }
 
 /// Symbol names the eBPF object exports for its programs, used by userspace
@@ -222,13 +247,16 @@ pub mod maps {
     /// tid → epoch: the thread is being stopped at the end of that
     /// collection's marking for the mark-bit pass (removed by userspace).
     pub const HELD: &str = "HELD";
+    /// Ring buffer of [`GcEvent`](super::GcEvent)s.
+    pub const GC_EVENTS: &str = "GC_EVENTS";
 }
 
 /// Indexes into the `CONFIG` array.
 pub mod config {
     /// 1: unwind with the CFI tables (`UNWIND_ROWS`), 0: frame pointers.
     pub const UNWIND_DWARF: u32 = 0;
-    /// Number of valid entries in `MODULE_RANGES`.
+    /// Low 7 bits: entries in the `MODULE_RANGES` table in use; bit 8:
+    /// which of its two tables is in use.
     pub const MODULE_COUNT: u32 = 1;
     /// 1: the main thread is traced by memprof (`run`): signal it when the
     /// dynamic linker has loaded libraries, so their ranges are known before
@@ -298,6 +326,7 @@ mod pod {
     unsafe impl aya::Pod for super::AllocSite {}
     unsafe impl aya::Pod for super::PendingCall {}
     unsafe impl aya::Pod for super::LiveAlloc {}
+    unsafe impl aya::Pod for super::GcEvent {}
     unsafe impl aya::Pod for super::SiteTotals {}
     unsafe impl aya::Pod for super::UnwindRow {}
     unsafe impl aya::Pod for super::ModuleRange {}

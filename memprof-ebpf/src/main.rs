@@ -41,13 +41,14 @@ mod probes {
             bpf_send_signal_thread,
         },
         macros::{map, uprobe, uretprobe},
-        maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, StackTrace},
+        maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf, StackTrace},
         programs::{tracing::StackIdContext, ProbeContext, RetProbeContext},
         EbpfContext,
     };
     use memprof_common::{
-        cfa, config, counter, lifetime_bucket, op, AllocKind, AllocSite, DwarfStack, LiveAlloc,
-        ModuleRange, PendingCall, SiteTotals, UnwindRow, HOLD_SIGNAL, MAX_FRAMES, NO_STACK,
+        cfa, config, counter, gc_event, lifetime_bucket, op, AllocKind, AllocSite, DwarfStack,
+        GcEvent, LiveAlloc, ModuleRange, PendingCall, SiteTotals, UnwindRow, HOLD_SIGNAL,
+        MAX_FRAMES, NO_STACK,
     };
 
     // Sizes are defaults; userspace sets them from --max-live / --max-stacks.
@@ -75,7 +76,9 @@ mod probes {
     #[map]
     static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(1, 0);
     #[map]
-    static MODULE_RANGES: Array<ModuleRange> = Array::with_max_entries(MAX_MODULES, 0);
+    /// Two tables of MAX_MODULES: userspace fills the one not in use, then
+    /// switches (`config::MODULE_COUNT`), so no probe sees a half-written one.
+    static MODULE_RANGES: Array<ModuleRange> = Array::with_max_entries(2 * MAX_MODULES, 0);
     /// The stack being unwound (too big for the 512-byte BPF stack).
     #[map]
     static SCRATCH: PerCpuArray<DwarfStack> = PerCpuArray::with_max_entries(1, 0);
@@ -89,6 +92,10 @@ mod probes {
     /// tid → epoch of the collection it is being held at.
     #[map]
     static HELD: HashMap<u32, u64> = HashMap::with_max_entries(4096, 0);
+
+    /// GC objects allocated and gone, for userspace's copy (size set by userspace).
+    #[map]
+    static GC_EVENTS: RingBuf = RingBuf::with_byte_size(1 << 12, 0);
 
     /// A power of two; one less is the usable count (see `dwarf_unwind`).
     const MAX_MODULES: u32 = 128;
@@ -178,7 +185,9 @@ mod probes {
         sp += 8;
         // A mask, not min(): min() would give the verifier a constant bound,
         // and with constant indices it cannot prune the binary searches.
-        let modules = setting(config::MODULE_COUNT) & (MAX_MODULES - 1);
+        let packed = setting(config::MODULE_COUNT);
+        let modules = packed & (MAX_MODULES - 1);
+        let table = (packed >> 8 & 1) * MAX_MODULES;
         let mut hash = FNV_OFFSET;
         let mut len: u32 = 0;
         let mut truncated: u32 = 1;
@@ -191,7 +200,7 @@ mod probes {
             len = i as u32 + 1;
             hash = (hash ^ pc).wrapping_mul(FNV_PRIME);
             // A return address points after the call: look up the call itself.
-            let Some(row) = find_row(pc - 1, modules) else {
+            let Some(row) = find_row(pc - 1, table, modules) else {
                 break;
             };
             let base = match row.cfa_reg {
@@ -240,7 +249,7 @@ mod probes {
     /// comparison turned into 0/1 arithmetically): a data-dependent branch per
     /// step multiplies the paths the verifier must walk.
     #[inline(always)]
-    fn find_row(pc: u64, modules: u32) -> Option<UnwindRow> {
+    fn find_row(pc: u64, table: u32, modules: u32) -> Option<UnwindRow> {
         if modules == 0 {
             return None;
         }
@@ -249,11 +258,11 @@ mod probes {
         let mut len: u32 = modules;
         for _ in 0..7 {
             let half = len >> 1;
-            let m = MODULE_RANGES.get(base + half)?;
+            let m = MODULE_RANGES.get(table + base + half)?;
             base += half * at_or_before(m.start, pc);
             len -= half;
         }
-        let module = MODULE_RANGES.get(base)?;
+        let module = MODULE_RANGES.get(table + base)?;
         if pc < module.start || pc >= module.end || module.row_count == 0 {
             return None;
         }
@@ -439,10 +448,12 @@ mod probes {
         // object, collected (its address was reused); else a missed free.
         if let Some(old) = LIVE.get_ptr(&addr) {
             let old = unsafe { *old };
-            retire(&old, now, true);
+            retire(addr, &old, now, true);
         }
         if LIVE.insert(&addr, &live, 0).is_err() {
             bump(counter::LIVE_FULL);
+        } else if is_gc(live.site.kind) {
+            gc_event(addr, gc_event::ALLOC, &live);
         }
         match SITE_TOTALS.get_ptr_mut(&call.site) {
             Some(totals) => unsafe {
@@ -465,14 +476,38 @@ mod probes {
         }
     }
 
+    #[inline(always)]
+    fn is_gc(kind: u8) -> bool {
+        kind == AllocKind::Gc as u8 || kind == AllocKind::GcAtomic as u8
+    }
+
+    /// Tells userspace's copy of the GC objects (only while it judges them).
+    #[inline(always)]
+    fn gc_event(addr: u64, op: u64, object: &LiveAlloc) {
+        if setting(config::GC_HOLD) != 1 {
+            return;
+        }
+        let event = GcEvent {
+            addr,
+            op,
+            object: *object,
+        };
+        if GC_EVENTS.output::<GcEvent>(&event, 0).is_err() {
+            bump(counter::GC_EVENTS_LOST);
+        }
+    }
+
     /// Adds a dead block's lifetime to its site's totals (this CPU's slot).
     #[inline(always)]
-    fn retire(old: &LiveAlloc, now: u64, reused: bool) {
+    fn retire(addr: u64, old: &LiveAlloc, now: u64, reused: bool) {
+        if is_gc(old.site.kind) {
+            gc_event(addr, gc_event::GONE, old);
+        }
         let Some(totals) = SITE_TOTALS.get_ptr_mut(&old.site) else {
             return; // the site table was full when it was allocated (counted then)
         };
         let lifetime = now.saturating_sub(old.timestamp_ns);
-        let gc = old.site.kind == AllocKind::Gc as u8 || old.site.kind == AllocKind::GcAtomic as u8;
+        let gc = is_gc(old.site.kind);
         unsafe {
             (*totals).died += 1;
             (*totals).lifetime_ns += lifetime;
@@ -490,7 +525,7 @@ mod probes {
         match LIVE.get_ptr(&addr) {
             Some(old) => {
                 let old = unsafe { *old };
-                retire(&old, unsafe { bpf_ktime_get_ns() }, false);
+                retire(addr, &old, unsafe { bpf_ktime_get_ns() }, false);
                 let _ = LIVE.remove(&addr);
             }
             None => bump(counter::UNKNOWN_FREES),

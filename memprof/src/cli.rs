@@ -244,4 +244,12 @@ pub struct ReportArgs {
     /// rounded up to the next bucket bound.
     #[arg(long, default_value_t = crate::report::filter::DEFAULT_TEMPORARY_MS, value_name = "MS")]
     pub temporary_ms: u64,
+    /// Only GC stacks that leak, most growth first: seen at 3 or more
+    /// collections, more live objects at the last than at the first, rose
+    /// at more collections than it fell, and within 10% of its highest
+    /// count at the end. Growth in bytes = objects gained × mean object
+    /// size. (Needs `--gc-liveness marks` when profiling; for libc blocks
+    /// the plain table, "still live at the end", is the leak view.)
+    #[arg(long)]
+    pub leaks: bool,
 }

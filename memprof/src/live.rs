@@ -49,11 +49,12 @@ pub const DEFAULT_SAMPLE_MS: u64 = 100;
 /// Sampling may take at most 1/MAX_DUTY of memprof's time.
 const MAX_DUTY: u32 = 10;
 /// Up to this many live blocks, a timeline sample reads the live table
-/// (exact). Reading costs ~1 µs a block and holds the table's bucket locks
-/// against the target's probes (measured: a 1,000,000-block table took
-/// 0.3 to 0.7 s to read, and slowed a malloc/free loop by 15 % while read
-/// every 100 ms); beyond it samples come from the per-site totals.
-pub const EXACT_MAX_BLOCKS: u64 = 10_000;
+/// (exact; ~1-2 µs a block, so at most ~8 ms). Reading takes the table's
+/// bucket locks against the target's probes (measured: a 1,000,000-block
+/// table took 0.3 to 0.7 s to read even in batches, and slowed a malloc/free
+/// loop by 15 % while read every 100 ms); beyond it samples come from the
+/// per-site totals.
+pub const EXACT_MAX_BLOCKS: u64 = 4_096;
 
 /// Settings from the command line.
 #[derive(Debug, Clone)]
@@ -130,6 +131,11 @@ impl Live {
         }
     }
 
+    /// Whether a timeline sample is due (the caller then reads the GC heap size for it).
+    pub fn sample_due(&self) -> bool {
+        self.next_sample.is_some_and(|t| Instant::now() >= t)
+    }
+
     /// How long the wait loop may sleep: `max`, or less if something is due sooner.
     pub fn timeout(&self, max: Duration) -> Duration {
         let now = Instant::now();
@@ -148,6 +154,7 @@ impl Live {
         probes: &Probes,
         maps: &MapsCache,
         gc_sites: Option<&GcSites>,
+        gc_heap_bytes: Option<u64>,
         header: &dyn Fn() -> Profile,
     ) -> Result<()> {
         let now = Instant::now();
@@ -159,7 +166,7 @@ impl Live {
             self.maps = Some(probes.peek()?);
         }
         if due(self.next_sample) {
-            self.sample(probes, gc_sites)?;
+            self.sample(gc_sites, gc_heap_bytes)?;
         }
         let print = due(self.next_print);
         let snapshot = due(self.next_snapshot);
@@ -183,7 +190,7 @@ impl Live {
     /// One timeline sample, per kind: from the per-site totals (cheap:
     /// one read per call site), then, when that says the live table is
     /// small, from the live table itself (exact).
-    fn sample(&mut self, probes: &Probes, gc_sites: Option<&GcSites>) -> Result<()> {
+    fn sample(&mut self, gc_sites: Option<&GcSites>, gc_heap_bytes: Option<u64>) -> Result<()> {
         let Some(maps) = &self.maps else {
             return Ok(());
         };
@@ -193,7 +200,11 @@ impl Live {
         let exact = blocks <= EXACT_MAX_BLOCKS;
         if exact {
             per_kind = [[0u64; 2]; 4];
-            for (_, block) in probes.live_entries()? {
+            for entry in maps.live.iter() {
+                let Ok((_, block)) = entry else {
+                    // Freed between reading its key and its value.
+                    continue;
+                };
                 let sum = &mut per_kind[usize::from(block.site.kind).min(3)];
                 sum[0] += 1;
                 sum[1] += block.size;
@@ -209,7 +220,7 @@ impl Live {
         self.timeline.samples.push(Sample {
             t_s: t0.duration_since(self.started).as_secs_f64(),
             live,
-            gc_heap_bytes: None,
+            gc_heap_bytes,
             estimated: !exact,
         });
         let took = t0.elapsed();
@@ -267,8 +278,14 @@ impl Live {
         Ok(())
     }
 
-    /// The timeline, ended with the final figures of `groups` at `duration_s`.
-    pub fn into_timeline(mut self, groups: &[Group], duration_s: f64) -> Timeline {
+    /// The timeline, ended with the final figures of `groups` (and the GC
+    /// heap size) at `duration_s`.
+    pub fn into_timeline(
+        mut self,
+        groups: &[Group],
+        duration_s: f64,
+        gc_heap_bytes: Option<u64>,
+    ) -> Timeline {
         if self.options.sample_period.is_some() {
             let mut live: BTreeMap<String, [u64; 2]> = BTreeMap::new();
             for g in groups.iter().filter(|g| g.live_count > 0) {
@@ -279,7 +296,7 @@ impl Live {
             self.timeline.samples.push(Sample {
                 t_s: duration_s,
                 live,
-                gc_heap_bytes: None,
+                gc_heap_bytes,
                 estimated: false,
             });
         }

@@ -92,6 +92,7 @@ fn session_options(args: &SessionArgs, duration: Option<Duration>) -> Result<Ses
             max_stacks: args.max_stacks,
             max_sites: args.max_sites,
             empty: args.empty_probes,
+            gc_events_bytes: 0, // sized by the session when GC objects are judged
         },
         probe_at_entry: args.probe_at_entry,
         duration,
@@ -134,7 +135,7 @@ fn report_cmd(args: &ReportArgs) -> Result<()> {
         temporary: args.temporary,
         temporary_ns: args.temporary_ms.saturating_mul(1_000_000),
     };
-    let options = report::Options {
+    let mut options = report::Options {
         min_bytes: args.min_bytes,
         depth: args.depth,
         skip: args.skip,
@@ -144,6 +145,7 @@ fn report_cmd(args: &ReportArgs) -> Result<()> {
         total: args.total,
         inverted: args.inverted,
         filters: describe_filters(args),
+        keep_order: false,
     };
     if args.diff.is_some() && !args.format.diffable() {
         bail!("--diff writes markdown or json, not {:?}", args.format);
@@ -154,7 +156,7 @@ fn report_cmd(args: &ReportArgs) -> Result<()> {
     {
         bail!("pprof is binary (gzipped protobuf): write it to a file with -o FILE.pb.gz");
     }
-    let loaded = match (&args.diff, &args.file) {
+    let mut loaded = match (&args.diff, &args.file) {
         (Some(files), _) => {
             let before = filter.apply(&profile::load(&files[0])?);
             let after = filter.apply(&profile::load(&files[1])?);
@@ -171,6 +173,16 @@ fn report_cmd(args: &ReportArgs) -> Result<()> {
         }
         (None, None) => bail!("no profile given"),
     };
+    // --leaks: its own table in markdown; for the other formats (and
+    // both profiles of --diff), only the leaking stacks, ranked by growth.
+    let leak_table = args.leaks && args.format == Format::Markdown && args.diff.is_none();
+    if args.leaks && !leak_table {
+        for profile in &mut loaded {
+            *profile = report::leaks::leaking(profile);
+        }
+        options.keep_order = true;
+        options.min_bytes.get_or_insert(0);
+    }
     let mut out: Box<dyn Write> = match &args.output {
         Some(path) => Box::new(std::io::BufWriter::new(
             std::fs::File::create(path)
@@ -180,6 +192,7 @@ fn report_cmd(args: &ReportArgs) -> Result<()> {
     };
     // One profile, or the two of --diff.
     let written = match &loaded[..] {
+        [profile] if leak_table => report::leaks::write(profile, &options, &mut out),
         [profile] => report::render(profile, args.format, &options, &mut out),
         [before, after, ..] => {
             let files = args.diff.as_deref().unwrap_or_default();

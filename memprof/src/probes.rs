@@ -9,13 +9,14 @@
 use std::num::NonZeroU32;
 
 use anyhow::{anyhow, Context, Result};
-use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, PerCpuHashMap, StackTraceMap};
+use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, PerCpuHashMap, RingBuf, StackTraceMap};
 use aya::programs::uprobe::UProbeLinkId;
 use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope};
 use aya::programs::UProbe;
 use aya::{Ebpf, EbpfLoader};
 use memprof_common::{
-    config, counter, maps, programs, AllocSite, DwarfStack, LiveAlloc, ModuleRange, SiteTotals,
+    config, counter, maps, programs, AllocSite, DwarfStack, GcEvent, LiveAlloc, ModuleRange,
+    SiteTotals,
 };
 
 use crate::placement::Planned;
@@ -35,6 +36,9 @@ pub struct ProbeOptions {
     pub max_sites: u32,
     /// Attach programs that do nothing (benchmark of the bare probe cost).
     pub empty: bool,
+    /// Bytes of the GC event ring buffer (a power of two, at least a page;
+    /// only used when GC objects are judged by mark bits).
+    pub gc_events_bytes: u32,
 }
 
 /// How many module ranges the kernel's table holds (its size, 128, minus one).
@@ -48,7 +52,15 @@ pub struct Probes {
     links: Vec<(&'static str, UProbeLinkId)>,
     /// How many probes (entry + return) are attached.
     pub attached: usize,
+    /// GC objects allocated and gone (see [`memprof_common::GcEvent`]).
+    gc_events: Option<RingBuf<MapData>>,
+    /// The module ranges the kernel has, and which half of its table holds them.
+    module_ranges: Vec<ModuleRange>,
+    module_half: u32,
 }
+
+/// Entries in each half of the kernel's module table.
+const TABLE_SIZE: u32 = 128;
 
 /// The maps, kept after the programs are detached so they can be read.
 pub struct HeapMaps {
@@ -79,6 +91,7 @@ impl Probes {
             .map_max_entries(maps::DWARF_STACKS, dwarf_stacks)
             .map_max_entries(maps::SITE_TOTALS, options.max_sites)
             .map_max_entries(maps::UNWIND_ROWS, rows)
+            .map_max_entries(maps::GC_EVENTS, options.gc_events_bytes.max(4096))
             .load(OBJECT)
             .map_err(|e| permission_hint(anyhow!(e), "loading the eBPF programs"))?;
         let mut probes = Probes {
@@ -86,7 +99,16 @@ impl Probes {
             empty: options.empty,
             links: Vec::new(),
             attached: 0,
+            gc_events: None,
+            module_ranges: Vec::new(),
+            module_half: 0,
         };
+        probes.gc_events = Some(RingBuf::try_from(
+            probes
+                .ebpf
+                .take_map(maps::GC_EVENTS)
+                .ok_or_else(|| anyhow!("eBPF object has no map GC_EVENTS"))?,
+        )?);
         probes.set_enabled(true)?;
         if let Some(tables) = unwind_tables {
             let map = probes.map_mut(maps::UNWIND_ROWS)?;
@@ -174,18 +196,30 @@ impl Probes {
     }
 
     /// Tells the unwinder where each module is mapped (sorted by address).
+    ///
+    /// The kernel's table is double: the new ranges go into the half not in
+    /// use, then one write of `MODULE_COUNT` switches halves, so a probe
+    /// never unwinds with a half-written (or empty) table. Unchanged ranges
+    /// are not rewritten.
     pub fn set_module_ranges(&mut self, ranges: &[ModuleRange]) -> Result<()> {
         let ranges = &ranges[..ranges.len().min(MAX_MODULES)];
-        // Shrink the count first, so the kernel never reads a half-written entry.
-        self.set_config(config::MODULE_COUNT, 0)?;
+        if ranges == self.module_ranges.as_slice() {
+            return Ok(());
+        }
+        self.module_half ^= 1;
+        let offset = self.module_half * TABLE_SIZE;
         {
             let mut table: Array<&mut MapData, ModuleRange> =
                 Array::try_from(self.map_mut(maps::MODULE_RANGES)?)?;
             for (i, range) in ranges.iter().enumerate() {
-                table.set(i as u32, range, 0)?;
+                table.set(offset + i as u32, range, 0)?;
             }
         }
-        self.set_config(config::MODULE_COUNT, ranges.len() as u32)
+        self.module_ranges = ranges.to_vec();
+        self.set_config(
+            config::MODULE_COUNT,
+            ranges.len() as u32 | self.module_half << 8,
+        )
     }
 
     /// `run` only: have `dl_debug_state` stop the traced main thread when the
@@ -274,10 +308,28 @@ impl Probes {
         Ok(counters.get(&counter::GC_NOT_HELD, 0)?.iter().sum())
     }
 
-    /// Every entry of the live table, read in batches (a pass needs them
-    /// all; one syscall per entry would cost ~1 s per million).
-    pub fn live_entries(&self) -> Result<Vec<(u64, LiveAlloc)>> {
-        batch::lookup_all(self.live_fd()?)
+    /// Hands every GC event the kernel queued to `apply`, in order.
+    pub fn drain_gc_events(&mut self, mut apply: impl FnMut(&GcEvent)) {
+        let Some(ring) = &mut self.gc_events else {
+            return;
+        };
+        while let Some(item) = ring.next() {
+            if item.len() >= std::mem::size_of::<GcEvent>() {
+                // SAFETY: the kernel wrote a GcEvent (plain data); unaligned read.
+                let event = unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<GcEvent>()) };
+                apply(&event);
+            }
+        }
+    }
+
+    /// GC events lost because the ring buffer was full (summed over CPUs).
+    pub fn gc_events_lost(&self) -> Result<u64> {
+        let map = self
+            .ebpf
+            .map(maps::COUNTERS)
+            .ok_or_else(|| anyhow!("eBPF object has no map COUNTERS"))?;
+        let counters: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(map)?;
+        Ok(counters.get(&counter::GC_EVENTS_LOST, 0)?.iter().sum())
     }
 
     /// Removes dead blocks from the live table.
@@ -399,17 +451,15 @@ impl HeapMaps {
     }
 }
 
-/// `BPF_MAP_LOOKUP_BATCH` / `BPF_MAP_DELETE_BATCH`, which aya 0.14 does
-/// not wrap: thousands of entries per syscall.
+/// `BPF_MAP_DELETE_BATCH`, which aya 0.14 does not wrap: thousands of
+/// entries per syscall.
 mod batch {
     use anyhow::{bail, Result};
-    use memprof_common::LiveAlloc;
     use std::os::fd::RawFd;
 
-    const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
     const BPF_MAP_DELETE_BATCH: libc::c_long = 27;
-    /// Entries per call; must exceed the longest hash bucket.
-    const CHUNK: usize = 8192;
+    /// Entries per call.
+    const CHUNK: usize = 65536;
 
     /// The `batch` member of `union bpf_attr`.
     #[repr(C)]
@@ -438,39 +488,6 @@ mod batch {
             Err(std::io::Error::last_os_error())
         } else {
             Ok(())
-        }
-    }
-
-    pub fn lookup_all(fd: RawFd) -> Result<Vec<(u64, LiveAlloc)>> {
-        let mut out = Vec::new();
-        let mut keys = vec![0u64; CHUNK];
-        let mut values: Vec<LiveAlloc> = vec![unsafe { std::mem::zeroed() }; CHUNK];
-        let (mut token_in, mut token_out) = (0u64, 0u64);
-        let mut first = true;
-        loop {
-            let mut attr = BatchAttr {
-                in_batch: if first {
-                    0
-                } else {
-                    &mut token_in as *mut u64 as u64
-                },
-                out_batch: &mut token_out as *mut u64 as u64,
-                keys: keys.as_mut_ptr() as u64,
-                values: values.as_mut_ptr() as u64,
-                count: CHUNK as u32,
-                map_fd: fd as u32,
-                ..BatchAttr::default()
-            };
-            let result = bpf(BPF_MAP_LOOKUP_BATCH, &mut attr);
-            let n = attr.count as usize;
-            out.extend(keys[..n].iter().copied().zip(values[..n].iter().copied()));
-            match result {
-                Ok(()) => {}
-                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(out),
-                Err(e) => bail!("reading the live table: {e}"),
-            }
-            token_in = token_out;
-            first = false;
         }
     }
 

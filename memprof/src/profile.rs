@@ -92,6 +92,10 @@ pub struct GcSummary {
     /// held, or its memory could not be read); their dead are found later.
     #[serde(default)]
     pub collections_not_judged: u64,
+    /// GC allocations the kernel could not pass on for judging (its event
+    /// buffer was full): those objects count as live until freed or reused.
+    #[serde(default)]
+    pub events_lost: u64,
     /// The GC's collection number (`GC_gc_no`) of the last collection judged.
     pub last_collection: Option<u64>,
     /// At the last collection judged: tracked objects the collector had

@@ -126,7 +126,7 @@ pub fn run(command: &[String], options: &SessionOptions) -> Result<i32> {
     let exe = target::find_command(&command[0])?;
     let output = Output::create(options.output.as_ref(), &exe, None)?;
     let plan = plan_for(&exe, &[], options)?;
-    let mut probes = Probes::load(&options.probes, plan.tables.as_ref())?;
+    let mut probes = Probes::load(&probe_options(&plan, options), plan.tables.as_ref())?;
 
     let signals = Signals::block()?;
     let mut child = launch::launch(&exe, command, &signals.original)?;
@@ -181,7 +181,7 @@ pub fn run(command: &[String], options: &SessionOptions) -> Result<i32> {
             match event {
                 Event::Exiting => {
                     maps.refresh(pid);
-                    gc.read_heap_stats(pid);
+                    gc.read_heap_stats();
                 }
                 Event::Signal { tid, signal } if signal == libc::SIGTRAP => {
                     let ours = tid == pid && probes.take_library_load_signal()?;
@@ -205,10 +205,11 @@ pub fn run(command: &[String], options: &SessionOptions) -> Result<i32> {
         if exited.is_some() {
             break exited;
         }
+        gc.drain(&mut probes);
         let now = Instant::now();
         if grace.is_some_and(|g| now >= g) || deadline.is_some_and(|d| now >= d) {
             maps.refresh(pid);
-            gc.read_heap_stats(pid);
+            gc.read_heap_stats();
             probes.stop_holding()?;
             child.detach();
             eprintln!("memprof: stopped profiling; pid {pid} keeps running");
@@ -218,7 +219,8 @@ pub fn run(command: &[String], options: &SessionOptions) -> Result<i32> {
             refresh(&mut probes, &plan, &mut maps, pid)?;
             last_refresh = now;
         }
-        live.tick(&probes, &maps, gc.sites(), &header)?;
+        let gc_heap = live.sample_due().then(|| gc.heap_size_now()).flatten();
+        live.tick(&probes, &maps, gc.sites(), gc_heap, &header)?;
     };
     if let Some(status) = status {
         eprintln!("memprof: {} {status}", command.join(" "));
@@ -261,7 +263,7 @@ pub fn attach(pid: u32, options: &SessionOptions) -> Result<i32> {
         .collect();
     let output = Output::create(options.output.as_ref(), &target.exe, Some(pid))?;
     let plan = plan_for(&target.exe, &loaded, options)?;
-    let mut probes = Probes::load(&options.probes, plan.tables.as_ref())?;
+    let mut probes = Probes::load(&probe_options(&plan, options), plan.tables.as_ref())?;
     let signals = Signals::block()?;
     let mut maps = MapsCache::default();
     if let Some(tables) = &plan.tables {
@@ -299,7 +301,7 @@ pub fn attach(pid: u32, options: &SessionOptions) -> Result<i32> {
                 match event {
                     Event::Exiting => {
                         maps.refresh(pid);
-                        gc.read_heap_stats(pid);
+                        gc.read_heap_stats();
                     }
                     Event::Signal { tid, signal } => {
                         let ours = signal != libc::SIGTRAP && gc.on_hold(&mut probes, tid)?;
@@ -309,6 +311,7 @@ pub fn attach(pid: u32, options: &SessionOptions) -> Result<i32> {
                 }
             }
         }
+        gc.drain(&mut probes);
         if !target::is_alive(pid) {
             exited = true;
             eprintln!("memprof: pid {pid} exited");
@@ -322,11 +325,12 @@ pub fn attach(pid: u32, options: &SessionOptions) -> Result<i32> {
             refresh(&mut probes, &plan, &mut maps, pid)?;
             last_refresh = now;
         }
-        live.tick(&probes, &maps, gc.sites(), &header)?;
+        let gc_heap = live.sample_due().then(|| gc.heap_size_now()).flatten();
+        live.tick(&probes, &maps, gc.sites(), gc_heap, &header)?;
     }
     maps.refresh(pid);
     if !exited {
-        gc.read_heap_stats(pid);
+        gc.read_heap_stats();
     }
     // No new holds, then let every thread go.
     probes.stop_holding()?;
@@ -380,6 +384,7 @@ pub fn plan_for_pid(pid: u32, probe_at_entry: bool, heap: Heap) -> Result<Vec<Pl
             max_stacks: 1,
             max_sites: 1,
             empty: false,
+            gc_events_bytes: 0,
         },
         probe_at_entry,
         duration: None,
@@ -439,13 +444,25 @@ fn plan_for(exe: &std::path::Path, loaded: &[PathBuf], options: &SessionOptions)
     })
 }
 
+/// The GC event ring buffer: enough for ~1M allocations between two reads
+/// (the session reads it at least every 200 ms, and at each collection).
+const GC_EVENTS_BYTES: u32 = 64 << 20;
+
+fn probe_options(plan: &Plan, options: &SessionOptions) -> ProbeOptions {
+    let mut probes = options.probes.clone();
+    if plan.gc_module().is_some() && options.gc_liveness == GcLiveness::Marks {
+        probes.gc_events_bytes = GC_EVENTS_BYTES;
+    }
+    probes
+}
+
 /// The mark-bit passes of a session with a GC heap, or why there are none.
 struct GcWatch {
     judge: Option<Judge>,
     /// Why dead GC objects are found by address reuse only (no GC heap: None).
     fallback: Option<String>,
-    /// The collector's heap size, free and unmapped bytes at the end.
-    heap_stats: Option<[u64; 3]>,
+    /// The collector's heap figures at the end.
+    heap_stats: Option<crate::gc::HeapStats>,
     pid: u32,
 }
 
@@ -517,10 +534,8 @@ impl GcWatch {
         let Some(judge) = &mut self.judge else {
             return Ok(true);
         };
-        let result = probes
-            .live_entries()
-            .and_then(|live| judge.pass(epoch, &live))
-            .and_then(|dead| probes.forget_live(&dead));
+        probes.drain_gc_events(|event| judge.apply(event));
+        let result = judge.pass(epoch).and_then(|dead| probes.forget_live(&dead));
         if let Err(e) = result {
             judge.not_judged(1);
             self.fall_back(format!("the mark-bit pass failed: {e:#}"));
@@ -529,10 +544,24 @@ impl GcWatch {
         Ok(true)
     }
 
+    /// Keeps the copy of the GC objects current (the ring buffer must not fill).
+    fn drain(&mut self, probes: &mut Probes) {
+        if let Some(judge) = &mut self.judge {
+            probes.drain_gc_events(|event| judge.apply(event));
+        }
+    }
+
     /// The collector's heap figures, while the target's memory is readable.
-    fn read_heap_stats(&mut self, pid: u32) {
-        let _ = pid;
-        // Filled in with the heap-size layout (gc::heap_stats).
+    fn read_heap_stats(&mut self) {
+        if let Some(stats) = self.judge.as_mut().and_then(|j| j.heap_stats()) {
+            self.heap_stats = Some(stats);
+        }
+    }
+
+    /// `GC_get_heap_size()` now (for the timeline), where readable.
+    fn heap_size_now(&mut self) -> Option<u64> {
+        self.read_heap_stats();
+        self.heap_stats.as_ref().map(|s| s.heap_size)
     }
 
     fn sites(
@@ -549,6 +578,7 @@ impl GcWatch {
                 let _ = judge.finish();
                 let mut s = judge.summary().clone();
                 s.collections_not_judged += probes.collections_not_held().unwrap_or(0);
+                s.events_lost = probes.gc_events_lost().unwrap_or(0);
                 s
             }
             (None, Some(why)) => crate::profile::GcSummary {
@@ -557,10 +587,10 @@ impl GcWatch {
             },
             (None, None) => return None,
         };
-        if let Some([size, free, unmapped]) = self.heap_stats {
-            summary.heap_size = Some(size);
-            summary.free_bytes = Some(free);
-            summary.unmapped_bytes = Some(unmapped);
+        if let Some(stats) = &self.heap_stats {
+            summary.heap_size = Some(stats.heap_size);
+            summary.free_bytes = Some(stats.free_bytes);
+            summary.unmapped_bytes = Some(stats.unmapped_bytes);
         }
         Some(summary)
     }
@@ -589,7 +619,11 @@ fn finish(
     let raw = heap::collect(&heap_maps, gc.sites())?;
     drop(heap_maps);
     let groups = symbolize::symbolize(raw, maps, true);
-    let timeline = live.into_timeline(&groups, duration.as_secs_f64());
+    let timeline = live.into_timeline(
+        &groups,
+        duration.as_secs_f64(),
+        gc_summary.as_ref().and_then(|g| g.heap_size),
+    );
     let profile = Profile {
         memprof_version: env!("CARGO_PKG_VERSION").to_string(),
         mode: mode.to_string(),

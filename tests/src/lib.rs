@@ -34,6 +34,10 @@ pub mod fixture {
     pub const GROW: &str = env!("FIXTURE_GROW");
     pub const BENCH_LOOP: &str = env!("FIXTURE_BENCH_LOOP");
     pub const NO_LIBC: &str = env!("FIXTURE_NO_LIBC");
+    /// `fixtures/c/gc_verdicts.c` (`gc_verdicts OUT [SLEEP]`) linked with libgc.so.
+    pub const GC_VERDICTS: &str = env!("FIXTURE_GC_VERDICTS");
+    /// The same source with libgc.a linked in.
+    pub const GC_VERDICTS_STATIC: &str = env!("FIXTURE_GC_VERDICTS_STATIC");
 
     /// The Crystal fixture `fixtures/crystal/allocs.cr` (`allocs CASE`) in
     /// each build flavour (see `fixtures/compile.rs`).
@@ -48,6 +52,16 @@ pub mod fixture {
         pub const ALLOCS_STATIC: &str = env!("FIXTURE_CR_ALLOCS_STATIC");
         /// The static build, stripped: `.dynsym` names only, no DWARF.
         pub const ALLOCS_STRIPPED: &str = env!("FIXTURE_CR_ALLOCS_STRIPPED");
+
+        /// `fixtures/crystal/gc_verdicts.cr` (`gc_verdicts OUT [SLEEP]`):
+        /// debug (libgc.so), static (libgc.a) and stripped static builds.
+        pub const GC_VERDICTS_DEBUG: &str = env!("FIXTURE_CR_GC_VERDICTS_DEBUG");
+        pub const GC_VERDICTS_STATIC: &str = env!("FIXTURE_CR_GC_VERDICTS_STATIC");
+        pub const GC_VERDICTS_STRIPPED: &str = env!("FIXTURE_CR_GC_VERDICTS_STRIPPED");
+        /// `fixtures/crystal/gc_leak.cr`: a steady leak among garbage (debug build).
+        pub const GC_LEAK_DEBUG: &str = env!("FIXTURE_CR_GC_LEAK_DEBUG");
+        /// crystal-samples' binary-trees.cr (`binary-trees DEPTH`), `--release`.
+        pub const BINARY_TREES_RELEASE: &str = env!("FIXTURE_CR_BINARY_TREES_RELEASE");
     }
 }
 

@@ -515,7 +515,7 @@ fn snapshots_diff_shows_exactly_the_growth() {
 }
 
 #[test]
-fn crystal_flamegraph_folded_and_pprof() {
+fn crystal_folded_flamegraph_pprof_timeline_html() {
     use memprof_tests::fixture::crystal::ALLOCS_DEBUG;
     let dir = TempDir::new("crystal-reports");
     let profile = dir.join("allocs.mprof");
@@ -540,10 +540,56 @@ fn crystal_flamegraph_folded_and_pprof() {
     report_file(&profile, "pprof", &file, &[]);
     assert_eq!(pprof_flat(&file, "inuse_space", "Foo.new"), "3200000B");
     assert_eq!(pprof_flat(&file, "inuse_objects", "Foo.new"), "100000");
+
+    // The timeline has the GC kinds and the collector's heap size, its
+    // last sample the profile's end figures.
+    let json = report_json(&profile);
+    let last = json["timeline"]["samples"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert_eq!(last["gc_heap_bytes"], json["gc"]["heap_size"], "{last}");
+    assert!(last["gc_heap_bytes"].as_u64() > Some(3_200_000), "{last}");
+    let gc_live: u64 = groups(&json)
+        .iter()
+        .filter(|g| g["kind"] == "gc")
+        .map(|g| uint(g, "/live_bytes"))
+        .sum();
+    assert_eq!(last["live"]["gc"][1], gc_live);
+    let svg =
+        String::from_utf8(report_file(&profile, "timeline", &dir.join("t.svg"), &[])).unwrap();
+    assert!(
+        svg.contains("GC heap size") && svg.contains("\ngc\n"),
+        "timeline lines"
+    );
+
+    // The HTML page shows the Foo.new stack with its numbers.
+    let page = dir.join("foos.html");
+    report_file(&profile, "html", &page, &["--kind", "gc"]);
+    let (dom, _) = chromium(&page, &dir);
+    let stacks = dom.split("id=\"stacks\"").nth(1).unwrap();
+    let rows: Vec<String> = stacks
+        .split("</table>")
+        .next()
+        .unwrap()
+        .split("<tr>")
+        .map(text_of)
+        .collect();
+    assert!(
+        rows.iter()
+            .any(|r| r.starts_with("100,000 3,200,000 100,000 3,200,000 gc ")
+                && r.contains("in 'Foo.new'")),
+        "{rows:#?}"
+    );
+    let summary = text_of(dom.split("id=\"summary\"").nth(1).unwrap());
+    assert!(summary.contains("GC liveness mark bits"), "{summary}");
+    assert!(summary.contains("Filtered --kind gc"), "{summary}");
 }
 
 #[test]
-fn timeline_past_ten_thousand_blocks_comes_from_site_totals() {
+fn timeline_past_4096_blocks_comes_from_site_totals() {
     let dir = TempDir::new("timeline-big");
     let output = dir.join("grow.mprof");
     let mut grow = Grow::start();
@@ -564,7 +610,7 @@ fn timeline_past_ten_thousand_blocks_comes_from_site_totals() {
     let mut memprof = ChildGuard(child);
     let mut stderr = Lines::new("memprof attach stderr", memprof.0.stderr.take().unwrap());
     stderr.wait_for("attached", TIMEOUT);
-    // 45 steps: 11,250 live blocks, past the exact reading's 10,000.
+    // 45 steps: 11,250 live blocks, past the exact reading's 4,096.
     for _ in 0..45 {
         grow.step();
     }
@@ -587,8 +633,8 @@ fn timeline_past_ten_thousand_blocks_comes_from_site_totals() {
     assert!(
         samples
             .iter()
-            .any(|s| s["estimated"] == false && s["live"]["libc"][0].as_u64() < Some(10_000)),
-        "no exact sample below 10,000 blocks"
+            .any(|s| s["estimated"] == false && s["live"]["libc"][0].as_u64() < Some(4_096)),
+        "no exact sample below 4,096 blocks"
     );
     assert_eq!(samples.last().unwrap()["live"]["libc"], want);
 }

@@ -82,6 +82,26 @@ const GC_WAYS: &[Way] = &[
     },
 ];
 
+/// Ways for the GC collection loop: what the mark-bit pass adds to a
+/// collection (the collector is held while memprof reads the marks).
+const COLLECTION_WAYS: &[Way] = &[
+    Way {
+        name: "untraced",
+        memprof: None,
+    },
+    Way {
+        name: "memprof --gc-liveness reuse",
+        memprof: Some(&["--heap", "gc", "--gc-liveness", "reuse"]),
+    },
+    Way {
+        name: "memprof (mark bits)",
+        memprof: Some(&["--heap", "gc"]),
+    },
+];
+
+/// Objects the collection-loop workloads keep live, and collections timed.
+const COLLECTION_LOOPS: &[(u64, u64)] = &[(100_000, 10), (1_000_000, 5)];
+
 /// A program to time, and how many operations (of what kind) one run does.
 struct Workload {
     command: Vec<OsString>,
@@ -108,6 +128,8 @@ fn workloads() -> Result<Vec<Workload>> {
         .with_context(|| format!("cannot create {}", out_dir.display()))?;
     let bench_loop = fixtures::compile(&fixtures_src().join("bench_loop.c"), &out_dir)
         .map_err(anyhow::Error::msg)?;
+    let collect_loop = fixtures::compile(&fixtures_src().join("gc_collect_loop.c"), &out_dir)
+        .map_err(anyhow::Error::msg)?;
     let pairs = 1_000_000;
     // crystal-samples' binary-trees, as shipped: GC-heavy, deep recursion.
     let binary_trees = out_dir.join("binary-trees");
@@ -120,7 +142,7 @@ fn workloads() -> Result<Vec<Workload>> {
                 .arg("/usr/share/doc/crystal/examples/binary-trees.cr"),
         )?;
     }
-    Ok(vec![
+    let mut workloads = vec![
         Workload {
             command: vec![bench_loop.into(), pairs.to_string().into()],
             ways: MALLOC_WAYS,
@@ -136,7 +158,21 @@ fn workloads() -> Result<Vec<Workload>> {
             op: "GC allocation",
             clock: Clock::Wall,
         },
-    ])
+    ];
+    for &(objects, collections) in COLLECTION_LOOPS {
+        workloads.push(Workload {
+            command: vec![
+                collect_loop.clone().into(),
+                objects.to_string().into(),
+                collections.to_string().into(),
+            ],
+            ways: COLLECTION_WAYS,
+            ops: collections,
+            op: "collection",
+            clock: Clock::LoopNs,
+        });
+    }
+    Ok(workloads)
 }
 
 pub fn bench() -> Result<()> {
@@ -157,6 +193,7 @@ pub fn bench() -> Result<()> {
         );
         println!("|{:-<28}|{:-<12}|{:-<26}|{:-<13}|", "", "", "", "");
         let mut baseline = None;
+        let mut times = Vec::new();
         for way in workload.ways {
             let mut command = match way.memprof {
                 None => Command::new(&workload.command[0]),
@@ -175,6 +212,7 @@ pub fn bench() -> Result<()> {
             command.args(&workload.command[1..]);
             let traced = way.memprof.map(|_| (memprof.as_path(), profile.as_path()));
             let time = median_time(&mut command, workload.clock, traced)?.as_secs_f64();
+            times.push(time);
             let baseline = *baseline.get_or_insert(time);
             println!(
                 "| {:<26} | {:>10.1} | {:>24.3} | {:>9.1} × |",
@@ -182,6 +220,17 @@ pub fn bench() -> Result<()> {
                 time * 1e3,
                 time * 1e6 / workload.ops as f64,
                 time / baseline
+            );
+        }
+        if workload.op == "collection" {
+            // The pass: marks minus probes alone, per collection, per 100k tracked objects.
+            let objects: f64 = workload.command[1].to_string_lossy().parse()?;
+            let pause = (times[2] - times[1]) / workload.ops as f64;
+            println!(
+                "mark-bit pass: {:.1} ms added to each collection with {} objects tracked = {:.2} ms per 100,000 tracked objects",
+                pause * 1e3,
+                thousands(objects as u64),
+                pause * 1e3 * 100_000.0 / objects
             );
         }
     }

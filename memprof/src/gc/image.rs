@@ -1,7 +1,7 @@
 //! The parts of a libgc ELF file that decoding its code needs: the bytes at
 //! a virtual address, virtual address → file offset (what uprobes attach
 //! to), and what a GOT slot points to once the dynamic linker has filled it.
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
@@ -20,6 +20,10 @@ pub(crate) struct Image {
     pub code: Vec<(u64, u64)>,
     /// GOT slots (and other words) the dynamic linker fills: slot → value.
     slots: HashMap<u64, u64>,
+    /// Slots the dynamic linker fills with a symbol of another module
+    /// (`pthread_mutex_lock`): their file contents (a lazy PLT stub's
+    /// address) are not their run-time value.
+    external: HashSet<u64>,
     /// `.got` / `.got.plt` ranges, whose file contents are already final in a
     /// module linked without dynamic relocations for them.
     got: Vec<(u64, u64)>,
@@ -66,10 +70,12 @@ impl Image {
                 }
             }
         }
+        let (slots, external) = slots(&file);
         Ok(Image {
             path: path.to_path_buf(),
             symbols,
-            slots: slots(&file),
+            slots,
+            external,
             data,
             segments,
             code,
@@ -108,6 +114,12 @@ impl Image {
         self.segment(vaddr).is_some_and(|&(_, _, _, exec)| exec)
     }
 
+    /// Whether the dynamic linker fills `slot` with another module's symbol
+    /// (a call through it leaves the module).
+    pub fn is_external(&self, slot: u64) -> bool {
+        self.external.contains(&slot)
+    }
+
     /// The value the word at `slot` holds at run time, as a link-time
     /// address, when the module's relocations (or, without them, its GOT's
     /// file contents) say so: how `mov GC_arrays@GOTPCREL(%rip),%rcx` is
@@ -115,6 +127,9 @@ impl Image {
     pub fn slot_value(&self, slot: u64) -> Option<u64> {
         if let Some(&value) = self.slots.get(&slot) {
             return Some(value);
+        }
+        if self.external.contains(&slot) {
+            return None;
         }
         if self
             .got
@@ -131,13 +146,15 @@ impl Image {
 
 /// Dynamic relocations that put a link-time address into a word: GOT slots
 /// (`GLOB_DAT`, `JUMP_SLOT`), position-independent pointers (`RELATIVE`),
-/// plain `R_X86_64_64`. Symbols the module does not define are left out.
-fn slots(file: &object::File) -> HashMap<u64, u64> {
+/// plain `R_X86_64_64`. Symbols the module does not define are left out,
+/// and returned apart: the slots of other modules' symbols.
+fn slots(file: &object::File) -> (HashMap<u64, u64>, HashSet<u64>) {
     use object::elf::{R_X86_64_64, R_X86_64_GLOB_DAT, R_X86_64_JUMP_SLOT, R_X86_64_RELATIVE};
     let mut slots = HashMap::new();
+    let mut external = HashSet::new();
     let (Some(relocations), symbols) = (file.dynamic_relocations(), file.dynamic_symbol_table())
     else {
-        return slots;
+        return (slots, external);
     };
     for (slot, relocation) in relocations {
         let RelocationFlags::Elf { r_type } = relocation.flags() else {
@@ -154,9 +171,15 @@ fn slots(file: &object::File) -> HashMap<u64, u64> {
             }
             _ => None,
         };
-        if let Some(value) = value {
-            slots.insert(slot, value);
+        match value {
+            Some(value) => {
+                slots.insert(slot, value);
+            }
+            None if r_type != R_X86_64_RELATIVE => {
+                external.insert(slot);
+            }
+            None => {}
         }
     }
-    slots
+    (slots, external)
 }

@@ -73,56 +73,104 @@ impl MarkLayout {
         bias: u64,
         read: &mut impl FnMut(u64, &mut [u8]) -> io::Result<()>,
     ) -> io::Result<(Verdict, u64)> {
-        // Little-endian unsigned of `len` bytes (8 or 1).
-        let mut load = |addr: u64, len: usize| -> io::Result<u64> {
-            let mut buf = [0u8; 8];
-            read(addr, &mut buf[..len])?;
-            Ok(u64::from_le_bytes(buf))
-        };
-        let arrays = match self.arrays_slot {
-            Some(slot) => load(slot.wrapping_add(bias), 8)?,
+        let arrays = self.arrays_at(bias, read)?;
+        let block = self.block(p & !(self.hblksize() - 1), arrays, read)?;
+        Ok(self.verdict_in(p, &block))
+    }
+
+    /// Where `GC_arrays` is in the target (through its GOT slot when the
+    /// library has one: the executable may hold a copy-relocated one).
+    pub fn arrays_at(
+        &self,
+        bias: u64,
+        read: &mut impl FnMut(u64, &mut [u8]) -> io::Result<()>,
+    ) -> io::Result<u64> {
+        Ok(match self.arrays_slot {
+            Some(slot) => load(read, slot.wrapping_add(bias), 8)?,
             None => self.arrays.wrapping_add(bias),
-        };
-        let hi = p >> self.key_shift;
-        let nils = load(arrays + self.all_nils, 8)?;
-        let mut bi = load(arrays + self.top_index + (hi & self.top_mask) * 8, 8)?;
+        })
+    }
+
+    /// What the GC's block index and header say about the heap block at
+    /// `block` (a multiple of the block size); `arrays` from [`Self::arrays_at`].
+    /// Objects in one block share it: a pass reads it once per block.
+    pub fn block(
+        &self,
+        block: u64,
+        arrays: u64,
+        read: &mut impl FnMut(u64, &mut [u8]) -> io::Result<()>,
+    ) -> io::Result<Block> {
+        let hi = block >> self.key_shift;
+        let nils = load(read, arrays + self.all_nils, 8)?;
+        let mut bi = load(read, arrays + self.top_index + (hi & self.top_mask) * 8, 8)?;
         let mut steps = 0;
-        while bi != nils && load(bi + self.bi_key, 8)? != hi {
-            bi = load(bi + self.bi_hash_link, 8)?;
+        while bi != nils && load(read, bi + self.bi_key, 8)? != hi {
+            bi = load(read, bi + self.bi_hash_link, 8)?;
             steps += 1;
             if steps > MAX_CHAIN {
                 return Err(io::Error::other("bottom index chain does not end"));
             }
         }
         let hdr = load(
-            bi + self.bi_index + ((p >> self.log_hblksize) & self.bottom_mask) * 8,
+            read,
+            bi + self.bi_index + ((block >> self.log_hblksize) & self.bottom_mask) * 8,
             8,
         )?;
         if hdr == 0 {
-            return Ok((Verdict::NoBlock, 0));
+            return Ok(Block::Not(Verdict::NoBlock));
         }
         if hdr <= self.max_forward {
-            return Ok((Verdict::Forwarded, 0));
+            return Ok(Block::Not(Verdict::Forwarded));
         }
-        if load(hdr + self.hb_flags, 1)? as u8 & self.free_blk != 0 {
-            return Ok((Verdict::FreeBlock, 0));
+        if load(read, hdr + self.hb_flags, 1)? as u8 & self.free_blk != 0 {
+            return Ok(Block::Not(Verdict::FreeBlock));
         }
-        let size = load(hdr + self.hb_sz, 8)?;
+        let size = load(read, hdr + self.hb_sz, 8)?;
+        // One mark byte per granule of the block (and the GC's end marker).
+        let mut marks = vec![0u8; (self.hblksize() >> self.granule_shift) as usize + 1];
+        read(hdr + self.hb_marks, &mut marks)?;
+        Ok(Block::Objects { size, marks })
+    }
+
+    /// The verdict on object `p` in its block (see [`Self::block`]), and
+    /// its size as the GC counts it when it is an object.
+    pub fn verdict_in(&self, p: u64, block: &Block) -> (Verdict, u64) {
+        let (size, marks) = match block {
+            Block::Not(verdict) => return (*verdict, 0),
+            Block::Objects { size, marks } => (*size, marks),
+        };
         let in_block = p & (self.hblksize() - 1);
         // GC_base: objects are laid out from the block start, `size` apart;
         // one larger than a block starts at the block.
         if size == 0 || !p.is_multiple_of(8) || !in_block.is_multiple_of(size) {
-            return Ok((Verdict::NotAnObject, 0));
+            return (Verdict::NotAnObject, 0);
         }
         if size <= self.hblksize() && in_block + size > self.hblksize() {
-            return Ok((Verdict::NotAnObject, 0));
+            return (Verdict::NotAnObject, 0);
         }
-        let mark = load(hdr + self.hb_marks + (in_block >> self.granule_shift), 1)?;
-        let verdict = if mark != 0 {
-            Verdict::Marked
-        } else {
-            Verdict::Unmarked
-        };
-        Ok((verdict, size))
+        match marks.get((in_block >> self.granule_shift) as usize) {
+            Some(&mark) if mark != 0 => (Verdict::Marked, size),
+            _ => (Verdict::Unmarked, size),
+        }
     }
+}
+
+/// A heap block as its header describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Block {
+    /// No live block of objects there: every object that was in it is dead.
+    Not(Verdict),
+    /// A block of objects of `size` bytes, and its mark bytes.
+    Objects { size: u64, marks: Vec<u8> },
+}
+
+/// Little-endian unsigned of `len` bytes (8 or 1) at `addr`.
+fn load(
+    read: &mut impl FnMut(u64, &mut [u8]) -> io::Result<()>,
+    addr: u64,
+    len: usize,
+) -> io::Result<u64> {
+    let mut buf = [0u8; 8];
+    read(addr, &mut buf[..len])?;
+    Ok(u64::from_le_bytes(buf))
 }

@@ -34,6 +34,7 @@
 //! assert_eq!((layout.top_index, layout.all_nils, layout.hb_marks), (0x289f0, 0xc0, 0x40));
 //! # Ok(()) }
 //! ```
+pub mod heap_stats;
 mod image;
 pub mod layout;
 pub mod lookup;
@@ -49,6 +50,7 @@ use iced_x86::{
     IntelFormatter, Mnemonic, OpKind, Register,
 };
 
+pub use self::heap_stats::{derive_heap_stats, HeapStats, HeapStatsLayout};
 use self::image::Image;
 pub use self::layout::{derive_layout, MarkLayout};
 pub use self::lookup::Verdict;

@@ -24,17 +24,23 @@
 //! assert_eq!(judge.summary().collections, 0);
 //! # Ok(()) }
 //! ```
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::io::{self, BufWriter, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use memprof_common::{AllocKind, AllocSite, LiveAlloc};
+use memprof_common::{gc_event, AllocSite, GcEvent, LiveAlloc};
 
-use super::{derive_layout, find_end_of_mark, EndOfMark, MarkLayout, Verdict};
+use super::lookup::Block;
+use super::{
+    derive_heap_stats, derive_layout, find_end_of_mark, EndOfMark, HeapStats, HeapStatsLayout,
+    MarkLayout, Verdict,
+};
 use crate::profile::{GcSummary, Lifetimes};
 use crate::target::maps;
 
@@ -62,10 +68,14 @@ pub struct Judge {
     module: PathBuf,
     layout: MarkLayout,
     end: EndOfMark,
+    /// Where the collector keeps its heap size and free bytes, if derivable.
+    heap_stats: Option<HeapStatsLayout>,
     /// Run-time minus link-time address of `module` (found at the first pass).
     bias: Option<u64>,
     mem: File,
     sites: HashMap<AllocSite, SiteGc>,
+    /// The tracked GC objects (kept current from the kernel's GC events).
+    objects: HashMap<u64, LiveAlloc, BuildAddressHasher>,
     summary: GcSummary,
     /// `--gc-verdicts`: one line per object judged.
     verdicts: Option<BufWriter<File>>,
@@ -91,9 +101,11 @@ impl Judge {
             module: module.to_path_buf(),
             layout,
             end,
+            heap_stats: derive_heap_stats(module).ok(),
             bias: None,
             mem,
             sites: HashMap::new(),
+            objects: HashMap::default(),
             summary: GcSummary {
                 liveness: "mark bits".into(),
                 ..GcSummary::default()
@@ -117,10 +129,23 @@ impl Judge {
         self.summary.collections_not_judged += collections;
     }
 
+    /// Applies one kernel event to the copy of the tracked GC objects.
+    pub fn apply(&mut self, event: &GcEvent) {
+        match event.op {
+            gc_event::ALLOC => {
+                self.objects.insert(event.addr, event.object);
+            }
+            _ => {
+                self.objects.remove(&event.addr);
+            }
+        }
+    }
+
     /// One pass, at the end of the marking of collection `epoch` (memprof's
-    /// count), with the collector held. `live` is the live table; returns
-    /// the addresses found dead, for the caller to remove from it.
-    pub fn pass(&mut self, epoch: u64, live: &[(u64, LiveAlloc)]) -> Result<Vec<u64>> {
+    /// count), with the collector held and every event applied. Returns the
+    /// addresses found dead (forgotten here), for the caller to remove from
+    /// the kernel's live table.
+    pub fn pass(&mut self, epoch: u64) -> Result<Vec<u64>> {
         let started = Instant::now();
         let bias = match self.bias {
             Some(b) => b,
@@ -132,32 +157,37 @@ impl Judge {
         };
         let mut pages = PageCache::new(&self.mem);
         let gc_no = self.read_gc_no(bias, &mut pages)?;
+        let mut read = |a: u64, buf: &mut [u8]| pages.read(a, buf);
+        let arrays = self.layout.arrays_at(bias, &mut read)?;
+        let block_mask = !(self.layout.hblksize() - 1);
+        let mut blocks: HashMap<u64, Block, BuildAddressHasher> = HashMap::default();
         let now_ns = monotonic_ns();
         let mut dead = Vec::new();
-        let mut marked: HashMap<AllocSite, (u64, u64)> = HashMap::new();
-        let mut live_now: HashMap<AllocSite, u64> = HashMap::new();
+        let mut marked: HashMap<AllocSite, (u64, u64), BuildAddressHasher> = HashMap::default();
+        let mut live_now: HashMap<AllocSite, u64, BuildAddressHasher> = HashMap::default();
         let mut collected: Vec<(AllocSite, LiveAlloc)> = Vec::new();
-        for &(addr, object) in live {
-            if !matches!(
-                AllocKind::from_u8(object.site.kind),
-                Some(AllocKind::Gc | AllocKind::GcAtomic)
-            ) {
-                continue;
-            }
+        for (&addr, &object) in &self.objects {
             if object.epoch >= epoch {
                 // Allocated after this collection began: its mark means nothing yet.
                 *live_now.entry(object.site).or_default() += 1;
                 continue;
             }
-            let (verdict, size) = self
-                .layout
-                .judge(addr, bias, &mut |a, buf| pages.read(a, buf))
-                .with_context(|| {
-                    format!(
-                        "reading the GC's mark bits of {addr:#x} in pid {}",
-                        self.pid
-                    )
-                })?;
+            let block = match blocks.entry(addr & block_mask) {
+                Entry::Occupied(e) => e.into_mut(),
+                Entry::Vacant(e) => {
+                    let b = self
+                        .layout
+                        .block(addr & block_mask, arrays, &mut read)
+                        .with_context(|| {
+                            format!(
+                                "reading the GC's mark bits of {addr:#x} in pid {}",
+                                self.pid
+                            )
+                        })?;
+                    e.insert(b)
+                }
+            };
+            let (verdict, size) = self.layout.verdict_in(addr, block);
             if let Some(out) = &mut self.verdicts {
                 let word = if verdict.is_live() { "live" } else { "dead" };
                 writeln!(out, "{gc_no} {addr:#x} {word} {verdict:?}")?;
@@ -171,6 +201,9 @@ impl Judge {
                 dead.push(addr);
                 collected.push((object.site, object));
             }
+        }
+        for &addr in &dead {
+            self.objects.remove(&addr);
         }
         for (site, object) in collected {
             let s = self.sites.entry(site).or_default();
@@ -227,7 +260,21 @@ impl Judge {
             Some(slot) => word(slot + bias)?,
             None => self.end.gc_no + bias,
         };
-        Ok(word(at).context("reading GC_gc_no")?)
+        word(at).context("reading GC_gc_no")
+    }
+
+    /// The collector's heap size, free and unmapped bytes now (`None` if
+    /// its layout was not derivable or the memory is gone).
+    pub fn heap_stats(&mut self) -> Option<HeapStats> {
+        let layout = self.heap_stats.as_ref()?;
+        let bias = match self.bias {
+            Some(b) => b,
+            None => load_bias(self.pid, &self.module).ok()?,
+        };
+        let mem = &self.mem;
+        layout
+            .read(bias, &mut |a, buf| mem.read_exact_at(buf, a))
+            .ok()
     }
 
     /// What the passes learned, per site.
@@ -260,11 +307,32 @@ fn push_point(history: &mut Vec<[u64; 2]>, point: [u64; 2]) {
     }
 }
 
+/// Addresses are already well spread: a multiply is hash enough (SipHash
+/// would dominate a pass).
+#[derive(Default)]
+struct AddressHasher(u64);
+
+impl Hasher for AddressHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ b as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (n ^ (n >> 29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+type BuildAddressHasher = BuildHasherDefault<AddressHasher>;
+
 /// Pages of the target's memory read during one pass (the target is held:
 /// they cannot change meanwhile).
 struct PageCache<'a> {
     mem: &'a File,
-    pages: HashMap<u64, Box<[u8; PAGE]>>,
+    pages: HashMap<u64, Box<[u8; PAGE]>, BuildAddressHasher>,
 }
 
 const PAGE: usize = 4096;
@@ -273,7 +341,7 @@ impl<'a> PageCache<'a> {
     fn new(mem: &'a File) -> PageCache<'a> {
         PageCache {
             mem,
-            pages: HashMap::new(),
+            pages: HashMap::default(),
         }
     }
 

@@ -13,13 +13,14 @@
 //! | `Ptr { base: Stack, off }` | the entry `%rsp` + `off` (spills, pushes, return addresses) |
 //! | `Ptr { base: Bi, … }` | a `bottom_index *` read from `top_index[…]` |
 //! | `Ptr { base: Hdr, … }` | an `hdr *` read from `bi->index[…]` |
+//! | [`WordSum`] | `±[word] ± [word] …`: global words read and added or subtracted (`GC_heapsize - GC_unmapped_bytes`) |
 //!
 //! Each memory read whose address combines these in the shape `HDR(p)` and
 //! `GC_is_marked` use is recorded as a [`Facts`] entry: the top-level array
 //! and its index bits, the bottom index fields, the mark byte. The caller
 //! ([`super::layout`]) then demands that every fact has exactly one value;
 //! anything else means the code is not shaped as expected.
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use iced_x86::{
     Code, Decoder, DecoderOptions, FlowControl, Instruction, InstructionInfoFactory, Mnemonic,
@@ -63,10 +64,57 @@ pub(crate) enum Base {
     RetAddr,
 }
 
+/// A global word read from memory, as in [`Base::Global`]: `(GOT slot its
+/// address came from, offset)`, and whether it is subtracted.
+pub(crate) type Word = (Option<u64>, u64, bool);
+
+/// Most words a [`WordSum`] holds.
+const SUM_WORDS: usize = 4;
+
+/// `Σ ±word`: the value of global words read and added or subtracted
+/// (`GC_get_free_bytes` returns `GC_large_free_bytes - GC_unmapped_bytes`).
+/// Terms in order, unused ones `None`; a word and its negation cancel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct WordSum(pub [Option<Word>; SUM_WORDS]);
+
+impl WordSum {
+    /// The words, in order.
+    pub fn terms(&self) -> impl Iterator<Item = Word> + '_ {
+        self.0.iter().flatten().copied()
+    }
+
+    /// `a + b`, or `a - b` when `negate`; `None` when it does not fit.
+    fn combine(a: WordSum, b: WordSum, negate: bool) -> Option<WordSum> {
+        let mut terms: Vec<Word> = a.terms().collect();
+        for (slot, off, neg) in b.terms() {
+            let neg = neg != negate;
+            match terms
+                .iter()
+                .position(|&(s, o, n)| (s, o) == (slot, off) && n != neg)
+            {
+                Some(i) => {
+                    terms.remove(i);
+                }
+                None => terms.push((slot, off, neg)),
+            }
+        }
+        if terms.len() > SUM_WORDS {
+            return None;
+        }
+        let mut sum = [None; SUM_WORDS];
+        for (i, term) in terms.into_iter().enumerate() {
+            sum[i] = Some(term);
+        }
+        Some(WordSum(sum))
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum V {
     Unknown,
     Bits(Bits),
+    /// Global words added and subtracted.
+    Words(WordSum),
     /// `base + off + bits * scale`.
     Ptr {
         base: Base,
@@ -116,6 +164,21 @@ impl V {
     }
 
     /// The value as the low 32 bits (a write to a 32-bit register).
+    /// The value as a sum of global words: one word read, or several combined.
+    fn words(self) -> Option<WordSum> {
+        match self {
+            V::Words(sum) => Some(sum),
+            _ => match self.role() {
+                Some(Base::Global(slot, off)) => {
+                    let mut sum = [None; SUM_WORDS];
+                    sum[0] = Some((slot, off, false));
+                    Some(WordSum(sum))
+                }
+                _ => None,
+            },
+        }
+    }
+
     fn low32(self) -> V {
         match self {
             V::Bits(b) => V::Bits(Bits {
@@ -159,6 +222,7 @@ fn compose(terms: &[(V, u64)], disp: u64) -> V {
                 }
                 idx = Some((b, scale));
             }
+            V::Words(_) => return V::Unknown,
             V::Ptr {
                 base: b,
                 off: o,
@@ -292,6 +356,8 @@ pub(crate) struct Facts {
 pub(crate) enum ReturnValue {
     MarkByte,
     HdrField(u64, u32),
+    /// Global words added and subtracted (one word read: a sum of one).
+    Words(WordSum),
     Zero,
     Other,
 }
@@ -332,6 +398,10 @@ const CALLER_SAVED: [Register; 9] = [
 const MAX_DEPTH: u32 = 4;
 /// Instructions executed over all paths before giving up.
 const MAX_STEPS: usize = 200_000;
+/// Visits of one instruction after which plain numbers that changed since
+/// its last visit are forgotten, so that counting loops (a spin lock's
+/// `for (i = 0;; i++)`) reach a state seen before and end.
+const WIDEN_AFTER: u32 = 64;
 
 #[derive(Clone, PartialEq, Eq, Hash)]
 struct State {
@@ -390,6 +460,7 @@ pub(crate) fn explore(image: &Image, entry: u64) -> Facts {
         depth: 0,
     }];
     let mut seen: HashSet<State> = HashSet::new();
+    let mut visits: HashMap<u64, (u32, State)> = HashMap::new();
     let mut steps = 0;
     while let Some(mut state) = pending.pop() {
         loop {
@@ -397,6 +468,18 @@ pub(crate) fn explore(image: &Image, entry: u64) -> Facts {
             if steps > MAX_STEPS {
                 run.facts.cut.insert(format!("more than {MAX_STEPS} steps"));
                 return run.facts;
+            }
+            match visits.get_mut(&state.ip) {
+                Some((count, last)) => {
+                    *count += 1;
+                    if *count > WIDEN_AFTER {
+                        widen(&mut state, last);
+                    }
+                    last.clone_from(&state);
+                }
+                None => {
+                    visits.insert(state.ip, (1, state.clone()));
+                }
             }
             if !seen.insert(state.clone()) {
                 break; // this exact state was explored already (loops end here)
@@ -409,6 +492,21 @@ pub(crate) fn explore(image: &Image, entry: u64) -> Facts {
         }
     }
     run.facts
+}
+
+/// Forgets the plain numbers of `state` that differ from `last` (an
+/// earlier state at the same instruction): loop counters.
+fn widen(state: &mut State, last: &State) {
+    for (value, before) in state.regs.iter_mut().zip(last.regs.iter()) {
+        if value != before && value.as_imm().is_some() {
+            *value = V::Unknown;
+        }
+    }
+    for (off, value) in state.stack.iter_mut() {
+        if last.stack.get(off) != Some(value) && value.as_imm().is_some() {
+            *value = V::Unknown;
+        }
+    }
 }
 
 enum Next {
@@ -459,6 +557,34 @@ impl Run<'_> {
                     Some(target) => {
                         state.ip = target;
                         Next::Continue
+                    }
+                    // A jump through another module's GOT slot (a PLT stub,
+                    // a tail call) inside a followed call: that function
+                    // returns to the followed call's return address.
+                    None if state.depth > 0
+                        && insn.op0_kind() == OpKind::Memory
+                        && insn.is_ip_rel_memory_operand()
+                        && self.image.is_external(insn.ip_rel_memory_address())
+                        && matches!(
+                            self.top(state),
+                            Some(V::Ptr {
+                                base: Base::RetAddr,
+                                idx: None,
+                                ..
+                            })
+                        ) =>
+                    {
+                        for reg in CALLER_SAVED {
+                            state.set(reg, V::Unknown);
+                        }
+                        match self.pop(state) {
+                            Some(V::Ptr { off, .. }) => {
+                                state.depth -= 1;
+                                state.ip = off;
+                                Next::Continue
+                            }
+                            _ => Next::End,
+                        }
                     }
                     None => {
                         self.facts
@@ -511,7 +637,10 @@ impl Run<'_> {
                             Some(Base::Mark) => ReturnValue::MarkByte,
                             Some(Base::HdrField(off, size)) => ReturnValue::HdrField(off, size),
                             _ if rax.as_imm() == Some(0) => ReturnValue::Zero,
-                            _ => ReturnValue::Other,
+                            _ => match rax.words() {
+                                Some(sum) => ReturnValue::Words(sum),
+                                None => ReturnValue::Other,
+                            },
                         };
                         self.facts.returns.insert(value);
                         Next::End
@@ -562,6 +691,18 @@ impl Run<'_> {
                 true
             }
             _ => false,
+        }
+    }
+
+    /// The word at the top of the stack.
+    fn top(&self, state: &State) -> Option<V> {
+        match state.reg(Register::RSP) {
+            V::Ptr {
+                base: Base::Stack,
+                off,
+                idx: None,
+            } => state.stack.get(&off).copied(),
+            _ => None,
         }
     }
 
@@ -750,7 +891,18 @@ impl Run<'_> {
                 let same_register = insn.op0_kind() == OpKind::Register
                     && insn.op1_kind() == OpKind::Register
                     && insn.op0_register() == insn.op1_register();
+                let sum = match (insn.mnemonic(), a.words(), b.words()) {
+                    (Mnemonic::Add | Mnemonic::Sub, Some(x), Some(y)) if !same_register => {
+                        Some(WordSum::combine(x, y, insn.mnemonic() == Mnemonic::Sub))
+                    }
+                    _ => None,
+                };
                 let value = match insn.mnemonic() {
+                    _ if sum.is_some() => match sum.flatten() {
+                        None => V::Unknown,
+                        Some(WordSum([None, ..])) => V::imm(0), // x - x
+                        Some(sum) => V::Words(sum),
+                    },
                     Mnemonic::Add => compose(&[(a, 1), (b, 1)], 0),
                     Mnemonic::Sub if same_register => V::imm(0),
                     Mnemonic::Sub => sub(a, b),
@@ -886,6 +1038,21 @@ mod tests {
                 8
             )
         );
+    }
+
+    #[test]
+    fn words_subtract_and_cancel() {
+        let word = |off| V::of(Base::Global(Some(0x2cf08), off)).words().unwrap();
+        // GC_heapsize - GC_unmapped_bytes
+        let diff = WordSum::combine(word(0), word(0xb8), true).unwrap();
+        let terms: Vec<Word> = diff.terms().collect();
+        assert_eq!(
+            terms,
+            [(Some(0x2cf08), 0, false), (Some(0x2cf08), 0xb8, true)]
+        );
+        // (a - b) + b == a
+        let back = WordSum::combine(diff, word(0xb8), false).unwrap();
+        assert_eq!(back, word(0));
     }
 
     #[test]

@@ -22,6 +22,7 @@ pub mod flamegraph;
 pub mod folded;
 pub mod html;
 pub mod json;
+pub mod leaks;
 pub mod markdown;
 pub mod pprof;
 pub mod timeline;
@@ -99,6 +100,8 @@ pub struct Options {
     /// The filters applied, in words (`--function make_foo; --temporary …`),
     /// for the headers of markdown, types and html; `None` when unfiltered.
     pub filters: Option<String>,
+    /// Keep the profile's order of stacks (`--leaks` ranks them itself).
+    pub keep_order: bool,
 }
 
 impl Default for Options {
@@ -113,6 +116,7 @@ impl Default for Options {
             total: false,
             inverted: false,
             filters: None,
+            keep_order: false,
         }
     }
 }
@@ -187,13 +191,15 @@ pub fn select<'a>(
         .filter(|g| g.live_bytes >= min && (!live_only || g.live_count > 0))
         .map(|g| (g, stack_key(g)))
         .collect();
-    rows.sort_by(|(a, ka), (b, kb)| {
-        b.live_bytes
-            .cmp(&a.live_bytes)
-            .then(b.live_count.cmp(&a.live_count))
-            .then(b.total_bytes.cmp(&a.total_bytes))
-            .then_with(|| ka.cmp(kb))
-    });
+    if !options.keep_order {
+        rows.sort_by(|(a, ka), (b, kb)| {
+            b.live_bytes
+                .cmp(&a.live_bytes)
+                .then(b.live_count.cmp(&a.live_count))
+                .then(b.total_bytes.cmp(&a.total_bytes))
+                .then_with(|| ka.cmp(kb))
+        });
+    }
     rows.truncate(options.top.unwrap_or(usize::MAX));
     rows.into_iter().map(|(g, _)| g).collect()
 }

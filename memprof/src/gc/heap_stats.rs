@@ -1,0 +1,601 @@
+//! The collector's own heap figures — heap size, free bytes, unmapped
+//! bytes — read from the target's memory, at offsets derived from the
+//! machine code of the target's own libgc. No code runs in the target.
+//!
+//! libgc keeps them in its `GC_arrays` struct (`GC_heapsize`,
+//! `GC_large_free_bytes`, `GC_unmapped_bytes` are macros for fields of it),
+//! whose layout differs between builds. Three exported getters read them:
+//!
+//! ```text
+//! GC_get_heap_size():      return GC_heapsize - GC_unmapped_bytes        // GC_arrays + 0, + 0xb8
+//! GC_get_free_bytes():     return GC_large_free_bytes - GC_unmapped_bytes // GC_arrays + 0x18, + 0xb8
+//! GC_get_unmapped_bytes(): return GC_unmapped_bytes                       // GC_arrays + 0xb8
+//! ```
+//!
+//! (numbers: Debian's libgc 8.2.2). Built without `USE_MUNMAP`,
+//! `GC_unmapped_bytes` is the constant 0 and the getters return the plain
+//! fields; 7.x wraps each read in `LOCK()`/`UNLOCK()`. [`derive_heap_stats`]
+//! runs each getter through the symbolic executor (following calls, spin
+//! loops and spills to the value in `%rax` at `ret`) and accepts exactly
+//! these shapes; anything else is `unsupported libgc layout: …`.
+//!
+//! ```no_run
+//! # fn main() -> anyhow::Result<()> {
+//! use memprof::gc::heap_stats::derive_heap_stats;
+//! let layout = derive_heap_stats("/usr/lib/x86_64-linux-gnu/libgc.so.1".as_ref())?;
+//! // Debian 8.2.2: GC_arrays through its GOT slot 0x2cf08.
+//! assert_eq!((layout.heap_size, layout.large_free, layout.unmapped), (0, 0x18, Some(0xb8)));
+//! // In a process: `bias` is the module's run-time minus link-time address.
+//! # let (pid, bias) = (1, 0);
+//! let mem = std::fs::File::open(format!("/proc/{pid}/mem"))?;
+//! let mut read = |addr: u64, buf: &mut [u8]| std::os::unix::fs::FileExt::read_exact_at(&mem, buf, addr);
+//! let stats = layout.read(bias, &mut read)?;
+//! println!("heap {} free {} unmapped {}", stats.heap_size, stats.free_bytes, stats.unmapped_bytes);
+//! # Ok(()) }
+//! ```
+use std::io;
+use std::path::Path;
+
+use anyhow::{anyhow, Result};
+
+use super::image::Image;
+use super::symbolic::{self, ReturnValue, Word};
+
+/// Where libgc keeps its heap figures in one module, and how its getters
+/// combine them.
+///
+/// `arrays`/`arrays_slot` as in [`super::MarkLayout`]; offsets are bytes
+/// from the `GC_arrays` the code uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeapStatsLayout {
+    /// The address the offsets count from, at link time: `GC_arrays` (or 0
+    /// when the offsets are absolute link-time addresses because the module
+    /// does not name `GC_arrays`).
+    pub arrays: u64,
+    /// The GOT slot the code reads that address from (a shared libgc): read
+    /// it at run time, an executable may hold a copy-relocated `GC_arrays`.
+    pub arrays_slot: Option<u64>,
+    /// Offset of `GC_heapsize` (bytes of heap, unmapped parts included).
+    pub heap_size: u64,
+    /// Offset of `GC_large_free_bytes` (bytes in free blocks, unmapped ones included).
+    pub large_free: u64,
+    /// Offset of `GC_unmapped_bytes`; `None` in a build without `USE_MUNMAP`,
+    /// where it is always 0.
+    pub unmapped: Option<u64>,
+    /// `GC_get_heap_size` subtracts the unmapped bytes (8.x does).
+    pub heap_size_less_unmapped: bool,
+    /// `GC_get_free_bytes` subtracts the unmapped bytes (8.x does).
+    pub free_less_unmapped: bool,
+}
+
+/// The figures, as the getters in the target would return them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct HeapStats {
+    /// What `GC_get_heap_size()` returns: heap bytes the GC holds (without
+    /// the unmapped ones in 8.x).
+    pub heap_size: u64,
+    /// What `GC_get_free_bytes()` returns: bytes in free heap blocks
+    /// (without the unmapped ones in 8.x). Free objects on free lists are
+    /// not counted.
+    pub free_bytes: u64,
+    /// What `GC_get_unmapped_bytes()` returns: heap bytes returned to the OS.
+    pub unmapped_bytes: u64,
+}
+
+impl HeapStatsLayout {
+    /// Reads the figures from the target through `read(address, buffer)`;
+    /// `bias` is the module's run-time minus link-time address. Three words
+    /// are read one after the other: a collection or an allocation may run
+    /// between them (read with the target stopped for exact figures).
+    pub fn read(
+        &self,
+        bias: u64,
+        read: &mut impl FnMut(u64, &mut [u8]) -> io::Result<()>,
+    ) -> io::Result<HeapStats> {
+        let mut load = |addr: u64| -> io::Result<u64> {
+            let mut buf = [0u8; 8];
+            read(addr, &mut buf)?;
+            Ok(u64::from_le_bytes(buf))
+        };
+        let arrays = match self.arrays_slot {
+            Some(slot) => load(slot.wrapping_add(bias))?,
+            None => self.arrays.wrapping_add(bias),
+        };
+        let heapsize = load(arrays.wrapping_add(self.heap_size))?;
+        let large_free = load(arrays.wrapping_add(self.large_free))?;
+        let unmapped = match self.unmapped {
+            Some(off) => load(arrays.wrapping_add(off))?,
+            None => 0,
+        };
+        let less = |value: u64, yes: bool| {
+            if yes {
+                value.wrapping_sub(unmapped)
+            } else {
+                value
+            }
+        };
+        Ok(HeapStats {
+            heap_size: less(heapsize, self.heap_size_less_unmapped),
+            free_bytes: less(large_free, self.free_less_unmapped),
+            unmapped_bytes: unmapped,
+        })
+    }
+}
+
+fn unsupported(module: &Path, what: impl std::fmt::Display) -> anyhow::Error {
+    anyhow!("unsupported libgc layout: {what} (in {})", module.display())
+}
+
+/// What a getter returns: the words added (`false`) and subtracted (`true`),
+/// or the constant 0.
+#[derive(Debug)]
+enum Returned {
+    Zero,
+    Words(Vec<Word>),
+}
+
+/// Derives the [`HeapStatsLayout`] of the libgc in `module` (a shared libgc
+/// or an executable with libgc linked in, stripped or not) from its
+/// `GC_get_heap_size`, `GC_get_free_bytes` and `GC_get_unmapped_bytes`.
+pub fn derive_heap_stats(module: &Path) -> Result<HeapStatsLayout> {
+    let image = Image::open(module)?;
+    derive(&image)
+}
+
+fn derive(image: &Image) -> Result<HeapStatsLayout> {
+    let module = image.path.as_path();
+    // Every path through the getter must reach `ret` with one and the same
+    // value: a sum of words, or 0.
+    let returned = |name: &str| -> Result<Returned> {
+        let entry = image
+            .symbol(name)
+            .ok_or_else(|| unsupported(module, format!("{name} is not defined")))?;
+        let facts = symbolic::explore(image, entry);
+        let fail = |what: String| {
+            let cut: Vec<&str> = facts.cut.iter().map(String::as_str).collect();
+            let cut = if cut.is_empty() {
+                String::new()
+            } else {
+                format!("; paths cut: {}", cut.join(", "))
+            };
+            unsupported(module, format!("{name}: {what}{cut}"))
+        };
+        if !facts.cut.is_empty() {
+            return Err(fail(
+                "not every path could be followed to its return".into(),
+            ));
+        }
+        let value = match facts.returns.iter().collect::<Vec<_>>().as_slice() {
+            [ReturnValue::Zero] => Returned::Zero,
+            [ReturnValue::Words(sum)] => Returned::Words(sum.terms().collect()),
+            returns => {
+                return Err(fail(format!(
+                    "does not return one sum of GC_arrays words on every path (returns {returns:?})"
+                )))
+            }
+        };
+        Ok(value)
+    };
+    let heap = returned("GC_get_heap_size")?;
+    let free = returned("GC_get_free_bytes")?;
+    let unmapped = returned("GC_get_unmapped_bytes")?;
+
+    let unmapped = match unmapped {
+        Returned::Zero => None,
+        Returned::Words(words) => match words.as_slice() {
+            &[(slot, off, false)] => Some((slot, off)),
+            _ => {
+                return Err(unsupported(
+                    module,
+                    format!("GC_get_unmapped_bytes: does not return one word: {words:x?}"),
+                ))
+            }
+        },
+    };
+    // `word` or `word - unmapped`: the word, and whether unmapped is subtracted.
+    let word_less_unmapped =
+        |name: &str, returned: Returned| -> Result<((Option<u64>, u64), bool)> {
+            let words = match returned {
+                Returned::Words(words) => words,
+                Returned::Zero => {
+                    return Err(unsupported(
+                        module,
+                        format!("{name}: returns the constant 0"),
+                    ))
+                }
+            };
+            let plus: Vec<(Option<u64>, u64)> = words
+                .iter()
+                .filter(|w| !w.2)
+                .map(|&(s, o, _)| (s, o))
+                .collect();
+            let minus: Vec<(Option<u64>, u64)> = words
+                .iter()
+                .filter(|w| w.2)
+                .map(|&(s, o, _)| (s, o))
+                .collect();
+            match (plus.as_slice(), minus.as_slice()) {
+                (&[word], []) if Some(word) != unmapped => Ok((word, false)),
+                (&[word], &[less]) if Some(less) == unmapped && Some(word) != unmapped => {
+                    Ok((word, true))
+                }
+                _ => Err(unsupported(
+                    module,
+                    format!(
+                    "{name}: returns neither a word nor a word minus GC_unmapped_bytes: {words:x?}"
+                ),
+                )),
+            }
+        };
+    let (heap, heap_less) = word_less_unmapped("GC_get_heap_size", heap)?;
+    let (free, free_less) = word_less_unmapped("GC_get_free_bytes", free)?;
+    if heap == free {
+        return Err(unsupported(
+            module,
+            "GC_get_heap_size and GC_get_free_bytes read the same word",
+        ));
+    }
+
+    // All through one GOT slot (its target is GC_arrays), or all plain addresses.
+    let words = [Some(heap), Some(free), unmapped];
+    let slots: Vec<Option<u64>> = words.iter().flatten().map(|w| w.0).collect();
+    if slots.iter().any(|&s| s != slots[0]) {
+        return Err(unsupported(
+            module,
+            format!("the heap figures are not reached the same way: {words:x?}"),
+        ));
+    }
+    let (arrays, arrays_slot) = match slots[0] {
+        Some(slot) => {
+            let arrays = image
+                .slot_value(slot)
+                .ok_or_else(|| unsupported(module, "GOT slot of GC_arrays not resolved"))?;
+            (arrays, Some(slot))
+        }
+        None => {
+            let lowest = words.iter().flatten().map(|w| w.1).min().unwrap_or(0);
+            let arrays = image
+                .symbol("GC_arrays")
+                .filter(|&a| a <= lowest)
+                .unwrap_or(0);
+            (arrays, None)
+        }
+    };
+    let offset = |(_, off): (Option<u64>, u64)| -> u64 {
+        if arrays_slot.is_some() {
+            off
+        } else {
+            off - arrays
+        }
+    };
+    Ok(HeapStatsLayout {
+        arrays,
+        arrays_slot,
+        heap_size: offset(heap),
+        large_free: offset(free),
+        unmapped: unmapped.map(offset),
+        heap_size_less_unmapped: heap_less,
+        free_less_unmapped: free_less,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    //! Against Debian's libgc 8.2.2 (shared, and libgc.a in a C and a
+    //! Crystal program, stripped and not), against getters shaped like
+    //! 7.x's locked ones, and live: the figures read through
+    //! `/proc/PID/mem` must be what the getters returned in the process.
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::fs::FileExt;
+    use std::path::{Path, PathBuf};
+    use std::process::{Command, Stdio};
+    use std::sync::{Mutex, OnceLock};
+
+    use object::{Object, ObjectSegment, ObjectSymbol};
+
+    use super::*;
+    use crate::target::maps;
+
+    const LIBGC_SO: &str = "/usr/lib/x86_64-linux-gnu/libgc.so.1";
+    const LIBGC_A: &str = "/usr/lib/x86_64-linux-gnu/libgc.a";
+    const HEAP_STATS_C: &str = include_str!("fixtures/heap_stats.c");
+    const HEAP_STATS_CR: &str = include_str!("fixtures/heap_stats.cr");
+    const LOCKED_C: &str = include_str!("fixtures/heap_stats_locked.c");
+
+    /// Debian 8.2.2: `GC_heapsize` +0, `GC_large_free_bytes` +0x18,
+    /// `GC_unmapped_bytes` +0xb8, both getters subtract the unmapped bytes.
+    fn debian(arrays: u64, arrays_slot: Option<u64>) -> HeapStatsLayout {
+        HeapStatsLayout {
+            arrays,
+            arrays_slot,
+            heap_size: 0,
+            large_free: 0x18,
+            unmapped: Some(0xb8),
+            heap_size_less_unmapped: true,
+            free_less_unmapped: true,
+        }
+    }
+
+    #[test]
+    fn debian_shared() {
+        let layout = derive_heap_stats(Path::new(LIBGC_SO)).unwrap();
+        assert_eq!(layout, debian(0x2d920, Some(0x2cf08)));
+        // The same GC_arrays the mark-bit layout indexes from.
+        let marks = crate::gc::derive_layout(Path::new(LIBGC_SO)).unwrap();
+        assert_eq!(
+            (layout.arrays, layout.arrays_slot),
+            (marks.arrays, marks.arrays_slot)
+        );
+    }
+
+    #[test]
+    fn static_c_build() {
+        let exe = c_fixture(Link::Static);
+        let layout = derive_heap_stats(&exe).unwrap();
+        assert_eq!(layout, debian(symbol(&exe, "GC_arrays"), None));
+    }
+
+    #[test]
+    fn static_crystal_build_stripped_or_not() {
+        let (exe, stripped) = crystal_fixture();
+        let layout = derive_heap_stats(&exe).unwrap();
+        assert_eq!(layout, debian(symbol(&exe, "GC_arrays"), None));
+        assert_eq!(derive_heap_stats(&stripped).unwrap(), layout);
+    }
+
+    /// 7.x-shaped getters: the read between an inline test-and-set (with a
+    /// call to a spinning `GC_lock` through the PLT when taken) and a store,
+    /// or between `pthread_mutex_lock`/`unlock` calls into libc, kept in a
+    /// callee-saved register or (-O0) a stack slot across them.
+    #[test]
+    fn locked_getters() {
+        let shapes: [(&str, &[&str]); 6] = [
+            ("locked-O0.so", &["-O0", "-fPIC", "-shared"]),
+            ("locked-O2.so", &["-O2", "-fPIC", "-shared"]),
+            ("locked-Os.so", &["-Os", "-fPIC", "-shared"]),
+            ("locked-now.so", &["-O2", "-fPIC", "-shared", "-Wl,-z,now"]),
+            (
+                "locked-lazy.so",
+                &["-O2", "-fPIC", "-shared", "-Wl,-z,lazy"],
+            ),
+            (
+                "locked-exe",
+                &["-O2", "-Wl,-z,lazy", "-Wl,--defsym=main=GC_lock"],
+            ),
+        ];
+        for (name, flags) in shapes {
+            let module = build_once(name, LOCKED_C, |source, out| {
+                let c = source.with_extension("c");
+                std::fs::write(&c, LOCKED_C).unwrap();
+                run(Command::new("cc").args(flags).arg("-o").arg(out).arg(&c));
+                std::fs::write(source, LOCKED_C).unwrap();
+            });
+            let layout = derive_heap_stats(&module).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+            let expected = HeapStatsLayout {
+                arrays: symbol(&module, "GC_arrays"),
+                arrays_slot: layout.arrays_slot,
+                heap_size: 0,
+                large_free: 0x28,
+                unmapped: Some(0x68),
+                heap_size_less_unmapped: true,
+                free_less_unmapped: true,
+            };
+            assert_eq!(layout, expected, "{name}");
+            assert_eq!(
+                layout.arrays_slot.is_some(),
+                name.ends_with(".so"),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn not_a_libgc() {
+        let error = derive_heap_stats(Path::new("/bin/true"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.starts_with("unsupported libgc layout: GC_get_heap_size is not defined"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn live_shared_libgc_matches_getters() {
+        live(&c_fixture(Link::Shared));
+    }
+
+    #[test]
+    fn live_static_libgc_matches_getters() {
+        live(&c_fixture(Link::Static));
+    }
+
+    #[test]
+    fn live_stripped_crystal_matches_getters() {
+        live(&crystal_fixture().1);
+    }
+
+    /// Runs a heap_stats program, which prints what its getters return and
+    /// then waits allocating nothing; reads the same figures from outside.
+    fn live(exe: &Path) {
+        let mut child = Command::new(exe)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let hex = |s: &str| u64::from_str_radix(s, 16).unwrap();
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let (pid, printed) = match fields.as_slice() {
+            ["pid", pid, "heap", heap, "free", free, "unmapped", unmapped] => (
+                hex(pid) as u32,
+                HeapStats {
+                    heap_size: hex(heap),
+                    free_bytes: hex(free),
+                    unmapped_bytes: hex(unmapped),
+                },
+            ),
+            _ => panic!("bad line {line:?}"),
+        };
+        let mappings = maps::read(pid).unwrap();
+        let exe = exe.canonicalize().unwrap();
+        let module = mappings
+            .iter()
+            .map(|m| m.path.clone())
+            .find(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with("libgc.so")
+            })
+            .unwrap_or(exe);
+        let bias = load_bias(&module, &mappings);
+        let layout = derive_heap_stats(&module).unwrap();
+        let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+        let mut read = |addr: u64, buf: &mut [u8]| mem.read_exact_at(buf, addr);
+        let stats = layout.read(bias, &mut read).unwrap();
+        drop(child.stdin.take()); // lets the program exit
+        let status = child.wait().unwrap();
+        eprintln!("{}: {stats:?}", module.display());
+        assert_eq!(stats, printed);
+        assert!(status.success());
+        // The fixture leaves all three nonzero and different: a swapped
+        // or missing subtraction shows.
+        let HeapStats {
+            heap_size,
+            free_bytes,
+            unmapped_bytes,
+        } = stats;
+        assert!(free_bytes > 0 && unmapped_bytes > 0 && heap_size > free_bytes + unmapped_bytes);
+        assert_ne!(free_bytes, unmapped_bytes);
+    }
+
+    /// Run-time minus link-time address of `module` in a process.
+    fn load_bias(module: &Path, mappings: &[maps::Mapping]) -> u64 {
+        let data = std::fs::read(module).unwrap();
+        let file = object::File::parse(&*data).unwrap();
+        let first = file
+            .segments()
+            .find(|s| s.file_range().0 == 0)
+            .expect("a segment at file offset 0");
+        let mapping = mappings
+            .iter()
+            .find(|m| m.path == module && m.file_offset == 0)
+            .expect("the module's first mapping");
+        mapping.start - first.address()
+    }
+
+    fn symbol(exe: &Path, name: &str) -> u64 {
+        let data = std::fs::read(exe).unwrap();
+        let file = object::File::parse(&*data).unwrap();
+        let symbol = file.symbols().find(|s| s.name() == Ok(name));
+        symbol
+            .unwrap_or_else(|| panic!("{name} in {}", exe.display()))
+            .address()
+    }
+
+    fn fixtures() -> PathBuf {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/gc-fixtures/heap-stats");
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// `name` in the fixtures directory, built by `build(stamp, output)`
+    /// unless it was built from this very `source` already. Serialized:
+    /// tests run in parallel and share fixtures.
+    fn build_once(name: &str, source: &str, build: impl FnOnce(&Path, &Path)) -> PathBuf {
+        static LOCK: Mutex<()> = Mutex::new(());
+        let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let dir = fixtures();
+        let out = dir.join(name);
+        let stamp = dir.join(format!("{name}.source"));
+        if out.exists() && std::fs::read_to_string(&stamp).ok().as_deref() == Some(source) {
+            return out;
+        }
+        let tmp = dir.join(format!("{name}.tmp"));
+        build(&stamp, &tmp);
+        std::fs::rename(&tmp, &out).unwrap();
+        out
+    }
+
+    fn run(command: &mut Command) {
+        let output = command
+            .output()
+            .unwrap_or_else(|e| panic!("{command:?}: {e}"));
+        assert!(
+            output.status.success(),
+            "{command:?}: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
+    #[derive(Clone, Copy)]
+    enum Link {
+        Shared,
+        Static,
+    }
+
+    fn c_fixture(link: Link) -> PathBuf {
+        let name = match link {
+            Link::Shared => "heap-stats-c-shared",
+            Link::Static => "heap-stats-c-static",
+        };
+        build_once(name, HEAP_STATS_C, |source, out| {
+            let c = source.with_extension("c");
+            std::fs::write(&c, HEAP_STATS_C).unwrap();
+            let mut cc = Command::new("cc");
+            cc.args(["-O2", "-o"]).arg(out).arg(&c);
+            match link {
+                Link::Shared => cc.arg("-lgc"),
+                Link::Static => cc.args([LIBGC_A, "-lpthread"]),
+            };
+            run(&mut cc);
+            std::fs::write(source, HEAP_STATS_C).unwrap();
+        })
+    }
+
+    /// The Crystal program linked with Debian's libgc.a, and a stripped copy.
+    fn crystal_fixture() -> (PathBuf, PathBuf) {
+        static BUILT: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
+        BUILT
+            .get_or_init(|| {
+                let exe = build_once("heap-stats-crystal-static", HEAP_STATS_CR, |source, out| {
+                    let cr = source.with_extension("cr");
+                    std::fs::write(&cr, HEAP_STATS_CR).unwrap();
+                    // A directory holding only libgc.a, searched first:
+                    // Crystal links `-lgc` statically from it.
+                    let libs = fixtures().join("static-libgc");
+                    std::fs::create_dir_all(&libs).unwrap();
+                    std::fs::copy(LIBGC_A, libs.join("libgc.a")).unwrap();
+                    let default = Command::new("crystal")
+                        .args(["env", "CRYSTAL_LIBRARY_PATH"])
+                        .output()
+                        .expect("crystal (cargo xtask setup installs it)");
+                    let default = String::from_utf8_lossy(&default.stdout).trim().to_string();
+                    run(Command::new("crystal")
+                        .args(["build", "--no-color", "-o"])
+                        .arg(out)
+                        .arg(&cr)
+                        .env(
+                            "CRYSTAL_LIBRARY_PATH",
+                            format!("{}:{default}", libs.display()),
+                        ));
+                    std::fs::write(source, HEAP_STATS_CR).unwrap();
+                });
+                let stripped = build_once(
+                    "heap-stats-crystal-stripped",
+                    HEAP_STATS_CR,
+                    |source, out| {
+                        run(Command::new("strip").arg("-o").arg(out).arg(&exe));
+                        std::fs::write(source, HEAP_STATS_CR).unwrap();
+                    },
+                );
+                (exe, stripped)
+            })
+            .clone()
+    }
+}
