@@ -131,11 +131,13 @@ pub struct SessionArgs {
     /// Write each mark-bit verdict to FILE: `<GC_gc_no> <address> live|dead <why>`.
     #[arg(long, hide = true, value_name = "FILE")]
     pub gc_verdicts: Option<PathBuf>,
-    /// Timeline: read the live table this often and keep live blocks and
-    /// bytes per kind in the profile (report --format timeline|html draws
-    /// them); 0 turns it off. memprof reads the table in batches, without
-    /// stopping the target; with a huge live table samples are spaced out so
-    /// that reading takes at most a tenth of memprof's time (it says so).
+    /// Timeline: this often, sample the live blocks and bytes per kind (and
+    /// the GC heap size) into the profile (report --format timeline|html
+    /// draws them); 0 turns it off. Up to 4,096 live blocks a sample reads
+    /// the live table (exact); beyond, the per-site totals (cheap; bytes of
+    /// freed blocks estimated from their site's mean size, the sample says
+    /// "estimated"). The target is not stopped; sampling is kept under a
+    /// tenth of memprof's time (samples spaced out, and memprof says so).
     #[arg(long, default_value_t = crate::live::DEFAULT_SAMPLE_MS, value_name = "MS")]
     pub sample_period: u64,
     /// Reprint the top table (--top rows) on stderr every SECS seconds while
