@@ -3,7 +3,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::report::Format;
+use crate::report::{Count, Format};
 use crate::session::{GcLiveness, Heap, Unwind};
 
 #[derive(Debug, Parser)]
@@ -19,6 +19,8 @@ Examples:\n  \
 sudo memprof run -o app.mprof -- ./app --flag      profile a command from its first instruction\n  \
 sudo memprof attach --pid 1234 --duration 30        profile a running process for 30 s\n  \
 memprof report app.mprof --format markdown          read a profile (no root needed)\n  \
+memprof report app.mprof --format html -o r.html    one page: summary, timeline, flamegraph, tables\n  \
+memprof report --diff snap-0001.mprof snap-0002.mprof   what grew between two snapshots\n  \
 sudo memprof probes --pid 1234                      show where the probes would go and why\n\n\
 run, attach and probes need root (CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE)."
 )]
@@ -129,19 +131,53 @@ pub struct SessionArgs {
     /// Write each mark-bit verdict to FILE: `<GC_gc_no> <address> live|dead <why>`.
     #[arg(long, hide = true, value_name = "FILE")]
     pub gc_verdicts: Option<PathBuf>,
+    /// Timeline: this often, sample the live blocks and bytes per kind (and
+    /// the GC heap size) into the profile (report --format timeline|html
+    /// draws them); 0 turns it off. Up to 4,096 live blocks a sample reads
+    /// the live table (exact); beyond, the per-site totals (cheap; bytes of
+    /// freed blocks estimated from their site's mean size, the sample says
+    /// "estimated"). The target is not stopped; sampling is kept under a
+    /// tenth of memprof's time (samples spaced out, and memprof says so).
+    #[arg(long, default_value_t = crate::live::DEFAULT_SAMPLE_MS, value_name = "MS")]
+    pub sample_period: u64,
+    /// Reprint the top table (--top rows) on stderr every SECS seconds while
+    /// profiling: the screen is cleared first when stderr is a terminal,
+    /// tables are appended otherwise. Off by default.
+    #[arg(long, value_name = "SECS")]
+    pub interval: Option<f64>,
+    /// Write a complete profile every SECS seconds without detaching,
+    /// numbered after --output: -o snap.mprof writes snap-0001.mprof,
+    /// snap-0002.mprof, … (compare two with report --diff). The final
+    /// profile is still written to --output at the end. Off by default.
+    #[arg(long, value_name = "SECS")]
+    pub snapshot_every: Option<f64>,
 }
 
 #[derive(Debug, Args)]
+#[command(
+    after_help = "Filters apply to every format (and to both profiles of --diff). \
+--leaked and --temporary are lifetime views; with --temporary the live counts and bytes \
+of every format are those of the allocations that died soon (bytes = count × mean \
+allocation size)."
+)]
 pub struct ReportArgs {
     /// Profile file (.mprof) written by run or attach.
-    pub file: PathBuf,
-    /// Output format.
+    #[arg(required_unless_present = "diff")]
+    pub file: Option<PathBuf>,
+    /// Output format. pprof is binary (gzipped protobuf): write it with -o.
+    /// With --diff: markdown or json.
     #[arg(long, short, value_enum, default_value_t = Format::Markdown)]
     pub format: Format,
+    /// Compare two profiles of the same program: per stack (kind and
+    /// frames), live count and bytes in AFTER minus BEFORE, biggest growth
+    /// first; --format markdown or json.
+    #[arg(long, num_args = 2, value_names = ["BEFORE", "AFTER"], conflicts_with = "file")]
+    pub diff: Option<Vec<PathBuf>>,
     /// Write to this file instead of standard output.
     #[arg(long, short)]
     pub output: Option<PathBuf>,
-    /// Leave out stacks with fewer live bytes [default: 1024 for markdown and tsv, 0 for json].
+    /// Leave out stacks with fewer live bytes [default: 1024 for markdown and tsv, 0 for the other formats].
+    /// With --diff: leave out stacks whose live bytes changed by less.
     #[arg(long, value_name = "BYTES")]
     pub min_bytes: Option<u64>,
     /// Frames shown per stack [default: 5 for markdown and tsv, all for json].
@@ -150,7 +186,7 @@ pub struct ReportArgs {
     /// Skip this many innermost frames of every stack.
     #[arg(long, default_value_t = 0, value_name = "N")]
     pub skip: usize,
-    /// Show at most N stacks.
+    /// Show at most N stacks (types: N types) [default: all; 50 in the html tables].
     #[arg(long, value_name = "N")]
     pub top: Option<usize>,
     /// Hide the allocator plumbing at the top of each stack (GC_malloc,
@@ -166,6 +202,50 @@ pub struct ReportArgs {
         action = clap::ArgAction::Set
     )]
     pub skip_runtime: bool,
+    /// Folded and flamegraph: what a stack's width counts, bytes or objects (blocks).
+    #[arg(long, value_enum, default_value_t = Count::Bytes)]
+    pub count: Count,
+    /// Folded and flamegraph: count everything allocated during the run
+    /// instead of what was live at the end.
+    #[arg(long)]
+    pub total: bool,
+    /// Flamegraph: icicle graph, roots at the top (as flamegraph.pl --inverted).
+    #[arg(long)]
+    pub inverted: bool,
+    /// Only these kinds: libc, mmap, gc, gc_atomic (comma-separated or repeated) [default: all].
+    #[arg(long, value_name = "KIND")]
+    pub kind: Vec<String>,
+    /// Only stacks with a frame whose function name matches REGEX (Rust regex syntax, unanchored).
+    #[arg(long, value_name = "REGEX")]
+    pub function: Option<String>,
+    /// Only stacks with a frame whose source `file:line` matches REGEX (e.g. 'app\.cr:4[0-9]$').
+    #[arg(long, value_name = "REGEX")]
+    pub source: Option<String>,
+    /// Leave out stacks with a frame whose function name matches REGEX.
+    #[arg(long, value_name = "REGEX")]
+    pub exclude_function: Option<String>,
+    /// Only stacks whose mean allocation size (total_bytes / total_count of
+    /// the stack) is at least BYTES.
+    #[arg(long, value_name = "BYTES")]
+    pub size_min: Option<u64>,
+    /// Only stacks whose mean allocation size (total_bytes / total_count of
+    /// the stack) is at most BYTES.
+    #[arg(long, value_name = "BYTES")]
+    pub size_max: Option<u64>,
+    /// Lifetime view: only stacks with blocks still live at the end.
+    #[arg(long, conflicts_with = "temporary")]
+    pub leaked: bool,
+    /// Lifetime view: only allocations that died soon after they were made:
+    /// GC objects collected at the first collection after their allocation;
+    /// libc and mmap blocks freed within --temporary-ms. Counts and bytes
+    /// shown are those allocations (bytes = count × mean allocation size).
+    #[arg(long)]
+    pub temporary: bool,
+    /// "Soon" for --temporary (libc and mmap), milliseconds; lifetimes are
+    /// kept in buckets (0.1, 1, 10, 100 ms, 1, 10, 100 s), so this is
+    /// rounded up to the next bucket bound.
+    #[arg(long, default_value_t = crate::report::filter::DEFAULT_TEMPORARY_MS, value_name = "MS")]
+    pub temporary_ms: u64,
     /// Only GC stacks that leak, most growth first: seen at 3 or more
     /// collections, more live objects at the last than at the first, rose
     /// at more collections than it fell, and within 10% of its highest

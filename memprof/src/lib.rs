@@ -13,16 +13,20 @@
 //! | addresses → names and `file:line` | [`symbolize`] |
 //! | Crystal names, allocator plumbing, allocated classes | [`crystal`] |
 //! | the `.mprof` file | [`profile`] |
-//! | markdown, tsv, json | [`report`] |
+//! | markdown, tsv, json, folded, flamegraph, pprof, timeline, html, diff | [`report`] |
 //! | the whole pipeline for `run` and `attach` | [`session`] |
+//! | timeline sampling, `--interval`, `--snapshot-every` while attached | [`live`] |
+//! | progress bars on a terminal | [`progress`] |
 pub mod allocators;
 pub mod cli;
 pub mod crystal;
 pub mod gc;
 pub mod heap;
+pub mod live;
 pub mod placement;
 pub mod probes;
 pub mod profile;
+pub mod progress;
 pub mod report;
 pub mod session;
 pub mod symbolize;

@@ -7,7 +7,9 @@ use std::time::Duration;
 use anyhow::{bail, Result};
 use clap::Parser;
 use memprof::cli::{Cli, Command, ReportArgs, SessionArgs};
+use memprof::live::LiveOptions;
 use memprof::probes::ProbeOptions;
+use memprof::report::{diff, filter, Format};
 use memprof::session::{self, SessionOptions};
 use memprof::{allocators, profile, report};
 
@@ -99,22 +101,85 @@ fn session_options(args: &SessionArgs, duration: Option<Duration>) -> Result<Ses
         top: args.top,
         gc_liveness: args.gc_liveness,
         gc_verdicts: args.gc_verdicts.clone(),
+        live: LiveOptions {
+            sample_period: (args.sample_period > 0)
+                .then(|| Duration::from_millis(args.sample_period)),
+            interval: seconds("--interval", args.interval)?,
+            snapshot_every: seconds("--snapshot-every", args.snapshot_every)?,
+            top: args.top,
+        },
     })
 }
 
+/// A positive number of seconds from the command line.
+fn seconds(flag: &str, value: Option<f64>) -> Result<Option<Duration>> {
+    match value {
+        Some(s) if !(s > 0.0 && s.is_finite()) => {
+            bail!("{flag} must be a positive number of seconds")
+        }
+        Some(s) => Ok(Some(Duration::from_secs_f64(s))),
+        None => Ok(None),
+    }
+}
+
 fn report_cmd(args: &ReportArgs) -> Result<()> {
-    let mut profile = profile::load(&args.file)?;
+    filter::check_sizes(args.size_min, args.size_max)?;
+    let filter = filter::Filter {
+        kinds: filter::kinds(&args.kind)?,
+        function: filter::regex("--function", args.function.as_deref())?,
+        source: filter::regex("--source", args.source.as_deref())?,
+        exclude_function: filter::regex("--exclude-function", args.exclude_function.as_deref())?,
+        size_min: args.size_min,
+        size_max: args.size_max,
+        leaked: args.leaked,
+        temporary: args.temporary,
+        temporary_ns: args.temporary_ms.saturating_mul(1_000_000),
+    };
     let mut options = report::Options {
         min_bytes: args.min_bytes,
         depth: args.depth,
         skip: args.skip,
         top: args.top,
         skip_runtime: args.skip_runtime,
+        count: args.count,
+        total: args.total,
+        inverted: args.inverted,
+        filters: describe_filters(args),
         keep_order: false,
     };
-    let leak_table = args.leaks && args.format == report::Format::Markdown;
+    if args.diff.is_some() && !args.format.diffable() {
+        bail!("--diff writes markdown or json, not {:?}", args.format);
+    }
+    if args.format == Format::Pprof
+        && args.output.is_none()
+        && std::io::IsTerminal::is_terminal(&std::io::stdout())
+    {
+        bail!("pprof is binary (gzipped protobuf): write it to a file with -o FILE.pb.gz");
+    }
+    let mut loaded = match (&args.diff, &args.file) {
+        (Some(files), _) => {
+            let before = filter.apply(&profile::load(&files[0])?);
+            let after = filter.apply(&profile::load(&files[1])?);
+            diff::check_compatible(&before, &after)?;
+            vec![before, after]
+        }
+        (None, Some(file)) => {
+            let profile = profile::load(file)?;
+            vec![if filter.is_empty() {
+                profile
+            } else {
+                filter.apply(&profile)
+            }]
+        }
+        (None, None) => bail!("no profile given"),
+    };
+    // --leaks: its own table in markdown; for the other formats (and
+    // both profiles of --diff), only the leaking stacks, ranked by growth.
+    let leak_table = args.leaks && args.format == Format::Markdown && args.diff.is_none();
     if args.leaks && !leak_table {
-        profile = report::leaks::leaking(&profile);
+        for profile in &mut loaded {
+            *profile = report::leaks::leaking(profile);
+        }
         options.keep_order = true;
         options.min_bytes.get_or_insert(0);
     }
@@ -125,17 +190,69 @@ fn report_cmd(args: &ReportArgs) -> Result<()> {
         )),
         None => Box::new(std::io::stdout().lock()),
     };
-    let written = if leak_table {
-        report::leaks::write(&profile, &options, &mut out)
-    } else {
-        report::render(&profile, args.format, &options, &mut out)
+    // One profile, or the two of --diff.
+    let written = match &loaded[..] {
+        [profile] if leak_table => report::leaks::write(profile, &options, &mut out),
+        [profile] => report::render(profile, args.format, &options, &mut out),
+        [before, after, ..] => {
+            let files = args.diff.as_deref().unwrap_or_default();
+            let names = [0, 1].map(|i| files[i].to_str().unwrap_or("?"));
+            diff::write(
+                before,
+                after,
+                names,
+                args.format == Format::Json,
+                &options,
+                &mut out,
+            )
+        }
+        [] => Ok(()),
     }
     .and_then(|()| out.flush().map_err(Into::into));
+    if written.is_err() {
+        if let Some(path) = &args.output {
+            // No half-written report left behind.
+            let _ = std::fs::remove_file(path);
+        }
+    }
     match written {
         // `memprof report … | head` is done, not failed.
         Err(e) if is_broken_pipe(&e) => Ok(()),
         other => other,
     }
+}
+
+/// The filters given, in words, for report headers.
+fn describe_filters(args: &ReportArgs) -> Option<String> {
+    let mut parts = Vec::new();
+    if !args.kind.is_empty() {
+        parts.push(format!("--kind {}", args.kind.join(",")));
+    }
+    for (flag, value) in [
+        ("--function", &args.function),
+        ("--source", &args.source),
+        ("--exclude-function", &args.exclude_function),
+    ] {
+        if let Some(v) = value {
+            parts.push(format!("{flag} '{v}'"));
+        }
+    }
+    if let Some(min) = args.size_min {
+        parts.push(format!("--size-min {min} (mean allocation size)"));
+    }
+    if let Some(max) = args.size_max {
+        parts.push(format!("--size-max {max} (mean allocation size)"));
+    }
+    if args.leaked {
+        parts.push("--leaked (stacks with blocks live at the end)".to_string());
+    }
+    if args.temporary {
+        parts.push(format!(
+            "--temporary: live counts and bytes are the allocations that died soon (GC: at the first collection; libc and mmap: within {} ms)",
+            args.temporary_ms
+        ));
+    }
+    (!parts.is_empty()).then(|| parts.join("; "))
 }
 
 fn is_broken_pipe(err: &anyhow::Error) -> bool {

@@ -385,6 +385,44 @@ impl Probes {
     }
 }
 
+impl Probes {
+    /// Second handles on the kernel's tables while the probes stay attached
+    /// (timeline samples, `--interval`, `--snapshot-every`): reads see the
+    /// tables as the probes change them.
+    pub fn peek(&self) -> Result<HeapMaps> {
+        let open = |name: &str| -> Result<Map> {
+            let map = self
+                .ebpf
+                .map(name)
+                .ok_or_else(|| anyhow!("eBPF object has no map {name}"))?;
+            let data = match map {
+                Map::HashMap(d)
+                | Map::LruHashMap(d)
+                | Map::PerCpuHashMap(d)
+                | Map::PerCpuArray(d)
+                | Map::Array(d)
+                | Map::StackTraceMap(d) => d,
+                _ => return Err(anyhow!("map {name} has an unexpected type")),
+            };
+            let id = data.info()?.id();
+            Ok(Map::from_map_data(MapData::from_id(id)?)?)
+        };
+        let config: Array<&MapData, u32> = Array::try_from(
+            self.ebpf
+                .map(maps::CONFIG)
+                .ok_or_else(|| anyhow!("eBPF object has no map {}", maps::CONFIG))?,
+        )?;
+        Ok(HeapMaps {
+            live: HashMap::try_from(open(maps::LIVE)?)?,
+            sites: PerCpuHashMap::try_from(open(maps::SITE_TOTALS)?)?,
+            stacks: StackTraceMap::try_from(open(maps::STACKS)?)?,
+            dwarf_stacks: HashMap::try_from(open(maps::DWARF_STACKS)?)?,
+            dwarf: config.get(&config::UNWIND_DWARF, 0)? == 1,
+            counters: PerCpuArray::try_from(open(maps::COUNTERS)?)?,
+        })
+    }
+}
+
 /// Probes being detached on a background thread.
 pub struct Detaching(std::thread::JoinHandle<()>);
 

@@ -24,6 +24,7 @@ use memprof_common::AllocKind;
 
 use crate::allocators::{self, BOEHM, LIBC};
 use crate::gc::pass::Judge;
+use crate::live::{Live, LiveOptions};
 use crate::placement::{self, Planned};
 use crate::probes::{ProbeOptions, Probes};
 use crate::profile::{ExitInfo, ProbeInfo, Profile, TargetInfo};
@@ -74,6 +75,8 @@ pub struct SessionOptions {
     pub unwind: Unwind,
     /// Rows of the table printed at the end.
     pub top: usize,
+    /// Timeline sampling, `--interval`, `--snapshot-every`.
+    pub live: LiveOptions,
     pub gc_liveness: GcLiveness,
     /// Write every mark-bit verdict here (`--gc-verdicts`, for tests).
     pub gc_verdicts: Option<PathBuf>,
@@ -151,6 +154,8 @@ pub fn run(command: &[String], options: &SessionOptions) -> Result<i32> {
         return Err(e);
     }
     let started = (Instant::now(), SystemTime::now());
+    let mut live = Live::new(options.live.clone(), started.0, &output.path);
+    let header = || describe("run", pid, command, &exe, &plan, started);
     child.resume_signal(pid, 0, false);
     eprintln!(
         "memprof: profiling {} (pid {pid}, {} probes, {} unwinding)",
@@ -163,7 +168,7 @@ pub fn run(command: &[String], options: &SessionOptions) -> Result<i32> {
     let mut grace: Option<Instant> = None;
     let mut last_refresh = Instant::now();
     let status = loop {
-        match signals.wait(Duration::from_millis(200)) {
+        match signals.wait(live.timeout(Duration::from_millis(200))) {
             Some(sig) if sig == libc::SIGINT || sig == libc::SIGTERM => {
                 grace.get_or_insert(Instant::now() + EXIT_GRACE);
             }
@@ -214,6 +219,8 @@ pub fn run(command: &[String], options: &SessionOptions) -> Result<i32> {
             refresh(&mut probes, &plan, &mut maps, pid)?;
             last_refresh = now;
         }
+        let gc_heap = live.sample_due().then(|| gc.heap_size_now()).flatten();
+        live.tick(&probes, &maps, gc.sites(), gc_heap, &header)?;
     };
     if let Some(status) = status {
         eprintln!("memprof: {} {status}", command.join(" "));
@@ -236,7 +243,7 @@ pub fn run(command: &[String], options: &SessionOptions) -> Result<i32> {
     // `signals` stays blocked until the profile is written (dropped on
     // return): a second Ctrl-C must not lose it.
     finish(
-        "run", &target, probes, gc, &plan, &maps, started, exit, output, options,
+        "run", &target, probes, gc, &plan, &maps, started, exit, output, options, live,
     )?;
     Ok(status.map_or(0, ExitStatus::shell_code))
 }
@@ -266,6 +273,8 @@ pub fn attach(pid: u32, options: &SessionOptions) -> Result<i32> {
     let mut gc = GcWatch::new(&plan, options, pid);
     let mut tracer = gc.trace(&mut probes, pid)?;
     let started = (Instant::now(), SystemTime::now());
+    let mut live = Live::new(options.live.clone(), started.0, &output.path);
+    let header = || describe("attach", pid, &target.command, &target.exe, &plan, started);
     eprintln!(
         "memprof: attached to pid {pid} ({} probes, {} unwinding); Ctrl-C to stop{}",
         probes.attached,
@@ -280,7 +289,7 @@ pub fn attach(pid: u32, options: &SessionOptions) -> Result<i32> {
     let mut last_refresh = Instant::now();
     let mut exited = false;
     loop {
-        if let Some(sig) = signals.wait(Duration::from_millis(100)) {
+        if let Some(sig) = signals.wait(live.timeout(Duration::from_millis(100))) {
             if sig == libc::SIGINT || sig == libc::SIGTERM {
                 break;
             }
@@ -316,6 +325,8 @@ pub fn attach(pid: u32, options: &SessionOptions) -> Result<i32> {
             refresh(&mut probes, &plan, &mut maps, pid)?;
             last_refresh = now;
         }
+        let gc_heap = live.sample_due().then(|| gc.heap_size_now()).flatten();
+        live.tick(&probes, &maps, gc.sites(), gc_heap, &header)?;
     }
     maps.refresh(pid);
     if !exited {
@@ -333,7 +344,7 @@ pub fn attach(pid: u32, options: &SessionOptions) -> Result<i32> {
         signal: None,
     });
     finish(
-        "attach", &target, probes, gc, &plan, &maps, started, exit, output, options,
+        "attach", &target, probes, gc, &plan, &maps, started, exit, output, options, live,
     )?;
     Ok(0)
 }
@@ -380,6 +391,7 @@ pub fn plan_for_pid(pid: u32, probe_at_entry: bool, heap: Heap) -> Result<Vec<Pl
         heap,
         unwind: Unwind::Fp, // the tables are not needed to show placements
         top: 0,
+        live: LiveOptions::default(),
         gc_liveness: GcLiveness::Reuse,
         gc_verdicts: None,
     };
@@ -546,6 +558,12 @@ impl GcWatch {
         }
     }
 
+    /// `GC_get_heap_size()` now (for the timeline), where readable.
+    fn heap_size_now(&mut self) -> Option<u64> {
+        self.read_heap_stats();
+        self.heap_stats.as_ref().map(|s| s.heap_size)
+    }
+
     fn sites(&self) -> Option<&[(memprof_common::AllocSite, crate::gc::pass::SiteGc)]> {
         self.judge.as_ref().map(|j| j.sites())
     }
@@ -588,6 +606,7 @@ fn finish(
     exit: Option<ExitInfo>,
     mut output: Output,
     options: &SessionOptions,
+    live: Live,
 ) -> Result<()> {
     let duration = started.0.elapsed();
     let attached = probes.attached;
@@ -597,6 +616,11 @@ fn finish(
     let raw = heap::collect(&heap_maps, gc.sites())?;
     drop(heap_maps);
     let groups = symbolize::symbolize(raw, maps, true);
+    let timeline = live.into_timeline(
+        &groups,
+        duration.as_secs_f64(),
+        gc_summary.as_ref().and_then(|g| g.heap_size),
+    );
     let profile = Profile {
         memprof_version: env!("CARGO_PKG_VERSION").to_string(),
         mode: mode.to_string(),
@@ -627,6 +651,7 @@ fn finish(
             })
             .collect(),
         groups,
+        timeline,
     };
     let mut buffered = std::io::BufWriter::new(&mut output.file);
     crate::profile::write(&profile, &mut buffered)
@@ -656,6 +681,45 @@ fn finish(
     );
     detaching.wait();
     Ok(())
+}
+
+/// The metadata of a profile (for `--snapshot-every` and `--interval`):
+/// what [`finish`] writes, less the tables.
+fn describe(
+    mode: &str,
+    pid: u32,
+    command: &[String],
+    exe: &std::path::Path,
+    plan: &Plan,
+    started: (Instant, SystemTime),
+) -> Profile {
+    Profile {
+        memprof_version: env!("CARGO_PKG_VERSION").to_string(),
+        mode: mode.to_string(),
+        target: TargetInfo {
+            pid,
+            command: command.to_vec(),
+            exe: exe.display().to_string(),
+        },
+        start_unix_s: started
+            .1
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0),
+        unwind: plan.unwind_name().to_string(),
+        probes: plan
+            .probes
+            .iter()
+            .map(|p| ProbeInfo {
+                function: p.func.func.symbol.to_string(),
+                module: p.func.module.display().to_string(),
+                entry_offset: p.placement.offset,
+                emulated: p.placement.emulated,
+                reason: p.placement.reason.clone(),
+            })
+            .collect(),
+        ..Profile::default()
+    }
 }
 
 /// The profile file, created up front so a bad path fails before anything

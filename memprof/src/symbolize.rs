@@ -68,7 +68,14 @@ pub fn symbolize(raw: Vec<RawGroup>, maps: &MapsCache, progress: bool) -> Vec<Gr
         .enable_demangling(false)
         .build();
     let mut resolved: HashMap<u64, Vec<Frame>> = HashMap::new();
+    // A bar on a terminal: thousands of stacks in big modules take seconds.
+    let bar = crate::progress::bar(if progress { total as u64 } else { 0 }, "symbolizing");
+    if !progress {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
     for (module, mut addrs) in by_module {
+        bar.set_message(format!("symbolizing {}", crate::allocators::short(&module)));
+        let step = addrs.len() as u64;
         addrs.sort_unstable();
         addrs.dedup();
         let offsets: Vec<u64> = addrs.iter().map(|&(_, off)| off).collect();
@@ -93,7 +100,9 @@ pub fn symbolize(raw: Vec<RawGroup>, maps: &MapsCache, progress: bool) -> Vec<Gr
             let frames = sym_frames(symbol.as_ref(), found(&dwarf, i), &module_name, addr);
             resolved.insert(addr, frames);
         }
+        bar.inc(step);
     }
+    bar.finish_and_clear();
     for addr in unknown {
         resolved.insert(addr, vec![unknown_frame(None, addr)]);
     }

@@ -33,6 +33,7 @@ pub mod fixture {
     pub const ATTACH_TARGET: &str = env!("FIXTURE_ATTACH_TARGET");
     /// A Boehm GC program that collects on each SIGUSR1 (`fixtures/c/gc_attach_target.c`).
     pub const GC_ATTACH_TARGET: &str = env!("FIXTURE_GC_ATTACH_TARGET");
+    pub const GROW: &str = env!("FIXTURE_GROW");
     pub const BENCH_LOOP: &str = env!("FIXTURE_BENCH_LOOP");
     pub const NO_LIBC: &str = env!("FIXTURE_NO_LIBC");
     /// `fixtures/c/gc_verdicts.c` (`gc_verdicts OUT [SLEEP]`) linked with libgc.so.

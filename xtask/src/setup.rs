@@ -12,12 +12,15 @@ use anyhow::{Context, Result};
 use std::process::Command;
 
 /// Debian packages: Crystal and Boehm GC (Crystal targets and fixtures),
-/// Crystal sample programs (real workloads), Go, and a C toolchain (fixtures).
+/// Crystal sample programs (real workloads), Go (`go tool pprof` reads the
+/// pprof reports back), Chromium (renders the HTML report headless) and a C
+/// toolchain (fixtures).
 const APT_PACKAGES: &[&str] = &[
     "crystal",
     "libgc-dev",
     "crystal-samples",
     "golang-go",
+    "chromium",
     "gcc",
     "make",
 ];

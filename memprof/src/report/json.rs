@@ -76,6 +76,7 @@ pub fn to_value(profile: &Profile, options: &Options) -> Value {
         "counters": c,
         "probes": profile.probes,
         "groups": groups,
+        "timeline": profile.timeline,
     })
 }
 

@@ -24,7 +24,17 @@ pub const DEFAULT_DEPTH: usize = 5;
 
 pub fn write(profile: &Profile, options: &Options, out: &mut dyn Write) -> Result<()> {
     header(profile, out)?;
+    filters(options, out)?;
     table(profile, options, out)
+}
+
+/// The filters line (`Filtered: …`), when the report is filtered.
+pub fn filters(options: &Options, out: &mut dyn Write) -> Result<()> {
+    if let Some(filters) = &options.filters {
+        writeln!(out, "Filtered: {filters}.")?;
+        writeln!(out)?;
+    }
+    Ok(())
 }
 
 /// The run summary above the table.

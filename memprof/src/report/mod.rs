@@ -16,9 +16,16 @@
 //! render(&profile, Format::Tsv, &Options::default(), &mut out).unwrap();
 //! assert!(String::from_utf8(out).unwrap().starts_with("1\n3\t3072"));
 //! ```
+pub mod diff;
+pub mod filter;
+pub mod flamegraph;
+pub mod folded;
+pub mod html;
 pub mod json;
 pub mod leaks;
 pub mod markdown;
+pub mod pprof;
+pub mod timeline;
 pub mod tsv;
 pub mod types;
 
@@ -40,6 +47,34 @@ pub enum Format {
     Json,
     /// Live objects and bytes per allocated Crystal class (`| Objects | Bytes | Type |`).
     Types,
+    /// Folded stacks for flamegraph.pl and friends: `root;…;leaf VALUE` per line.
+    Folded,
+    /// Flamegraph SVG (inferno): live bytes by stack.
+    Flamegraph,
+    /// Gzipped pprof profile.proto (alloc_objects, alloc_space, inuse_objects,
+    /// inuse_space), for `go tool pprof`; binary, use -o.
+    Pprof,
+    /// SVG line chart of live bytes per kind over time.
+    Timeline,
+    /// One self-contained HTML page: summary, timeline, flamegraph, top stacks, types.
+    Html,
+}
+
+impl Format {
+    /// The formats `--diff` can write.
+    pub fn diffable(self) -> bool {
+        matches!(self, Format::Markdown | Format::Json)
+    }
+}
+
+/// What flamegraph, folded and the value of each stack count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Count {
+    /// Bytes.
+    #[default]
+    Bytes,
+    /// Blocks (objects).
+    Objects,
 }
 
 /// What to show.
@@ -56,6 +91,15 @@ pub struct Options {
     /// Hide the allocator plumbing (`GC.malloc`, `__crystal_malloc64`,
     /// `Pointer(T).malloc`, …) at the top of each stack, before `--skip`.
     pub skip_runtime: bool,
+    /// Folded and flamegraph: count bytes or objects.
+    pub count: Count,
+    /// Folded and flamegraph: everything allocated instead of what is live.
+    pub total: bool,
+    /// Flamegraph: icicle graph (roots at the top).
+    pub inverted: bool,
+    /// The filters applied, in words (`--function make_foo; --temporary …`),
+    /// for the headers of markdown, types and html; `None` when unfiltered.
+    pub filters: Option<String>,
     /// Keep the profile's order of stacks (`--leaks` ranks them itself).
     pub keep_order: bool,
 }
@@ -68,6 +112,10 @@ impl Default for Options {
             skip: 0,
             top: None,
             skip_runtime: true,
+            count: Count::Bytes,
+            total: false,
+            inverted: false,
+            filters: None,
             keep_order: false,
         }
     }
@@ -121,6 +169,11 @@ pub fn render(
         Format::Tsv => tsv::write(profile, options, out),
         Format::Json => json::write(profile, options, out),
         Format::Types => types::write(profile, options, out),
+        Format::Folded => folded::write(profile, options, out),
+        Format::Flamegraph => flamegraph::write(profile, options, out),
+        Format::Pprof => pprof::write(profile, options, out),
+        Format::Timeline => timeline::write(profile, options, out),
+        Format::Html => html::write(profile, options, out),
     }
 }
 

@@ -45,6 +45,7 @@ pub struct TypeRow {
 
 pub fn write(profile: &Profile, options: &Options, out: &mut dyn Write) -> Result<()> {
     markdown::header(profile, out)?;
+    markdown::filters(options, out)?;
     let rows = rows(profile, options);
     if rows.is_empty() {
         writeln!(out, "No live objects.")?;

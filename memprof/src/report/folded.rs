@@ -1,0 +1,101 @@
+//! Folded stacks, the input of `flamegraph.pl`, inferno, speedscope and
+//! friends: one line per stack, frames root first joined by `;`, then a
+//! space and the value (live bytes by default; `--count objects`, `--total`).
+//!
+//! ```
+//! use memprof::profile::{Frame, Group, Profile};
+//! use memprof::report::{folded, Options};
+//! let f = |name: &str| Frame { function: name.into(), ..Default::default() };
+//! let mut profile = Profile::default();
+//! profile.groups.push(Group { kind: "libc".into(), live_count: 600, live_bytes: 28800,
+//!     frames: vec![f("make_foo"), f("main")], ..Default::default() });
+//! let mut out = Vec::new();
+//! folded::write(&profile, &Options::default(), &mut out).unwrap();
+//! assert_eq!(String::from_utf8(out).unwrap(), "main;make_foo 28800\n");
+//! ```
+use std::collections::BTreeMap;
+use std::io::Write;
+
+use anyhow::Result;
+
+use super::{select, Count, Options};
+use crate::profile::{Frame, Group, Profile};
+
+/// Stack (root first, `;`-joined) → value, summed over groups whose shown
+/// stacks are the same; stacks with a zero value are left out.
+pub fn stacks(profile: &Profile, options: &Options) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for g in select(profile, options, 0, !options.total) {
+        let value = value(g, options);
+        if value == 0 {
+            continue;
+        }
+        let mut frames: Vec<String> = options.frames(g, usize::MAX).map(frame_name).collect();
+        frames.reverse();
+        if frames.is_empty() {
+            frames.push("[no stack]".to_string());
+        }
+        *out.entry(frames.join(";")).or_insert(0) += value;
+    }
+    out
+}
+
+/// The number a group contributes: live (or `--total`) bytes (or `--count objects`).
+pub fn value(g: &Group, options: &Options) -> u64 {
+    match (options.total, options.count) {
+        (false, Count::Bytes) => g.live_bytes,
+        (false, Count::Objects) => g.live_count,
+        (true, Count::Bytes) => g.total_bytes,
+        (true, Count::Objects) => g.total_count,
+    }
+}
+
+/// A frame's name as one folded-stack field: `;` separates frames and a
+/// line ends a stack, so both are replaced (`;` by `:`, line breaks by
+/// spaces). Spaces are fine: readers split the value off at the last one.
+pub fn frame_name(frame: &Frame) -> String {
+    frame.function.replace(';', ":").replace(['\n', '\r'], " ")
+}
+
+pub fn write(profile: &Profile, options: &Options, out: &mut dyn Write) -> Result<()> {
+    for (stack, value) in stacks(profile, options) {
+        writeln!(out, "{stack} {value}")?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escapes_separators_and_merges_equal_stacks() {
+        let f = |name: &str| Frame {
+            function: name.into(),
+            ..Frame::default()
+        };
+        let g = |name: &str, bytes| Group {
+            kind: "gc".into(),
+            live_count: 1,
+            live_bytes: bytes,
+            total_count: 2,
+            total_bytes: 2 * bytes,
+            frames: vec![f(name), f("main")],
+            ..Group::default()
+        };
+        let profile = Profile {
+            groups: vec![g("odd;name\n", 10), g("odd;name\n", 5), g("x", 0)],
+            ..Profile::default()
+        };
+        let options = Options::default();
+        let stacks = stacks(&profile, &options);
+        assert_eq!(stacks.len(), 1);
+        assert_eq!(stacks["main;odd:name "], 15);
+        let total = Options {
+            total: true,
+            count: Count::Objects,
+            ..Options::default()
+        };
+        assert_eq!(super::stacks(&profile, &total)["main;x"], 2);
+    }
+}

@@ -1,0 +1,347 @@
+//! pprof: a gzipped `profile.proto`, for `go tool pprof` and the pprof web
+//! UI (`go tool pprof -http=: app.pb.gz`). Four sample types per stack:
+//! `alloc_objects`/`alloc_space` (everything allocated) and
+//! `inuse_objects`/`inuse_space` (live at the end, the default view); each
+//! sample carries a `kind` label. Frames become functions with file and
+//! line; inlined frames share their caller's location, as in pprof's own
+//! profiles; each module is a mapping.
+//!
+//! The messages are the subset of
+//! [profile.proto](https://github.com/google/pprof/blob/main/proto/profile.proto)
+//! memprof writes, declared here with prost's derive (no `protoc` needed).
+//!
+//! ```
+//! use memprof::profile::{Frame, Group, Profile};
+//! use memprof::report::{pprof, Options};
+//! use prost::Message;
+//! let mut profile = Profile::default();
+//! profile.groups.push(Group { kind: "libc".into(), live_count: 600, live_bytes: 28800,
+//!     total_count: 1000, total_bytes: 48000,
+//!     frames: vec![Frame { function: "make_foo".into(), address: 0x1234, ..Default::default() }],
+//!     ..Default::default() });
+//! let proto = pprof::build(&profile, &Options::default());
+//! assert_eq!(proto.sample[0].value, [1000, 48000, 600, 28800]);
+//! let bytes = proto.encode_to_vec();
+//! assert_eq!(pprof::proto::Profile::decode(&bytes[..]).unwrap(), proto);
+//! ```
+use std::collections::HashMap;
+use std::io::Write;
+
+use anyhow::Result;
+use flate2::write::GzEncoder;
+use prost::Message;
+
+use super::{select, Options};
+use crate::profile::{Frame, Profile};
+
+/// profile.proto's messages (field numbers as upstream).
+pub mod proto {
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Profile {
+        #[prost(message, repeated, tag = "1")]
+        pub sample_type: Vec<ValueType>,
+        #[prost(message, repeated, tag = "2")]
+        pub sample: Vec<Sample>,
+        #[prost(message, repeated, tag = "3")]
+        pub mapping: Vec<Mapping>,
+        #[prost(message, repeated, tag = "4")]
+        pub location: Vec<Location>,
+        #[prost(message, repeated, tag = "5")]
+        pub function: Vec<Function>,
+        #[prost(string, repeated, tag = "6")]
+        pub string_table: Vec<String>,
+        #[prost(int64, tag = "9")]
+        pub time_nanos: i64,
+        #[prost(int64, tag = "10")]
+        pub duration_nanos: i64,
+        #[prost(message, optional, tag = "11")]
+        pub period_type: Option<ValueType>,
+        #[prost(int64, tag = "12")]
+        pub period: i64,
+        #[prost(int64, repeated, tag = "13")]
+        pub comment: Vec<i64>,
+        #[prost(int64, tag = "14")]
+        pub default_sample_type: i64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ValueType {
+        #[prost(int64, tag = "1")]
+        pub r#type: i64,
+        #[prost(int64, tag = "2")]
+        pub unit: i64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Sample {
+        #[prost(uint64, repeated, tag = "1")]
+        pub location_id: Vec<u64>,
+        #[prost(int64, repeated, tag = "2")]
+        pub value: Vec<i64>,
+        #[prost(message, repeated, tag = "3")]
+        pub label: Vec<Label>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Label {
+        #[prost(int64, tag = "1")]
+        pub key: i64,
+        #[prost(int64, tag = "2")]
+        pub str: i64,
+        #[prost(int64, tag = "3")]
+        pub num: i64,
+        #[prost(int64, tag = "4")]
+        pub num_unit: i64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Mapping {
+        #[prost(uint64, tag = "1")]
+        pub id: u64,
+        #[prost(uint64, tag = "2")]
+        pub memory_start: u64,
+        #[prost(uint64, tag = "3")]
+        pub memory_limit: u64,
+        #[prost(uint64, tag = "4")]
+        pub file_offset: u64,
+        #[prost(int64, tag = "5")]
+        pub filename: i64,
+        #[prost(int64, tag = "6")]
+        pub build_id: i64,
+        #[prost(bool, tag = "7")]
+        pub has_functions: bool,
+        #[prost(bool, tag = "8")]
+        pub has_filenames: bool,
+        #[prost(bool, tag = "9")]
+        pub has_line_numbers: bool,
+        #[prost(bool, tag = "10")]
+        pub has_inline_frames: bool,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Location {
+        #[prost(uint64, tag = "1")]
+        pub id: u64,
+        #[prost(uint64, tag = "2")]
+        pub mapping_id: u64,
+        #[prost(uint64, tag = "3")]
+        pub address: u64,
+        /// Innermost first: the last line is the caller the others were inlined into.
+        #[prost(message, repeated, tag = "4")]
+        pub line: Vec<Line>,
+        #[prost(bool, tag = "5")]
+        pub is_folded: bool,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Line {
+        #[prost(uint64, tag = "1")]
+        pub function_id: u64,
+        #[prost(int64, tag = "2")]
+        pub line: i64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Function {
+        #[prost(uint64, tag = "1")]
+        pub id: u64,
+        #[prost(int64, tag = "2")]
+        pub name: i64,
+        #[prost(int64, tag = "3")]
+        pub system_name: i64,
+        #[prost(int64, tag = "4")]
+        pub filename: i64,
+        #[prost(int64, tag = "5")]
+        pub start_line: i64,
+    }
+}
+
+/// Builds the message: one sample per group (`--min-bytes`, `--top`,
+/// `--skip`, `--depth` and the filters apply; stacks with nothing live are
+/// kept for the `alloc_*` views).
+pub fn build(profile: &Profile, options: &Options) -> proto::Profile {
+    let mut b = Builder::default();
+    b.string(""); // index 0 is the empty string
+    let sample_type = [
+        "alloc_objects",
+        "alloc_space",
+        "inuse_objects",
+        "inuse_space",
+    ]
+    .iter()
+    .zip(["count", "bytes", "count", "bytes"])
+    .map(|(t, u)| proto::ValueType {
+        r#type: b.string(t),
+        unit: b.string(u),
+    })
+    .collect();
+    let kind_key = b.string("kind");
+    let groups = select(profile, options, 0, false);
+    let bar = crate::progress::bar(groups.len() as u64, "writing pprof samples");
+    let mut samples = Vec::with_capacity(groups.len());
+    for g in groups {
+        bar.inc(1);
+        let frames: Vec<&Frame> = options.frames(g, usize::MAX).collect();
+        let mut location_id = Vec::new();
+        // Inlined frames share their caller's return address: one location.
+        let mut i = 0;
+        while i < frames.len() {
+            let mut j = i + 1;
+            while j < frames.len() && frames[j].address == frames[i].address {
+                j += 1;
+            }
+            location_id.push(b.location(&frames[i..j]));
+            i = j;
+        }
+        let label = vec![proto::Label {
+            key: kind_key,
+            str: b.string(&g.kind),
+            ..Default::default()
+        }];
+        samples.push(proto::Sample {
+            location_id,
+            value: [g.total_count, g.total_bytes, g.live_count, g.live_bytes]
+                .map(|v| v as i64)
+                .to_vec(),
+            label,
+        });
+    }
+    bar.finish_and_clear();
+    let comment = vec![b.string(&format!(
+        "memprof {} of {}",
+        profile.mode,
+        super::flamegraph::target_name(profile)
+    ))];
+    let period_type = Some(proto::ValueType {
+        r#type: b.string("space"),
+        unit: b.string("bytes"),
+    });
+    let default_sample_type = b.string("inuse_space");
+    proto::Profile {
+        sample_type,
+        sample: samples,
+        mapping: b.mappings,
+        location: b.locations,
+        function: b.functions,
+        string_table: b.strings,
+        time_nanos: (profile.start_unix_s * 1e9) as i64,
+        duration_nanos: (profile.duration_s * 1e9) as i64,
+        period_type,
+        period: 1,
+        comment,
+        default_sample_type,
+    }
+}
+
+pub fn write(profile: &Profile, options: &Options, out: &mut dyn Write) -> Result<()> {
+    let bytes = build(profile, options).encode_to_vec();
+    let mut gz = GzEncoder::new(out, flate2::Compression::default());
+    gz.write_all(&bytes)?;
+    gz.finish()?;
+    Ok(())
+}
+
+/// Module, address, and (function, line) of each frame at that address.
+type LocationKey = (String, u64, Vec<(String, u32)>);
+
+#[derive(Default)]
+struct Builder {
+    strings: Vec<String>,
+    string_ids: HashMap<String, i64>,
+    functions: Vec<proto::Function>,
+    function_ids: HashMap<(String, String, String), u64>,
+    locations: Vec<proto::Location>,
+    location_ids: HashMap<LocationKey, u64>,
+    mappings: Vec<proto::Mapping>,
+    mapping_ids: HashMap<String, u64>,
+}
+
+impl Builder {
+    fn string(&mut self, s: &str) -> i64 {
+        if let Some(&id) = self.string_ids.get(s) {
+            return id;
+        }
+        let id = self.strings.len() as i64;
+        self.strings.push(s.to_string());
+        self.string_ids.insert(s.to_string(), id);
+        id
+    }
+
+    fn function(&mut self, f: &Frame) -> u64 {
+        let file = f.file.clone().unwrap_or_default();
+        let key = (f.function.clone(), f.raw_name.clone(), file);
+        if let Some(&id) = self.function_ids.get(&key) {
+            return id;
+        }
+        let id = self.functions.len() as u64 + 1;
+        let function = proto::Function {
+            id,
+            name: self.string(&key.0),
+            system_name: self.string(if key.1.is_empty() { &key.0 } else { &key.1 }),
+            filename: self.string(&key.2),
+            start_line: 0,
+        };
+        self.functions.push(function);
+        self.function_ids.insert(key, id);
+        id
+    }
+
+    fn mapping(&mut self, f: &Frame) -> u64 {
+        let start = f.address.saturating_sub(f.offset.unwrap_or(f.address));
+        if let Some(&id) = self.mapping_ids.get(&f.module) {
+            let m = &mut self.mappings[id as usize - 1];
+            m.memory_start = m.memory_start.min(start);
+            m.memory_limit = m.memory_limit.max(f.address + 1);
+            return id;
+        }
+        let id = self.mappings.len() as u64 + 1;
+        let mapping = proto::Mapping {
+            id,
+            memory_start: start,
+            memory_limit: f.address + 1,
+            file_offset: 0,
+            filename: self.string(&f.module),
+            build_id: 0,
+            has_functions: true,
+            has_filenames: true,
+            has_line_numbers: true,
+            has_inline_frames: true,
+        };
+        self.mappings.push(mapping);
+        self.mapping_ids.insert(f.module.clone(), id);
+        id
+    }
+
+    /// One location for frames sharing an address (innermost first).
+    fn location(&mut self, frames: &[&Frame]) -> u64 {
+        let key = (
+            frames[0].module.clone(),
+            frames[0].address,
+            frames
+                .iter()
+                .map(|f| (f.function.clone(), f.line.unwrap_or(0)))
+                .collect::<Vec<_>>(),
+        );
+        if let Some(&id) = self.location_ids.get(&key) {
+            return id;
+        }
+        let id = self.locations.len() as u64 + 1;
+        let mapping_id = self.mapping(frames[0]);
+        let line = frames
+            .iter()
+            .map(|f| proto::Line {
+                function_id: self.function(f),
+                line: i64::from(f.line.unwrap_or(0)),
+            })
+            .collect();
+        self.locations.push(proto::Location {
+            id,
+            mapping_id,
+            address: frames[0].address,
+            line,
+            is_folded: false,
+        });
+        self.location_ids.insert(key, id);
+        id
+    }
+}
