@@ -300,12 +300,17 @@ impl Probes {
 
     /// Collections the kernel saw and could not hold for (summed over CPUs).
     pub fn collections_not_held(&self) -> Result<u64> {
+        self.counter(counter::GC_NOT_HELD)
+    }
+
+    /// One of the kernel's counters, summed over CPUs, while attached.
+    fn counter(&self, index: u32) -> Result<u64> {
         let map = self
             .ebpf
             .map(maps::COUNTERS)
             .ok_or_else(|| anyhow!("eBPF object has no map COUNTERS"))?;
         let counters: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(map)?;
-        Ok(counters.get(&counter::GC_NOT_HELD, 0)?.iter().sum())
+        Ok(counters.get(&index, 0)?.iter().sum())
     }
 
     /// Hands every GC event the kernel queued to `apply`, in order.
@@ -324,12 +329,7 @@ impl Probes {
 
     /// GC events lost because the ring buffer was full (summed over CPUs).
     pub fn gc_events_lost(&self) -> Result<u64> {
-        let map = self
-            .ebpf
-            .map(maps::COUNTERS)
-            .ok_or_else(|| anyhow!("eBPF object has no map COUNTERS"))?;
-        let counters: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(map)?;
-        Ok(counters.get(&counter::GC_EVENTS_LOST, 0)?.iter().sum())
+        self.counter(counter::GC_EVENTS_LOST)
     }
 
     /// Removes dead blocks from the live table.

@@ -622,36 +622,20 @@ fn finish(
         gc_summary.as_ref().and_then(|g| g.heap_size),
     );
     let profile = Profile {
-        memprof_version: env!("CARGO_PKG_VERSION").to_string(),
-        mode: mode.to_string(),
-        target: TargetInfo {
-            pid: target.pid,
-            command: target.command.clone(),
-            exe: target.exe.display().to_string(),
-        },
-        start_unix_s: started
-            .1
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map(|d| d.as_secs_f64())
-            .unwrap_or(0.0),
         duration_s: duration.as_secs_f64(),
         exit,
-        unwind: plan.unwind_name().to_string(),
         gc: gc_summary,
         counters,
-        probes: plan
-            .probes
-            .iter()
-            .map(|p| ProbeInfo {
-                function: p.func.func.symbol.to_string(),
-                module: p.func.module.display().to_string(),
-                entry_offset: p.placement.offset,
-                emulated: p.placement.emulated,
-                reason: p.placement.reason.clone(),
-            })
-            .collect(),
         groups,
         timeline,
+        ..describe(
+            mode,
+            target.pid,
+            &target.command,
+            &target.exe,
+            plan,
+            started,
+        )
     };
     let mut buffered = std::io::BufWriter::new(&mut output.file);
     crate::profile::write(&profile, &mut buffered)

@@ -338,4 +338,6 @@ fn text(insn: &Instruction) -> String {
 }
 
 #[cfg(test)]
+mod test_programs;
+#[cfg(test)]
 mod tests;

@@ -2,23 +2,18 @@
 //! executables linked with Debian's `libgc.a` (a C program, and a Crystal
 //! program stripped and not), and the live collector inside those programs.
 //!
-//! The programs (`fixtures/verdicts.{c,cr}`) are built once into
-//! `target/gc-fixtures/` (again when their source changes). They need `cc`,
-//! libgc-dev and `crystal`, which `cargo xtask setup` installs.
+//! The programs (`fixtures/verdicts.{c,cr}`) are built by
+//! [`super::test_programs`].
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::{Mutex, OnceLock};
 
-use object::{Object, ObjectSegment, ObjectSymbol};
-
+use super::test_programs::{c_program, crystal_program, load_bias, symbol, Link, LIBGC_SO};
 use super::*;
 use crate::target::maps;
 
-const LIBGC_SO: &str = "/usr/lib/x86_64-linux-gnu/libgc.so.1";
-const LIBGC_A: &str = "/usr/lib/x86_64-linux-gnu/libgc.a";
 const VERDICTS_C: &str = include_str!("fixtures/verdicts.c");
 const VERDICTS_CR: &str = include_str!("fixtures/verdicts.cr");
 
@@ -75,7 +70,7 @@ fn debian_shared_end_of_mark() {
 
 #[test]
 fn static_c_build() {
-    let exe = c_fixture(Link::Static);
+    let exe = c_program("verdicts", VERDICTS_C, Link::Static);
     let layout = derive_layout(&exe).unwrap();
     assert_eq!(layout, debian_layout(symbol(&exe, "GC_arrays"), None));
     let end = find_end_of_mark(&exe).unwrap();
@@ -88,7 +83,7 @@ fn static_c_build() {
 
 #[test]
 fn static_crystal_build_stripped_or_not() {
-    let (exe, stripped) = crystal_fixture();
+    let (exe, stripped) = crystal_program("verdicts", VERDICTS_CR);
     let layout = derive_layout(&exe).unwrap();
     assert_eq!(layout, debian_layout(symbol(&exe, "GC_arrays"), None));
     assert_eq!(derive_layout(&stripped).unwrap(), layout);
@@ -119,17 +114,17 @@ fn not_a_libgc() {
 
 #[test]
 fn live_shared_libgc_matches_gc_is_marked() {
-    live(&c_fixture(Link::Shared), 200_000);
+    live(&c_program("verdicts", VERDICTS_C, Link::Shared), 200_000);
 }
 
 #[test]
 fn live_static_libgc_matches_gc_is_marked() {
-    live(&c_fixture(Link::Static), 200_000);
+    live(&c_program("verdicts", VERDICTS_C, Link::Static), 200_000);
 }
 
 #[test]
 fn live_stripped_crystal_matches_gc_is_marked() {
-    live(&crystal_fixture().1, 200_000);
+    live(&crystal_program("verdicts", VERDICTS_CR).1, 200_000);
 }
 
 /// Runs a verdicts program, then judges every object it printed from
@@ -234,126 +229,4 @@ fn live(exe: &Path, objects: usize) {
     );
     // The fixture keeps about 60%: both verdicts must be well represented.
     assert!(live_count > objects / 3 && live_count < objects * 9 / 10);
-}
-
-/// Run-time minus link-time address of `module` in a process.
-fn load_bias(module: &Path, mappings: &[maps::Mapping]) -> u64 {
-    let data = std::fs::read(module).unwrap();
-    let file = object::File::parse(&*data).unwrap();
-    let first = file
-        .segments()
-        .find(|s| s.file_range().0 == 0)
-        .expect("a segment at file offset 0");
-    let mapping = mappings
-        .iter()
-        .find(|m| m.path == module && m.file_offset == 0)
-        .expect("the module's first mapping");
-    mapping.start - first.address()
-}
-
-fn symbol(exe: &Path, name: &str) -> u64 {
-    let data = std::fs::read(exe).unwrap();
-    let file = object::File::parse(&*data).unwrap();
-    let symbol = file.symbols().find(|s| s.name() == Ok(name));
-    symbol
-        .unwrap_or_else(|| panic!("{name} in {}", exe.display()))
-        .address()
-}
-
-fn fixtures() -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/gc-fixtures");
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-/// `name` in the fixtures directory, built by `build(source, output)` unless
-/// it was built from this very `source` already. Serialized: tests run in
-/// parallel and share fixtures.
-fn build_once(name: &str, source: &str, build: impl FnOnce(&Path, &Path)) -> PathBuf {
-    static LOCK: Mutex<()> = Mutex::new(());
-    let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = fixtures();
-    let out = dir.join(name);
-    let stamp = dir.join(format!("{name}.source"));
-    if out.exists() && std::fs::read_to_string(&stamp).ok().as_deref() == Some(source) {
-        return out;
-    }
-    let tmp = dir.join(format!("{name}.tmp"));
-    build(&stamp, &tmp);
-    std::fs::rename(&tmp, &out).unwrap();
-    out
-}
-
-fn run(command: &mut Command) {
-    let output = command
-        .output()
-        .unwrap_or_else(|e| panic!("{command:?}: {e}"));
-    assert!(
-        output.status.success(),
-        "{command:?}: {}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
-
-#[derive(Clone, Copy)]
-enum Link {
-    Shared,
-    Static,
-}
-
-fn c_fixture(link: Link) -> PathBuf {
-    let name = match link {
-        Link::Shared => "verdicts-c-shared",
-        Link::Static => "verdicts-c-static",
-    };
-    build_once(name, VERDICTS_C, |source, out| {
-        let c = source.with_extension("c");
-        std::fs::write(&c, VERDICTS_C).unwrap();
-        let mut cc = Command::new("cc");
-        cc.args(["-O2", "-o"]).arg(out).arg(&c);
-        match link {
-            Link::Shared => cc.arg("-lgc"),
-            Link::Static => cc.args([LIBGC_A, "-lpthread"]),
-        };
-        run(&mut cc);
-        std::fs::write(source, VERDICTS_C).unwrap();
-    })
-}
-
-/// The Crystal program linked with Debian's libgc.a, and a stripped copy.
-fn crystal_fixture() -> (PathBuf, PathBuf) {
-    static BUILT: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let exe = build_once("verdicts-crystal-static", VERDICTS_CR, |source, out| {
-                let cr = source.with_extension("cr");
-                std::fs::write(&cr, VERDICTS_CR).unwrap();
-                // A directory holding only libgc.a, searched first: Crystal
-                // links `-lgc` statically from it.
-                let libs = fixtures().join("static-libgc");
-                std::fs::create_dir_all(&libs).unwrap();
-                std::fs::copy(LIBGC_A, libs.join("libgc.a")).unwrap();
-                let default = Command::new("crystal")
-                    .args(["env", "CRYSTAL_LIBRARY_PATH"])
-                    .output()
-                    .expect("crystal (cargo xtask setup installs it)");
-                let default = String::from_utf8_lossy(&default.stdout).trim().to_string();
-                run(Command::new("crystal")
-                    .args(["build", "--no-color", "-o"])
-                    .arg(out)
-                    .arg(&cr)
-                    .env(
-                        "CRYSTAL_LIBRARY_PATH",
-                        format!("{}:{default}", libs.display()),
-                    ));
-                std::fs::write(source, VERDICTS_CR).unwrap();
-            });
-            let stripped = build_once("verdicts-crystal-stripped", VERDICTS_CR, |source, out| {
-                run(Command::new("strip").arg("-o").arg(out).arg(&exe));
-                std::fs::write(source, VERDICTS_CR).unwrap();
-            });
-            (exe, stripped)
-        })
-        .clone()
 }
