@@ -269,9 +269,16 @@ pub fn attach(pid: u32, options: &SessionOptions) -> Result<i32> {
     if let Some(tables) = &plan.tables {
         update_ranges(&mut probes, tables, &mut maps, pid)?;
     }
-    probes.attach(pid, &plan.probes)?;
+    // Collections are watched before allocations are: every GC object
+    // recorded then reaches the mark-bit pass's copy.
     let mut gc = GcWatch::new(&plan, options, pid);
     let mut tracer = gc.trace(&mut probes, pid)?;
+    if let Err(e) = probes.attach(pid, &plan.probes) {
+        if let Some(tracer) = &mut tracer {
+            tracer.detach();
+        }
+        return Err(e);
+    }
     let started = (Instant::now(), SystemTime::now());
     let mut live = Live::new(options.live.clone(), started.0, &output.path);
     let header = || describe("attach", pid, &target.command, &target.exe, &plan, started);

@@ -225,6 +225,13 @@ impl Tracer {
     }
 }
 
+/// On every path out (errors included), the target is let go.
+impl Drop for Tracer {
+    fn drop(&mut self) {
+        self.detach();
+    }
+}
+
 fn cont(tid: u32, signal: i32) {
     unsafe { libc::ptrace(libc::PTRACE_CONT, tid as i32, 0, signal as libc::c_long) };
 }
