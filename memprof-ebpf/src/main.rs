@@ -418,11 +418,10 @@ mod probes {
         if call.op == op::REALLOC && call.arg_ptr != 0 && (!failed || call.size == 0) {
             // The new block has the kind of the old one (GC_realloc keeps
             // atomic objects atomic).
-            if let Some(old) = LIVE.get_ptr(&call.arg_ptr) {
-                call.site.kind = unsafe { (*old).site.kind };
-            }
             // realloc succeeded (or was realloc(p, 0), which frees p): the old block is gone.
-            release(call.arg_ptr);
+            if let Some(kind) = release(call.arg_ptr) {
+                call.site.kind = kind;
+            }
         }
         if failed {
             if !(call.op == op::REALLOC && call.size == 0) {
@@ -520,15 +519,20 @@ mod probes {
     }
 
     #[inline(always)]
-    fn release(addr: u64) {
+    /// Forgets a freed block; returns its kind if it was known.
+    fn release(addr: u64) -> Option<u8> {
         bump(counter::FREES);
         match LIVE.get_ptr(&addr) {
             Some(old) => {
                 let old = unsafe { *old };
                 retire(addr, &old, unsafe { bpf_ktime_get_ns() }, false);
                 let _ = LIVE.remove(&addr);
+                Some(old.site.kind)
             }
-            None => bump(counter::UNKNOWN_FREES),
+            None => {
+                bump(counter::UNKNOWN_FREES);
+                None
+            }
         }
     }
 
@@ -541,7 +545,7 @@ mod probes {
         // free(NULL) is a no-op; a free inside an allocator call (GC_realloc
         // freeing the old block) is accounted by that call's return probe.
         if addr != 0 && PENDING.get_ptr(&bpf_get_current_pid_tgid()).is_none() {
-            release(addr);
+            let _ = release(addr);
         }
         0
     }
@@ -556,7 +560,7 @@ mod probes {
         let addr = arg(&ctx, 0);
         if let Some(live) = LIVE.get_ptr(&addr) {
             if unsafe { (*live).site.kind } == AllocKind::Mmap as u8 {
-                release(addr);
+                let _ = release(addr);
             }
         }
         0

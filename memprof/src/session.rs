@@ -174,34 +174,7 @@ pub fn run(command: &[String], options: &SessionOptions) -> Result<i32> {
             }
             _ => {}
         }
-        let mut exited = None;
-        while let Some(event) = child.poll(&mut |tid| {
-            let _ = probes.set_traced(tid);
-        })? {
-            match event {
-                Event::Exiting => {
-                    maps.refresh(pid);
-                    gc.read_heap_stats();
-                }
-                Event::Signal { tid, signal } if signal == libc::SIGTRAP => {
-                    let ours = tid == pid && probes.take_library_load_signal()?;
-                    if ours {
-                        if let Some(tables) = &plan.tables {
-                            update_ranges(&mut probes, tables, &mut maps, pid)?;
-                        }
-                    }
-                    child.resume_signal(tid, signal, !ours);
-                }
-                Event::Signal { tid, signal } => {
-                    let ours = gc.on_hold(&mut probes, tid)?;
-                    child.resume_signal(tid, signal, !ours);
-                }
-                Event::Exited(status) => {
-                    exited = Some(status);
-                    break;
-                }
-            }
-        }
+        let exited = follow(&mut child, &mut probes, &mut gc, &plan, &mut maps)?;
         if exited.is_some() {
             break exited;
         }
@@ -302,21 +275,7 @@ pub fn attach(pid: u32, options: &SessionOptions) -> Result<i32> {
             }
         }
         if let Some(tracer) = &mut tracer {
-            while let Some(event) = tracer.poll(&mut |tid| {
-                let _ = probes.set_traced(tid);
-            })? {
-                match event {
-                    Event::Exiting => {
-                        maps.refresh(pid);
-                        gc.read_heap_stats();
-                    }
-                    Event::Signal { tid, signal } => {
-                        let ours = signal != libc::SIGTRAP && gc.on_hold(&mut probes, tid)?;
-                        tracer.resume_signal(tid, signal, !ours);
-                    }
-                    Event::Exited(_) => break,
-                }
-            }
+            follow(tracer, &mut probes, &mut gc, &plan, &mut maps)?;
         }
         gc.drain(&mut probes);
         if !target::is_alive(pid) {
@@ -354,6 +313,46 @@ pub fn attach(pid: u32, options: &SessionOptions) -> Result<i32> {
         "attach", &target, probes, gc, &plan, &maps, started, exit, output, options, live,
     )?;
     Ok(0)
+}
+
+/// Handles what the traced target did since the last call: its exit stop
+/// (mappings and GC heap figures read while they exist), memprof's own
+/// signals (a library load: new unwinding ranges; a collection held: the
+/// mark-bit pass), and its exit, returned.
+fn follow(
+    tracer: &mut Tracer,
+    probes: &mut Probes,
+    gc: &mut GcWatch,
+    plan: &Plan,
+    maps: &mut MapsCache,
+) -> Result<Option<ExitStatus>> {
+    let pid = tracer.pid;
+    while let Some(event) = tracer.poll(&mut |tid| {
+        let _ = probes.set_traced(tid);
+    })? {
+        match event {
+            Event::Exiting => {
+                maps.refresh(pid);
+                gc.read_heap_stats();
+            }
+            Event::Signal { tid, signal } => {
+                let ours = if signal == libc::SIGTRAP {
+                    let load = tid == pid && probes.take_library_load_signal()?;
+                    if load {
+                        if let Some(tables) = &plan.tables {
+                            update_ranges(probes, tables, maps, pid)?;
+                        }
+                    }
+                    load
+                } else {
+                    gc.on_hold(probes, tid)?
+                };
+                tracer.resume_signal(tid, signal, !ours);
+            }
+            Event::Exited(status) => return Ok(Some(status)),
+        }
+    }
+    Ok(None)
 }
 
 /// Re-reads the mappings: for symbolization and, when unwinding with DWARF,

@@ -291,10 +291,9 @@ mod tests {
     use std::process::{Command, Stdio};
 
     use super::super::test_programs::{
-        build_once, c_program, crystal_program, load_bias, run, symbol, Link, LIBGC_SO,
+        build_once, c_program, crystal_program, libgc_in, run, symbol, Link, LIBGC_SO,
     };
     use super::*;
-    use crate::target::maps;
 
     const HEAP_STATS_C: &str = include_str!("fixtures/heap_stats.c");
     const HEAP_STATS_CR: &str = include_str!("fixtures/heap_stats.cr");
@@ -438,19 +437,7 @@ mod tests {
             ),
             _ => panic!("bad line {line:?}"),
         };
-        let mappings = maps::read(pid).unwrap();
-        let exe = exe.canonicalize().unwrap();
-        let module = mappings
-            .iter()
-            .map(|m| m.path.clone())
-            .find(|p| {
-                p.file_name()
-                    .unwrap()
-                    .to_string_lossy()
-                    .starts_with("libgc.so")
-            })
-            .unwrap_or(exe);
-        let bias = load_bias(&module, &mappings);
+        let (module, bias) = libgc_in(pid, exe);
         let layout = derive_heap_stats(&module).unwrap();
         let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
         let mut read = |addr: u64, buf: &mut [u8]| mem.read_exact_at(buf, addr);

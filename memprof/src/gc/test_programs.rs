@@ -8,26 +8,30 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Mutex, OnceLock};
 
-use object::{Object, ObjectSegment, ObjectSymbol};
+use object::{Object, ObjectSymbol};
 
 use crate::target::maps;
 
 pub const LIBGC_SO: &str = "/usr/lib/x86_64-linux-gnu/libgc.so.1";
 pub const LIBGC_A: &str = "/usr/lib/x86_64-linux-gnu/libgc.a";
 
-/// Run-time minus link-time address of `module` in a process.
-pub fn load_bias(module: &Path, mappings: &[maps::Mapping]) -> u64 {
-    let data = std::fs::read(module).unwrap();
-    let file = object::File::parse(&*data).unwrap();
-    let first = file
-        .segments()
-        .find(|s| s.file_range().0 == 0)
-        .expect("a segment at file offset 0");
-    let mapping = mappings
-        .iter()
-        .find(|m| m.path == module && m.file_offset == 0)
-        .expect("the module's first mapping");
-    mapping.start - first.address()
+/// The module holding libgc in process `pid` (its libgc.so, else the
+/// executable `exe`), and that module's load bias.
+pub fn libgc_in(pid: u32, exe: &Path) -> (PathBuf, u64) {
+    let exe = exe.canonicalize().unwrap();
+    let module = maps::read(pid)
+        .unwrap()
+        .into_iter()
+        .map(|m| m.path)
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("libgc.so")
+        })
+        .unwrap_or(exe);
+    let bias = super::pass::load_bias(pid, &module).unwrap();
+    (module, bias)
 }
 
 /// The link-time address of symbol `name` in `exe`.

@@ -10,9 +10,8 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use super::test_programs::{c_program, crystal_program, load_bias, symbol, Link, LIBGC_SO};
+use super::test_programs::{c_program, crystal_program, libgc_in, symbol, Link, LIBGC_SO};
 use super::*;
-use crate::target::maps;
 
 const VERDICTS_C: &str = include_str!("fixtures/verdicts.c");
 const VERDICTS_CR: &str = include_str!("fixtures/verdicts.cr");
@@ -161,19 +160,7 @@ fn live(exe: &Path, objects: usize) {
     assert_eq!(expected.len(), objects);
 
     // The module holding libgc, and where it is loaded.
-    let mappings = maps::read(pid).unwrap();
-    let exe = exe.canonicalize().unwrap();
-    let module = mappings
-        .iter()
-        .map(|m| m.path.clone())
-        .find(|p| {
-            p.file_name()
-                .unwrap()
-                .to_string_lossy()
-                .starts_with("libgc.so")
-        })
-        .unwrap_or(exe);
-    let bias = load_bias(&module, &mappings);
+    let (module, bias) = libgc_in(pid, exe);
     let layout = derive_layout(&module).unwrap();
     let end = find_end_of_mark(&module).unwrap();
 
