@@ -16,8 +16,9 @@
 //!   seconds without detaching, numbered after `-o`: `snap.mprof` gives
 //!   `snap-0001.mprof`, `snap-0002.mprof`, … (for `report --diff`).
 //!
-//! The session's wait loop calls [`Live::tick`] and sleeps at most
-//! [`Live::timeout`].
+//! The session asks [`Live::due`] at each step and sleeps at most
+//! [`Live::timeout`]; it hands in the kernel's tables for a sample and its
+//! own snapshot of the profile for a table or a file ([`Live::publish`]).
 //!
 //! ```
 //! use std::time::{Duration, Instant};
@@ -34,12 +35,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use memprof_common::AllocKind;
 
-use crate::heap;
-use crate::probes::{HeapMaps, Probes};
+use crate::probes::HeapMaps;
 use crate::profile::{self, Group, Profile, Sample, Timeline};
 use crate::report::{self, markdown};
-use crate::symbolize;
-use crate::target::maps::MapsCache;
 
 /// What the GC mark-bit judge knows per site (collected, marked).
 pub type GcSites = [(memprof_common::AllocSite, crate::gc::pass::SiteGc)];
@@ -85,7 +83,6 @@ pub struct Live {
     options: LiveOptions,
     started: Instant,
     output: PathBuf,
-    maps: Option<HeapMaps>,
     timeline: Timeline,
     next_sample: Option<Instant>,
     next_print: Option<Instant>,
@@ -125,15 +122,25 @@ impl Live {
             options,
             started,
             output: output.to_path_buf(),
-            maps: None,
             snapshots: 0,
             reported_gap: Duration::ZERO,
         }
     }
 
-    /// Whether a timeline sample is due (the caller then reads the GC heap size for it).
-    pub fn sample_due(&self) -> bool {
-        self.next_sample.is_some_and(|t| Instant::now() >= t)
+    /// What is due now.
+    pub fn due(&self) -> Due {
+        let now = Instant::now();
+        let due = |at: Option<Instant>| at.is_some_and(|t| now >= t);
+        Due {
+            sample: due(self.next_sample),
+            print: due(self.next_print),
+            snapshot: due(self.next_snapshot),
+        }
+    }
+
+    /// The samples so far.
+    pub fn timeline(&self) -> &Timeline {
+        &self.timeline
     }
 
     /// How long the wait loop may sleep: `max`, or less if something is due sooner.
@@ -147,42 +154,19 @@ impl Live {
             .max(Duration::from_millis(1))
     }
 
-    /// Does whatever is due. `header` gives the metadata of a profile
-    /// (target, mode, probes…) for snapshots and the reprinted table.
-    pub fn tick(
-        &mut self,
-        probes: &Probes,
-        maps: &MapsCache,
-        gc_sites: Option<&GcSites>,
-        gc_heap_bytes: Option<u64>,
-        header: &dyn Fn() -> Profile,
-    ) -> Result<()> {
-        let now = Instant::now();
-        let due = |at: Option<Instant>| at.is_some_and(|t| now >= t);
-        if !(due(self.next_sample) || due(self.next_print) || due(self.next_snapshot)) {
-            return Ok(());
+    /// Writes the `--snapshot-every` file and reprints the `--interval`
+    /// table, as `due` says, from `profile` (the session's snapshot).
+    pub fn publish(&mut self, profile: &Profile, due: Due) -> Result<()> {
+        if due.snapshot {
+            self.snapshots += 1;
+            let path = snapshot_path(&self.output, self.snapshots);
+            write_atomically(profile, &path)?;
+            eprintln!("memprof: snapshot written to {}", path.display());
+            self.next_snapshot = self.options.snapshot_every.map(|d| Instant::now() + d);
         }
-        if self.maps.is_none() {
-            self.maps = Some(probes.peek()?);
-        }
-        if due(self.next_sample) {
-            self.sample(gc_sites, gc_heap_bytes)?;
-        }
-        let print = due(self.next_print);
-        let snapshot = due(self.next_snapshot);
-        if print || snapshot {
-            let profile = self.current(maps, gc_sites, header)?;
-            if snapshot {
-                self.snapshots += 1;
-                let path = snapshot_path(&self.output, self.snapshots);
-                write_atomically(&profile, &path)?;
-                eprintln!("memprof: snapshot written to {}", path.display());
-                self.next_snapshot = self.options.snapshot_every.map(|d| Instant::now() + d);
-            }
-            if print {
-                self.print(&profile)?;
-                self.next_print = self.options.interval.map(|d| Instant::now() + d);
-            }
+        if due.print {
+            self.print(profile)?;
+            self.next_print = self.options.interval.map(|d| Instant::now() + d);
         }
         Ok(())
     }
@@ -190,36 +174,29 @@ impl Live {
     /// One timeline sample, per kind: from the per-site totals (cheap:
     /// one read per call site), then, when that says the live table is
     /// small, from the live table itself (exact).
-    fn sample(&mut self, gc_sites: Option<&GcSites>, gc_heap_bytes: Option<u64>) -> Result<()> {
-        let Some(maps) = &self.maps else {
-            return Ok(());
-        };
+    /// `gc_heap_bytes`: `GC_get_heap_size()` now, where readable.
+    pub fn sample(
+        &mut self,
+        tables: &HeapMaps,
+        gc_sites: Option<&GcSites>,
+        gc_heap_bytes: Option<u64>,
+    ) -> Result<()> {
         let t0 = Instant::now();
-        let mut per_kind = estimate(maps, gc_sites)?;
-        let blocks: u64 = per_kind.iter().map(|k| k[0]).sum();
-        let exact = blocks <= EXACT_MAX_BLOCKS;
+        let mut per_kind = estimate(tables, gc_sites)?;
+        let exact = per_kind.blocks() <= EXACT_MAX_BLOCKS;
         if exact {
-            per_kind = [[0u64; 2]; 4];
-            for entry in maps.live.iter() {
+            per_kind = PerKind::default();
+            for entry in tables.live.iter() {
                 let Ok((_, block)) = entry else {
                     // Freed between reading its key and its value.
                     continue;
                 };
-                let sum = &mut per_kind[usize::from(block.site.kind).min(3)];
-                sum[0] += 1;
-                sum[1] += block.size;
-            }
-        }
-        let mut live: BTreeMap<String, [u64; 2]> = BTreeMap::new();
-        for kind in AllocKind::ALL {
-            let [n, b] = per_kind[kind as usize];
-            if n > 0 {
-                live.insert(kind.name().to_string(), [n, b]);
+                per_kind.add(block.site.kind, 1, block.size);
             }
         }
         self.timeline.samples.push(Sample {
             t_s: t0.duration_since(self.started).as_secs_f64(),
-            live,
+            live: per_kind.into_map(),
             gc_heap_bytes,
             estimated: !exact,
         });
@@ -238,27 +215,6 @@ impl Live {
         }
         self.next_sample = Some(t0 + gap);
         Ok(())
-    }
-
-    /// A profile of the tables as they are now.
-    fn current(
-        &self,
-        maps: &MapsCache,
-        gc_sites: Option<&GcSites>,
-        header: &dyn Fn() -> Profile,
-    ) -> Result<Profile> {
-        let Some(heap_maps) = &self.maps else {
-            anyhow::bail!("the kernel tables are not open");
-        };
-        let raw = heap::collect(heap_maps, gc_sites)?;
-        let groups = symbolize::symbolize(raw, maps, false);
-        Ok(Profile {
-            duration_s: self.started.elapsed().as_secs_f64(),
-            counters: heap_maps.counters()?,
-            groups,
-            timeline: self.timeline.clone(),
-            ..header()
-        })
     }
 
     fn print(&self, profile: &Profile) -> Result<()> {
@@ -310,8 +266,8 @@ impl Live {
 /// but for blocks freed with `free`/`GC_free`, whose bytes are estimated
 /// as the site's mean allocation size (exact for sites that always
 /// allocate one size).
-pub fn estimate(maps: &HeapMaps, gc_sites: Option<&GcSites>) -> Result<[[u64; 2]; 4]> {
-    let mut per_kind = [[0u64; 2]; 4];
+pub fn estimate(maps: &HeapMaps, gc_sites: Option<&GcSites>) -> Result<PerKind> {
+    let mut per_kind = PerKind::default();
     let gc: std::collections::HashMap<_, _> = gc_sites
         .into_iter()
         .flatten()
@@ -333,11 +289,49 @@ pub fn estimate(maps: &HeapMaps, gc_sites: Option<&GcSites>) -> Result<[[u64; 2]
         let mean = bytes.checked_div(count).unwrap_or(0);
         let freed = died.saturating_sub(reused);
         let dead_bytes = reused_bytes + collected_bytes + freed * mean;
-        let sum = &mut per_kind[usize::from(site.kind).min(3)];
-        sum[0] += count.saturating_sub(died + collected);
-        sum[1] += bytes.saturating_sub(dead_bytes);
+        per_kind.add(
+            site.kind,
+            count.saturating_sub(died + collected),
+            bytes.saturating_sub(dead_bytes),
+        );
     }
     Ok(per_kind)
+}
+
+/// What is due at one step of the session.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Due {
+    pub sample: bool,
+    pub print: bool,
+    pub snapshot: bool,
+}
+
+/// Live blocks and bytes per allocation kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PerKind([[u64; 2]; AllocKind::ALL.len()]);
+
+impl PerKind {
+    /// Adds to the kind with the kernel's number `kind` (an unknown number,
+    /// which the kernel never writes, is not counted).
+    pub fn add(&mut self, kind: u8, blocks: u64, bytes: u64) {
+        if let Some(sum) = self.0.get_mut(usize::from(kind)) {
+            sum[0] += blocks;
+            sum[1] += bytes;
+        }
+    }
+
+    pub fn blocks(&self) -> u64 {
+        self.0.iter().map(|k| k[0]).sum()
+    }
+
+    /// By kind name, the kinds with live blocks only (a timeline sample).
+    pub fn into_map(self) -> BTreeMap<String, [u64; 2]> {
+        AllocKind::ALL
+            .into_iter()
+            .filter(|&kind| self.0[kind as usize][0] > 0)
+            .map(|kind| (kind.name().to_string(), self.0[kind as usize]))
+            .collect()
+    }
 }
 
 /// Writes next to `path` and renames, so a reader never sees half a profile.

@@ -357,31 +357,20 @@ impl Probes {
 
     /// Stops recording at once and starts detaching in the background.
     ///
-    /// Every program turns into a no-op when the `ENABLED` switch is cleared,
-    /// so the returned maps no longer change. Closing a uprobe costs the
-    /// kernel a grace period (~0.1 s each, serialized), so the links are
-    /// closed on a thread while the caller symbolizes; [`Detaching::wait`]
-    /// joins it. No probe is left in the target after that.
-    pub fn stop(mut self) -> Result<(HeapMaps, Detaching)> {
+    /// Every program turns into a no-op when the `ENABLED` switch is
+    /// cleared, so the kernel's tables no longer change; nothing signals
+    /// the target any more.
+    pub fn disable(&mut self) -> Result<()> {
         self.set_enabled(false)?;
-        let mut config: Array<&mut MapData, u32> = Array::try_from(self.map_mut(maps::CONFIG)?)?;
-        let dwarf = config.get(&config::UNWIND_DWARF, 0)? == 1;
-        config.set(config::SIGNAL_ON_DLOPEN, 0, 0)?;
-        let mut take = |name: &str| -> Result<Map> {
-            self.ebpf
-                .take_map(name)
-                .ok_or_else(|| anyhow!("eBPF object has no map {name}"))
-        };
-        let heap = HeapMaps {
-            live: HashMap::try_from(take(maps::LIVE)?)?,
-            sites: PerCpuHashMap::try_from(take(maps::SITE_TOTALS)?)?,
-            stacks: StackTraceMap::try_from(take(maps::STACKS)?)?,
-            dwarf_stacks: HashMap::try_from(take(maps::DWARF_STACKS)?)?,
-            dwarf,
-            counters: PerCpuArray::try_from(take(maps::COUNTERS)?)?,
-        };
-        let thread = std::thread::spawn(move || drop(self));
-        Ok((heap, Detaching(thread)))
+        self.set_config(config::SIGNAL_ON_DLOPEN, 0)
+    }
+
+    /// Closes every link. Closing a uprobe costs the kernel a grace period
+    /// (~0.1 s each, serialized), so the links are closed on a thread while
+    /// the caller symbolizes; [`Detaching::wait`] joins it. No probe is left
+    /// in the target after that.
+    pub fn detach(self) -> Detaching {
+        Detaching(std::thread::spawn(move || drop(self)))
     }
 }
 

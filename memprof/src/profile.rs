@@ -130,6 +130,14 @@ pub struct ExitInfo {
     pub signal: Option<i32>,
 }
 
+impl ExitInfo {
+    /// The target exited, how is not known (an attached process not traced).
+    pub const UNKNOWN: ExitInfo = ExitInfo {
+        code: None,
+        signal: None,
+    };
+}
+
 /// What could not be recorded, and totals for context. Nothing is lost
 /// silently: every report prints these.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

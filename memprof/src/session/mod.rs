@@ -1,0 +1,381 @@
+//! One profiling session, start to end: the pipeline the other modules
+//! implement, in order.
+//!
+//! 1. find the target ([`crate::target`]) and its allocator functions, and
+//!    place the probes ([`plan`]);
+//! 2. load and attach the probes ([`crate::probes`]) — for `run`, while the
+//!    command is held right after its `exec` ([`start`]);
+//! 3. [`Session::step`] until the end (the target exits, Ctrl-C / SIGTERM,
+//!    `--duration`): what the traced target did (library loads, held
+//!    collections: [`gc_watch`]), the mappings for symbolization, the live
+//!    view ([`crate::live`]);
+//! 4. [`Session::finish`]: detach, read the kernel's tables
+//!    ([`crate::heap`]), symbolize ([`crate::symbolize`]), write the profile
+//!    ([`crate::profile`]) and print the top of the table
+//!    ([`crate::report`]).
+//!
+//! `run` and `attach` differ only in how they start ([`start`]) and when
+//! they stop ([`drive`]). A session holds everything of one target and
+//! nothing process-global: the signal mask belongs to the driver.
+//!
+//! The probes are detached on every path out: [`Probes`] closes its links
+//! when dropped, and the kernel closes them if memprof itself dies.
+mod drive;
+mod gc_watch;
+mod output;
+mod plan;
+mod signals;
+mod start;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::Result;
+
+use crate::live::{Live, LiveOptions};
+use crate::probes::{HeapMaps, ProbeOptions, Probes};
+use crate::profile::{Counters, ExitInfo, Group, ProbeInfo, Profile, TargetInfo};
+use crate::report::{self, markdown};
+use crate::target::launch::ExitStatus;
+use crate::target::maps::MapsCache;
+use crate::target::trace::{Event, Tracer};
+use crate::target::Target;
+use crate::{heap, symbolize};
+
+pub use drive::{attach, run};
+use gc_watch::GcWatch;
+use output::Output;
+pub use plan::{plan_for_pid, Choice, Plan};
+
+/// How often the mappings are re-read while the target runs.
+const MAPS_REFRESH: Duration = Duration::from_secs(1);
+
+/// Which allocator families to probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Heap {
+    /// libc (malloc & co, mmap) and the Boehm GC, whichever the target has.
+    All,
+    /// Only the Boehm GC (`GC_malloc` & co).
+    Gc,
+    /// Only libc: malloc & co and mmap.
+    Libc,
+}
+
+/// How to capture stacks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Unwind {
+    /// DWARF: right for code with and without frame pointers.
+    Auto,
+    /// Frame pointers only (cheaper; short stacks for code without them).
+    Fp,
+    /// CFI tables from each module's .eh_frame, unwound in the kernel.
+    Dwarf,
+}
+
+/// Settings shared by `run` and `attach`.
+#[derive(Debug, Clone)]
+pub struct SessionOptions {
+    pub output: Option<PathBuf>,
+    pub probes: ProbeOptions,
+    pub probe_at_entry: bool,
+    pub duration: Option<Duration>,
+    pub heap: Heap,
+    pub unwind: Unwind,
+    /// Rows of the table printed at the end.
+    pub top: usize,
+    /// Timeline sampling, `--interval`, `--snapshot-every`.
+    pub live: LiveOptions,
+    pub gc_liveness: GcLiveness,
+    /// Write every mark-bit verdict here (`--gc-verdicts`, for tests).
+    pub gc_verdicts: Option<PathBuf>,
+}
+
+/// How dead Boehm GC objects are recognized.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum GcLiveness {
+    /// Read the collector's mark bits after every collection (the
+    /// collecting thread is held meanwhile; memprof traces the target),
+    /// plus address reuse.
+    Marks,
+    /// Only address reuse: an object counts as live until GC_free or
+    /// until its address is allocated again (no tracing, no pause).
+    Reuse,
+}
+
+impl SessionOptions {
+    /// What the plan depends on.
+    pub fn choice(&self) -> Choice {
+        Choice {
+            heap: self.heap,
+            unwind: self.unwind,
+            probe_at_entry: self.probe_at_entry,
+        }
+    }
+}
+
+/// How the session started: `run` launched the target, `attach` found it running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Run,
+    Attach,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Run => "run",
+            Mode::Attach => "attach",
+        }
+    }
+}
+
+/// What [`Session::step`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// The target runs on.
+    Running,
+    /// The target exited (with its status, when memprof traced it).
+    Exited(Option<ExitStatus>),
+}
+
+/// Everything of one profiled process: its probes, its tracer (when
+/// memprof traces it), the GC passes, its mappings and the live view.
+pub struct Session {
+    mode: Mode,
+    target: Target,
+    plan: Plan,
+    options: SessionOptions,
+    probes: Probes,
+    /// A second, read-only handle on the kernel's tables.
+    tables: HeapMaps,
+    /// `run`: always; `attach`: when collections are held (mark bits).
+    tracer: Option<Tracer>,
+    gc: GcWatch,
+    maps: MapsCache,
+    live: Live,
+    output: Output,
+    started: (Instant, SystemTime),
+    last_refresh: Instant,
+}
+
+impl Session {
+    pub fn pid(&self) -> u32 {
+        self.target.pid
+    }
+
+    /// How long the driver may wait for a signal before the next step.
+    pub fn timeout(&self) -> Duration {
+        self.live.timeout(Duration::from_millis(100))
+    }
+
+    /// Handles what happened since the last step: the traced target's
+    /// events, the GC objects streamed by the kernel, the mappings (once a
+    /// second), and whatever the live view has due.
+    pub fn step(&mut self) -> Result<Step> {
+        if let Some(status) = self.follow()? {
+            return Ok(Step::Exited(Some(status)));
+        }
+        self.gc.drain(&mut self.probes);
+        // Without a tracer, an attached process's exit is seen in /proc.
+        if self.mode == Mode::Attach && !crate::target::is_alive(self.pid()) {
+            return Ok(Step::Exited(None));
+        }
+        if self.last_refresh.elapsed() >= MAPS_REFRESH {
+            self.refresh_maps()?;
+            self.last_refresh = Instant::now();
+        }
+        self.tick_live()
+    }
+
+    /// Handles the traced target's events: its exit stop (mappings and GC
+    /// heap figures read while they exist), memprof's own signals (a library
+    /// load: new unwinding ranges; a collection held: the mark-bit pass),
+    /// and its exit, returned.
+    fn follow(&mut self) -> Result<Option<ExitStatus>> {
+        let Some(tracer) = &mut self.tracer else {
+            return Ok(None);
+        };
+        let pid = tracer.pid;
+        let probes = &mut self.probes;
+        while let Some(event) = tracer.poll(&mut |tid| {
+            let _ = probes.set_traced(tid);
+        })? {
+            match event {
+                Event::Exiting => {
+                    self.maps.refresh(pid);
+                    self.gc.read_heap_stats();
+                }
+                Event::Signal { tid, signal } => {
+                    let ours = if signal == libc::SIGTRAP {
+                        let load = tid == pid && probes.take_library_load_signal()?;
+                        if load {
+                            update_ranges(probes, &self.plan, &mut self.maps, pid)?;
+                        }
+                        load
+                    } else {
+                        self.gc.on_hold(probes, tid)?
+                    };
+                    tracer.resume_signal(tid, signal, !ours);
+                }
+                Event::Exited(status) => return Ok(Some(status)),
+            }
+        }
+        Ok(None)
+    }
+
+    /// Re-reads the mappings: for symbolization and, when unwinding with
+    /// DWARF, for the kernel's module ranges.
+    fn refresh_maps(&mut self) -> Result<()> {
+        let pid = self.pid();
+        update_ranges(&mut self.probes, &self.plan, &mut self.maps, pid)
+    }
+
+    /// Timeline samples, `--interval` tables and `--snapshot-every` files, when due.
+    fn tick_live(&mut self) -> Result<Step> {
+        let due = self.live.due();
+        if due.sample {
+            let gc_heap = self.gc.heap_size_now();
+            self.live.sample(&self.tables, self.gc.sites(), gc_heap)?;
+        }
+        if due.print || due.snapshot {
+            let profile = self.snapshot()?;
+            self.live.publish(&profile, due)?;
+        }
+        Ok(Step::Running)
+    }
+
+    /// A profile of the kernel's tables as they are now, without the GC
+    /// summary and exit status only the end knows.
+    pub fn snapshot(&self) -> Result<Profile> {
+        self.profile(false)
+    }
+
+    fn profile(&self, progress: bool) -> Result<Profile> {
+        let (counters, groups) = read_tables(&self.tables, &self.gc, &self.maps, progress)?;
+        Ok(Profile {
+            duration_s: self.started.0.elapsed().as_secs_f64(),
+            counters,
+            groups,
+            timeline: self.live.timeline().clone(),
+            ..self.describe()
+        })
+    }
+
+    /// Lets the target go (it keeps running): the mappings and GC heap
+    /// figures are read one last time, no collection is held any more, and
+    /// every traced thread is detached.
+    pub fn release(&mut self, exited: bool) -> Result<()> {
+        self.maps.refresh(self.pid());
+        if !exited {
+            self.gc.read_heap_stats();
+        }
+        self.probes.stop_holding()?;
+        if let Some(tracer) = &mut self.tracer {
+            tracer.detach();
+        }
+        Ok(())
+    }
+
+    /// Detaches the probes, collects, symbolizes, writes the profile and
+    /// prints the summary. `exit`: how the target ended, if it did.
+    pub fn finish(mut self, exit: Option<ExitInfo>) -> Result<()> {
+        let header = self.describe();
+        let gc = self.gc.summary(&self.probes);
+        let attached = self.probes.attached;
+        // Every program is a no-op from here: the tables no longer change.
+        // Closing the links takes the kernel a while: done meanwhile.
+        self.probes.disable()?;
+        let detaching = self.probes.detach();
+        let (counters, groups) = read_tables(&self.tables, &self.gc, &self.maps, true)?;
+        let duration_s = self.started.0.elapsed().as_secs_f64();
+        let timeline =
+            self.live
+                .into_timeline(&groups, duration_s, gc.as_ref().and_then(|g| g.heap_size));
+        let profile = Profile {
+            duration_s,
+            exit,
+            gc,
+            counters,
+            groups,
+            timeline,
+            ..header
+        };
+        self.output.write(&profile)?;
+        let path = self.output.path();
+
+        let mut stderr = std::io::stderr().lock();
+        writeln!(stderr)?;
+        markdown::header(&profile, &mut stderr)?;
+        let table = report::Options {
+            top: Some(self.options.top),
+            ..report::Options::default()
+        };
+        markdown::table(&profile, &table, &mut stderr)?;
+        writeln!(stderr)?;
+        writeln!(
+            stderr,
+            "memprof: profile written to {} (memprof report {} --format markdown|tsv|json)",
+            path.display(),
+            path.display()
+        )?;
+        eprintln!("memprof: detaching {attached} probes (the kernel takes ~0.1 s each)");
+        detaching.wait();
+        Ok(())
+    }
+
+    /// The metadata of a profile: target, mode, start, probes.
+    fn describe(&self) -> Profile {
+        Profile {
+            memprof_version: env!("CARGO_PKG_VERSION").to_string(),
+            mode: self.mode.name().to_string(),
+            target: TargetInfo {
+                pid: self.target.pid,
+                command: self.target.command.clone(),
+                exe: self.target.exe.display().to_string(),
+            },
+            start_unix_s: self
+                .started
+                .1
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_secs_f64())
+                .unwrap_or(0.0),
+            unwind: self.plan.unwind_name().to_string(),
+            probes: self
+                .plan
+                .probes
+                .iter()
+                .map(|p| ProbeInfo {
+                    function: p.func.func.symbol.to_string(),
+                    module: p.func.module.display().to_string(),
+                    entry_offset: p.placement.offset,
+                    emulated: p.placement.emulated,
+                    reason: p.placement.reason.clone(),
+                })
+                .collect(),
+            ..Profile::default()
+        }
+    }
+}
+
+/// The counters and the groups per stack, symbolized, from the kernel's tables.
+fn read_tables(
+    tables: &HeapMaps,
+    gc: &GcWatch,
+    maps: &MapsCache,
+    progress: bool,
+) -> Result<(Counters, Vec<Group>)> {
+    let raw = heap::collect(tables, gc.sites())?;
+    Ok((tables.counters()?, symbolize::symbolize(raw, maps, progress)))
+}
+
+/// Re-reads the mappings of `pid`; with DWARF unwinding, gives the kernel
+/// the module ranges when they changed.
+fn update_ranges(probes: &mut Probes, plan: &Plan, maps: &mut MapsCache, pid: u32) -> Result<()> {
+    if let Some(now) = maps.refresh(pid) {
+        if let Some(tables) = &plan.tables {
+            probes.set_module_ranges(&tables.ranges(&now))?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,121 @@
+//! What to attach where, decided before anything is attached: the
+//! allocator functions of the chosen heaps ([`crate::allocators`]), the
+//! offset of each probe ([`crate::placement`]) and, for DWARF unwinding, the
+//! CFI tables of every module ([`crate::unwind`]).
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::Result;
+use memprof_common::AllocKind;
+
+use super::{GcLiveness, Heap, SessionOptions, Unwind};
+use crate::allocators::{self, BOEHM, LIBC};
+use crate::placement::{self, Planned};
+use crate::probes::ProbeOptions;
+use crate::report;
+use crate::target::{self, maps, Target};
+use crate::unwind::Tables;
+
+/// The GC event ring buffer: enough for ~1M allocations between two reads
+/// (the session reads it at least every 100 ms, and at each collection).
+const GC_EVENTS_BYTES: u32 = 64 << 20;
+
+/// The options a plan depends on.
+pub struct Choice {
+    pub heap: Heap,
+    pub unwind: Unwind,
+    pub probe_at_entry: bool,
+}
+
+/// What to attach where.
+pub struct Plan {
+    pub probes: Vec<Planned>,
+    /// CFI tables of the target's modules (DWARF unwinding), else `None`.
+    pub tables: Option<Tables>,
+}
+
+impl Plan {
+    /// Finds the allocator functions of the chosen heaps in `exe` and the
+    /// libraries `loaded` (empty before the command runs), places their
+    /// probes, and builds the unwind tables.
+    pub fn new(exe: &Path, loaded: &[PathBuf], choice: &Choice) -> Result<Plan> {
+        let modules = target::modules(exe, loaded);
+        let libc = allocators::resolve(&modules, LIBC)?;
+        let gc = allocators::resolve(&modules, BOEHM)?;
+        let (libc_ok, gc_ok) = (
+            allocators::require(&libc, LIBC, &modules),
+            allocators::require(&gc, BOEHM, &modules),
+        );
+        let resolved: Vec<_> = match choice.heap {
+            Heap::Libc => {
+                libc_ok?;
+                libc
+            }
+            Heap::Gc => {
+                gc_ok?;
+                gc
+            }
+            Heap::All => match (libc_ok.is_ok(), gc_ok.is_ok()) {
+                (false, false) => return Err(libc_ok.unwrap_err()),
+                (true, false) => libc,
+                (false, true) => gc,
+                (true, true) => libc.into_iter().chain(gc).collect(),
+            },
+        };
+        let tables = match choice.unwind {
+            Unwind::Fp => None,
+            Unwind::Auto | Unwind::Dwarf => {
+                let started = Instant::now();
+                let tables = Tables::build(&modules);
+                eprintln!(
+                    "memprof: unwind tables: {} rows from {} modules ({:.1} s)",
+                    report::thousands(tables.rows.len() as u64),
+                    tables.module_count(),
+                    started.elapsed().as_secs_f64()
+                );
+                Some(tables)
+            }
+        };
+        Ok(Plan {
+            probes: placement::plan(&resolved, choice.probe_at_entry),
+            tables,
+        })
+    }
+
+    /// The module holding the probed Boehm GC (libgc.so or the executable).
+    pub fn gc_module(&self) -> Option<PathBuf> {
+        self.probes
+            .iter()
+            .find(|p| matches!(p.func.func.kind, AllocKind::Gc | AllocKind::GcAtomic))
+            .map(|p| p.func.module.clone())
+    }
+
+    pub fn unwind_name(&self) -> &'static str {
+        if self.tables.is_some() {
+            "dwarf"
+        } else {
+            "fp"
+        }
+    }
+
+    /// The map sizes and modes to load the probes with.
+    pub fn probe_options(&self, options: &SessionOptions) -> ProbeOptions {
+        let mut probes = options.probes.clone();
+        if self.gc_module().is_some() && options.gc_liveness == GcLiveness::Marks {
+            probes.gc_events_bytes = GC_EVENTS_BYTES;
+        }
+        probes
+    }
+}
+
+/// `memprof probes`: where each probe would go in `pid`, and why.
+pub fn plan_for_pid(pid: u32, probe_at_entry: bool, heap: Heap) -> Result<Vec<Planned>> {
+    let target = Target::attach(pid)?;
+    let loaded: Vec<PathBuf> = maps::read(pid)?.into_iter().map(|m| m.path).collect();
+    let choice = Choice {
+        heap,
+        unwind: Unwind::Fp, // the tables are not needed to show placements
+        probe_at_entry,
+    };
+    Ok(Plan::new(&target.exe, &loaded, &choice)?.probes)
+}

@@ -1,0 +1,163 @@
+//! How a session starts: `run` launches the command held right after its
+//! `exec` and attaches everything before its first instruction; `attach`
+//! finds a running process, traces it when collections are to be held, and
+//! attaches. Both end in the same [`Session`].
+use std::path::PathBuf;
+use std::time::{Instant, SystemTime};
+
+use anyhow::{bail, Context, Result};
+
+use super::{update_ranges, GcWatch, Mode, Output, Plan, Session, SessionOptions};
+use crate::allocators;
+use crate::live::Live;
+use crate::probes::Probes;
+use crate::target::maps::{self, MapsCache};
+use crate::target::{self, launch, Target};
+
+impl Session {
+    /// `run`: launches `command` held after its `exec`, with every probe
+    /// attached; [`Session::begin`] lets it go. `child_mask` is the signal
+    /// mask the command starts with.
+    pub fn launch(
+        command: &[String],
+        options: &SessionOptions,
+        child_mask: &libc::sigset_t,
+    ) -> Result<Session> {
+        require_root()?;
+        let exe = target::find_command(&command[0])?;
+        let output = Output::create(options.output.as_ref(), &exe, None)?;
+        let plan = Plan::new(&exe, &[], &options.choice())?;
+        let probes = Probes::load(&plan.probe_options(options), plan.tables.as_ref())?;
+        let tracer = launch::launch(&exe, command, child_mask)?;
+        let pid = tracer.pid;
+        let target = Target {
+            pid,
+            exe,
+            command: command.to_vec(),
+        };
+        let mut session = Session::new(Mode::Run, target, plan, probes, output, options)?;
+        session.tracer = Some(tracer);
+        if let Err(e) = session.prepare_launched() {
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            if let Some(tracer) = &mut session.tracer {
+                let _ = tracer.poll(&mut |_| {});
+            }
+            return Err(e);
+        }
+        Ok(session)
+    }
+
+    /// The probes, the collection probes and the unwinder's module ranges
+    /// of a command held after its `exec`.
+    fn prepare_launched(&mut self) -> Result<()> {
+        let pid = self.pid();
+        self.probes.attach(pid, &self.plan.probes)?;
+        self.probes.set_traced(pid)?;
+        self.gc.start(&mut self.probes, pid)?;
+        if self.plan.tables.is_some() {
+            update_ranges(&mut self.probes, &self.plan, &mut self.maps, pid)?;
+            // Libraries are mapped by the dynamic linker after this point:
+            // have it stop the command each time, to place them in time.
+            if let Some(ld_so) = target::interpreter(&self.target.exe) {
+                if let Some((_, offset)) = allocators::symbol_in(&ld_so, "_dl_debug_state") {
+                    self.probes.watch_library_loads(pid, &ld_so, offset)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `run`: lets the launched command go.
+    pub fn begin(&mut self) {
+        let pid = self.pid();
+        self.start_clock();
+        if let Some(tracer) = &mut self.tracer {
+            tracer.resume_signal(pid, 0, false);
+        }
+        eprintln!(
+            "memprof: profiling {} (pid {pid}, {} probes, {} unwinding)",
+            self.target.command.join(" "),
+            self.probes.attached,
+            self.plan.unwind_name()
+        );
+    }
+
+    /// `attach`: profiles the running process `pid` from now on.
+    pub fn attach(pid: u32, options: &SessionOptions) -> Result<Session> {
+        if !target::is_alive(pid) {
+            bail!("no process with pid {pid}");
+        }
+        require_root()?;
+        let target = Target::attach(pid)?;
+        let loaded: Vec<PathBuf> = maps::read(pid)
+            .with_context(|| format!("cannot read the mappings of pid {pid}"))?
+            .into_iter()
+            .map(|m| m.path)
+            .collect();
+        let output = Output::create(options.output.as_ref(), &target.exe, Some(pid))?;
+        let plan = Plan::new(&target.exe, &loaded, &options.choice())?;
+        let probes = Probes::load(&plan.probe_options(options), plan.tables.as_ref())?;
+        let mut session = Session::new(Mode::Attach, target, plan, probes, output, options)?;
+        session.refresh_maps()?;
+        // Collections are watched before allocations are: every GC object
+        // recorded then reaches the mark-bit pass's copy.
+        session.tracer = session.gc.trace(&mut session.probes, pid)?;
+        session.probes.attach(pid, &session.plan.probes)?;
+        session.start_clock();
+        eprintln!(
+            "memprof: attached to pid {pid} ({} probes, {} unwinding); Ctrl-C to stop{}",
+            session.probes.attached,
+            session.plan.unwind_name(),
+            options
+                .duration
+                .map(|d| format!(", or wait {} s", d.as_secs_f64()))
+                .unwrap_or_default()
+        );
+        Ok(session)
+    }
+
+    /// Profiling starts now: the duration and the timeline count from here.
+    fn start_clock(&mut self) {
+        self.started = (Instant::now(), SystemTime::now());
+        self.live = Live::new(
+            self.options.live.clone(),
+            self.started.0,
+            self.output.path(),
+        );
+    }
+
+    fn new(
+        mode: Mode,
+        target: Target,
+        plan: Plan,
+        probes: Probes,
+        output: Output,
+        options: &SessionOptions,
+    ) -> Result<Session> {
+        let started = (Instant::now(), SystemTime::now());
+        Ok(Session {
+            mode,
+            tables: probes.peek()?,
+            gc: GcWatch::new(&plan, options, target.pid),
+            live: Live::new(options.live.clone(), started.0, output.path()),
+            target,
+            plan,
+            options: options.clone(),
+            probes,
+            tracer: None,
+            maps: MapsCache::default(),
+            output,
+            started,
+            last_refresh: Instant::now(),
+        })
+    }
+}
+
+fn require_root() -> Result<()> {
+    if unsafe { libc::geteuid() } != 0 {
+        bail!(
+            "memprof must run as root: loading eBPF programs and attaching uprobes needs CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE (try sudo)"
+        );
+    }
+    Ok(())
+}
