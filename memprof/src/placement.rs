@@ -2,7 +2,7 @@
 //!
 //! A uprobe hit costs about 0.8 µs when the kernel can emulate the probed
 //! instruction (push of a register, jmp/jcc/call rel, nop) and 10–11 µs when
-//! it must single-step it out of line (DESIGN.md, "Probe cost"). So the entry
+//! it must single-step it out of line (docs/ARCHITECTURE.md, "Probe cost"). So the entry
 //! probe goes on the first emulated instruction of the function, as long as
 //! everything the probe reads is still what it was at entry:
 //!

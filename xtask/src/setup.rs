@@ -26,7 +26,7 @@ const APT_PACKAGES: &[&str] = &[
 ];
 
 /// The newest bpf-linker that works with the Rust toolchain's own LLVM here
-/// (see DESIGN.md, "Toolchain facts").
+/// (see docs/ARCHITECTURE.md, "Toolchain facts").
 const BPF_LINKER_VERSION: &str = "0.10.4";
 
 pub fn setup() -> Result<()> {

@@ -6,7 +6,7 @@
 //! The GC never calls `free` for what it collects; it sets a mark byte for
 //! each reachable object during marking and sweeps the rest lazily. The
 //! mark bytes are its verdict from the end of marking until the next
-//! collection (DESIGN.md, "GC liveness"). Two things locate that verdict:
+//! collection (docs/ARCHITECTURE.md, "GC liveness"). Two things locate that verdict:
 //!
 //! - [`find_end_of_mark`]: the `GC_gc_no++` instructions (and the ones right
 //!   after them). The increment runs once per collection inside the

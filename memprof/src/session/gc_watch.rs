@@ -144,4 +144,3 @@ impl GcWatch {
         Some(summary)
     }
 }
-

@@ -366,7 +366,10 @@ fn read_tables(
     progress: bool,
 ) -> Result<(Counters, Vec<Group>)> {
     let raw = heap::collect(tables, gc.sites())?;
-    Ok((tables.counters()?, symbolize::symbolize(raw, maps, progress)))
+    Ok((
+        tables.counters()?,
+        symbolize::symbolize(raw, maps, progress),
+    ))
 }
 
 /// Re-reads the mappings of `pid`; with DWARF unwinding, gives the kernel

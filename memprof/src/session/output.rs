@@ -61,4 +61,3 @@ impl Drop for Output {
         }
     }
 }
-

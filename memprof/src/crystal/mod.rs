@@ -1,0 +1,184 @@
+//! Crystal symbol names: readable forms, the allocator plumbing reports
+//! hide, and the class an allocation creates.
+//!
+//! Crystal does not mangle: a method's ELF symbol is its full signature,
+//! `*Owner[@DefiningType](#|::)name[:named_arg…][<Arg, …>][:ReturnType]`,
+//! where `#` marks an instance method, `::` a class method, and
+//! `@DefiningType` the module or generic class the code comes from. Procs are
+//! `~procProc(Args)@file.cr:line`, constant and class-variable initializers
+//! `~NAME:init`. DWARF names are short (`new`), so [`crate::symbolize`] takes
+//! names from the symbol table and calls [`readable`] on them.
+//!
+//! ```
+//! use memprof::crystal::{is_runtime_frame, readable};
+//! assert_eq!(readable("*Foo::new<Int32>:Foo").as_deref(), Some("Foo.new"));
+//! assert_eq!(
+//!     readable("*Array(Int32)@Array(T)#push<Int32>:Array(Int32)").as_deref(),
+//!     Some("Array(Int32)#push")
+//! );
+//! assert_eq!(readable("make_foo"), None); // not Crystal: shown as is
+//! assert!(is_runtime_frame("*GC::malloc<UInt64>:Pointer(Void)"));
+//! assert!(!is_runtime_frame("*Foo::new<Int32>:Foo"));
+//! ```
+use crate::profile::Frame;
+
+mod symbol;
+#[cfg(test)]
+mod tests;
+
+pub use symbol::{parse_method, Method};
+
+/// The readable form of a Crystal symbol: `Foo.new`, `Array(Int32)#push`,
+/// `make_foos`, `-> proc at src/gc/boehm.cr:148`. `None` for names that are
+/// not Crystal's (C, C++, Rust, `__crystal_main`): callers show those as they are.
+pub fn readable(raw: &str) -> Option<String> {
+    if let Some(m) = parse_method(raw) {
+        return Some(match m.owner {
+            Some(owner) => {
+                let sep = if m.class_method { '.' } else { '#' };
+                format!("{owner}{sep}{}", m.name)
+            }
+            None => m.name.to_string(),
+        });
+    }
+    if let Some(body) = raw.strip_prefix('*') {
+        // Unparsed but still Crystal: drop the marker and the signature.
+        let end = body
+            .find(['<', ':'])
+            .filter(|&e| e > 0)
+            .unwrap_or(body.len());
+        return Some(body[..end].to_string());
+    }
+    let body = raw.strip_prefix('~')?;
+    if let Some(proc) = body.strip_prefix("proc") {
+        // `~proc2Proc(Int32, Nil)@file.cr:12`: the numbering tells copies apart.
+        if let Some(at) = proc.rfind(")@") {
+            let digits = &proc[..proc.find("Proc(").unwrap_or(0)];
+            if digits.bytes().all(|b| b.is_ascii_digit()) {
+                return Some(format!("-> proc at {}", &proc[at + 2..]));
+            }
+        }
+    }
+    for (suffix, what) in [(":init", "init"), (":read", "read")] {
+        if let Some(name) = body.strip_suffix(suffix) {
+            return Some(format!("{name} ({what})"));
+        }
+    }
+    Some(body.to_string())
+}
+
+/// Whether a symbol is allocator plumbing between the program and the probed
+/// allocator: Boehm's `GC_*` functions, `__crystal_malloc64` & co, `GC.malloc`
+/// & co, `Pointer(T).malloc` and `Pointer(T)#realloc`. Reports hide the
+/// innermost run of these so the first frame shown is the allocation site
+/// (`Foo.new`, `Array(Foo)#initialize`, the user's own method).
+pub fn is_runtime_frame(raw: &str) -> bool {
+    if raw.starts_with("GC_") || is_crystal_malloc_fun(raw) {
+        return true;
+    }
+    match parse_method(raw) {
+        Some(m) => is_runtime_method(&m),
+        None => false,
+    }
+}
+
+/// [`is_runtime_frame`] for a whole frame: frames of functions inlined into
+/// others (release builds) carry only DWARF's short name (`malloc`), so the
+/// source file tells `GC.malloc` (`gc/boehm.cr`) and `Pointer.malloc`
+/// (`primitives.cr`) from a program's own `malloc`.
+pub fn is_runtime(frame: &Frame) -> bool {
+    is_runtime_frame(&frame.raw_name) || is_inlined_runtime(&frame.raw_name, frame.file.as_deref())
+}
+
+/// `__crystal_malloc64`, `__crystal_malloc_atomic64`, `__crystal_realloc64`
+/// and their 32-bit forms: the functions the compiler calls to allocate.
+fn is_crystal_malloc_fun(raw: &str) -> bool {
+    raw.strip_prefix("__crystal_")
+        .is_some_and(|rest| rest.starts_with("malloc") || rest.starts_with("realloc"))
+}
+
+fn is_runtime_method(m: &Method<'_>) -> bool {
+    match m.owner {
+        Some("GC") => {
+            m.class_method
+                && (m.name.starts_with("malloc") || m.name == "realloc" || m.name == "free")
+        }
+        Some(owner) if owner.starts_with("Pointer(") => {
+            (m.class_method && m.name == "malloc") || (!m.class_method && m.name == "realloc")
+        }
+        _ => false,
+    }
+}
+
+/// Short DWARF names of inlined plumbing, recognized by their source file.
+fn is_inlined_runtime(name: &str, file: Option<&str>) -> bool {
+    let Some(file) = file else { return false };
+    let in_gc = file.ends_with("/gc.cr") || (file.contains("/gc/") && file.ends_with(".cr"));
+    let in_pointer = file.ends_with("/primitives.cr") || file.ends_with("/pointer.cr");
+    match name {
+        "malloc" | "realloc" => in_gc || in_pointer,
+        "malloc_atomic" | "free" => in_gc,
+        _ => false,
+    }
+}
+
+/// What the pointer-allocating plumbing right below the first shown frame was.
+enum Via {
+    /// `GC.malloc` & co or `__crystal_malloc64` only: an object or a raw buffer.
+    Gc,
+    /// `Pointer(T).malloc` / `#realloc`: a buffer.
+    Pointer,
+}
+
+/// The Crystal class an allocation creates, where the stack says so:
+/// `Type.new` / `Type.allocate` right above the allocator plumbing (debug
+/// builds; release builds inline `new`) gives `Type`; a buffer allocated by a
+/// method of `Type` (`Array(Foo)#initialize` through `Pointer(Foo).malloc`)
+/// gives `Type buffer`; the buffers of `String` and `String::Builder` give
+/// `String`. `None` when the first frame shown is not a Crystal method.
+///
+/// ```
+/// use memprof::crystal::allocated_type;
+/// use memprof::profile::Frame;
+/// let frame = |raw: &str| Frame { raw_name: raw.into(), ..Frame::default() };
+/// let stack = [
+///     frame("*GC::malloc<UInt64>:Pointer(Void)"),
+///     frame("__crystal_malloc64"),
+///     frame("*Foo::new<Int64, Int64, Int32>:Foo"),
+///     frame("*make_foos:Array(Foo)"),
+/// ];
+/// assert_eq!(allocated_type(&stack).as_deref(), Some("Foo"));
+/// ```
+pub fn allocated_type(frames: &[Frame]) -> Option<String> {
+    let plumbing = frames.iter().take_while(|f| is_runtime(f)).count();
+    let via = if frames[..plumbing].iter().any(is_pointer_frame) {
+        Via::Pointer
+    } else {
+        Via::Gc
+    };
+    let m = parse_method(&frames.get(plumbing)?.raw_name)?;
+    let owner = m.owner?;
+    if owner == "String" || owner == "String::Builder" && !(m.class_method && m.name == "new") {
+        // String allocates only its own bytes; a builder's buffer becomes the String.
+        return Some("String".to_string());
+    }
+    match via {
+        Via::Gc if m.class_method && (m.name == "new" || m.name == "allocate") => {
+            Some(owner.to_string())
+        }
+        _ => Some(format!("{owner} buffer")),
+    }
+}
+
+fn is_pointer_frame(frame: &Frame) -> bool {
+    match parse_method(&frame.raw_name) {
+        Some(m) => m.owner.is_some_and(|o| o.starts_with("Pointer(")) && is_runtime_method(&m),
+        None => {
+            matches!(frame.raw_name.as_str(), "malloc" | "realloc")
+                && frame
+                    .file
+                    .as_deref()
+                    .is_some_and(|f| f.ends_with("/primitives.cr") || f.ends_with("/pointer.cr"))
+        }
+    }
+}
