@@ -13,6 +13,7 @@
 //! | addresses → names and `file:line` | [`symbolize`] |
 //! | Crystal names, allocator plumbing, allocated classes | [`crystal`] |
 //! | the `.mprof` file | [`profile`] |
+//! | output files written whole or not at all | [`outfile`] |
 //! | markdown, tsv, json, folded, flamegraph, pprof, timeline, html, diff | [`report`] |
 //! | the whole pipeline for `run` and `attach` | [`session`] |
 //! | timeline sampling, `--interval`, `--snapshot-every` while attached | [`live`] |
@@ -23,6 +24,7 @@ pub mod crystal;
 pub mod gc;
 pub mod heap;
 pub mod live;
+pub mod outfile;
 pub mod placement;
 pub mod probes;
 pub mod profile;

@@ -35,6 +35,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use memprof_common::AllocKind;
 
+use crate::outfile::OutFile;
 use crate::probes::HeapMaps;
 use crate::profile::{self, Group, Profile, Sample, Timeline};
 use crate::report::{self, markdown};
@@ -334,15 +335,12 @@ impl PerKind {
     }
 }
 
-/// Writes next to `path` and renames, so a reader never sees half a profile.
+/// Writes whole or not at all ([`OutFile`]): a reader never sees half a profile.
 fn write_atomically(profile: &Profile, path: &Path) -> Result<()> {
-    let tmp = path.with_extension("mprof.partial");
     let write = || -> Result<()> {
-        let mut file = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+        let mut file = OutFile::create(path)?;
         profile::write(profile, &mut file)?;
-        file.flush()?;
-        std::fs::rename(&tmp, path)?;
-        Ok(())
+        file.commit()
     };
     write().with_context(|| format!("cannot write snapshot {}", path.display()))
 }

@@ -8,6 +8,7 @@ use anyhow::{bail, Result};
 use clap::Parser;
 use memprof::cli::{Cli, Command, ReportArgs, SessionArgs};
 use memprof::live::LiveOptions;
+use memprof::outfile::OutFile;
 use memprof::probes::ProbeOptions;
 use memprof::report::{diff, filter, Format};
 use memprof::session::{self, SessionOptions};
@@ -148,7 +149,13 @@ fn report_cmd(args: &ReportArgs) -> Result<()> {
         keep_order: false,
     };
     if args.diff.is_some() && !args.format.diffable() {
-        bail!("--diff writes markdown or json, not {:?}", args.format);
+        bail!(
+            "--diff writes markdown or json, not {}",
+            clap::ValueEnum::to_possible_value(&args.format).map_or_else(
+                || format!("{:?}", args.format),
+                |v| v.get_name().to_string()
+            )
+        );
     }
     if args.format == Format::Pprof
         && args.output.is_none()
@@ -183,17 +190,17 @@ fn report_cmd(args: &ReportArgs) -> Result<()> {
         options.keep_order = true;
         options.min_bytes.get_or_insert(0);
     }
-    let mut out: Box<dyn Write> = match &args.output {
-        Some(path) => Box::new(std::io::BufWriter::new(
-            std::fs::File::create(path)
-                .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?,
-        )),
-        None => Box::new(std::io::stdout().lock()),
+    // -o: written whole or not at all; else stdout.
+    let mut file = args.output.as_deref().map(OutFile::create).transpose()?;
+    let mut stdout = std::io::stdout().lock();
+    let out: &mut dyn Write = match &mut file {
+        Some(file) => file,
+        None => &mut stdout,
     };
     // One profile, or the two of --diff.
     let written = match &loaded[..] {
-        [profile] if leak_table => report::leaks::write(profile, &options, &mut out),
-        [profile] => report::render(profile, args.format, &options, &mut out),
+        [profile] if leak_table => report::leaks::write(profile, &options, out),
+        [profile] => report::render(profile, args.format, &options, out),
         [before, after, ..] => {
             let files = args.diff.as_deref().unwrap_or_default();
             let names = [0, 1].map(|i| files[i].to_str().unwrap_or("?"));
@@ -203,18 +210,13 @@ fn report_cmd(args: &ReportArgs) -> Result<()> {
                 names,
                 args.format == Format::Json,
                 &options,
-                &mut out,
+                out,
             )
         }
         [] => Ok(()),
     }
-    .and_then(|()| out.flush().map_err(Into::into));
-    if written.is_err() {
-        if let Some(path) = &args.output {
-            // No half-written report left behind.
-            let _ = std::fs::remove_file(path);
-        }
-    }
+    .and_then(|()| out.flush().map_err(Into::into))
+    .and_then(|()| file.map_or(Ok(()), OutFile::commit));
     match written {
         // `memprof report … | head` is done, not failed.
         Err(e) if is_broken_pipe(&e) => Ok(()),
@@ -255,9 +257,14 @@ fn describe_filters(args: &ReportArgs) -> Option<String> {
     (!parts.is_empty()).then(|| parts.join("; "))
 }
 
+/// Whether writing failed because the reader went away (`… | head`),
+/// whichever writer met it.
 fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    use std::io::ErrorKind::BrokenPipe;
     err.chain().any(|e| {
         e.downcast_ref::<std::io::Error>()
-            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+            .is_some_and(|e| e.kind() == BrokenPipe)
+            || e.downcast_ref::<serde_json::Error>()
+                .is_some_and(|e| e.io_error_kind() == Some(BrokenPipe))
     })
 }

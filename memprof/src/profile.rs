@@ -3,14 +3,19 @@
 //! gone.
 //!
 //! Layout: one header line `MEMPROF-PROFILE <version>\n`, then the
-//! [`Profile`] as JSON. The header lets [`load`] tell "not a profile",
-//! "another version" and "truncated" apart before parsing.
+//! [`Profile`] as JSON and a newline, then an end line
+//! `MEMPROF-END crc32=<hex> bytes=<n>\n` with the CRC-32 and length of the
+//! JSON. The header lets [`load`] tell "not a profile" and "another
+//! version" apart, the end line "truncated" and "corrupt" (a flipped byte),
+//! before anything is parsed. (The check is at the end so the profile is
+//! streamed out once, never held twice in memory.) Counts whose sums would
+//! overflow are refused as corrupt.
 //!
 //! ```
 //! use memprof::profile::{self, Profile};
 //! let mut bytes = Vec::new();
 //! profile::write(&Profile::default(), &mut bytes).unwrap();
-//! assert!(bytes.starts_with(b"MEMPROF-PROFILE 1\n"));
+//! assert!(bytes.starts_with(b"MEMPROF-PROFILE 2\n"));
 //! let back = profile::parse(&bytes).unwrap();
 //! assert_eq!(back.groups.len(), 0);
 //! ```
@@ -21,8 +26,10 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
 pub const MAGIC: &str = "MEMPROF-PROFILE";
-/// The version this memprof writes and reads.
-pub const VERSION: u32 = 1;
+/// The version this memprof writes and reads (2: with the end line).
+pub const VERSION: u32 = 2;
+/// Starts the last line: the checksum and length of the JSON.
+const END: &str = "MEMPROF-END";
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Profile {
@@ -290,9 +297,36 @@ pub struct Frame {
 /// Writes `profile` in the file format.
 pub fn write(profile: &Profile, out: &mut impl Write) -> Result<()> {
     writeln!(out, "{MAGIC} {VERSION}")?;
-    serde_json::to_writer(&mut *out, profile)?;
+    let mut body = Checksummed {
+        out: &mut *out,
+        crc: crc32fast::Hasher::new(),
+        bytes: 0,
+    };
+    serde_json::to_writer(&mut body, profile)?;
+    let (crc, bytes) = (body.crc.finalize(), body.bytes);
     writeln!(out)?;
+    writeln!(out, "{END} crc32={crc:08x} bytes={bytes}")?;
     Ok(())
+}
+
+/// Passes bytes on, with their CRC-32 and count.
+struct Checksummed<W> {
+    out: W,
+    crc: crc32fast::Hasher,
+    bytes: u64,
+}
+
+impl<W: Write> Write for Checksummed<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.out.write(buf)?;
+        self.crc.update(&buf[..n]);
+        self.bytes += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
 }
 
 /// Reads a profile file; errors say what is wrong with it in one line.
@@ -319,13 +353,77 @@ pub fn parse(bytes: &[u8]) -> Result<Profile> {
         }
         None => bail!("not a memprof profile (bad version in header)"),
     }
-    serde_json::from_slice(&rest[newline + 1..]).map_err(|e| {
-        if e.is_eof() {
-            anyhow::anyhow!("profile is truncated (the file ends early)")
-        } else {
-            anyhow::anyhow!("profile is corrupt: {e}")
+    let body = checked_body(&rest[newline + 1..])?;
+    let profile: Profile =
+        serde_json::from_slice(body).map_err(|e| anyhow::anyhow!("profile is corrupt: {e}"))?;
+    check_sums(&profile)?;
+    Ok(profile)
+}
+
+/// The JSON between the header and the end line, once its length and
+/// checksum match the end line's.
+fn checked_body(rest: &[u8]) -> Result<&[u8]> {
+    let truncated = || anyhow::anyhow!("profile is truncated (the file ends early)");
+    let text = rest.strip_suffix(b"\n").ok_or_else(truncated)?;
+    let start = text
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .ok_or_else(truncated)?;
+    let Some(end) = std::str::from_utf8(&text[start + 1..])
+        .ok()
+        .and_then(|l| l.strip_prefix(END))
+    else {
+        return Err(truncated());
+    };
+    let field = |name: &str| {
+        end.split_whitespace()
+            .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))
+    };
+    let crc = field("crc32").and_then(|v| u32::from_str_radix(v, 16).ok());
+    let len = field("bytes").and_then(|v| v.parse::<usize>().ok());
+    let (Some(crc), Some(len)) = (crc, len) else {
+        bail!("profile is corrupt (bad end line)");
+    };
+    if end != format!(" crc32={crc:08x} bytes={len}") {
+        bail!("profile is corrupt (bad end line)");
+    }
+    let body = &text[..start];
+    if body.len() != len {
+        // Bytes lost or added in the middle: a copy gone wrong.
+        bail!(
+            "profile is corrupt ({} bytes of JSON where the end line says {len})",
+            body.len()
+        );
+    }
+    if crc32fast::hash(body) != crc {
+        bail!(
+            "profile is corrupt (checksum mismatch: the file was changed after memprof wrote it)"
+        );
+    }
+    Ok(body)
+}
+
+/// Refuses counts no run can produce: sums that overflow 64 bits.
+fn check_sums(profile: &Profile) -> Result<()> {
+    let mut sums = [0u64; 8];
+    for g in &profile.groups {
+        let values = [
+            g.live_count,
+            g.live_bytes,
+            g.total_count,
+            g.total_bytes,
+            g.collected_count,
+            g.collected_bytes,
+            g.marked_count,
+            g.marked_bytes,
+        ];
+        for (sum, value) in sums.iter_mut().zip(values) {
+            *sum = sum.checked_add(value).ok_or_else(|| {
+                anyhow::anyhow!("profile is corrupt (counts too large to add up)")
+            })?;
         }
-    })
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -360,11 +458,38 @@ mod tests {
         assert!(error(&bytes[..bytes.len() / 2]).contains("truncated"));
         let other = String::from_utf8(bytes.clone())
             .unwrap()
-            .replacen(" 1\n", " 999\n", 1);
+            .replacen(" 2\n", " 999\n", 1);
         assert!(error(other.as_bytes()).contains("version 999"));
         let mut corrupt = bytes.clone();
         let at = corrupt.len() - 5;
         corrupt[at] = b'#';
         assert!(error(&corrupt).contains("corrupt"));
+    }
+
+    #[test]
+    fn every_flipped_byte_is_refused() {
+        let bytes = sample();
+        for at in 0..bytes.len() {
+            for bit in [0x01, 0x20, 0x80] {
+                let mut flipped = bytes.clone();
+                flipped[at] ^= bit;
+                assert!(parse(&flipped).is_err(), "byte {at} ^ {bit:#x} accepted");
+            }
+        }
+    }
+
+    #[test]
+    fn refuses_counts_that_overflow() {
+        let mut p = Profile::default();
+        for _ in 0..2 {
+            p.groups.push(Group {
+                kind: "libc".into(),
+                live_bytes: u64::MAX - 1,
+                ..Group::default()
+            });
+        }
+        let mut bytes = Vec::new();
+        write(&p, &mut bytes).unwrap();
+        assert!(error(&bytes).contains("too large"), "{}", error(&bytes));
     }
 }

@@ -31,7 +31,7 @@ pub fn write(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
 /// The filters line (`Filtered: …`), when the report is filtered.
 pub fn filters(options: &Options, out: &mut dyn Write) -> Result<()> {
     if let Some(filters) = &options.filters {
-        writeln!(out, "Filtered: {filters}.")?;
+        writeln!(out, "Filtered: {}.", escape_text(filters))?;
         writeln!(out)?;
     }
     Ok(())
@@ -42,7 +42,12 @@ pub fn header(profile: &Profile, out: &mut dyn Write) -> Result<()> {
     let t = &profile.target;
     let live: u64 = profile.groups.iter().map(|g| g.live_bytes).sum();
     let live_n: u64 = profile.groups.iter().map(|g| g.live_count).sum();
-    writeln!(out, "# memprof: {} (pid {})", t.command.join(" "), t.pid)?;
+    writeln!(
+        out,
+        "# memprof: {} (pid {})",
+        escape_text(&t.command.join(" ")),
+        t.pid
+    )?;
     writeln!(out)?;
     let exit = match profile.exit {
         Some(e) => match (e.code, e.signal) {
@@ -151,9 +156,40 @@ pub fn table(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
     Ok(())
 }
 
-/// Text for a markdown table cell: `|` would end the cell, a backtick the code span.
+/// Text for a code span in a table cell: `|` would end the cell, a
+/// backtick the code span, a line break the row. (Inside a code span,
+/// markdown shows `<`, `&` and `*` as they are.)
 pub fn escape(text: &str) -> String {
-    text.replace('|', "\\|").replace('`', "'")
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '|' => out.push_str("\\|"),
+            '`' => out.push('\''),
+            c if c.is_control() => out.push(' '),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Plain text (a command line, a type name outside a code span): every
+/// character markdown or HTML would read as markup is shown as itself.
+pub fn escape_text(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '&' => out.push_str("&amp;"),
+            '\\' | '`' | '*' | '_' | '[' | ']' | '|' | '#' | '~' | '!' => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if c.is_control() => out.push(' '),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 fn capitalize(s: &str) -> String {

@@ -78,7 +78,7 @@ pub fn write(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
         writeln!(
             out,
             "| {n:>objects$} | {b:>bytes$} | {} |",
-            markdown::escape(&row.name)
+            markdown::escape_text(&row.name)
         )?;
     }
     Ok(())

@@ -1,21 +1,19 @@
 //! The profile file of a session: named after the target unless `-o`
-//! says otherwise, created before anything is attached (a bad path fails
-//! early), removed again if the session ends before writing it.
-use std::fs::File;
-use std::io::Write;
+//! says otherwise, opened before anything is attached (a bad path fails
+//! early), and given its name only once the profile is written whole
+//! ([`crate::outfile`]).
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 use crate::allocators;
+use crate::outfile::OutFile;
 use crate::profile::{self, Profile};
 
-/// The profile file, created up front so a bad path fails before anything
-/// is attached; removed again if the session fails before writing it.
 pub(super) struct Output {
     path: PathBuf,
-    file: File,
-    written: bool,
+    /// `None` once written.
+    file: Option<OutFile>,
 }
 
 impl Output {
@@ -30,12 +28,11 @@ impl Output {
                 })
             }
         };
-        let file = File::create(&path)
-            .map_err(|e| anyhow::anyhow!("cannot write profile to {}: {}", path.display(), e))?;
+        let file = OutFile::create(&path)
+            .map_err(|e| anyhow::anyhow!("cannot write profile to {}: {e:#}", path.display()))?;
         Ok(Output {
             path,
-            file,
-            written: false,
+            file: Some(file),
         })
     }
 
@@ -43,21 +40,13 @@ impl Output {
         &self.path
     }
 
-    /// Writes the profile; from then on the file stays.
+    /// Writes the profile and gives the file its name.
     pub(super) fn write(&mut self, profile: &Profile) -> Result<()> {
-        let mut buffered = std::io::BufWriter::new(&mut self.file);
-        profile::write(profile, &mut buffered)
-            .and_then(|_| Ok(buffered.flush()?))
-            .with_context(|| format!("cannot write profile to {}", self.path.display()))?;
-        self.written = true;
-        Ok(())
-    }
-}
-
-impl Drop for Output {
-    fn drop(&mut self) {
-        if !self.written {
-            let _ = std::fs::remove_file(&self.path);
-        }
+        let Some(mut file) = self.file.take() else {
+            anyhow::bail!("the profile {} was written already", self.path.display());
+        };
+        profile::write(profile, &mut file)
+            .and_then(|()| file.commit())
+            .map_err(|e| anyhow::anyhow!("cannot write profile to {}: {e:#}", self.path.display()))
     }
 }
