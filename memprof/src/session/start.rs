@@ -12,7 +12,7 @@ use crate::allocators;
 use crate::live::Live;
 use crate::probes::Probes;
 use crate::target::maps::{self, MapsCache};
-use crate::target::{self, launch, Target};
+use crate::target::{self, launch, startup, Target};
 
 impl Session {
     /// `run`: launches `command` held after its `exec`, with every probe
@@ -24,23 +24,35 @@ impl Session {
         child_mask: &libc::sigset_t,
     ) -> Result<Session> {
         require_root()?;
-        let exe = target::find_command(&command[0])?;
-        let output = Output::create(options.output.as_ref(), &exe, None)?;
-        let plan = Plan::new(&exe, &[], &options.choice())?;
-        let probes = Probes::load(&plan.probe_options(options), plan.tables.as_ref())?;
-        let tracer = launch::launch(&exe, command, child_mask)?;
+        let program = target::find_command(&command[0])?;
+        let output = Output::create(options.output.as_ref(), &program, None)?;
+        let mut tracer = launch::launch(&program, command, child_mask)?;
         let pid = tracer.pid;
-        let target = Target {
-            pid,
-            exe,
-            command: command.to_vec(),
+        // Until the probes are attached, any failure ends the held command.
+        let kill = |tracer: &mut crate::target::trace::Tracer| {
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            let _ = tracer.poll(&mut |_| {});
         };
+        let started = startup::run_to_libraries(pid).and_then(|()| {
+            // The program the command became (a script's interpreter).
+            let target = Target::attach(pid)?;
+            let plan = Plan::new(&target.exe, &mapped_files(pid)?, &options.choice())?;
+            let probes = Probes::load(&plan.probe_options(options), plan.tables.as_ref())?;
+            Ok((target, plan, probes))
+        });
+        let (mut target, plan, probes) = match started {
+            Ok(parts) => parts,
+            Err(e) => {
+                kill(&mut tracer);
+                return Err(e);
+            }
+        };
+        target.command = command.to_vec();
         let mut session = Session::new(Mode::Run, target, plan, probes, output, options)?;
         session.tracer = Some(tracer);
         if let Err(e) = session.prepare_launched() {
-            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
             if let Some(tracer) = &mut session.tracer {
-                let _ = tracer.poll(&mut |_| {});
+                kill(tracer);
             }
             return Err(e);
         }
@@ -89,11 +101,7 @@ impl Session {
         }
         require_root()?;
         let target = Target::attach(pid)?;
-        let loaded: Vec<PathBuf> = maps::read(pid)
-            .with_context(|| format!("cannot read the mappings of pid {pid}"))?
-            .into_iter()
-            .map(|m| m.path)
-            .collect();
+        let loaded = mapped_files(pid)?;
         let output = Output::create(options.output.as_ref(), &target.exe, Some(pid))?;
         let plan = Plan::new(&target.exe, &loaded, &options.choice())?;
         let probes = Probes::load(&plan.probe_options(options), plan.tables.as_ref())?;
@@ -151,6 +159,15 @@ impl Session {
             last_refresh: Instant::now(),
         })
     }
+}
+
+/// The files `pid` maps, from its own mappings.
+fn mapped_files(pid: u32) -> Result<Vec<PathBuf>> {
+    Ok(maps::read(pid)
+        .with_context(|| format!("cannot read the mappings of pid {pid}"))?
+        .into_iter()
+        .map(|m| m.path)
+        .collect())
 }
 
 fn require_root() -> Result<()> {

@@ -25,7 +25,7 @@ pub enum ExitStatus {
 }
 
 impl ExitStatus {
-    pub(super) fn from_wait(status: i32) -> Option<ExitStatus> {
+    pub(crate) fn from_wait(status: i32) -> Option<ExitStatus> {
         if libc::WIFEXITED(status) {
             Some(ExitStatus::Code(libc::WEXITSTATUS(status)))
         } else if libc::WIFSIGNALED(status) {

@@ -8,10 +8,10 @@
 //!   load order (the order in which the dynamic linker binds symbols).
 pub mod launch;
 pub mod maps;
+pub mod startup;
 pub mod trace;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 use object::{Object, ObjectSection};
@@ -86,47 +86,17 @@ pub fn find_command(program: &str) -> Result<PathBuf> {
         .ok_or_else(|| anyhow::anyhow!("command not found: {program}"))
 }
 
-/// The executable and the shared libraries the dynamic linker loads for it,
-/// in load order, plus any other file `loaded` names (a running process's
-/// mappings: `dlopen`ed libraries) after those.
+/// The executable, then every other file the process maps (`loaded`,
+/// from its own mappings: read, never asked of its dynamic linker, which
+/// would mean executing a file of the target's; see [`startup`]).
 pub fn modules(exe: &Path, loaded: &[PathBuf]) -> Vec<PathBuf> {
     let mut list = vec![exe.to_path_buf()];
-    list.extend(needed_libraries(exe));
     for path in loaded {
         if !list.contains(path) {
             list.push(path.clone());
         }
     }
     list
-}
-
-/// Asks the executable's own dynamic linker (`ld.so --list`, which is what
-/// `ldd` does; it runs none of the program's code) which libraries it loads.
-/// A static executable has none.
-fn needed_libraries(exe: &Path) -> Vec<PathBuf> {
-    let Some(interp) = interpreter(exe) else {
-        return Vec::new();
-    };
-    let Ok(out) = Command::new(&interp).arg("--list").arg(exe).output() else {
-        return vec![interp];
-    };
-    let mut libs: Vec<PathBuf> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|line| {
-            // "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x…)" or "/lib64/ld-linux-x86-64.so.2 (0x…)"
-            let path = match line.split_once("=>") {
-                Some((_, rhs)) => rhs.trim(),
-                None => line.trim(),
-            };
-            let path = path.split(" (").next()?.trim();
-            path.starts_with('/').then(|| PathBuf::from(path))
-        })
-        .map(|p| std::fs::canonicalize(&p).unwrap_or(p))
-        .collect();
-    if libs.is_empty() {
-        libs.push(interp);
-    }
-    libs
 }
 
 /// The dynamic linker named in the executable's `.interp`, if any.
@@ -151,10 +121,16 @@ mod tests {
     }
 
     #[test]
-    fn lists_libc_for_a_dynamic_executable() {
-        let sh = find_command("sh").unwrap();
-        let mods = modules(&sh, &[]);
-        assert_eq!(mods[0], sh);
+    fn lists_the_executable_then_each_mapped_file_once() {
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let loaded: Vec<PathBuf> = maps::read(std::process::id())
+            .unwrap()
+            .into_iter()
+            .map(|m| m.path)
+            .collect();
+        let mods = modules(&exe, &loaded);
+        assert_eq!(mods[0], exe);
+        assert_eq!(mods.iter().filter(|m| **m == exe).count(), 1);
         assert!(
             mods.iter().any(|m| m.to_string_lossy().contains("libc.so")),
             "{mods:?}"
