@@ -32,6 +32,7 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<i32> {
     match cli.command {
         Command::Run { session, command } => {
+            refuse_attach_flags(&command[0])?;
             session::run(&command, &session_options(&session, None)?)
         }
         Command::Attach {
@@ -74,6 +75,16 @@ fn run(cli: Cli) -> Result<i32> {
         }
         Command::Report(args) => report_cmd(&args).map(|()| 0),
     }
+}
+
+/// `memprof run --pid 5 …`: clap takes an unknown flag for the command;
+/// say which subcommand has it instead of "command not found: --pid".
+fn refuse_attach_flags(first: &str) -> Result<()> {
+    let flag = first.split('=').next().unwrap_or(first);
+    if matches!(flag, "-p" | "--pid" | "-d" | "--duration") {
+        bail!("{flag} is an option of `memprof attach`, not of `memprof run` (which starts the command given after --)");
+    }
+    Ok(())
 }
 
 fn session_options(args: &SessionArgs, duration: Option<Duration>) -> Result<SessionOptions> {

@@ -393,8 +393,10 @@ impl Probes {
                 | Map::StackTraceMap(d) => d,
                 _ => return Err(anyhow!("map {name} has an unexpected type")),
             };
-            let id = data.info()?.id();
-            Ok(Map::from_map_data(MapData::from_id(id)?)?)
+            // A duplicate of memprof's own descriptor (opening the map by
+            // id would need CAP_SYS_ADMIN).
+            let fd = std::os::fd::AsFd::as_fd(data.fd()).try_clone_to_owned()?;
+            Ok(Map::from_map_data(MapData::from_fd(fd)?)?)
         };
         let config: Array<&MapData, u32> = Array::try_from(
             self.ebpf

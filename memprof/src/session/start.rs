@@ -23,7 +23,7 @@ impl Session {
         options: &SessionOptions,
         child_mask: &libc::sigset_t,
     ) -> Result<Session> {
-        require_root()?;
+        require_capabilities()?;
         let program = target::find_command(&command[0])?;
         let output = Output::create(options.output.as_ref(), &program, None)?;
         let mut tracer = launch::launch(&program, command, child_mask)?;
@@ -33,9 +33,10 @@ impl Session {
             unsafe { libc::kill(pid as i32, libc::SIGKILL) };
             let _ = tracer.poll(&mut |_| {});
         };
-        let started = startup::run_to_libraries(pid).and_then(|()| {
+        let started = Target::attach(pid).and_then(|target| {
             // The program the command became (a script's interpreter).
-            let target = Target::attach(pid)?;
+            target::check_architecture(pid, &target.exe)?;
+            startup::run_to_libraries(pid)?;
             let plan = Plan::new(&target.exe, &mapped_files(pid)?, &options.choice())?;
             let probes = Probes::load(&plan.probe_options(options), plan.tables.as_ref())?;
             Ok((target, plan, probes))
@@ -99,8 +100,9 @@ impl Session {
         if !target::is_alive(pid) {
             bail!("no process with pid {pid}");
         }
-        require_root()?;
+        require_capabilities()?;
         let target = Target::attach(pid)?;
+        target::check_architecture(pid, &target.exe)?;
         let loaded = mapped_files(pid)?;
         let output = Output::create(options.output.as_ref(), &target.exe, Some(pid))?;
         let plan = Plan::new(&target.exe, &loaded, &options.choice())?;
@@ -110,7 +112,13 @@ impl Session {
         // Collections are watched before allocations are: every GC object
         // recorded then reaches the mark-bit pass's copy.
         session.tracer = session.gc.trace(&mut session.probes, pid)?;
-        session.probes.attach(pid, &session.plan.probes)?;
+        session.probes.attach(pid, &session.plan.probes).map_err(|e| {
+            if target::is_alive(pid) {
+                e
+            } else {
+                anyhow::anyhow!("pid {pid} exited while memprof was attaching")
+            }
+        })?;
         session.start_clock();
         eprintln!(
             "memprof: attached to pid {pid} ({} probes, {} unwinding); Ctrl-C to stop{}",
@@ -170,10 +178,33 @@ fn mapped_files(pid: u32) -> Result<Vec<PathBuf>> {
         .collect())
 }
 
-fn require_root() -> Result<()> {
-    if unsafe { libc::geteuid() } != 0 {
+/// memprof needs CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN) for the
+/// probes and CAP_SYS_PTRACE to trace the target and read its memory:
+/// checked as capabilities, not as uid 0.
+fn require_capabilities() -> Result<()> {
+    const CAP_SYS_PTRACE: u32 = 19;
+    const CAP_SYS_ADMIN: u32 = 21;
+    const CAP_PERFMON: u32 = 38;
+    const CAP_BPF: u32 = 39;
+    let status = std::fs::read_to_string("/proc/self/status")
+        .context("cannot read /proc/self/status")?;
+    let effective = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .unwrap_or(0);
+    let has = |cap: u32| effective & (1u64 << cap) != 0;
+    let mut missing = Vec::new();
+    if !(has(CAP_BPF) && has(CAP_PERFMON) || has(CAP_SYS_ADMIN)) {
+        missing.extend(["CAP_BPF", "CAP_PERFMON"]);
+    }
+    if !has(CAP_SYS_PTRACE) {
+        missing.push("CAP_SYS_PTRACE");
+    }
+    if !missing.is_empty() {
         bail!(
-            "memprof must run as root: loading eBPF programs and attaching uprobes needs CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE (try sudo)"
+            "memprof needs {} to load eBPF programs, attach uprobes and trace the target: run it as root (sudo) or grant them",
+            missing.join(", ")
         );
     }
     Ok(())

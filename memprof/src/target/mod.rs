@@ -76,7 +76,14 @@ pub fn find_command(program: &str) -> Result<PathBuf> {
         if executable(&path) {
             return Ok(std::fs::canonicalize(&path)?);
         }
-        bail!("command not found: {program}");
+        match std::fs::metadata(&path) {
+            Ok(m) if m.is_dir() => bail!("{program} is a directory, not a program"),
+            Ok(_) => bail!("{program} is not executable (chmod +x it, or run it through its interpreter)"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                bail!("command not found: {program}")
+            }
+            Err(e) => bail!("cannot run {program}: {e}"),
+        }
     }
     let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
     std::env::split_paths(&path)
@@ -97,6 +104,30 @@ pub fn modules(exe: &Path, loaded: &[PathBuf]) -> Vec<PathBuf> {
         }
     }
     list
+}
+
+/// Refuses a program memprof cannot profile: anything but a 64-bit x86-64
+/// ELF executable (its probes and unwinder know only that ABI).
+/// `exe` names the program in messages; its bytes are read from `pid`'s
+/// own executable (whatever is at that path now, in whichever namespace).
+pub fn check_architecture(pid: u32, exe: &Path) -> Result<()> {
+    use std::io::Read;
+    let mut header = [0u8; 20];
+    std::fs::File::open(format!("/proc/{pid}/exe"))
+        .and_then(|mut f| f.read_exact(&mut header))
+        .with_context(|| format!("cannot read {}", exe.display()))?;
+    if &header[..4] != b"\x7fELF" {
+        bail!("{} is not an ELF program", exe.display());
+    }
+    let machine = u16::from_le_bytes([header[18], header[19]]);
+    let what = match (header[4], machine) {
+        (2, 62) => return Ok(()),
+        (1, 3) => "a 32-bit x86 program".to_string(),
+        (1, _) => "a 32-bit program".to_string(),
+        (_, 183) => "an AArch64 program".to_string(),
+        (_, m) => format!("a program for another machine (ELF machine {m})"),
+    };
+    bail!("{} is {what}: memprof profiles 64-bit x86-64 programs only", exe.display())
 }
 
 /// The dynamic linker named in the executable's `.interp`, if any.
