@@ -42,7 +42,7 @@ use crate::symbolize;
 use crate::target::maps::MapsCache;
 
 /// What the GC mark-bit judge knows per site (collected, marked).
-pub type GcSites = [(memprof_common::AllocSite, crate::gc::pass::SiteGc)];
+pub type GcSites = [(crate::probes::Site, crate::gc::pass::SiteGc)];
 
 /// Default `--sample-period`, milliseconds.
 pub const DEFAULT_SAMPLE_MS: u64 = 100;
@@ -200,12 +200,12 @@ impl Live {
         let exact = blocks <= EXACT_MAX_BLOCKS;
         if exact {
             per_kind = [[0u64; 2]; 4];
-            for entry in maps.live.iter() {
+            for entry in maps.live() {
                 let Ok((_, block)) = entry else {
                     // Freed between reading its key and its value.
                     continue;
                 };
-                let sum = &mut per_kind[usize::from(block.site.kind).min(3)];
+                let sum = &mut per_kind[block.site.kind as usize];
                 sum[0] += 1;
                 sum[1] += block.size;
             }
@@ -317,23 +317,17 @@ pub fn estimate(maps: &HeapMaps, gc_sites: Option<&GcSites>) -> Result<[[u64; 2]
         .flatten()
         .map(|(site, s)| (*site, s))
         .collect();
-    for entry in maps.sites.iter() {
-        let (site, per_cpu) = entry?;
-        let (mut count, mut bytes, mut died, mut reused, mut reused_bytes) = (0, 0, 0, 0, 0);
-        for t in per_cpu.iter() {
-            count += t.count;
-            bytes += t.bytes;
-            died += t.died;
-            reused += t.reused;
-            reused_bytes += t.reused_bytes;
-        }
+    for entry in maps.sites() {
+        let (site, t) = entry?;
+        let (count, bytes, died, reused, reused_bytes) =
+            (t.count, t.bytes, t.died, t.reused, t.reused_bytes);
         let (collected, collected_bytes) = gc
             .get(&site)
             .map_or((0, 0), |g| (g.collected_count, g.collected_bytes));
         let mean = bytes.checked_div(count).unwrap_or(0);
         let freed = died.saturating_sub(reused);
         let dead_bytes = reused_bytes + collected_bytes + freed * mean;
-        let sum = &mut per_kind[usize::from(site.kind).min(3)];
+        let sum = &mut per_kind[site.kind as usize];
         sum[0] += count.saturating_sub(died + collected);
         sum[1] += bytes.saturating_sub(dead_bytes);
     }

@@ -570,7 +570,7 @@ impl GcWatch {
         self.heap_stats.as_ref().map(|s| s.heap_size)
     }
 
-    fn sites(&self) -> Option<&[(memprof_common::AllocSite, crate::gc::pass::SiteGc)]> {
+    fn sites(&self) -> Option<&[(crate::probes::Site, crate::gc::pass::SiteGc)]> {
         self.judge.as_ref().map(|j| j.sites())
     }
 
