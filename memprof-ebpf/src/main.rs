@@ -182,6 +182,7 @@ mod probes {
         let mut bp = regs.rbp;
         let mut pc = unsafe { bpf_probe_read_user(sp as *const u64) }.ok()?;
         sp += 8;
+        // `count` is a mask, not min(): the searches stay prunable.
         let packed = setting(config::MODULE_COUNT);
         let modules = module_table::count(packed);
         let table = module_table::first_slot(packed);
@@ -286,9 +287,10 @@ mod probes {
     }
 
     /// `_dl_debug_state` runs when the dynamic linker has changed the list of
-    /// loaded libraries. During `run` the main thread is traced: a signal
-    /// (`LIBRARY_LOAD_SIGNAL`, SIGTRAP) stops it so memprof can add the new libraries' address ranges before
-    /// their code runs (memprof swallows the signal).
+    /// loaded libraries. During `run` the main thread is traced:
+    /// `LIBRARY_LOAD_SIGNAL` (SIGTRAP) stops it so memprof can add the new
+    /// libraries' address ranges before their code runs (memprof swallows
+    /// the signal).
     #[uprobe]
     pub fn dl_debug_state(_ctx: ProbeContext) -> u32 {
         let thread = bpf_get_current_pid_tgid();

@@ -31,7 +31,6 @@ mod unwind_tables;
 mod view;
 
 pub use gc_hold::GcChange;
-pub use unwind_tables::MAX_MODULES;
 pub use view::{HeapMaps, LiveBlock, RecordedStack, Site};
 
 use gc_hold::GcEvents;

@@ -13,7 +13,7 @@ use super::Probes;
 use crate::unwind::Tables;
 
 /// How many module ranges the kernel's table holds.
-pub const MAX_MODULES: usize = module_table::MAX_MODULES as usize;
+const MAX_MODULES: usize = module_table::MAX_MODULES as usize;
 
 /// What the kernel's module table holds now.
 #[derive(Debug, Default)]
