@@ -1,10 +1,21 @@
-//! Plain-data types shared by the eBPF programs (`memprof-ebpf`) and the
-//! userspace daemon (`memprof`).
+//! The contract between the eBPF programs (`memprof-ebpf`) and the
+//! userspace daemon (`memprof`): everything both sides must agree on is
+//! written here once.
+//!
+//! | what | where |
+//! |---|---|
+//! | map records: keys, values, events | [`AllocSite`], [`LiveAlloc`], [`SiteTotals`], [`GcEvent`], [`UnwindRow`], [`ModuleRange`], [`DwarfStack`] |
+//! | what went wrong or was dropped | [`KernelCounters`] (one field per counter) |
+//! | names of programs and maps, settings | [`programs`], [`maps`], [`config`] |
+//! | the module table's layout and packing | [`module_table`] |
+//! | byte codes | [`AllocKind`] (`TryFrom<u8>`), [`op`], [`gc_event`], [`cfa`] |
+//! | numbers from Linux the kernel side needs | [`errno`], [`signal`] |
 //!
 //! Everything here is `#[repr(C)]`, `Copy` and free of pointers, so the same
 //! bytes mean the same thing on both sides of a BPF map. With the `user`
 //! feature the types also implement `aya::Pod`, which lets userspace read
-//! them straight out of maps.
+//! them straight out of maps. Userspace converts the records into its own
+//! types at one boundary (`memprof::probes`).
 #![cfg_attr(not(any(feature = "user", test)), no_std)]
 
 /// Which allocator family an allocation came from. Stored as a `u8`.
