@@ -397,9 +397,9 @@ pub mod errno {
 /// The layout of the `MODULE_RANGES` table, which userspace fills and the
 /// kernel unwinder binary-searches for the module of each return address.
 ///
-/// The table is two halves of [`SLOTS`] entries. Userspace writes the half
+/// The table is two halves of [`SLOTS`](module_table::SLOTS) entries. Userspace writes the half
 /// not in use, then switches with one write of `config::MODULE_COUNT`
-/// ([`pack`]), so a probe never searches a half-written table.
+/// ([`pack`](module_table::pack)), so a probe never searches a half-written table.
 pub mod module_table {
     /// Entries in each half: a power of two, so the count is bounded by a
     /// mask ([`count`]).

@@ -8,11 +8,11 @@
 //! | part | what it does |
 //! |---|---|
 //! | this module | loads the object with the map sizes of [`ProbeOptions`], owns the `CONFIG` settings, stops recording |
-//! | [`attach`] | attaches programs to functions of the target, scoped to its pid |
-//! | [`unwind_tables`] | writes the CFI rows and the module ranges the kernel unwinder searches |
-//! | [`gc_hold`] | the protocols with a traced target: holding a collector for the mark-bit pass, stopping the main thread after `dlopen` |
-//! | [`view`] | a read-only view of the kernel's tables, in userspace types ([`Site`], [`LiveBlock`]) |
-//! | [`batch`] | `BPF_MAP_DELETE_BATCH`, which aya 0.14 lacks |
+//! | `attach` | attaches programs to functions of the target, scoped to its pid |
+//! | `unwind_tables` | writes the CFI rows and the module ranges the kernel unwinder searches |
+//! | `gc_hold` | the protocols with a traced target: holding a collector for the mark-bit pass, stopping the main thread after `dlopen` |
+//! | `view` | a read-only view of the kernel's tables, in userspace types ([`Site`], [`LiveBlock`]) |
+//! | `batch` | `BPF_MAP_DELETE_BATCH`, which aya 0.14 lacks |
 //!
 //! Dropping [`Probes`] (or memprof exiting, however it exits) closes the
 //! links: the kernel then removes the breakpoints.

@@ -36,7 +36,7 @@ impl Probes {
     }
 
     /// Tells the unwinder where each module is mapped (sorted by address;
-    /// past [`MAX_MODULES`] ranges are dropped).
+    /// past [`module_table::MAX_MODULES`] ranges are dropped).
     ///
     /// The kernel's table is double: the new ranges go into the half not in
     /// use, then one write of `MODULE_COUNT` switches halves, so a probe
