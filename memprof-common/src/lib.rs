@@ -256,7 +256,6 @@ macro_rules! counters {
             pub const NAMES: [&'static str; Self::COUNT] = [$(stringify!($field)),*];
 
             /// Adds another CPU's counters, field by field.
-            #[inline(always)]
             pub fn add(&mut self, other: &$name) {
                 $( self.$field += other.$field; )*
             }

@@ -219,4 +219,12 @@ mod tests {
         assert!(text.starts_with("attaching a uprobe: "), "{text}");
         assert!(!text.contains("not permitted"), "{text}");
     }
+
+    #[test]
+    fn errno_and_signal_numbers_match_libc() {
+        use memprof_common::{errno, signal};
+        assert_eq!(errno::EEXIST, libc::EEXIST);
+        assert_eq!(signal::SIGTRAP, libc::SIGTRAP as u32);
+        assert_eq!(signal::SIGURG, libc::SIGURG as u32);
+    }
 }
