@@ -1,11 +1,22 @@
-//! Plain-data types shared by the eBPF programs (`memprof-ebpf`) and the
-//! userspace daemon (`memprof`).
+//! The contract between the eBPF programs (`memprof-ebpf`) and the
+//! userspace daemon (`memprof`): everything both sides must agree on is
+//! written here once.
+//!
+//! | what | where |
+//! |---|---|
+//! | map records: keys, values, events | [`AllocSite`], [`LiveAlloc`], [`SiteTotals`], [`GcEvent`], [`UnwindRow`], [`ModuleRange`], [`DwarfStack`] |
+//! | what went wrong or was dropped | [`KernelCounters`] (one field per counter) |
+//! | names of programs and maps, settings | [`programs`], [`maps`], [`config`] |
+//! | the module table's layout and packing | [`module_table`] |
+//! | byte codes | [`AllocKind`] (`TryFrom<u8>`), [`op`], [`gc_event`], [`cfa`] |
+//! | numbers from Linux the kernel side needs | [`errno`], [`signal`] |
 //!
 //! Everything here is `#[repr(C)]`, `Copy` and free of pointers, so the same
 //! bytes mean the same thing on both sides of a BPF map. With the `user`
 //! feature the types also implement `aya::Pod`, which lets userspace read
-//! them straight out of maps.
-#![cfg_attr(not(feature = "user"), no_std)]
+//! them straight out of maps. Userspace converts the records into its own
+//! types at one boundary (`memprof::probes`).
+#![cfg_attr(not(any(feature = "user", test)), no_std)]
 
 /// Which allocator family an allocation came from. Stored as a `u8`.
 #[repr(u8)]
@@ -29,10 +40,6 @@ impl AllocKind {
         AllocKind::GcAtomic,
     ];
 
-    pub fn from_u8(v: u8) -> Option<AllocKind> {
-        Self::ALL.get(v as usize).copied()
-    }
-
     /// The name used in reports and JSON.
     pub fn name(self) -> &'static str {
         match self {
@@ -44,6 +51,35 @@ impl AllocKind {
     }
 }
 
+/// The kind byte of an [`AllocSite`] as an [`AllocKind`]: a byte no kind
+/// has is an error ([`UnknownKind`]), never a guess.
+impl TryFrom<u8> for AllocKind {
+    type Error = UnknownKind;
+
+    fn try_from(v: u8) -> Result<AllocKind, UnknownKind> {
+        match v {
+            0 => Ok(AllocKind::Libc),
+            1 => Ok(AllocKind::Mmap),
+            2 => Ok(AllocKind::Gc),
+            3 => Ok(AllocKind::GcAtomic),
+            _ => Err(UnknownKind(v)),
+        }
+    }
+}
+
+/// A kind byte that is no [`AllocKind`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnknownKind(pub u8);
+
+impl core::fmt::Display for UnknownKind {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "unknown allocation kind {}", self.0)
+    }
+}
+
+#[cfg(any(feature = "user", test))]
+impl std::error::Error for UnknownKind {}
+
 /// What the return probe must do with a pending call (set by the entry probe).
 pub mod op {
     /// Returned pointer is a new block of `size` bytes.
@@ -54,7 +90,7 @@ pub mod op {
     pub const OUT_PTR: u8 = 2;
 }
 
-/// Stack id stored when no stack could be captured; counted in [`counter::STACK_ERRORS`].
+/// Stack id stored when no stack could be captured; counted in [`KernelCounters::stack_errors`].
 pub const NO_STACK: u64 = u64::MAX;
 
 /// Deepest stack the DWARF unwinder follows (127 is rejected by the verifier as written).
@@ -171,36 +207,100 @@ pub struct SiteTotals {
     pub reused_bytes: u64,
 }
 
-/// Indexes into the per-CPU `COUNTERS` array: things that went wrong or were
-/// dropped. Nothing is lost silently: every report prints these.
-pub mod counter {
-    /// An allocation could not be recorded in `LIVE` (map full): its free is never matched.
-    pub const LIVE_FULL: u32 = 0;
-    /// A site could not be added to `SITE_TOTALS` (map full): the allocation is missing from totals.
-    pub const SITES_FULL: u32 = 1;
-    /// `bpf_get_stackid` failed (stack map full or hash collision): site recorded without a stack.
-    pub const STACK_ERRORS: u32 = 2;
-    /// A call could not be remembered between entry and return (`PENDING` full): allocation lost.
-    pub const PENDING_FULL: u32 = 3;
-    /// Frees of addresses memprof never saw allocated (made before attach, or lost).
-    pub const UNKNOWN_FREES: u32 = 4;
-    /// Allocations made (recorded or not).
-    pub const ALLOCS: u32 = 5;
-    /// Frees seen (known or unknown).
-    pub const FREES: u32 = 6;
-    /// Failed allocations (NULL / MAP_FAILED returned).
-    pub const FAILED_ALLOCS: u32 = 7;
-    /// Stacks the DWARF unwinder could not follow to the end.
-    pub const TRUNCATED_STACKS: u32 = 8;
-    /// GC collections whose end of marking the probe saw.
-    pub const GC_COLLECTIONS: u32 = 9;
-    /// Of those, collections whose collecting thread memprof could not hold
-    /// for the mark-bit pass (not traced): not judged.
-    pub const GC_NOT_HELD: u32 = 10;
-    /// GC events the ring buffer had no room for: those objects are never
-    /// judged by mark bits (they stay live unless freed or reused).
-    pub const GC_EVENTS_LOST: u32 = 11;
-    pub const COUNT: u32 = 12;
+impl SiteTotals {
+    /// Adds another CPU's totals, field by field.
+    pub fn add(&mut self, other: &SiteTotals) {
+        // Destructured, not `..`: a field added to the struct does not
+        // compile until it is summed here.
+        let SiteTotals {
+            count,
+            bytes,
+            died,
+            lifetime_ns,
+            buckets,
+            reused,
+            reused_bytes,
+        } = *other;
+        self.count += count;
+        self.bytes += bytes;
+        self.died += died;
+        self.lifetime_ns += lifetime_ns;
+        for (mine, theirs) in self.buckets.iter_mut().zip(buckets) {
+            *mine += theirs;
+        }
+        self.reused += reused;
+        self.reused_bytes += reused_bytes;
+    }
+}
+
+/// Declares [`KernelCounters`] and what is derived from its field list, so
+/// adding a counter is one edit: its line in the struct.
+macro_rules! counters {
+    (
+        $(#[$doc:meta])*
+        pub struct $name:ident {
+            $( $(#[$field_doc:meta])* pub $field:ident: u64, )*
+        }
+    ) => {
+        $(#[$doc])*
+        #[repr(C)]
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+        pub struct $name {
+            $( $(#[$field_doc])* pub $field: u64, )*
+        }
+
+        impl $name {
+            /// How many counters there are.
+            pub const COUNT: usize = [$(stringify!($field)),*].len();
+            /// Their names, in field order.
+            pub const NAMES: [&'static str; Self::COUNT] = [$(stringify!($field)),*];
+
+            /// Adds another CPU's counters, field by field.
+            pub fn add(&mut self, other: &$name) {
+                $( self.$field += other.$field; )*
+            }
+
+            /// Every counter, in field order.
+            pub fn fields_mut(&mut self) -> [&mut u64; Self::COUNT] {
+                [$(&mut self.$field),*]
+            }
+        }
+    };
+}
+
+counters! {
+    /// Things that went wrong or were dropped, and totals for context:
+    /// the value of the per-CPU `COUNTERS` map (one entry). Nothing is lost
+    /// silently: every report prints these. Userspace sums the CPUs with
+    /// [`KernelCounters::add`].
+    pub struct KernelCounters {
+        /// An allocation could not be recorded in `LIVE` (map full): its free is never matched.
+        pub live_map_full: u64,
+        /// A site could not be added to `SITE_TOTALS` (map full): the allocation is missing from totals.
+        pub sites_map_full: u64,
+        /// `bpf_get_stackid` failed (stack map full or hash collision): site recorded without a stack.
+        pub stack_errors: u64,
+        /// A call could not be remembered between entry and return (`PENDING` full): allocation lost.
+        pub pending_full: u64,
+        /// Frees of addresses memprof never saw allocated (made before attach, or lost).
+        pub unknown_frees: u64,
+        /// Allocations made (recorded or not).
+        pub allocs: u64,
+        /// Frees seen (known or unknown).
+        pub frees: u64,
+        /// Failed allocations (NULL / MAP_FAILED returned).
+        pub failed_allocs: u64,
+        /// Stacks the DWARF unwinder could not follow to the end.
+        pub truncated_stacks: u64,
+        /// GC collections whose end of marking the probe saw.
+        pub gc_collections: u64,
+        /// Of those, collections whose collecting thread memprof could not hold
+        /// for the mark-bit pass (not traced): not judged.
+        pub gc_not_held: u64,
+        /// GC events the ring buffer had no room for: those objects are never
+        /// judged by mark bits (they stay live unless freed or reused).
+        pub gc_events_lost: u64,
+    }
 }
 
 /// Symbol names the eBPF object exports for its programs, used by userspace
@@ -255,8 +355,8 @@ pub mod maps {
 pub mod config {
     /// 1: unwind with the CFI tables (`UNWIND_ROWS`), 0: frame pointers.
     pub const UNWIND_DWARF: u32 = 0;
-    /// Low 7 bits: entries in the `MODULE_RANGES` table in use; bit 8:
-    /// which of its two tables is in use.
+    /// Which modules the `MODULE_RANGES` table holds, packed by
+    /// [`module_table::pack`](super::module_table::pack).
     pub const MODULE_COUNT: u32 = 1;
     /// 1: the main thread is traced by memprof (`run`): signal it when the
     /// dynamic linker has loaded libraries, so their ranges are known before
@@ -273,7 +373,77 @@ pub mod config {
 /// The signal that stops a collecting thread for the mark-bit pass: SIGURG,
 /// ignored by default, so if it ever reached the program (memprof killed
 /// in between) nothing would happen. memprof, tracing the thread, takes it.
-pub const HOLD_SIGNAL: u32 = 23;
+pub const HOLD_SIGNAL: u32 = signal::SIGURG;
+
+/// The signal that stops the traced main thread when the dynamic linker
+/// has loaded libraries (`run`): memprof, tracing it, takes it.
+pub const LIBRARY_LOAD_SIGNAL: u32 = signal::SIGTRAP;
+
+/// Linux signal numbers (x86-64) the kernel programs send; the eBPF side
+/// has no libc.
+pub mod signal {
+    pub const SIGTRAP: u32 = 5;
+    pub const SIGURG: u32 = 23;
+}
+
+/// Linux errno values the kernel programs test for (BPF helpers return
+/// them negated).
+pub mod errno {
+    /// The key is already in the map (`BPF_NOEXIST` insert).
+    pub const EEXIST: i32 = 17;
+}
+
+/// The layout of the `MODULE_RANGES` table, which userspace fills and the
+/// kernel unwinder binary-searches for the module of each return address.
+///
+/// The table is two halves of [`SLOTS`](module_table::SLOTS) entries. Userspace writes the half
+/// not in use, then switches with one write of `config::MODULE_COUNT`
+/// ([`pack`](module_table::pack)), so a probe never searches a half-written table.
+pub mod module_table {
+    /// Entries in each half: a power of two, so the count is bounded by a
+    /// mask ([`count`]).
+    pub const SLOTS: u32 = 128;
+    /// Most modules a half holds (the mask of a count).
+    pub const MAX_MODULES: u32 = SLOTS - 1;
+    /// Entries of the whole map.
+    pub const ENTRIES: u32 = 2 * SLOTS;
+    /// Halvings that narrow [`SLOTS`] entries to one (log2).
+    pub const MODULE_SEARCH_STEPS: u32 = SLOTS.trailing_zeros();
+    /// Halvings of the search of a module's CFI rows: enough for modules
+    /// of fewer than 2^26 rows.
+    pub const ROW_SEARCH_STEPS: u32 = 26;
+    /// The bit of a packed value that says which half is in use.
+    const HALF_SHIFT: u32 = 8;
+
+    // A count is a mask of SLOTS - 1, below the half bit, and the module
+    // search narrows it to one entry.
+    const _: () = assert!(SLOTS.is_power_of_two() && MAX_MODULES < 1 << HALF_SHIFT);
+    const _: () = assert!(MAX_MODULES >> MODULE_SEARCH_STEPS == 0);
+
+    /// The `config::MODULE_COUNT` value for `count` modules in half `half` (0 or 1).
+    pub const fn pack(count: u32, half: u32) -> u32 {
+        count | half << HALF_SHIFT
+    }
+
+    /// Modules in use, from a packed value. A mask, not `min()`: `min()`
+    /// would give the verifier a constant bound, and with constant indices
+    /// it cannot prune the binary searches.
+    #[inline(always)]
+    pub const fn count(packed: u32) -> u32 {
+        packed & (SLOTS - 1)
+    }
+
+    /// The first entry of the half in use, from a packed value.
+    #[inline(always)]
+    pub const fn first_slot(packed: u32) -> u32 {
+        (packed >> HALF_SHIFT & 1) * SLOTS
+    }
+
+    /// Entry `i` of half `half`.
+    pub const fn slot(half: u32, i: u32) -> u32 {
+        half * SLOTS + i
+    }
+}
 
 /// How to find the canonical frame address (CFA) at a pc.
 pub mod cfa {
@@ -331,4 +501,72 @@ mod pod {
     unsafe impl aya::Pod for super::UnwindRow {}
     unsafe impl aya::Pod for super::ModuleRange {}
     unsafe impl aya::Pod for super::DwarfStack {}
+    unsafe impl aya::Pod for super::KernelCounters {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kernel_counter_is_summed() {
+        for i in 0..KernelCounters::COUNT {
+            let mut one = KernelCounters::default();
+            *one.fields_mut()[i] = 1;
+            let mut sum = one;
+            sum.add(&one);
+            let summed: Vec<u64> = sum.fields_mut().into_iter().map(|v| *v).collect();
+            let mut expected = vec![0; KernelCounters::COUNT];
+            expected[i] = 2;
+            assert_eq!(summed, expected, "counter {}", KernelCounters::NAMES[i]);
+        }
+        // Plain u64 fields, nothing else: the map value is exactly the counters.
+        assert_eq!(
+            core::mem::size_of::<KernelCounters>(),
+            8 * KernelCounters::COUNT
+        );
+    }
+
+    #[test]
+    fn every_site_total_is_summed() {
+        let one = SiteTotals {
+            count: 1,
+            bytes: 2,
+            died: 3,
+            lifetime_ns: 4,
+            buckets: [5, 6, 7, 8, 9, 10, 11, 12],
+            reused: 13,
+            reused_bytes: 14,
+        };
+        let mut sum = one;
+        sum.add(&one);
+        assert_eq!(sum.count, 2);
+        assert_eq!(sum.bytes, 4);
+        assert_eq!(sum.died, 6);
+        assert_eq!(sum.lifetime_ns, 8);
+        assert_eq!(sum.buckets, [10, 12, 14, 16, 18, 20, 22, 24]);
+        assert_eq!((sum.reused, sum.reused_bytes), (26, 28));
+    }
+
+    #[test]
+    fn kind_bytes_round_trip_and_unknown_is_an_error() {
+        for kind in AllocKind::ALL {
+            assert_eq!(AllocKind::try_from(kind as u8), Ok(kind));
+        }
+        assert_eq!(AllocKind::try_from(4), Err(UnknownKind(4)));
+    }
+
+    #[test]
+    fn module_table_packing() {
+        assert_eq!(module_table::MODULE_SEARCH_STEPS, 7);
+        for half in [0, 1] {
+            let packed = module_table::pack(module_table::MAX_MODULES, half);
+            assert_eq!(module_table::count(packed), module_table::MAX_MODULES);
+            assert_eq!(
+                module_table::first_slot(packed),
+                module_table::slot(half, 0)
+            );
+            assert!(module_table::slot(half, module_table::MAX_MODULES) < module_table::ENTRIES);
+        }
+    }
 }

@@ -46,9 +46,9 @@ mod probes {
         EbpfContext,
     };
     use memprof_common::{
-        cfa, config, counter, gc_event, lifetime_bucket, op, AllocKind, AllocSite, DwarfStack,
-        GcEvent, LiveAlloc, ModuleRange, PendingCall, SiteTotals, UnwindRow, HOLD_SIGNAL,
-        MAX_FRAMES, NO_STACK,
+        cfa, config, errno, gc_event, lifetime_bucket, module_table, op, AllocKind, AllocSite,
+        DwarfStack, GcEvent, KernelCounters, LiveAlloc, ModuleRange, PendingCall, SiteTotals,
+        UnwindRow, HOLD_SIGNAL, LIBRARY_LOAD_SIGNAL, MAX_FRAMES, NO_STACK,
     };
 
     // Sizes are defaults; userspace sets them from --max-live / --max-stacks.
@@ -61,8 +61,9 @@ mod probes {
         PerCpuHashMap::with_max_entries(1 << 16, 0);
     #[map]
     static STACKS: StackTrace = StackTrace::with_max_entries(1 << 15, 0);
+    /// One entry per CPU: see `bump`.
     #[map]
-    static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
+    static COUNTERS: PerCpuArray<KernelCounters> = PerCpuArray::with_max_entries(1, 0);
     /// 1 while recording; userspace clears it to stop every program at once.
     #[map]
     static ENABLED: Array<u32> = Array::with_max_entries(1, 0);
@@ -75,10 +76,10 @@ mod probes {
         HashMap::with_max_entries(1 << 16, aya_ebpf::bindings::BPF_F_NO_PREALLOC);
     #[map]
     static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(1, 0);
-    #[map]
-    /// Two tables of MAX_MODULES: userspace fills the one not in use, then
+    /// Two halves (`module_table`): userspace fills the one not in use, then
     /// switches (`config::MODULE_COUNT`), so no probe sees a half-written one.
-    static MODULE_RANGES: Array<ModuleRange> = Array::with_max_entries(2 * MAX_MODULES, 0);
+    #[map]
+    static MODULE_RANGES: Array<ModuleRange> = Array::with_max_entries(module_table::ENTRIES, 0);
     /// The stack being unwound (too big for the 512-byte BPF stack).
     #[map]
     static SCRATCH: PerCpuArray<DwarfStack> = PerCpuArray::with_max_entries(1, 0);
@@ -97,9 +98,6 @@ mod probes {
     #[map]
     static GC_EVENTS: RingBuf = RingBuf::with_byte_size(1 << 12, 0);
 
-    /// A power of two; one less is the usable count (see `dwarf_unwind`).
-    const MAX_MODULES: u32 = 128;
-
     #[inline(always)]
     fn enabled() -> bool {
         ENABLED.get(0).is_some_and(|&on| on == 1)
@@ -110,11 +108,12 @@ mod probes {
         CONFIG.get(index).copied().unwrap_or(0)
     }
 
+    /// Adds one to a counter: `bump(|c| &mut c.allocs)`.
     #[inline(always)]
-    fn bump(index: u32) {
-        if let Some(slot) = COUNTERS.get_ptr_mut(index) {
-            // Per-CPU slot: no other CPU writes it.
-            unsafe { *slot += 1 };
+    fn bump(counter: impl FnOnce(&mut KernelCounters) -> &mut u64) {
+        if let Some(counters) = COUNTERS.get_ptr_mut(0) {
+            // Per-CPU value: no other CPU writes it.
+            unsafe { *counter(&mut *counters) += 1 };
         }
     }
 
@@ -147,7 +146,7 @@ mod probes {
         let stack_id = match stack {
             Some(id) => id,
             None => {
-                bump(counter::STACK_ERRORS);
+                bump(|c| &mut c.stack_errors);
                 NO_STACK
             }
         };
@@ -165,7 +164,7 @@ mod probes {
             _pad: [0; 3],
         };
         if PENDING.insert(&thread, &call, 0).is_err() {
-            bump(counter::PENDING_FULL);
+            bump(|c| &mut c.pending_full);
         }
     }
 
@@ -183,11 +182,10 @@ mod probes {
         let mut bp = regs.rbp;
         let mut pc = unsafe { bpf_probe_read_user(sp as *const u64) }.ok()?;
         sp += 8;
-        // A mask, not min(): min() would give the verifier a constant bound,
-        // and with constant indices it cannot prune the binary searches.
+        // `count` is a mask, not min(): the searches stay prunable.
         let packed = setting(config::MODULE_COUNT);
-        let modules = packed & (MAX_MODULES - 1);
-        let table = (packed >> 8 & 1) * MAX_MODULES;
+        let modules = module_table::count(packed);
+        let table = module_table::first_slot(packed);
         let mut hash = FNV_OFFSET;
         let mut len: u32 = 0;
         let mut truncated: u32 = 1;
@@ -232,12 +230,12 @@ mod probes {
         stack.len = len;
         stack.truncated = truncated;
         if truncated == 1 {
-            bump(counter::TRUNCATED_STACKS);
+            bump(|c| &mut c.truncated_stacks);
             hash ^= 1; // same frames, but a truncated stack is another stack
         }
         match DWARF_STACKS.insert(&hash, stack, BPF_NOEXIST as u64) {
             Ok(()) => Some(hash),
-            Err(e) if e == -17 => Some(hash), // EEXIST: seen before
+            Err(e) if e == -errno::EEXIST => Some(hash), // seen before
             Err(_) => None,
         }
     }
@@ -256,7 +254,7 @@ mod probes {
         // Module: the last range with start <= pc (ranges are sorted).
         let mut base: u32 = 0;
         let mut len: u32 = modules;
-        for _ in 0..7 {
+        for _ in 0..module_table::MODULE_SEARCH_STEPS {
             let half = len >> 1;
             let m = MODULE_RANGES.get(table + base + half)?;
             base += half * at_or_before(m.start, pc);
@@ -269,7 +267,7 @@ mod probes {
         let rel = pc.wrapping_sub(module.bias) & 0xffff_ffff;
         let mut base = module.row_start;
         let mut len = module.row_count;
-        for _ in 0..26 {
+        for _ in 0..module_table::ROW_SEARCH_STEPS {
             let half = len >> 1;
             let row = UNWIND_ROWS.get(base + half)?;
             base += half * at_or_before(row.pc as u64, rel);
@@ -289,9 +287,10 @@ mod probes {
     }
 
     /// `_dl_debug_state` runs when the dynamic linker has changed the list of
-    /// loaded libraries. During `run` the main thread is traced: a SIGTRAP
-    /// stops it so memprof can add the new libraries' address ranges before
-    /// their code runs (memprof swallows the signal).
+    /// loaded libraries. During `run` the main thread is traced:
+    /// `LIBRARY_LOAD_SIGNAL` (SIGTRAP) stops it so memprof can add the new
+    /// libraries' address ranges before their code runs (memprof swallows
+    /// the signal).
     #[uprobe]
     pub fn dl_debug_state(_ctx: ProbeContext) -> u32 {
         let thread = bpf_get_current_pid_tgid();
@@ -299,7 +298,7 @@ mod probes {
             if let Some(flag) = CONFIG.get_ptr_mut(config::DLOPEN_SIGNALLED) {
                 unsafe { *flag = 1 };
             }
-            unsafe { bpf_send_signal_thread(5) }; // SIGTRAP
+            unsafe { bpf_send_signal_thread(LIBRARY_LOAD_SIGNAL) };
         }
         0
     }
@@ -321,7 +320,7 @@ mod probes {
             *slot += 1;
             *slot
         };
-        bump(counter::GC_COLLECTIONS);
+        bump(|c| &mut c.gc_collections);
         let tid = bpf_get_current_pid_tgid() as u32;
         if setting(config::GC_HOLD) == 1
             && TRACED.get_ptr(&tid).is_some()
@@ -329,7 +328,7 @@ mod probes {
         {
             unsafe { bpf_send_signal_thread(HOLD_SIGNAL) };
         } else {
-            bump(counter::GC_NOT_HELD);
+            bump(|c| &mut c.gc_not_held);
         }
         0
     }
@@ -425,7 +424,7 @@ mod probes {
         }
         if failed {
             if !(call.op == op::REALLOC && call.size == 0) {
-                bump(counter::FAILED_ALLOCS);
+                bump(|c| &mut c.failed_allocs);
             }
             return 0;
         }
@@ -435,7 +434,7 @@ mod probes {
 
     #[inline(always)]
     fn record(addr: u64, call: &PendingCall) {
-        bump(counter::ALLOCS);
+        bump(|c| &mut c.allocs);
         let now = unsafe { bpf_ktime_get_ns() };
         let live = LiveAlloc {
             site: call.site,
@@ -450,7 +449,7 @@ mod probes {
             retire(addr, &old, now, true);
         }
         if LIVE.insert(&addr, &live, 0).is_err() {
-            bump(counter::LIVE_FULL);
+            bump(|c| &mut c.live_map_full);
         } else if is_gc(live.site.kind) {
             gc_event(addr, gc_event::ALLOC, &live);
         }
@@ -469,7 +468,7 @@ mod probes {
                     .insert(&call.site, &first, BPF_NOEXIST as u64)
                     .is_err()
                 {
-                    bump(counter::SITES_FULL);
+                    bump(|c| &mut c.sites_map_full);
                 }
             }
         }
@@ -492,7 +491,7 @@ mod probes {
             object: *object,
         };
         if GC_EVENTS.output::<GcEvent>(&event, 0).is_err() {
-            bump(counter::GC_EVENTS_LOST);
+            bump(|c| &mut c.gc_events_lost);
         }
     }
 
@@ -521,7 +520,7 @@ mod probes {
     #[inline(always)]
     /// Forgets a freed block; returns its kind if it was known.
     fn release(addr: u64) -> Option<u8> {
-        bump(counter::FREES);
+        bump(|c| &mut c.frees);
         match LIVE.get_ptr(&addr) {
             Some(old) => {
                 let old = unsafe { *old };
@@ -530,7 +529,7 @@ mod probes {
                 Some(old.site.kind)
             }
             None => {
-                bump(counter::UNKNOWN_FREES);
+                bump(|c| &mut c.unknown_frees);
                 None
             }
         }

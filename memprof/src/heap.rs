@@ -11,16 +11,16 @@
 use std::collections::HashMap;
 
 use anyhow::Result;
-use memprof_common::{AllocKind, AllocSite, NO_STACK};
+use memprof_common::AllocKind;
 
 use crate::gc::pass::{merge_histories, SiteGc};
-use crate::probes::HeapMaps;
+use crate::probes::{HeapMaps, RecordedStack, Site};
 use crate::profile::Lifetimes;
 
 /// Allocations from one call stack, as read from the kernel.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RawGroup {
-    pub kind: u8,
+    pub kind: AllocKind,
     /// Return addresses, innermost (the allocator's caller) first.
     pub frames: Vec<u64>,
     pub live_count: u64,
@@ -40,38 +40,54 @@ pub struct RawGroup {
 }
 
 impl RawGroup {
+    /// A group with nothing counted yet.
+    fn new(kind: AllocKind, frames: Vec<u64>, truncated: bool) -> RawGroup {
+        RawGroup {
+            kind,
+            frames,
+            live_count: 0,
+            live_bytes: 0,
+            total_count: 0,
+            total_bytes: 0,
+            truncated,
+            collected_count: 0,
+            collected_bytes: 0,
+            marked_count: 0,
+            marked_bytes: 0,
+            lifetimes: Lifetimes::default(),
+            gc_history: Vec::new(),
+        }
+    }
+
     pub fn kind(&self) -> AllocKind {
-        AllocKind::from_u8(self.kind).unwrap_or(AllocKind::Libc)
+        self.kind
     }
 }
 
 /// Reads the live table and the per-site totals and merges them per stack,
 /// with what the mark-bit passes learned per site (`gc`).
-pub fn collect(maps: &HeapMaps, gc: Option<&[(AllocSite, SiteGc)]>) -> Result<Vec<RawGroup>> {
+pub fn collect(maps: &HeapMaps, gc: Option<&[(Site, SiteGc)]>) -> Result<Vec<RawGroup>> {
     let mut grouper = Grouper {
         maps,
-        dwarf: maps.dwarf,
         stacks: HashMap::new(),
         by_frames: HashMap::new(),
         by_site: HashMap::new(),
         groups: Vec::new(),
     };
-    for entry in maps.sites.iter() {
-        let (site, per_cpu) = entry?;
+    for entry in maps.sites() {
+        let (site, totals) = entry?;
         let group = grouper.group(site);
-        for totals in per_cpu.iter() {
-            group.total_count += totals.count;
-            group.total_bytes += totals.bytes;
-            // Frees and address reuse, seen by the kernel.
-            let l = &mut group.lifetimes;
-            l.died += totals.died;
-            l.total_ns += totals.lifetime_ns;
-            for (mine, theirs) in l.buckets.iter_mut().zip(totals.buckets) {
-                *mine += theirs;
-            }
-            group.collected_count += totals.reused;
-            group.collected_bytes += totals.reused_bytes;
+        group.total_count += totals.count;
+        group.total_bytes += totals.bytes;
+        // Frees and address reuse, seen by the kernel.
+        let l = &mut group.lifetimes;
+        l.died += totals.died;
+        l.total_ns += totals.lifetime_ns;
+        for (mine, theirs) in l.buckets.iter_mut().zip(totals.buckets) {
+            *mine += theirs;
         }
+        group.collected_count += totals.reused;
+        group.collected_bytes += totals.reused_bytes;
     }
     for (site, s) in gc.into_iter().flatten() {
         let site = *site;
@@ -87,7 +103,7 @@ pub fn collect(maps: &HeapMaps, gc: Option<&[(AllocSite, SiteGc)]>) -> Result<Ve
             merge_histories(&group.gc_history, &s.history)
         };
     }
-    for entry in maps.live.iter() {
+    for entry in maps.live() {
         let (_addr, live) = entry?;
         let group = grouper.group(live.site);
         group.live_count += 1;
@@ -100,46 +116,28 @@ pub fn collect(maps: &HeapMaps, gc: Option<&[(AllocSite, SiteGc)]>) -> Result<Ve
 /// each site is looked up once.
 struct Grouper<'a> {
     maps: &'a HeapMaps,
-    /// Stacks come from the DWARF unwinder (else from frame pointers).
-    dwarf: bool,
-    /// Stack id → (frames, truncated).
-    stacks: HashMap<u64, (Vec<u64>, bool)>,
-    by_frames: HashMap<(u8, Vec<u64>), usize>,
-    by_site: HashMap<AllocSite, usize>,
+    /// Stack key → (frames, truncated).
+    stacks: HashMap<Option<u64>, (Vec<u64>, bool)>,
+    by_frames: HashMap<(AllocKind, Vec<u64>), usize>,
+    by_site: HashMap<Site, usize>,
     groups: Vec<RawGroup>,
 }
 
 impl Grouper<'_> {
-    fn group(&mut self, site: AllocSite) -> &mut RawGroup {
+    fn group(&mut self, site: Site) -> &mut RawGroup {
         if let Some(&i) = self.by_site.get(&site) {
             return &mut self.groups[i];
         }
-        let (maps, dwarf) = (self.maps, self.dwarf);
+        let maps = self.maps;
         let (frames, truncated) = self
             .stacks
-            .entry(site.stack_id)
-            .or_insert_with(|| {
-                if site.stack_id == NO_STACK {
-                    // No stack: the caller alone, marked as cut short.
-                    return (join_caller(site.caller, &[]), true);
-                }
-                if dwarf {
-                    // The DWARF unwinder starts at the caller already.
-                    match maps.dwarf_stacks.get(&site.stack_id, 0) {
-                        Ok(s) => (
-                            s.frames[..(s.len as usize).min(s.frames.len())].to_vec(),
-                            s.truncated != 0,
-                        ),
-                        Err(_) => (join_caller(site.caller, &[]), true),
-                    }
-                } else {
-                    let walk: Vec<u64> = u32::try_from(site.stack_id)
-                        .ok()
-                        .and_then(|id| maps.stacks.get(&id, 0).ok())
-                        .map(|s| s.frames().iter().map(|f| f.ip).collect())
-                        .unwrap_or_default();
-                    (join_caller(site.caller, &walk), false)
-                }
+            .entry(site.stack)
+            .or_insert_with(|| match site.stack.map(|key| maps.stack(key)) {
+                // No stack: the caller alone, marked as cut short.
+                None | Some(RecordedStack::Missing) => (join_caller(site.caller, &[]), true),
+                // The DWARF unwinder starts at the caller already.
+                Some(RecordedStack::Unwound { frames, truncated }) => (frames, truncated),
+                Some(RecordedStack::Walked(walk)) => (join_caller(site.caller, &walk), false),
             })
             .clone();
         let groups = &mut self.groups;
@@ -147,12 +145,7 @@ impl Grouper<'_> {
             .by_frames
             .entry((site.kind, frames.clone()))
             .or_insert_with(|| {
-                groups.push(RawGroup {
-                    kind: site.kind,
-                    frames,
-                    truncated,
-                    ..RawGroup::default()
-                });
+                groups.push(RawGroup::new(site.kind, frames, truncated));
                 groups.len() - 1
             });
         self.by_site.insert(site, i);

@@ -8,7 +8,7 @@
 //! | the process, its modules, launching it held | [`target`] |
 //! | which functions to probe, where they are | [`allocators`] |
 //! | where in each function to put the probe | [`placement`] |
-//! | loading and attaching the eBPF programs | [`probes`] |
+//! | the eBPF programs: loading, attaching, their tables, the GC hold | [`probes`] |
 //! | the kernel's tables → groups per stack | [`heap`] |
 //! | addresses → names and `file:line` | [`symbolize`] |
 //! | Crystal names, allocator plumbing, allocated classes | [`crystal`] |

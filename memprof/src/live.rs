@@ -41,7 +41,7 @@ use crate::profile::{self, Group, Profile, Sample, Timeline};
 use crate::report::{self, markdown};
 
 /// What the GC mark-bit judge knows per site (collected, marked).
-pub type GcSites = [(memprof_common::AllocSite, crate::gc::pass::SiteGc)];
+pub type GcSites = [(crate::probes::Site, crate::gc::pass::SiteGc)];
 
 /// Default `--sample-period`, milliseconds.
 pub const DEFAULT_SAMPLE_MS: u64 = 100;
@@ -187,7 +187,7 @@ impl Live {
         let exact = per_kind.blocks() <= EXACT_MAX_BLOCKS;
         if exact {
             per_kind = PerKind::default();
-            for entry in tables.live.iter() {
+            for entry in tables.live() {
                 let Ok((_, block)) = entry else {
                     // Freed between reading its key and its value.
                     continue;
@@ -274,16 +274,10 @@ pub fn estimate(maps: &HeapMaps, gc_sites: Option<&GcSites>) -> Result<PerKind> 
         .flatten()
         .map(|(site, s)| (*site, s))
         .collect();
-    for entry in maps.sites.iter() {
-        let (site, per_cpu) = entry?;
-        let (mut count, mut bytes, mut died, mut reused, mut reused_bytes) = (0, 0, 0, 0, 0);
-        for t in per_cpu.iter() {
-            count += t.count;
-            bytes += t.bytes;
-            died += t.died;
-            reused += t.reused;
-            reused_bytes += t.reused_bytes;
-        }
+    for entry in maps.sites() {
+        let (site, t) = entry?;
+        let (count, bytes, died, reused, reused_bytes) =
+            (t.count, t.bytes, t.died, t.reused, t.reused_bytes);
         let (collected, collected_bytes) = gc
             .get(&site)
             .map_or((0, 0), |g| (g.collected_count, g.collected_bytes));
@@ -312,13 +306,10 @@ pub struct Due {
 pub struct PerKind([[u64; 2]; AllocKind::ALL.len()]);
 
 impl PerKind {
-    /// Adds to the kind with the kernel's number `kind` (an unknown number,
-    /// which the kernel never writes, is not counted).
-    pub fn add(&mut self, kind: u8, blocks: u64, bytes: u64) {
-        if let Some(sum) = self.0.get_mut(usize::from(kind)) {
-            sum[0] += blocks;
-            sum[1] += bytes;
-        }
+    pub fn add(&mut self, kind: AllocKind, blocks: u64, bytes: u64) {
+        let sum = &mut self.0[kind as usize];
+        sum[0] += blocks;
+        sum[1] += bytes;
     }
 
     pub fn blocks(&self) -> u64 {

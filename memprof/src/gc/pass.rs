@@ -33,13 +33,13 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use memprof_common::{gc_event, AllocSite, GcEvent};
 
 use super::lookup::Block;
 use super::{
     derive_heap_stats, derive_layout, find_end_of_mark, EndOfMark, HeapStats, HeapStatsLayout,
     MarkLayout, Verdict,
 };
+use crate::probes::{GcChange, Site};
 use crate::profile::{GcSummary, Lifetimes};
 use crate::target::maps;
 
@@ -84,8 +84,8 @@ pub struct Judge {
     mem: File,
     /// Sites seen, numbered in order of appearance (objects refer to them
     /// by number, so a pass does not hash sites), and what was learned.
-    site_numbers: HashMap<AllocSite, u32>,
-    sites: Vec<(AllocSite, SiteGc)>,
+    site_numbers: HashMap<Site, u32>,
+    sites: Vec<(Site, SiteGc)>,
     /// The tracked GC objects (kept current from the kernel's GC events),
     /// in address order: a pass then visits each heap block's objects
     /// together and reads its header once, from the cache's warm end.
@@ -145,27 +145,26 @@ impl Judge {
     }
 
     /// Applies one kernel event to the copy of the tracked GC objects.
-    pub fn apply(&mut self, event: &GcEvent) {
-        match event.op {
-            gc_event::ALLOC => {
-                let object = &event.object;
+    pub fn apply(&mut self, change: &GcChange) {
+        match *change {
+            GcChange::Allocated { addr, block } => {
                 let sites = &mut self.sites;
-                let site = *self.site_numbers.entry(object.site).or_insert_with(|| {
-                    sites.push((object.site, SiteGc::default()));
+                let site = *self.site_numbers.entry(block.site).or_insert_with(|| {
+                    sites.push((block.site, SiteGc::default()));
                     sites.len() as u32 - 1
                 });
                 self.objects.insert(
-                    event.addr,
+                    addr,
                     Tracked {
-                        size: object.size,
-                        timestamp_ns: object.timestamp_ns,
-                        epoch: object.epoch,
+                        size: block.size,
+                        timestamp_ns: block.timestamp_ns,
+                        epoch: block.epoch,
                         site,
                     },
                 );
             }
-            _ => {
-                self.objects.remove(&event.addr);
+            GcChange::Gone { addr } => {
+                self.objects.remove(&addr);
             }
         }
     }
@@ -298,7 +297,7 @@ impl Judge {
     }
 
     /// What the passes learned, per site.
-    pub fn sites(&self) -> &[(AllocSite, SiteGc)] {
+    pub fn sites(&self) -> &[(Site, SiteGc)] {
         &self.sites
     }
 

@@ -5,7 +5,7 @@
 use anyhow::Result;
 
 use super::{GcLiveness, Plan, SessionOptions};
-use crate::gc::pass::{Judge, SiteGc};
+use crate::gc::pass::Judge;
 use crate::gc::HeapStats;
 use crate::probes::Probes;
 use crate::profile::GcSummary;
@@ -117,7 +117,7 @@ impl GcWatch {
         self.heap_stats.as_ref().map(|s| s.heap_size)
     }
 
-    pub(super) fn sites(&self) -> Option<&[(memprof_common::AllocSite, SiteGc)]> {
+    pub(super) fn sites(&self) -> Option<&crate::live::GcSites> {
         self.judge.as_ref().map(|j| j.sites())
     }
 

@@ -112,13 +112,16 @@ impl Session {
         // Collections are watched before allocations are: every GC object
         // recorded then reaches the mark-bit pass's copy.
         session.tracer = session.gc.trace(&mut session.probes, pid)?;
-        session.probes.attach(pid, &session.plan.probes).map_err(|e| {
-            if target::is_alive(pid) {
-                e
-            } else {
-                anyhow::anyhow!("pid {pid} exited while memprof was attaching")
-            }
-        })?;
+        session
+            .probes
+            .attach(pid, &session.plan.probes)
+            .map_err(|e| {
+                if target::is_alive(pid) {
+                    e
+                } else {
+                    anyhow::anyhow!("pid {pid} exited while memprof was attaching")
+                }
+            })?;
         session.start_clock();
         eprintln!(
             "memprof: attached to pid {pid} ({} probes, {} unwinding); Ctrl-C to stop{}",
@@ -186,8 +189,8 @@ fn require_capabilities() -> Result<()> {
     const CAP_SYS_ADMIN: u32 = 21;
     const CAP_PERFMON: u32 = 38;
     const CAP_BPF: u32 = 39;
-    let status = std::fs::read_to_string("/proc/self/status")
-        .context("cannot read /proc/self/status")?;
+    let status =
+        std::fs::read_to_string("/proc/self/status").context("cannot read /proc/self/status")?;
     let effective = status
         .lines()
         .find_map(|l| l.strip_prefix("CapEff:"))

@@ -78,7 +78,9 @@ pub fn find_command(program: &str) -> Result<PathBuf> {
         }
         match std::fs::metadata(&path) {
             Ok(m) if m.is_dir() => bail!("{program} is a directory, not a program"),
-            Ok(_) => bail!("{program} is not executable (chmod +x it, or run it through its interpreter)"),
+            Ok(_) => bail!(
+                "{program} is not executable (chmod +x it, or run it through its interpreter)"
+            ),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 bail!("command not found: {program}")
             }
@@ -127,7 +129,10 @@ pub fn check_architecture(pid: u32, exe: &Path) -> Result<()> {
         (_, 183) => "an AArch64 program".to_string(),
         (_, m) => format!("a program for another machine (ELF machine {m})"),
     };
-    bail!("{} is {what}: memprof profiles 64-bit x86-64 programs only", exe.display())
+    bail!(
+        "{} is {what}: memprof profiles 64-bit x86-64 programs only",
+        exe.display()
+    )
 }
 
 /// The dynamic linker named in the executable's `.interp`, if any.

@@ -1,0 +1,85 @@
+//! Batched map operations, which aya 0.14 does not wrap: one `bpf(2)`
+//! syscall for thousands of entries instead of one each.
+//!
+//! Only `BPF_MAP_DELETE_BATCH` is needed so far (the mark-bit pass removes
+//! every dead GC object from the live table while the collector is held,
+//! so the pause grows with each syscall). Raw syscalls through `libc`, not
+//! a crate: the attribute struct is six fields.
+use std::os::fd::{AsFd, AsRawFd, RawFd};
+
+use anyhow::{anyhow, bail, Result};
+use aya::maps::Map;
+
+const BPF_MAP_DELETE_BATCH: libc::c_long = 27;
+/// Entries per call.
+const CHUNK: usize = 65536;
+
+/// The `batch` member of `union bpf_attr`.
+#[repr(C)]
+#[derive(Default)]
+struct BatchAttr {
+    in_batch: u64,
+    out_batch: u64,
+    keys: u64,
+    values: u64,
+    count: u32,
+    map_fd: u32,
+    elem_flags: u64,
+    flags: u64,
+}
+
+fn bpf(cmd: libc::c_long, attr: &mut BatchAttr) -> std::io::Result<()> {
+    // SAFETY: `attr` is a valid `bpf_attr` prefix of the size passed; the
+    // kernel reads the key array it points to (alive for the call).
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr as *mut BatchAttr,
+            std::mem::size_of::<BatchAttr>(),
+        )
+    };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// The descriptor of a hash map.
+fn hash_map_fd(map: &Map) -> Result<RawFd> {
+    match map {
+        Map::HashMap(data) => Ok(data.fd().as_fd().as_raw_fd()),
+        _ => Err(anyhow!("expected a hash map")),
+    }
+}
+
+/// Deletes `keys` from the `u64`-keyed hash `map`. Keys already gone are
+/// not an error (a block freed meanwhile).
+pub fn delete(map: &Map, keys: &[u64]) -> Result<()> {
+    let fd = hash_map_fd(map)?;
+    for chunk in keys.chunks(CHUNK) {
+        let mut attr = BatchAttr {
+            keys: chunk.as_ptr() as u64,
+            count: chunk.len() as u32,
+            map_fd: fd as u32,
+            ..BatchAttr::default()
+        };
+        if let Err(e) = bpf(BPF_MAP_DELETE_BATCH, &mut attr) {
+            // ENOENT: a key already gone (freed meanwhile); delete the rest one by one.
+            if e.raw_os_error() != Some(libc::ENOENT) {
+                bail!("removing dead objects from the live table: {e}");
+            }
+            for key in &chunk[attr.count as usize..] {
+                let mut one = BatchAttr {
+                    keys: key as *const u64 as u64,
+                    count: 1,
+                    map_fd: fd as u32,
+                    ..BatchAttr::default()
+                };
+                let _ = bpf(BPF_MAP_DELETE_BATCH, &mut one);
+            }
+        }
+    }
+    Ok(())
+}

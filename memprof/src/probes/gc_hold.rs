@@ -1,0 +1,170 @@
+//! The two protocols between the kernel programs and memprof's tracer,
+//! which stop a thread of the target at a moment only the kernel sees.
+//!
+//! **Holding a collector.** At the end of each Boehm collection's marking
+//! (`GC_gc_no++`), the kernel stops the collecting thread with
+//! [`HOLD_SIGNAL`](memprof_common::HOLD_SIGNAL) if memprof traces it
+//! ([`Probes::set_traced`]) and notes the collection's epoch in `HELD`.
+//! The tracer sees the signal, [`Probes::take_held`] says which collection,
+//! [`Probes::drain_gc_events`] brings the copy of the GC objects up to date,
+//! the mark-bit pass judges them, and [`Probes::forget_live`] removes the
+//! dead from the live table before the thread goes on.
+//!
+//! **Library loads (`run`).** `_dl_debug_state` stops the traced main
+//! thread with [`LIBRARY_LOAD_SIGNAL`](memprof_common::LIBRARY_LOAD_SIGNAL)
+//! after the dynamic linker changed the list of libraries, and flags it in
+//! `CONFIG`; [`Probes::take_library_load_signal`] tells that signal from
+//! the program's own, and memprof adds the new modules' ranges before
+//! their code runs.
+use std::path::Path;
+
+use anyhow::Result;
+use aya::maps::{HashMap, Map, MapData, RingBuf};
+use memprof_common::{config, gc_event, maps, programs, GcEvent, KernelCounters};
+
+use super::view::LiveBlock;
+use super::{batch, Probes};
+
+/// A change to the set of live GC objects, as the kernel streams it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GcChange {
+    /// A GC object was allocated at `addr`.
+    Allocated { addr: u64, block: LiveBlock },
+    /// The GC object at `addr` is gone (`GC_free`, `GC_realloc`, or its
+    /// address was allocated again).
+    Gone { addr: u64 },
+}
+
+impl TryFrom<&GcEvent> for GcChange {
+    type Error = anyhow::Error;
+
+    fn try_from(event: &GcEvent) -> Result<GcChange> {
+        match event.op {
+            gc_event::ALLOC => Ok(GcChange::Allocated {
+                addr: event.addr,
+                block: LiveBlock::try_from(&event.object)?,
+            }),
+            gc_event::GONE => Ok(GcChange::Gone { addr: event.addr }),
+            op => Err(anyhow::anyhow!("unknown GC event {op}")),
+        }
+    }
+}
+
+/// The `GC_EVENTS` ring buffer.
+pub(super) struct GcEvents {
+    ring: RingBuf<MapData>,
+    /// Events that did not decode (none, unless the kernel object and this
+    /// binary disagree): counted with those the ring had no room for.
+    malformed: u64,
+}
+
+impl GcEvents {
+    pub(super) fn new(map: Map) -> Result<GcEvents> {
+        Ok(GcEvents {
+            ring: RingBuf::try_from(map)?,
+            malformed: 0,
+        })
+    }
+}
+
+impl Probes {
+    /// `run` only: have `dl_debug_state` stop the traced main thread when the
+    /// dynamic linker loads libraries. `module` is the dynamic linker and
+    /// `file_offset` its `_dl_debug_state`.
+    pub fn watch_library_loads(&mut self, pid: u32, module: &Path, file_offset: u64) -> Result<()> {
+        self.attach_at(
+            programs::DL_DEBUG_STATE,
+            module,
+            file_offset,
+            pid,
+            "_dl_debug_state",
+        )?;
+        self.config.set(config::SIGNAL_ON_DLOPEN, 1)
+    }
+
+    /// Whether the kernel sent the library-load signal since the last call.
+    pub fn take_library_load_signal(&mut self) -> Result<bool> {
+        let sent = self.config.get(config::DLOPEN_SIGNALLED)? == 1;
+        if sent {
+            self.config.set(config::DLOPEN_SIGNALLED, 0)?;
+        }
+        Ok(sent)
+    }
+
+    /// Puts a collection probe on each `GC_gc_no++` (file `offsets` in
+    /// `module`) and has the kernel hold the collecting thread for the
+    /// mark-bit pass when it is one memprof traces ([`Self::set_traced`]).
+    pub fn watch_collections(&mut self, pid: u32, module: &Path, offsets: &[u64]) -> Result<()> {
+        for &offset in offsets {
+            let what = format!("GC_gc_no++ at {offset:#x}");
+            self.attach_at(programs::GC_COLLECTION, module, offset, pid, &what)?;
+            self.attached += 1;
+        }
+        self.config.set(config::GC_HOLD, 1)
+    }
+
+    /// No more holds at collections (before the tracer lets the threads go).
+    pub fn stop_holding(&mut self) -> Result<()> {
+        self.config.set(config::GC_HOLD, 0)
+    }
+
+    /// Marks thread `tid` as traced by memprof: the kernel may hold it.
+    pub fn set_traced(&mut self, tid: u32) -> Result<()> {
+        let mut traced: HashMap<&mut MapData, u32, u32> =
+            HashMap::try_from(self.map_mut(maps::TRACED)?)?;
+        traced.insert(tid, 1, 0)?;
+        Ok(())
+    }
+
+    /// If the kernel is holding `tid` at a collection, the collection's
+    /// epoch (and the hold is cleared).
+    pub fn take_held(&mut self, tid: u32) -> Result<Option<u64>> {
+        let mut held: HashMap<&mut MapData, u32, u64> =
+            HashMap::try_from(self.map_mut(maps::HELD)?)?;
+        match held.get(&tid, 0) {
+            Ok(epoch) => {
+                held.remove(&tid)?;
+                Ok(Some(epoch))
+            }
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// Hands every GC event the kernel queued to `apply`, in order.
+    pub fn drain_gc_events(&mut self, mut apply: impl FnMut(&GcChange)) {
+        let events = &mut self.gc_events;
+        while let Some(item) = events.ring.next() {
+            if item.len() < std::mem::size_of::<GcEvent>() {
+                events.malformed += 1;
+                continue;
+            }
+            // SAFETY: the kernel wrote a GcEvent (plain data); unaligned read.
+            let event = unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<GcEvent>()) };
+            match GcChange::try_from(&event) {
+                Ok(change) => apply(&change),
+                Err(_) => events.malformed += 1,
+            }
+        }
+    }
+
+    /// GC events lost: the ring buffer was full (summed over CPUs), or
+    /// they did not decode.
+    pub fn gc_events_lost(&self) -> Result<u64> {
+        Ok(self.kernel_counters()?.gc_events_lost + self.gc_events.malformed)
+    }
+
+    /// Collections the kernel saw and could not hold for (summed over CPUs).
+    pub fn collections_not_held(&self) -> Result<u64> {
+        Ok(self.kernel_counters()?.gc_not_held)
+    }
+
+    /// Removes dead blocks from the live table.
+    pub fn forget_live(&self, addresses: &[u64]) -> Result<()> {
+        batch::delete(self.map(maps::LIVE)?, addresses)
+    }
+
+    /// The kernel's counters now, summed over CPUs.
+    fn kernel_counters(&self) -> Result<KernelCounters> {
+        super::view::sum_counters(self.map(maps::COUNTERS)?)
+    }
+}

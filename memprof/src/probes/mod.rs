@@ -1,0 +1,230 @@
+//! memprof's eBPF programs in the kernel: loading them, and everything
+//! userspace does with them afterwards, one part per concern.
+//!
+//! The object is built by `build.rs` and embedded in the binary. The kernel
+//! side and this one agree through `memprof-common` (map and program names,
+//! record layouts, counters, the module-table packing); the parts:
+//!
+//! | part | what it does |
+//! |---|---|
+//! | this module | loads the object with the map sizes of [`ProbeOptions`], owns the `CONFIG` settings, stops recording |
+//! | `attach` | attaches programs to functions of the target, scoped to its pid |
+//! | `unwind_tables` | writes the CFI rows and the module ranges the kernel unwinder searches |
+//! | `gc_hold` | the protocols with a traced target: holding a collector for the mark-bit pass, stopping the main thread after `dlopen` |
+//! | `view` | a read-only view of the kernel's tables, in userspace types ([`Site`], [`LiveBlock`]) |
+//! | `batch` | `BPF_MAP_DELETE_BATCH`, which aya 0.14 lacks |
+//!
+//! Dropping [`Probes`] (or memprof exiting, however it exits) closes the
+//! links: the kernel then removes the breakpoints.
+use anyhow::{anyhow, Result};
+use aya::maps::{Array, Map, MapData};
+use aya::programs::uprobe::UProbeLinkId;
+use aya::{Ebpf, EbpfLoader};
+use memprof_common::{config, maps};
+
+use crate::unwind::Tables;
+
+mod attach;
+mod batch;
+mod gc_hold;
+mod unwind_tables;
+mod view;
+
+pub use gc_hold::GcChange;
+pub use view::{HeapMaps, LiveBlock, RecordedStack, Site};
+
+use gc_hold::GcEvents;
+use unwind_tables::ModuleTable;
+
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memprof-probes"));
+
+/// Map sizes and probe modes.
+#[derive(Debug, Clone)]
+pub struct ProbeOptions {
+    /// Capacity of the live-block table.
+    pub max_live: u32,
+    /// Capacity of the stack table.
+    pub max_stacks: u32,
+    /// Capacity of the per-site totals table.
+    pub max_sites: u32,
+    /// Attach programs that do nothing (benchmark of the bare probe cost).
+    pub empty: bool,
+    /// Bytes of the GC event ring buffer (a power of two, at least a page;
+    /// only used when GC objects are judged by mark bits).
+    pub gc_events_bytes: u32,
+}
+
+/// The loaded programs, with their links while attached.
+pub struct Probes {
+    ebpf: Ebpf,
+    /// The `CONFIG` settings array.
+    config: Settings,
+    empty: bool,
+    /// Every attached probe: (program name, link).
+    links: Vec<(&'static str, UProbeLinkId)>,
+    /// How many probes (entry + return) are attached.
+    pub attached: usize,
+    /// GC objects allocated and gone (see [`memprof_common::GcEvent`]).
+    gc_events: GcEvents,
+    /// The module ranges the kernel unwinder has.
+    modules: ModuleTable,
+}
+
+impl Probes {
+    /// Loads the eBPF object into the kernel (no probe attached yet).
+    /// With `unwind_tables`, stacks are unwound in the kernel with those CFI
+    /// rows; without, by frame pointers.
+    pub fn load(options: &ProbeOptions, unwind_tables: Option<&Tables>) -> Result<Probes> {
+        let rows = unwind_tables.map_or(1, |t| t.rows.len().max(1)) as u32;
+        // Only the stack table of the chosen unwinder gets its full size
+        // (the frame-pointer one is preallocated: ~1 KiB an entry).
+        let (fp_stacks, dwarf_stacks) = match unwind_tables {
+            Some(_) => (1, options.max_stacks),
+            None => (options.max_stacks, 1),
+        };
+        let mut ebpf = EbpfLoader::new()
+            .map_max_entries(maps::LIVE, options.max_live)
+            .map_max_entries(maps::STACKS, fp_stacks)
+            .map_max_entries(maps::DWARF_STACKS, dwarf_stacks)
+            .map_max_entries(maps::SITE_TOTALS, options.max_sites)
+            .map_max_entries(maps::UNWIND_ROWS, rows)
+            .map_max_entries(maps::GC_EVENTS, options.gc_events_bytes.max(4096))
+            .load(OBJECT)
+            .map_err(|e| permission_hint(e.into(), "loading the eBPF programs"))?;
+        let mut probes = Probes {
+            gc_events: GcEvents::new(take_map(&mut ebpf, maps::GC_EVENTS)?)?,
+            config: Settings(Array::try_from(take_map(&mut ebpf, maps::CONFIG)?)?),
+            ebpf,
+            empty: options.empty,
+            links: Vec::new(),
+            attached: 0,
+            modules: ModuleTable::default(),
+        };
+        probes.set_enabled(true)?;
+        if let Some(tables) = unwind_tables {
+            probes.write_unwind_rows(tables)?;
+        }
+        probes.load_programs()?;
+        Ok(probes)
+    }
+
+    fn map_mut(&mut self, name: &str) -> Result<&mut Map> {
+        self.ebpf
+            .map_mut(name)
+            .ok_or_else(|| anyhow!("eBPF object has no map {name}"))
+    }
+
+    fn map(&self, name: &str) -> Result<&Map> {
+        self.ebpf
+            .map(name)
+            .ok_or_else(|| anyhow!("eBPF object has no map {name}"))
+    }
+
+    fn set_enabled(&mut self, on: bool) -> Result<()> {
+        let mut enabled: Array<&mut MapData, u32> = Array::try_from(self.map_mut(maps::ENABLED)?)?;
+        enabled.set(0, u32::from(on), 0)?;
+        Ok(())
+    }
+
+    /// Every program turns into a no-op when the `ENABLED` switch is
+    /// cleared, so the kernel's tables no longer change; nothing signals
+    /// the target any more.
+    pub fn disable(&mut self) -> Result<()> {
+        self.set_enabled(false)?;
+        self.config.set(config::SIGNAL_ON_DLOPEN, 0)
+    }
+
+    /// Closes every link. Closing a uprobe costs the kernel a grace period
+    /// (~0.1 s each, serialized), so the links are closed on a thread while
+    /// the caller symbolizes; [`Detaching::wait`] joins it. No probe is left
+    /// in the target after that.
+    pub fn detach(self) -> Detaching {
+        Detaching(std::thread::spawn(move || drop(self)))
+    }
+}
+
+/// Removes map `name` from the object, for a part that owns it.
+fn take_map(ebpf: &mut Ebpf, name: &str) -> Result<Map> {
+    ebpf.take_map(name)
+        .ok_or_else(|| anyhow!("eBPF object has no map {name}"))
+}
+
+/// The `CONFIG` array: `u32` settings indexed by [`memprof_common::config`].
+struct Settings(Array<MapData, u32>);
+
+impl Settings {
+    fn get(&self, index: u32) -> Result<u32> {
+        Ok(self.0.get(&index, 0)?)
+    }
+
+    fn set(&mut self, index: u32, value: u32) -> Result<()> {
+        Ok(self.0.set(index, value, 0)?)
+    }
+}
+
+/// Probes being detached on a background thread.
+pub struct Detaching(std::thread::JoinHandle<()>);
+
+impl Detaching {
+    /// Waits until every probe is detached.
+    pub fn wait(self) {
+        let _ = self.0.join();
+    }
+}
+
+/// Loading or attaching fails with EPERM without the capabilities: say
+/// which. The error's own chain says so (an `io::Error` from the syscall),
+/// not its text.
+fn permission_hint(err: anyhow::Error, what: &str) -> anyhow::Error {
+    if is_permission_denied(&err) {
+        anyhow!("{what} was not permitted: memprof needs root (CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN)")
+    } else {
+        err.context(what.to_string())
+    }
+}
+
+/// Some syscall in `err`'s chain failed with EPERM.
+fn is_permission_denied(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.raw_os_error() == Some(libc::EPERM))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aya::programs::ProgramError;
+    use aya::sys::SyscallError;
+
+    #[test]
+    fn eperm_from_a_syscall_is_a_permission_error() {
+        let err = ProgramError::SyscallError(SyscallError {
+            call: "perf_event_open",
+            io_error: std::io::Error::from_raw_os_error(libc::EPERM),
+        });
+        let hinted = permission_hint(anyhow::Error::from(err), "attaching a uprobe");
+        assert!(format!("{hinted:#}").contains("was not permitted: memprof needs root"));
+    }
+
+    #[test]
+    fn other_errors_keep_their_cause() {
+        let err = ProgramError::SyscallError(SyscallError {
+            call: "perf_event_open",
+            io_error: std::io::Error::from_raw_os_error(libc::ENOENT),
+        });
+        let hinted = permission_hint(anyhow::Error::from(err), "attaching a uprobe");
+        let text = format!("{hinted:#}");
+        assert!(text.starts_with("attaching a uprobe: "), "{text}");
+        assert!(!text.contains("not permitted"), "{text}");
+    }
+
+    #[test]
+    fn errno_and_signal_numbers_match_libc() {
+        use memprof_common::{errno, signal};
+        assert_eq!(errno::EEXIST, libc::EEXIST);
+        assert_eq!(signal::SIGTRAP, libc::SIGTRAP as u32);
+        assert_eq!(signal::SIGURG, libc::SIGURG as u32);
+    }
+}

@@ -1,0 +1,67 @@
+//! Writing the tables the kernel's DWARF unwinder searches: the CFI rows of
+//! every module (`UNWIND_ROWS`, once, at load) and where each module is
+//! mapped (`MODULE_RANGES`, again whenever the target's mappings change).
+//!
+//! The module table's layout (two halves, the packed count) is
+//! [`memprof_common::module_table`]: the same constants the kernel's search
+//! uses.
+use anyhow::Result;
+use aya::maps::{Array, MapData};
+use memprof_common::{config, maps, module_table, ModuleRange, UnwindRow};
+
+use super::Probes;
+use crate::unwind::Tables;
+
+/// How many module ranges the kernel's table holds.
+const MAX_MODULES: usize = module_table::MAX_MODULES as usize;
+
+/// What the kernel's module table holds now.
+#[derive(Debug, Default)]
+pub(super) struct ModuleTable {
+    /// The ranges in the half in use.
+    ranges: Vec<ModuleRange>,
+    /// Which half (0 or 1) is in use.
+    half: u32,
+}
+
+impl Probes {
+    /// Writes the CFI rows and switches the kernel to DWARF unwinding.
+    pub(super) fn write_unwind_rows(&mut self, tables: &Tables) -> Result<()> {
+        let mut rows: Array<&mut MapData, UnwindRow> =
+            Array::try_from(self.map_mut(maps::UNWIND_ROWS)?)?;
+        for (i, row) in tables.rows.iter().enumerate() {
+            rows.set(i as u32, row, 0)?;
+        }
+        self.config.set(config::UNWIND_DWARF, 1)
+    }
+
+    /// Tells the unwinder where each module is mapped (sorted by address;
+    /// past [`module_table::MAX_MODULES`] ranges are dropped).
+    ///
+    /// The kernel's table is double: the new ranges go into the half not in
+    /// use, then one write of `MODULE_COUNT` switches halves, so a probe
+    /// never unwinds with a half-written (or empty) table. Unchanged ranges
+    /// are not rewritten.
+    pub fn set_module_ranges(&mut self, ranges: &[ModuleRange]) -> Result<()> {
+        let ranges = &ranges[..ranges.len().min(MAX_MODULES)];
+        if ranges == self.modules.ranges.as_slice() {
+            return Ok(());
+        }
+        let half = self.modules.half ^ 1;
+        {
+            let mut table: Array<&mut MapData, ModuleRange> =
+                Array::try_from(self.map_mut(maps::MODULE_RANGES)?)?;
+            for (i, range) in ranges.iter().enumerate() {
+                table.set(module_table::slot(half, i as u32), range, 0)?;
+            }
+        }
+        self.modules = ModuleTable {
+            ranges: ranges.to_vec(),
+            half,
+        };
+        self.config.set(
+            config::MODULE_COUNT,
+            module_table::pack(ranges.len() as u32, half),
+        )
+    }
+}

@@ -1,0 +1,282 @@
+//! A read-only view of the kernel's tables: live blocks, per-site totals,
+//! stacks and counters, in userspace types.
+//!
+//! This is the boundary. The kernel's records ([`AllocSite`],
+//! [`LiveAlloc`], per-CPU [`SiteTotals`] and [`KernelCounters`]) are
+//! converted here, once: a site becomes a [`Site`] (its kind an
+//! [`AllocKind`], a kind byte no kind has is an error), per-CPU values are
+//! summed, and the counters become the profile's [`Counters`]. The rest of
+//! memprof never sees a kernel key.
+use anyhow::{anyhow, Result};
+use aya::maps::{HashMap, Map, MapData, PerCpuArray, PerCpuHashMap, StackTraceMap};
+use memprof_common::{
+    config, maps, AllocKind, AllocSite, DwarfStack, KernelCounters, LiveAlloc, SiteTotals, NO_STACK,
+};
+
+use super::Probes;
+use crate::profile::Counters;
+
+/// Where an allocation was made: the userspace form of the kernel's
+/// [`AllocSite`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Site {
+    /// Return address into the caller of the allocator function (0 if unread).
+    pub caller: u64,
+    /// Key of the stack in the kernel's stack table ([`HeapMaps::stack`]);
+    /// `None` if no stack could be captured.
+    pub stack: Option<u64>,
+    pub kind: AllocKind,
+}
+
+impl TryFrom<&AllocSite> for Site {
+    type Error = anyhow::Error;
+
+    fn try_from(site: &AllocSite) -> Result<Site> {
+        Ok(Site {
+            caller: site.caller,
+            stack: (site.stack_id != NO_STACK).then_some(site.stack_id),
+            kind: AllocKind::try_from(site.kind)?,
+        })
+    }
+}
+
+/// One live block (the kernel's [`LiveAlloc`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LiveBlock {
+    pub site: Site,
+    /// Requested size in bytes.
+    pub size: u64,
+    /// When it was allocated (CLOCK_MONOTONIC, nanoseconds).
+    pub timestamp_ns: u64,
+    /// GC collections seen when it was allocated.
+    pub epoch: u64,
+}
+
+impl TryFrom<&LiveAlloc> for LiveBlock {
+    type Error = anyhow::Error;
+
+    fn try_from(live: &LiveAlloc) -> Result<LiveBlock> {
+        Ok(LiveBlock {
+            site: Site::try_from(&live.site)?,
+            size: live.size,
+            timestamp_ns: live.timestamp_ns,
+            epoch: live.epoch,
+        })
+    }
+}
+
+/// A stack as the kernel recorded it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RecordedStack {
+    /// From the DWARF unwinder: return addresses from the allocator's
+    /// caller outwards.
+    Unwound { frames: Vec<u64>, truncated: bool },
+    /// From the frame-pointer walk: starts at the probed instruction, and
+    /// may miss the caller. Empty if the stack table no longer has it.
+    Walked(Vec<u64>),
+    /// The DWARF stack table does not have it.
+    Missing,
+}
+
+/// The maps, kept after the programs are detached so they can be read.
+pub struct HeapMaps {
+    live: HashMap<MapData, u64, LiveAlloc>,
+    sites: PerCpuHashMap<MapData, AllocSite, SiteTotals>,
+    stacks: StackTraceMap<MapData>,
+    dwarf_stacks: HashMap<MapData, u64, DwarfStack>,
+    /// Stacks were unwound with the CFI tables (`dwarf_stacks`), not frame pointers.
+    dwarf: bool,
+    counters: PerCpuArray<MapData, KernelCounters>,
+}
+
+impl HeapMaps {
+    /// Every live block, by address. An entry can fail to read when the
+    /// block is freed between reading its key and its value.
+    pub fn live(&self) -> impl Iterator<Item = Result<(u64, LiveBlock)>> + '_ {
+        self.live.iter().map(|entry| {
+            let (addr, live) = entry?;
+            Ok((addr, LiveBlock::try_from(&live)?))
+        })
+    }
+
+    /// Every site with its totals, summed over CPUs.
+    pub fn sites(&self) -> impl Iterator<Item = Result<(Site, SiteTotals)>> + '_ {
+        self.sites.iter().map(|entry| {
+            let (site, per_cpu) = entry?;
+            let mut sum = SiteTotals::default();
+            for totals in per_cpu.iter() {
+                sum.add(totals);
+            }
+            Ok((Site::try_from(&site)?, sum))
+        })
+    }
+
+    /// The stack stored under `key` ([`Site::stack`]).
+    pub fn stack(&self, key: u64) -> RecordedStack {
+        if self.dwarf {
+            match self.dwarf_stacks.get(&key, 0) {
+                Ok(s) => RecordedStack::Unwound {
+                    frames: s.frames[..(s.len as usize).min(s.frames.len())].to_vec(),
+                    truncated: s.truncated != 0,
+                },
+                Err(_) => RecordedStack::Missing,
+            }
+        } else {
+            RecordedStack::Walked(
+                u32::try_from(key)
+                    .ok()
+                    .and_then(|id| self.stacks.get(&id, 0).ok())
+                    .map(|s| s.frames().iter().map(|f| f.ip).collect())
+                    .unwrap_or_default(),
+            )
+        }
+    }
+
+    /// The counters, summed over CPUs.
+    pub fn counters(&self) -> Result<Counters> {
+        Ok(report_counters(sum_per_cpu(&self.counters)?))
+    }
+}
+
+impl Probes {
+    /// Second handles on the kernel's tables while the probes stay attached
+    /// (timeline samples, `--interval`, `--snapshot-every`): reads see the
+    /// tables as the probes change them.
+    pub fn peek(&self) -> Result<HeapMaps> {
+        let open = |name: &str| -> Result<Map> {
+            let data = match self.map(name)? {
+                Map::HashMap(d)
+                | Map::LruHashMap(d)
+                | Map::PerCpuHashMap(d)
+                | Map::PerCpuArray(d)
+                | Map::Array(d)
+                | Map::StackTraceMap(d) => d,
+                _ => return Err(anyhow!("map {name} has an unexpected type")),
+            };
+            // A duplicate of memprof's own descriptor (opening the map by
+            // id would need CAP_SYS_ADMIN).
+            let fd = std::os::fd::AsFd::as_fd(data.fd()).try_clone_to_owned()?;
+            Ok(Map::from_map_data(MapData::from_fd(fd)?)?)
+        };
+        Ok(HeapMaps {
+            live: HashMap::try_from(open(maps::LIVE)?)?,
+            sites: PerCpuHashMap::try_from(open(maps::SITE_TOTALS)?)?,
+            stacks: StackTraceMap::try_from(open(maps::STACKS)?)?,
+            dwarf_stacks: HashMap::try_from(open(maps::DWARF_STACKS)?)?,
+            dwarf: self.config.get(config::UNWIND_DWARF)? == 1,
+            counters: PerCpuArray::try_from(open(maps::COUNTERS)?)?,
+        })
+    }
+}
+
+/// The `COUNTERS` map's one entry, summed over CPUs.
+fn sum_per_cpu<T: std::borrow::Borrow<MapData>>(
+    counters: &PerCpuArray<T, KernelCounters>,
+) -> Result<KernelCounters> {
+    let mut sum = KernelCounters::default();
+    for cpu in counters.get(&0, 0)?.iter() {
+        sum.add(cpu);
+    }
+    Ok(sum)
+}
+
+/// [`sum_per_cpu`] of the `COUNTERS` map of a loaded object.
+pub(super) fn sum_counters(map: &Map) -> Result<KernelCounters> {
+    sum_per_cpu(&PerCpuArray::<&MapData, KernelCounters>::try_from(map)?)
+}
+
+/// The profile's counters from the kernel's: every field is named, so a
+/// counter added to [`KernelCounters`] does not compile until it is placed.
+fn report_counters(kernel: KernelCounters) -> Counters {
+    let KernelCounters {
+        live_map_full,
+        sites_map_full,
+        stack_errors,
+        pending_full,
+        unknown_frees,
+        allocs,
+        frees,
+        failed_allocs,
+        truncated_stacks,
+        // Reported in the GC summary (`Probes::collections_not_held`,
+        // `Probes::gc_events_lost`), not here.
+        gc_collections: _,
+        gc_not_held: _,
+        gc_events_lost: _,
+    } = kernel;
+    Counters {
+        live_map_full,
+        sites_map_full,
+        stack_errors,
+        pending_full,
+        unknown_frees,
+        allocs,
+        frees,
+        failed_allocs,
+        truncated_stacks,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_report_counter_comes_from_its_kernel_counter() {
+        let mut kernel = KernelCounters::default();
+        for (value, field) in kernel.fields_mut().into_iter().enumerate() {
+            *field = value as u64 + 1;
+        }
+        let c = report_counters(kernel);
+        let read = [
+            c.live_map_full,
+            c.sites_map_full,
+            c.stack_errors,
+            c.pending_full,
+            c.unknown_frees,
+            c.allocs,
+            c.frees,
+            c.failed_allocs,
+            c.truncated_stacks,
+        ];
+        assert_eq!(
+            read,
+            [
+                kernel.live_map_full,
+                kernel.sites_map_full,
+                kernel.stack_errors,
+                kernel.pending_full,
+                kernel.unknown_frees,
+                kernel.allocs,
+                kernel.frees,
+                kernel.failed_allocs,
+                kernel.truncated_stacks,
+            ]
+        );
+        // Every field had its own value: no two report counters read one field.
+        let mut distinct = read.to_vec();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct.len(), read.len());
+    }
+
+    #[test]
+    fn a_site_with_an_unknown_kind_is_an_error() {
+        let site = AllocSite {
+            caller: 0x10,
+            stack_id: NO_STACK,
+            kind: 9,
+            _pad: [0; 7],
+        };
+        assert!(Site::try_from(&site).is_err());
+        let site = AllocSite { kind: 3, ..site };
+        assert_eq!(
+            Site::try_from(&site).unwrap(),
+            Site {
+                caller: 0x10,
+                stack: None,
+                kind: AllocKind::GcAtomic
+            }
+        );
+    }
+}
