@@ -6,8 +6,9 @@
 //! | stage | module |
 //! |---|---|
 //! | the process, its modules, launching it held | [`target`] |
+//! | each module file of the target, mapped and parsed once | [`modules`] |
 //! | which functions to probe, where they are | [`allocators`] |
-//! | where in each function to put the probe | [`placement`] |
+//! | where in each function to put the probe (x86 analysis: `x86`) | [`placement`] |
 //! | loading and attaching the eBPF programs | [`probes`] |
 //! | the kernel's tables → groups per stack | [`heap`] |
 //! | addresses → names and `file:line` | [`symbolize`] |
@@ -23,6 +24,7 @@ pub mod crystal;
 pub mod gc;
 pub mod heap;
 pub mod live;
+pub mod modules;
 pub mod placement;
 pub mod probes;
 pub mod profile;
@@ -32,3 +34,4 @@ pub mod session;
 pub mod symbolize;
 pub mod target;
 pub mod unwind;
+pub(crate) mod x86;

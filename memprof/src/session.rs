@@ -25,6 +25,7 @@ use memprof_common::AllocKind;
 use crate::allocators::{self, BOEHM, LIBC};
 use crate::gc::pass::Judge;
 use crate::live::{Live, LiveOptions};
+use crate::modules::ModuleCache;
 use crate::placement::{self, Planned};
 use crate::probes::{ProbeOptions, Probes};
 use crate::profile::{ExitInfo, ProbeInfo, Profile, TargetInfo};
@@ -99,6 +100,8 @@ pub struct Plan {
     pub probes: Vec<Planned>,
     /// CFI tables of the target's modules (DWARF unwinding), else `None`.
     pub tables: Option<Tables>,
+    /// The target's module files, each read once for the whole session.
+    pub modules: ModuleCache,
 }
 
 impl Plan {
@@ -140,8 +143,10 @@ pub fn run(command: &[String], options: &SessionOptions) -> Result<i32> {
             update_ranges(&mut probes, tables, &mut maps, pid)?;
             // Libraries are mapped by the dynamic linker after this point:
             // have it stop the command each time, to place them in time.
-            if let Some(ld_so) = target::interpreter(&exe) {
-                if let Some((_, offset)) = allocators::symbol_in(&ld_so, "_dl_debug_state") {
+            if let Some(ld_so) = target::interpreter(&plan.modules, &exe) {
+                let dl_debug_state =
+                    allocators::symbol_in(&plan.modules, &ld_so, "_dl_debug_state");
+                if let Some((_, offset)) = dl_debug_state {
                     probes.watch_library_loads(pid, &ld_so, offset)?;
                 }
             }
@@ -407,9 +412,10 @@ pub fn plan_for_pid(pid: u32, probe_at_entry: bool, heap: Heap) -> Result<Vec<Pl
 /// Finds the allocator functions of the chosen heaps, places their probes,
 /// and builds the unwind tables.
 fn plan_for(exe: &std::path::Path, loaded: &[PathBuf], options: &SessionOptions) -> Result<Plan> {
-    let modules = target::modules(exe, loaded);
-    let libc = allocators::resolve(&modules, LIBC)?;
-    let gc = allocators::resolve(&modules, BOEHM)?;
+    let cache = ModuleCache::default();
+    let modules = target::modules(&cache, exe, loaded);
+    let libc = allocators::resolve(&cache, &modules, LIBC)?;
+    let gc = allocators::resolve(&cache, &modules, BOEHM)?;
     let (libc_ok, gc_ok) = (
         allocators::require(&libc, LIBC, &modules),
         allocators::require(&gc, BOEHM, &modules),
@@ -434,7 +440,7 @@ fn plan_for(exe: &std::path::Path, loaded: &[PathBuf], options: &SessionOptions)
         Unwind::Fp => None,
         Unwind::Auto | Unwind::Dwarf => {
             let started = Instant::now();
-            let tables = Tables::build(&modules);
+            let tables = Tables::build(&cache, &modules);
             eprintln!(
                 "memprof: unwind tables: {} rows from {} modules ({:.1} s)",
                 report::thousands(tables.rows.len() as u64),
@@ -447,6 +453,7 @@ fn plan_for(exe: &std::path::Path, loaded: &[PathBuf], options: &SessionOptions)
     Ok(Plan {
         probes: placement::plan(&resolved, options.probe_at_entry),
         tables,
+        modules: cache,
     })
 }
 
@@ -487,7 +494,7 @@ impl GcWatch {
             watch.fallback = Some("--gc-liveness reuse".into());
             return watch;
         }
-        match Judge::new(pid, &module, options.gc_verdicts.as_deref()) {
+        match Judge::new(&plan.modules, pid, &module, options.gc_verdicts.as_deref()) {
             Ok(judge) => watch.judge = Some(judge),
             Err(e) => watch.fall_back(format!("{e:#}")),
         }

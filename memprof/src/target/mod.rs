@@ -14,7 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
-use object::{Object, ObjectSection};
+
+use crate::modules::ModuleCache;
 
 /// A process to profile.
 #[derive(Debug, Clone)]
@@ -88,10 +89,11 @@ pub fn find_command(program: &str) -> Result<PathBuf> {
 
 /// The executable and the shared libraries the dynamic linker loads for it,
 /// in load order, plus any other file `loaded` names (a running process's
-/// mappings: `dlopen`ed libraries) after those.
-pub fn modules(exe: &Path, loaded: &[PathBuf]) -> Vec<PathBuf> {
+/// mappings: `dlopen`ed libraries) after those. The executable is read
+/// through `cache`.
+pub fn modules(cache: &ModuleCache, exe: &Path, loaded: &[PathBuf]) -> Vec<PathBuf> {
     let mut list = vec![exe.to_path_buf()];
-    list.extend(needed_libraries(exe));
+    list.extend(needed_libraries(cache, exe));
     for path in loaded {
         if !list.contains(path) {
             list.push(path.clone());
@@ -103,8 +105,8 @@ pub fn modules(exe: &Path, loaded: &[PathBuf]) -> Vec<PathBuf> {
 /// Asks the executable's own dynamic linker (`ld.so --list`, which is what
 /// `ldd` does; it runs none of the program's code) which libraries it loads.
 /// A static executable has none.
-fn needed_libraries(exe: &Path) -> Vec<PathBuf> {
-    let Some(interp) = interpreter(exe) else {
+fn needed_libraries(cache: &ModuleCache, exe: &Path) -> Vec<PathBuf> {
+    let Some(interp) = interpreter(cache, exe) else {
         return Vec::new();
     };
     let Ok(out) = Command::new(&interp).arg("--list").arg(exe).output() else {
@@ -130,12 +132,8 @@ fn needed_libraries(exe: &Path) -> Vec<PathBuf> {
 }
 
 /// The dynamic linker named in the executable's `.interp`, if any.
-pub fn interpreter(exe: &Path) -> Option<PathBuf> {
-    let data = std::fs::read(exe).ok()?;
-    let file = object::File::parse(&*data).ok()?;
-    let interp = file.section_by_name(".interp")?.data().ok()?;
-    let interp = std::str::from_utf8(interp).ok()?.trim_end_matches('\0');
-    Some(PathBuf::from(interp))
+pub fn interpreter(cache: &ModuleCache, exe: &Path) -> Option<PathBuf> {
+    cache.get(exe).ok()?.interpreter()
 }
 
 #[cfg(test)]
@@ -153,7 +151,7 @@ mod tests {
     #[test]
     fn lists_libc_for_a_dynamic_executable() {
         let sh = find_command("sh").unwrap();
-        let mods = modules(&sh, &[]);
+        let mods = modules(&ModuleCache::default(), &sh, &[]);
         assert_eq!(mods[0], sh);
         assert!(
             mods.iter().any(|m| m.to_string_lossy().contains("libc.so")),
