@@ -271,7 +271,9 @@ impl Module {
     /// page-aligned file range holds the mapping's file offset (an executable
     /// segment for an executable mapping, if one does), and the bias is the
     /// mapping's start minus the link-time address of that file offset.
-    /// `None` if no segment holds it.
+    /// `None` if no segment holds it. Executable mappings and the mapping
+    /// at file offset 0 are unambiguous; a data mapping may not be (two
+    /// segments can share a file page), so use one of those.
     pub fn bias(&self, mapping: &Mapping) -> Option<u64> {
         const PAGE: u64 = 4096;
         let holds = |s: &&Segment| {
@@ -291,8 +293,8 @@ impl Module {
         Some(mapping.start.wrapping_sub(address))
     }
 
-    /// The load bias of this module in process `pid` ([`Self::bias`] of its
-    /// mapping at file offset 0, else of its first mapping).
+    /// The load bias of this module in process `pid` ([`Self::bias`] of an
+    /// executable mapping of it, else of its mapping at file offset 0).
     pub fn load_bias(&self, pid: u32) -> Result<u64, Error> {
         let not_mapped = || Error::NotMapped {
             path: self.path.clone(),
@@ -306,8 +308,11 @@ impl Module {
         let mut ours: Vec<&Mapping> = mappings
             .iter()
             .filter(|m| m.path == self.path || m.path == canonical)
+            .filter(|m| m.file_offset == 0 || m.executable)
             .collect();
-        ours.sort_by_key(|m| m.file_offset != 0);
+        // An executable mapping first: only the loader maps the file so
+        // (the process may also map it as data, at file offset 0).
+        ours.sort_by_key(|m| !m.executable);
         ours.iter()
             .find_map(|m| self.bias(m))
             .ok_or_else(not_mapped)
@@ -337,9 +342,14 @@ mod tests {
             .into_iter()
             .filter(|m| m.path == exe)
             .collect();
+        // The loader's mapping at offset 0 comes first (this test process
+        // also maps the file as data, for `Module::open`).
         let at_zero = ours.iter().find(|m| m.file_offset == 0).unwrap();
         let bias = at_zero.start - module.segments()[0].address;
-        assert!(ours.iter().all(|m| module.bias(m) == Some(bias)));
+        // (A data mapping can be ambiguous: two segments may share a file page.)
+        for m in ours.iter().filter(|m| m.executable).chain([at_zero]) {
+            assert_eq!(module.bias(m), Some(bias), "{m:?}");
+        }
         assert_eq!(module.load_bias(std::process::id()).unwrap(), bias);
         // A function of this file is where the bias says it is.
         let here = bias_of_any_mapping_of_this_process as *const () as u64;
