@@ -134,7 +134,7 @@ impl Module {
             x86_64: parsed.architecture() == object::Architecture::X86_64,
             build_id: parsed.build_id().ok().flatten().map(<[u8]>::to_vec),
             slots: Slots::read(&parsed, got),
-            versioned: super::versions::crystal_names(&data),
+            versioned: super::versions::crystal_names(&parsed),
             segments,
             sections,
             symbols,

@@ -8,19 +8,23 @@ use std::collections::HashMap;
 /// The whole names of the Crystal symbols (`*…`, `~…`) of a module without
 /// `.symtab`, by address: `.dynsym` name `@` version name. (`.symtab` keeps
 /// the names whole, so modules that have one get an empty map.)
-pub(super) fn crystal_names(data: &[u8]) -> HashMap<u64, String> {
-    versioned_names(data).unwrap_or_default()
+pub(super) fn crystal_names(file: &object::File) -> HashMap<u64, String> {
+    match file {
+        object::File::Elf64(elf) => versioned_names(elf).unwrap_or_default(),
+        _ => HashMap::new(),
+    }
 }
 
-fn versioned_names(data: &[u8]) -> object::read::Result<HashMap<u64, String>> {
-    use object::elf::{FileHeader64, SHT_DYNSYM, SHT_SYMTAB};
-    use object::read::elf::{FileHeader, Sym as _};
-    use object::{Endianness, SymbolIndex};
+fn versioned_names(
+    elf: &object::read::elf::ElfFile64,
+) -> object::read::Result<HashMap<u64, String>> {
+    use object::elf::{SHT_DYNSYM, SHT_SYMTAB};
+    use object::read::elf::Sym as _;
+    use object::SymbolIndex;
 
     let mut names = HashMap::new();
-    let header = FileHeader64::<Endianness>::parse(data)?;
-    let endian = header.endian()?;
-    let sections = header.sections(endian, data)?;
+    let (endian, data) = (elf.endian(), elf.data());
+    let sections = elf.elf_section_table();
     if !sections.symbols(endian, data, SHT_SYMTAB)?.is_empty() {
         return Ok(names);
     }

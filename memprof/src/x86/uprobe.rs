@@ -16,3 +16,18 @@ pub(crate) fn emulated(insn: &Instruction) -> bool {
         _ => insn.flow_control() == FlowControl::ConditionalBranch && insn.is_jcc_short_or_near(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::x86::decode;
+
+    #[test]
+    fn test_is_stepped_branch_and_push_are_emulated() {
+        // glibc's free: test %rdi,%rdi ; je … ; push %rbp
+        let code = [0x48, 0x85, 0xff, 0x0f, 0x84, 0xbf, 0x00, 0x00, 0x00, 0x55];
+        let insns = decode::function(&code, 0x98ef0);
+        let emulated: Vec<bool> = insns.iter().map(emulated).collect();
+        assert_eq!(emulated, [false, true, true]);
+    }
+}
