@@ -6,8 +6,9 @@
 //! | stage | module |
 //! |---|---|
 //! | the process, its modules, launching it held | [`target`] |
+//! | each module file of the target, mapped and parsed once | [`modules`] |
 //! | which functions to probe, where they are | [`allocators`] |
-//! | where in each function to put the probe | [`placement`] |
+//! | where in each function to put the probe (x86 analysis: `x86`) | [`placement`] |
 //! | the eBPF programs: loading, attaching, their tables, the GC hold | [`probes`] |
 //! | the kernel's tables → groups per stack | [`heap`] |
 //! | addresses → names and `file:line` | [`symbolize`] |
@@ -24,6 +25,7 @@ pub mod crystal;
 pub mod gc;
 pub mod heap;
 pub mod live;
+pub mod modules;
 pub mod outfile;
 pub mod placement;
 pub mod probes;
@@ -34,3 +36,4 @@ pub mod session;
 pub mod symbolize;
 pub mod target;
 pub mod unwind;
+pub(crate) mod x86;

@@ -24,12 +24,11 @@
 //! assert_eq!(p.offset, 3);
 //! assert!(p.emulated);
 //! ```
-use iced_x86::{
-    Code, Decoder, DecoderOptions, FlowControl, Formatter, Instruction, InstructionInfoFactory,
-    IntelFormatter, Mnemonic, OpAccess, OpKind, Register,
-};
+use iced_x86::{FlowControl, Instruction, InstructionInfoFactory, Mnemonic, Register};
 
 use crate::allocators::{ArgReg, ResolvedFn};
+use crate::x86::decode::{self, text};
+use crate::x86::{regs, uprobe::emulated as is_emulated};
 
 /// How many instructions to look at before giving up and probing at +0.
 const MAX_SCAN: usize = 8;
@@ -48,10 +47,7 @@ pub struct Placement {
 /// Picks the entry-probe offset for a function whose code starts at `address`.
 /// `args` are the argument registers the probe reads.
 pub fn choose(code: &[u8], address: u64, args: &[ArgReg]) -> Placement {
-    let instructions: Vec<Instruction> = Decoder::with_ip(64, code, address, DecoderOptions::NONE)
-        .into_iter()
-        .take_while(|i| i.code() != Code::INVALID)
-        .collect();
+    let instructions = decode::function(code, address);
     let Some(first) = instructions.first() else {
         return Placement {
             offset: 0,
@@ -102,20 +98,6 @@ pub fn choose(code: &[u8], address: u64, args: &[ArgReg]) -> Placement {
     fallback("no emulated instruction in the first few".into())
 }
 
-/// Instructions the x86 uprobe code emulates instead of single-stepping.
-fn is_emulated(insn: &Instruction) -> bool {
-    match insn.mnemonic() {
-        // push of a general-purpose register (push %rbp, push %r12, …)
-        Mnemonic::Push => insn.op0_kind() == OpKind::Register && insn.op0_register().is_gpr64(),
-        Mnemonic::Nop => true,
-        Mnemonic::Jmp | Mnemonic::Call => matches!(
-            insn.op0_kind(),
-            OpKind::NearBranch64 | OpKind::NearBranch32 | OpKind::NearBranch16
-        ),
-        _ => insn.flow_control() == FlowControl::ConditionalBranch && insn.is_jcc_short_or_near(),
-    }
-}
-
 /// The first register among the probe's arguments, `%rsp` and `%rbp` that
 /// `insn` writes.
 fn clobbers(
@@ -132,24 +114,7 @@ fn clobbers(
         })
         .chain([Register::RSP, Register::RBP])
         .collect();
-    written_registers(info, insn).find(|r| watched.contains(r))
-}
-
-/// The full registers `insn` writes (a write to `%esi` counts as `%rsi`).
-pub fn written_registers<'a>(
-    info: &'a mut InstructionInfoFactory,
-    insn: &Instruction,
-) -> impl Iterator<Item = Register> + 'a {
-    info.info(insn)
-        .used_registers()
-        .iter()
-        .filter(|used| {
-            !matches!(
-                used.access(),
-                OpAccess::Read | OpAccess::CondRead | OpAccess::None | OpAccess::NoMemAccess
-            )
-        })
-        .map(|used| used.register().full_register())
+    regs::written(info, insn).find(|r| watched.contains(r))
 }
 
 /// A branch anywhere in the decoded function that targets (0, offset]:
@@ -159,12 +124,6 @@ fn branch_into(instructions: &[Instruction], address: u64, offset: u64) -> Optio
         let target = i.near_branch_target();
         (target > address && target <= address + offset).then(|| i.ip() - address)
     })
-}
-
-fn text(insn: &Instruction) -> String {
-    let mut out = String::new();
-    IntelFormatter::new().format(insn, &mut out);
-    out
 }
 
 /// A function with its chosen entry-probe offset: what `memprof probes` shows

@@ -14,7 +14,7 @@
 //! inlined functions have only their DWARF name. In `.dynsym` the linker cut
 //! Crystal names at `@`, taking the rest for a symbol version
 //! (`*Array(Foo)@Array(T)#push…` became `*Array(Foo)` + version
-//! `Array(T)#push…`): [`versioned_crystal_names`] joins them again. A frame
+//! `Array(T)#push…`): [`crate::modules::Module::versioned_crystal_names`] joins them again. A frame
 //! keeps the symbol in `raw_name`, and shows [`crate::crystal::readable`] or
 //! the demangled C++/Rust name in `function`:
 //!
@@ -25,7 +25,7 @@
 //! assert_eq!(display_name("make_foo"), "make_foo");
 //! ```
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{CodeInfo, Input, Sym, Symbolized, Symbolizer};
@@ -33,11 +33,17 @@ use memprof_common::AllocKind;
 
 use crate::crystal;
 use crate::heap::RawGroup;
+use crate::modules::ModuleCache;
 use crate::profile::{Frame, Group};
 use crate::target::maps::MapsCache;
 
 /// Symbolizes every group's stack and names the class each GC group allocates.
-pub fn symbolize(raw: Vec<RawGroup>, maps: &MapsCache, progress: bool) -> Vec<Group> {
+pub fn symbolize(
+    raw: Vec<RawGroup>,
+    maps: &MapsCache,
+    modules: &ModuleCache,
+    progress: bool,
+) -> Vec<Group> {
     let mut by_module: HashMap<PathBuf, Vec<(u64, u64)>> = HashMap::new();
     let mut unknown: Vec<u64> = Vec::new();
     for &addr in raw.iter().flat_map(|g| &g.frames) {
@@ -92,8 +98,9 @@ pub fn symbolize(raw: Vec<RawGroup>, maps: &MapsCache, progress: bool) -> Vec<Gr
         for (i, &(addr, _)) in addrs.iter().enumerate() {
             let mut symbol = found(&symtab, i).cloned();
             if let Some(sym) = symbol.as_mut().filter(|s| s.name.starts_with(['*', '~'])) {
-                let names = versioned.get_or_insert_with(|| versioned_crystal_names(&module));
-                if let Some(name) = names.get(&sym.addr) {
+                let file = versioned.get_or_insert_with(|| modules.get(&module).ok());
+                let names = file.as_ref().map(|m| m.versioned_crystal_names());
+                if let Some(name) = names.and_then(|names| names.get(&sym.addr)) {
                     sym.name = name.clone().into();
                 }
             }
@@ -140,49 +147,6 @@ pub fn symbolize(raw: Vec<RawGroup>, maps: &MapsCache, progress: bool) -> Vec<Gr
             }
         })
         .collect()
-}
-
-/// The whole names of the Crystal symbols (`*…`, `~…`) of a module without
-/// `.symtab`, by address: `.dynsym` name `@` version name. (`.symtab` keeps
-/// the names whole, so modules that have one get an empty map.)
-pub fn versioned_crystal_names(path: &Path) -> HashMap<u64, String> {
-    std::fs::read(path)
-        .ok()
-        .and_then(|data| versioned_names(&data).ok())
-        .unwrap_or_default()
-}
-
-fn versioned_names(data: &[u8]) -> object::read::Result<HashMap<u64, String>> {
-    use object::elf::{FileHeader64, SHT_DYNSYM, SHT_SYMTAB};
-    use object::read::elf::{FileHeader, Sym as _};
-    use object::{Endianness, SymbolIndex};
-
-    let mut names = HashMap::new();
-    let header = FileHeader64::<Endianness>::parse(data)?;
-    let endian = header.endian()?;
-    let sections = header.sections(endian, data)?;
-    if !sections.symbols(endian, data, SHT_SYMTAB)?.is_empty() {
-        return Ok(names);
-    }
-    let Some(versions) = sections.versions(endian, data)? else {
-        return Ok(names);
-    };
-    let dynsym = sections.symbols(endian, data, SHT_DYNSYM)?;
-    for (i, sym) in dynsym.symbols().iter().enumerate() {
-        let name = dynsym.symbol_name(endian, sym)?;
-        if !name.starts_with(b"*") && !name.starts_with(b"~") {
-            continue;
-        }
-        let version = versions.version(versions.version_index(endian, SymbolIndex(i)))?;
-        if let Some(version) = version {
-            let whole = [name, version.name()].join(&b'@');
-            names.insert(
-                sym.st_value(endian),
-                String::from_utf8_lossy(&whole).into_owned(),
-            );
-        }
-    }
-    Ok(names)
 }
 
 /// The `i`-th result of a batch, if a symbol was found.

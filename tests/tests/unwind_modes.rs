@@ -90,9 +90,10 @@ fn threads_same_with_fp_and_dwarf() {
         );
         if unwind == "dwarf" {
             // Thread stacks unwind to the thread's start (clone3), not truncated.
-            // Read from the profile itself (a header line, then JSON).
+            // Read from the profile itself (a header line, the JSON on one
+            // line, an end line).
             let text = std::fs::read_to_string(&path).unwrap();
-            let (_, body) = text.split_once('\n').unwrap();
+            let body = text.lines().nth(1).unwrap();
             let profile: Value = serde_json::from_str(body).unwrap();
             let worker = profile["groups"]
                 .as_array()

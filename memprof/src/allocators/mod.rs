@@ -11,9 +11,9 @@
 //!
 //! ```no_run
 //! # fn main() -> anyhow::Result<()> {
-//! use memprof::allocators;
+//! use memprof::{allocators, modules::ModuleCache};
 //! let modules = vec!["/usr/bin/ls".into(), "/lib/x86_64-linux-gnu/libc.so.6".into()];
-//! for f in allocators::resolve(&modules, allocators::LIBC)? {
+//! for f in allocators::resolve(&ModuleCache::default(), &modules, allocators::LIBC)? {
 //!     println!("{} in {} at file offset {:#x}", f.func.symbol, f.module.display(), f.file_offset);
 //! }
 //! # Ok(()) }
@@ -25,7 +25,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use memprof_common::AllocKind;
-use object::{Object, ObjectSegment, ObjectSymbol};
+
+use crate::modules::{Module, ModuleCache};
 
 pub use self::boehm::BOEHM;
 pub use self::libc::LIBC;
@@ -109,21 +110,23 @@ pub struct ResolvedFn {
 
 /// Finds each function of `table` in the first of `modules` (in load order)
 /// that defines it. Returns them in table order; functions found nowhere are
-/// left out (the caller decides whether that is an error).
-pub fn resolve(modules: &[PathBuf], table: &'static [AllocFn]) -> Result<Vec<ResolvedFn>> {
+/// left out (the caller decides whether that is an error). The modules are
+/// read through `cache`.
+pub fn resolve(
+    cache: &ModuleCache,
+    modules: &[PathBuf],
+    table: &'static [AllocFn],
+) -> Result<Vec<ResolvedFn>> {
     let mut found: Vec<ResolvedFn> = Vec::new();
     let mut pending: Vec<&'static AllocFn> = table.iter().collect();
     for module in modules {
         if pending.is_empty() {
             break;
         }
-        let Ok(data) = std::fs::read(module) else {
+        let Ok(file) = cache.get(module) else {
             continue; // vanished or unreadable: the target cannot use it either
         };
-        let Ok(file) = object::File::parse(&*data) else {
-            continue;
-        };
-        pending.retain(|func| match lookup(&file, &data, func.symbol) {
+        pending.retain(|func| match lookup(&file, func.symbol) {
             Some((address, file_offset, code)) => {
                 let alias_of = found
                     .iter()
@@ -146,33 +149,35 @@ pub fn resolve(modules: &[PathBuf], table: &'static [AllocFn]) -> Result<Vec<Res
     Ok(found)
 }
 
-/// Where `name` is defined in the ELF file at `path`: its address and file offset.
-pub fn symbol_in(path: &Path, name: &str) -> Option<(u64, u64)> {
-    let data = std::fs::read(path).ok()?;
-    let file = object::File::parse(&*data).ok()?;
-    lookup(&file, &data, name).map(|(address, offset, _)| (address, offset))
+/// Where `name` is defined in the ELF file at `path` (read through
+/// `cache`): its address and file offset.
+pub fn symbol_in(cache: &ModuleCache, path: &Path, name: &str) -> Option<(u64, u64)> {
+    let file = cache.get(path).ok()?;
+    lookup(&file, name).map(|(address, offset, _)| (address, offset))
 }
 
-/// Looks a defined function up in the dynamic and the static symbol table.
-fn lookup(file: &object::File, data: &[u8], name: &str) -> Option<(u64, u64, Vec<u8>)> {
-    let symbol = file
-        .dynamic_symbols()
-        .chain(file.symbols())
-        .find(|s| s.is_definition() && s.address() != 0 && s.name() == Ok(name))?;
-    let address = symbol.address();
-    let segment = file.segments().find(|seg| {
-        let (start, size) = (seg.address(), seg.size());
-        address >= start && address < start + size
-    })?;
-    let (seg_offset, seg_file_size) = segment.file_range();
-    let file_offset = address - segment.address() + seg_offset;
-    let in_file = seg_offset + seg_file_size;
-    let size = match symbol.size() {
+/// Looks a defined function up in the dynamic and the static symbol table:
+/// its address, file offset and code.
+fn lookup(file: &Module, name: &str) -> Option<(u64, u64, Vec<u8>)> {
+    let symbol = file.symbol(name)?;
+    let address = symbol.address;
+    let segment = file
+        .segments()
+        .iter()
+        .find(|seg| address >= seg.address && address < seg.address + seg.mem_size)?;
+    let file_offset = address - segment.address + segment.file_offset;
+    let in_file = segment.file_offset + segment.file_size;
+    let size = match symbol.size {
         0 => 64,
         n => n.min(4096),
     };
-    let end = (file_offset + size).min(in_file).min(data.len() as u64);
-    let code = data.get(file_offset as usize..end as usize)?.to_vec();
+    let end = (file_offset + size)
+        .min(in_file)
+        .min(file.data().len() as u64);
+    let code = file
+        .data()
+        .get(file_offset as usize..end as usize)?
+        .to_vec();
     Some((address, file_offset, code))
 }
 

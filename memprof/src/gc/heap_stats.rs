@@ -38,8 +38,8 @@ use std::path::Path;
 
 use anyhow::{anyhow, Result};
 
-use super::image::Image;
 use super::symbolic::{self, ReturnValue, Word};
+use crate::modules::Module;
 
 /// Where libgc keeps its heap figures in one module, and how its getters
 /// combine them.
@@ -138,17 +138,19 @@ enum Returned {
 /// or an executable with libgc linked in, stripped or not) from its
 /// `GC_get_heap_size`, `GC_get_free_bytes` and `GC_get_unmapped_bytes`.
 pub fn derive_heap_stats(module: &Path) -> Result<HeapStatsLayout> {
-    let image = Image::open(module)?;
-    derive(&image)
+    derive(&Module::open(module)?)
 }
 
-fn derive(image: &Image) -> Result<HeapStatsLayout> {
-    let module = image.path.as_path();
+/// [`derive_heap_stats`] of a module already open.
+pub(crate) fn derive(image: &Module) -> Result<HeapStatsLayout> {
+    image.require_x86_64()?;
+    let module = image.path();
     // Every path through the getter must reach `ret` with one and the same
     // value: a sum of words, or 0.
     let returned = |name: &str| -> Result<Returned> {
         let entry = image
             .symbol(name)
+            .map(|s| s.address)
             .ok_or_else(|| unsupported(module, format!("{name} is not defined")))?;
         let facts = symbolic::explore(image, entry);
         let fail = |what: String| {
@@ -256,6 +258,7 @@ fn derive(image: &Image) -> Result<HeapStatsLayout> {
             let lowest = words.iter().flatten().map(|w| w.1).min().unwrap_or(0);
             let arrays = image
                 .symbol("GC_arrays")
+                .map(|s| s.address)
                 .filter(|&a| a <= lowest)
                 .unwrap_or(0);
             (arrays, None)

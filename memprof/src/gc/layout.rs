@@ -30,8 +30,8 @@ use std::path::Path;
 
 use anyhow::{anyhow, Result};
 
-use super::image::Image;
 use super::symbolic::{self, Bits, Facts, ReturnValue};
+use crate::modules::Module;
 
 /// The layout of libgc's block-header lookup and mark bytes in one module.
 ///
@@ -100,15 +100,17 @@ fn unsupported(module: &Path, what: impl std::fmt::Display) -> anyhow::Error {
 /// # Ok(()) }
 /// ```
 pub fn derive_layout(module: &Path) -> Result<MarkLayout> {
-    let image = Image::open(module)?;
-    derive(&image)
+    derive(&Module::open(module)?)
 }
 
-fn derive(image: &Image) -> Result<MarkLayout> {
-    let module = image.path.as_path();
+/// [`derive_layout`] of a module already open.
+pub(crate) fn derive(image: &Module) -> Result<MarkLayout> {
+    image.require_x86_64()?;
+    let module = image.path();
     let explore = |name: &str| -> Result<Facts> {
         let entry = image
             .symbol(name)
+            .map(|s| s.address)
             .ok_or_else(|| unsupported(module, format!("{name} is not defined")))?;
         Ok(symbolic::explore(image, entry))
     };
@@ -282,7 +284,7 @@ fn derive(image: &Image) -> Result<MarkLayout> {
         }
         (None, None) => {
             let arrays = top_base
-                .or_else(|| image.symbol("GC_arrays"))
+                .or_else(|| image.symbol("GC_arrays").map(|s| s.address))
                 .filter(|&a| a <= top_off && a <= nils_off)
                 .ok_or_else(|| {
                     unsupported(

@@ -35,7 +35,6 @@
 //! # Ok(()) }
 //! ```
 pub mod heap_stats;
-mod image;
 pub mod layout;
 pub mod lookup;
 pub mod pass;
@@ -46,14 +45,14 @@ use std::path::Path;
 
 use anyhow::{anyhow, Result};
 use iced_x86::{
-    Code, Decoder, DecoderOptions, FlowControl, Formatter, Instruction, InstructionInfoFactory,
-    IntelFormatter, Mnemonic, OpKind, Register,
+    Code, FlowControl, Instruction, InstructionInfoFactory, Mnemonic, OpKind, Register,
 };
 
 pub use self::heap_stats::{derive_heap_stats, HeapStats, HeapStatsLayout};
-use self::image::Image;
 pub use self::layout::{derive_layout, MarkLayout};
 pub use self::lookup::Verdict;
+use crate::modules::Module;
+use crate::x86::{decode, regs, uprobe};
 
 /// Where the collection-done probes go: every machine copy of `GC_gc_no++`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,7 +91,7 @@ pub struct Increment {
     pub after_offset: u64,
     pub after_text: String,
     /// Whether the kernel emulates the instruction after (≈0.8 µs a hit)
-    /// or single-steps it (≈10 µs); see [`crate::placement`]. Either is
+    /// or single-steps it (≈10 µs); DESIGN.md, "Probe cost". Either is
     /// small next to a collection's pause. (The increments themselves, a
     /// memory add or store, are always single-stepped.)
     pub after_emulated: bool,
@@ -118,14 +117,21 @@ pub struct Increment {
 /// show; a run can check it: each collection event must see `GC_gc_no`
 /// one higher than the last.
 pub fn find_end_of_mark(module: &Path) -> Result<EndOfMark> {
-    let image = Image::open(module)?;
+    end_of_mark(&Module::open(module)?)
+}
+
+/// [`find_end_of_mark`] in a module already open.
+pub(crate) fn end_of_mark(image: &Module) -> Result<EndOfMark> {
+    image.require_x86_64()?;
+    let module = image.path();
     let unsupported =
         |what: String| anyhow!("unsupported libgc layout: {what} (in {})", module.display());
     let gc_no = image
         .symbol("GC_gc_no")
+        .map(|s| s.address)
         .ok_or_else(|| unsupported("GC_gc_no is not defined".into()))?;
-    let targets = branch_targets(&image);
-    let (found, slots) = increments(&image, gc_no, &targets);
+    let targets = decode::branch_targets(image);
+    let (found, slots) = increments(image, gc_no, &targets);
     let gc_no_slot = match slots.as_slice() {
         [] => None,
         [slot] => Some(*slot),
@@ -151,17 +157,15 @@ pub fn find_end_of_mark(module: &Path) -> Result<EndOfMark> {
             ) else {
                 return Err(unsupported(format!("{after:#x} is not in the file")));
             };
-            let code = &code[..code.len().min(16)];
-            let next = Decoder::with_ip(64, code, after, DecoderOptions::NONE).decode();
-            let placed = crate::placement::choose(code, after, &[]);
+            let next = decode::one(code, after);
             Ok(Increment {
                 address: add.ip(),
                 offset,
-                text: text(add),
+                text: decode::text(add),
                 after,
                 after_offset,
-                after_text: text(&next),
-                after_emulated: placed.offset == 0 && placed.emulated,
+                after_text: decode::text(&next),
+                after_emulated: uprobe::emulated(&next),
                 after_joined: targets.contains(&after),
             })
         })
@@ -171,33 +175,6 @@ pub fn find_end_of_mark(module: &Path) -> Result<EndOfMark> {
         gc_no_slot,
         increments,
     })
-}
-
-/// Decodes every executable section from its start, in order.
-fn sweep(image: &Image, mut each: impl FnMut(&Instruction)) {
-    for &(start, end) in &image.code {
-        let Some(bytes) = image.bytes_at(start) else {
-            continue;
-        };
-        let bytes = &bytes[..bytes.len().min((end - start) as usize)];
-        for insn in Decoder::with_ip(64, bytes, start, DecoderOptions::NONE).iter() {
-            each(&insn);
-        }
-    }
-}
-
-/// Every target of a direct jump or call in the module.
-fn branch_targets(image: &Image) -> HashSet<u64> {
-    let mut targets = HashSet::new();
-    sweep(image, |insn| {
-        if matches!(
-            insn.op0_kind(),
-            OpKind::NearBranch64 | OpKind::NearBranch32 | OpKind::NearBranch16
-        ) {
-            targets.insert(insn.near_branch_target());
-        }
-    });
-    targets
 }
 
 /// What a register is known to hold during the sweep.
@@ -211,12 +188,12 @@ enum Held {
 
 /// The instructions that add 1 to the qword at `gc_no`, and the GOT slots
 /// they took its address from.
-fn increments(image: &Image, gc_no: u64, targets: &HashSet<u64>) -> (Vec<Instruction>, Vec<u64>) {
+fn increments(image: &Module, gc_no: u64, targets: &HashSet<u64>) -> (Vec<Instruction>, Vec<u64>) {
     let mut found = Vec::new();
     let mut slots = Vec::new();
     let mut held: Vec<(Register, Held)> = Vec::new();
     let mut info = InstructionInfoFactory::new();
-    sweep(image, |insn| {
+    decode::sweep(image, |insn| {
         // What is known about registers holds only within straight-line code.
         if targets.contains(&insn.ip()) {
             held.clear();
@@ -319,7 +296,7 @@ fn increments(image: &Image, gc_no: u64, targets: &HashSet<u64>) -> (Vec<Instruc
             },
             _ => None,
         });
-        let written: Vec<Register> = crate::placement::written_registers(&mut info, insn).collect();
+        let written: Vec<Register> = regs::written(&mut info, insn).collect();
         held.retain(|(r, _)| !written.contains(r));
         if let (Some(reg), Some(h)) = (dest, now) {
             held.push((reg, h));
@@ -329,12 +306,6 @@ fn increments(image: &Image, gc_no: u64, targets: &HashSet<u64>) -> (Vec<Instruc
         }
     });
     (found, slots)
-}
-
-fn text(insn: &Instruction) -> String {
-    let mut out = String::new();
-    IntelFormatter::new().format(insn, &mut out);
-    out
 }
 
 #[cfg(test)]

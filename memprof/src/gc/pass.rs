@@ -18,9 +18,9 @@
 //!
 //! ```no_run
 //! # fn main() -> anyhow::Result<()> {
-//! use memprof::gc::pass::Judge;
+//! use memprof::{gc::pass::Judge, modules::ModuleCache};
 //! let libgc = std::path::Path::new("/usr/lib/x86_64-linux-gnu/libgc.so.1");
-//! let judge = Judge::new(1234, libgc, None)?; // pid 1234
+//! let judge = Judge::new(&ModuleCache::default(), 1234, libgc, None)?; // pid 1234
 //! assert_eq!(judge.summary().collections, 0);
 //! # Ok(()) }
 //! ```
@@ -29,19 +29,18 @@ use std::fs::File;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::io::{self, BufWriter, Write};
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
 
 use super::lookup::Block;
-use super::{
-    derive_heap_stats, derive_layout, find_end_of_mark, EndOfMark, HeapStats, HeapStatsLayout,
-    MarkLayout, Verdict,
-};
+use super::{end_of_mark, heap_stats, layout, EndOfMark, HeapStats, HeapStatsLayout};
+use super::{MarkLayout, Verdict};
+use crate::modules::{Module, ModuleCache};
 use crate::probes::{GcChange, Site};
 use crate::profile::{GcSummary, Lifetimes};
-use crate::target::maps;
 
 /// Most points kept in a stack's GC history (older points are thinned out).
 const HISTORY_POINTS: usize = 64;
@@ -74,7 +73,7 @@ struct Tracked {
 /// Judges tracked GC objects after each collection.
 pub struct Judge {
     pid: u32,
-    module: PathBuf,
+    module: Arc<Module>,
     layout: MarkLayout,
     end: EndOfMark,
     /// Where the collector keeps its heap size and free bytes, if derivable.
@@ -98,10 +97,17 @@ pub struct Judge {
 impl Judge {
     /// Derives what the pass needs from `module` (the libgc the target
     /// uses: a shared library or the executable). Errors if its code is not
-    /// shaped as memprof knows (`unsupported libgc layout: …`).
-    pub fn new(pid: u32, module: &Path, verdicts: Option<&Path>) -> Result<Judge> {
-        let layout = derive_layout(module)?;
-        let end = find_end_of_mark(module)?;
+    /// shaped as memprof knows (`unsupported libgc layout: …`). The module
+    /// is read through the session's `modules`.
+    pub fn new(
+        modules: &ModuleCache,
+        pid: u32,
+        module: &Path,
+        verdicts: Option<&Path>,
+    ) -> Result<Judge> {
+        let module = modules.get(module)?;
+        let layout = layout::derive(&module)?;
+        let end = end_of_mark(&module)?;
         let mem = File::open(format!("/proc/{pid}/mem"))
             .with_context(|| format!("cannot read the memory of pid {pid}"))?;
         let verdicts = match verdicts {
@@ -112,10 +118,10 @@ impl Judge {
         };
         Ok(Judge {
             pid,
-            module: module.to_path_buf(),
+            heap_stats: heap_stats::derive(&module).ok(),
+            module,
             layout,
             end,
-            heap_stats: derive_heap_stats(module).ok(),
             bias: None,
             mem,
             site_numbers: HashMap::new(),
@@ -136,7 +142,7 @@ impl Judge {
     }
 
     pub fn module(&self) -> &Path {
-        &self.module
+        self.module.path()
     }
 
     /// Counts a collection that could not be judged.
@@ -178,7 +184,7 @@ impl Judge {
         let bias = match self.bias {
             Some(b) => b,
             None => {
-                let b = load_bias(self.pid, &self.module)?;
+                let b = self.module.load_bias(self.pid)?;
                 self.bias = Some(b);
                 b
             }
@@ -288,7 +294,7 @@ impl Judge {
         let layout = self.heap_stats.as_ref()?;
         let bias = match self.bias {
             Some(b) => b,
-            None => load_bias(self.pid, &self.module).ok()?,
+            None => self.module.load_bias(self.pid).ok()?,
         };
         let mem = &self.mem;
         layout
@@ -381,27 +387,6 @@ impl<'a> PageCache<'a> {
         }
         Ok(())
     }
-}
-
-/// Run-time minus link-time address of `module` in process `pid`.
-pub fn load_bias(pid: u32, module: &Path) -> Result<u64> {
-    let data =
-        std::fs::read(module).with_context(|| format!("cannot read {}", module.display()))?;
-    let file = object::File::parse(&*data)?;
-    use object::{Object, ObjectSegment};
-    let first = file
-        .segments()
-        .find(|s| s.file_range().0 == 0)
-        .with_context(|| format!("{} has no segment at file offset 0", module.display()))?;
-    let canonical = module
-        .canonicalize()
-        .unwrap_or_else(|_| module.to_path_buf());
-    let mappings = maps::read(pid)?;
-    let mapping = mappings
-        .iter()
-        .find(|m| m.file_offset == 0 && (m.path == module || m.path == canonical))
-        .with_context(|| format!("{} is not mapped in pid {pid}", module.display()))?;
-    Ok(mapping.start.wrapping_sub(first.address()))
 }
 
 /// CLOCK_MONOTONIC in nanoseconds: the clock of `bpf_ktime_get_ns`.

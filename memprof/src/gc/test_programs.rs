@@ -30,7 +30,10 @@ pub fn libgc_in(pid: u32, exe: &Path) -> (PathBuf, u64) {
                 .starts_with("libgc.so")
         })
         .unwrap_or(exe);
-    let bias = super::pass::load_bias(pid, &module).unwrap();
+    let bias = crate::modules::Module::open(&module)
+        .unwrap()
+        .load_bias(pid)
+        .unwrap();
     (module, bias)
 }
 

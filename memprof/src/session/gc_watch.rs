@@ -34,7 +34,7 @@ impl GcWatch {
             watch.fallback = Some("--gc-liveness reuse".into());
             return watch;
         }
-        match Judge::new(pid, &module, options.gc_verdicts.as_deref()) {
+        match Judge::new(&plan.modules, pid, &module, options.gc_verdicts.as_deref()) {
             Ok(judge) => watch.judge = Some(judge),
             Err(e) => watch.fall_back(format!("{e:#}")),
         }

@@ -34,6 +34,7 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::Result;
 
 use crate::live::{Live, LiveOptions};
+use crate::modules::ModuleCache;
 use crate::probes::{HeapMaps, ProbeOptions, Probes};
 use crate::profile::{Counters, ExitInfo, Group, ProbeInfo, Profile, TargetInfo};
 use crate::report::{self, markdown};
@@ -252,7 +253,13 @@ impl Session {
     }
 
     fn profile(&self, progress: bool) -> Result<Profile> {
-        let (counters, groups) = read_tables(&self.tables, &self.gc, &self.maps, progress)?;
+        let (counters, groups) = read_tables(
+            &self.tables,
+            &self.gc,
+            &self.maps,
+            &self.plan.modules,
+            progress,
+        )?;
         Ok(Profile {
             duration_s: self.started.0.elapsed().as_secs_f64(),
             counters,
@@ -287,7 +294,8 @@ impl Session {
         // Closing the links takes the kernel a while: done meanwhile.
         self.probes.disable()?;
         let detaching = self.probes.detach();
-        let (counters, groups) = read_tables(&self.tables, &self.gc, &self.maps, true)?;
+        let (counters, groups) =
+            read_tables(&self.tables, &self.gc, &self.maps, &self.plan.modules, true)?;
         let duration_s = self.started.0.elapsed().as_secs_f64();
         let timeline =
             self.live
@@ -363,13 +371,12 @@ fn read_tables(
     tables: &HeapMaps,
     gc: &GcWatch,
     maps: &MapsCache,
+    modules: &ModuleCache,
     progress: bool,
 ) -> Result<(Counters, Vec<Group>)> {
     let raw = heap::collect(tables, gc.sites())?;
-    Ok((
-        tables.counters()?,
-        symbolize::symbolize(raw, maps, progress),
-    ))
+    let groups = symbolize::symbolize(raw, maps, modules, progress);
+    Ok((tables.counters()?, groups))
 }
 
 /// Re-reads the mappings of `pid`; with DWARF unwinding, gives the kernel

@@ -10,6 +10,7 @@ use memprof_common::AllocKind;
 
 use super::{GcLiveness, Heap, SessionOptions, Unwind};
 use crate::allocators::{self, BOEHM, LIBC};
+use crate::modules::ModuleCache;
 use crate::placement::{self, Planned};
 use crate::probes::ProbeOptions;
 use crate::report;
@@ -29,6 +30,8 @@ pub struct Choice {
 
 /// What to attach where.
 pub struct Plan {
+    /// The target's module files, each read once for the whole session.
+    pub modules: ModuleCache,
     pub probes: Vec<Planned>,
     /// CFI tables of the target's modules (DWARF unwinding), else `None`.
     pub tables: Option<Tables>,
@@ -39,9 +42,10 @@ impl Plan {
     /// libraries `loaded` (empty before the command runs), places their
     /// probes, and builds the unwind tables.
     pub fn new(exe: &Path, loaded: &[PathBuf], choice: &Choice) -> Result<Plan> {
+        let cache = ModuleCache::default();
         let modules = target::modules(exe, loaded);
-        let libc = allocators::resolve(&modules, LIBC)?;
-        let gc = allocators::resolve(&modules, BOEHM)?;
+        let libc = allocators::resolve(&cache, &modules, LIBC)?;
+        let gc = allocators::resolve(&cache, &modules, BOEHM)?;
         let (libc_ok, gc_ok) = (
             allocators::require(&libc, LIBC, &modules),
             allocators::require(&gc, BOEHM, &modules),
@@ -66,7 +70,7 @@ impl Plan {
             Unwind::Fp => None,
             Unwind::Auto | Unwind::Dwarf => {
                 let started = Instant::now();
-                let tables = Tables::build(&modules);
+                let tables = Tables::build(&cache, &modules);
                 eprintln!(
                     "memprof: unwind tables: {} rows from {} modules ({:.1} s)",
                     report::thousands(tables.rows.len() as u64),
@@ -77,6 +81,7 @@ impl Plan {
             }
         };
         Ok(Plan {
+            modules: cache,
             probes: placement::plan(&resolved, choice.probe_at_entry),
             tables,
         })

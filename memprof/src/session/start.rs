@@ -71,8 +71,10 @@ impl Session {
             update_ranges(&mut self.probes, &self.plan, &mut self.maps, pid)?;
             // Libraries are mapped by the dynamic linker after this point:
             // have it stop the command each time, to place them in time.
-            if let Some(ld_so) = target::interpreter(&self.target.exe) {
-                if let Some((_, offset)) = allocators::symbol_in(&ld_so, "_dl_debug_state") {
+            let modules = &self.plan.modules;
+            if let Some(ld_so) = target::interpreter(modules, &self.target.exe) {
+                let hook = allocators::symbol_in(modules, &ld_so, "_dl_debug_state");
+                if let Some((_, offset)) = hook {
                     self.probes.watch_library_loads(pid, &ld_so, offset)?;
                 }
             }

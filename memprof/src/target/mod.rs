@@ -14,7 +14,8 @@ pub mod trace;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use object::{Object, ObjectSection};
+
+use crate::modules::ModuleCache;
 
 /// A process to profile.
 #[derive(Debug, Clone)]
@@ -136,12 +137,8 @@ pub fn check_architecture(pid: u32, exe: &Path) -> Result<()> {
 }
 
 /// The dynamic linker named in the executable's `.interp`, if any.
-pub fn interpreter(exe: &Path) -> Option<PathBuf> {
-    let data = std::fs::read(exe).ok()?;
-    let file = object::File::parse(&*data).ok()?;
-    let interp = file.section_by_name(".interp")?.data().ok()?;
-    let interp = std::str::from_utf8(interp).ok()?.trim_end_matches('\0');
-    Some(PathBuf::from(interp))
+pub fn interpreter(cache: &ModuleCache, exe: &Path) -> Option<PathBuf> {
+    cache.get(exe).ok()?.interpreter()
 }
 
 #[cfg(test)]

@@ -9,71 +9,48 @@
 //! where each module is mapped in the target.
 //!
 //! ```no_run
-//! use memprof::unwind::ModuleTable;
-//! let table = ModuleTable::build("/usr/lib/x86_64-linux-gnu/libc.so.6".as_ref()).unwrap();
+//! use memprof::{modules::Module, unwind::ModuleTable};
+//! let libc = Module::open("/usr/lib/x86_64-linux-gnu/libc.so.6".as_ref()).unwrap();
+//! let table = ModuleTable::build(&libc).unwrap();
 //! println!("{} rows", table.rows.len());
 //! ```
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use anyhow::{bail, Context, Result};
+use crate::modules::{Module, ModuleCache};
+use crate::target::maps::Mapping;
+use anyhow::{bail, Result};
 use gimli::{
     BaseAddresses, CfaRule, CieOrFde, EhFrame, NativeEndian, RegisterRule, UnwindContext,
     UnwindSection, X86_64,
 };
 use memprof_common::{cfa, ModuleRange, UnwindRow};
-use object::{Object, ObjectSection, ObjectSegment};
 
-use crate::target::maps::Mapping;
-
-/// The rows of one module, plus what is needed to place it in memory.
+/// The rows of one module.
 #[derive(Debug, Clone, Default)]
 pub struct ModuleTable {
     pub rows: Vec<UnwindRow>,
-    /// `(file offset, virtual address, file size)` of each loadable segment.
-    segments: Vec<(u64, u64, u64)>,
 }
 
 impl ModuleTable {
-    /// Reads `.eh_frame` of the ELF file at `path` and flattens it.
-    pub fn build(path: &Path) -> Result<ModuleTable> {
-        let data = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-        let file = object::File::parse(&*data)?;
-        let segments = file
-            .segments()
-            .map(|s| {
-                let (offset, size) = s.file_range();
-                (offset, s.address(), size)
-            })
-            .collect();
-        let Some(section) = file.section_by_name(".eh_frame") else {
-            return Ok(ModuleTable {
-                rows: Vec::new(),
-                segments,
-            });
+    /// Reads the module's `.eh_frame` and flattens it.
+    pub fn build(module: &Module) -> Result<ModuleTable> {
+        let Some((eh_frame_address, eh_frame)) = module.section(".eh_frame") else {
+            return Ok(ModuleTable::default());
         };
-        let mut bases = BaseAddresses::default().set_eh_frame(section.address());
-        if let Some(text) = file.section_by_name(".text") {
-            bases = bases.set_text(text.address());
+        let mut bases = BaseAddresses::default().set_eh_frame(eh_frame_address);
+        if let Some(text) = module.section_address(".text") {
+            bases = bases.set_text(text);
         }
-        if let Some(got) = file.section_by_name(".got") {
-            bases = bases.set_got(got.address());
+        if let Some(got) = module.section_address(".got") {
+            bases = bases.set_got(got);
         }
-        let eh_frame = EhFrame::new(section.data()?, NativeEndian);
+        let eh_frame = EhFrame::new(eh_frame, NativeEndian);
         let spans = spans(&eh_frame, &bases)?;
         Ok(ModuleTable {
             rows: flatten(spans),
-            segments,
         })
-    }
-
-    /// Runtime address minus ELF address for a mapping of this module.
-    fn bias(&self, mapping: &Mapping) -> Option<u64> {
-        let &(offset, vaddr, _) = self.segments.iter().find(|&&(offset, _, size)| {
-            mapping.file_offset >= offset && mapping.file_offset < offset + size.max(1)
-        })?;
-        let vaddr_at_map = vaddr + (mapping.file_offset - offset);
-        Some(mapping.start.wrapping_sub(vaddr_at_map))
     }
 }
 
@@ -189,32 +166,36 @@ fn flatten(mut spans: Vec<Span>) -> Vec<UnwindRow> {
 /// The tables of every module of a target, concatenated as the kernel sees them.
 #[derive(Debug, Default)]
 pub struct Tables {
-    modules: HashMap<PathBuf, (u32, ModuleTable)>,
+    /// Per module: its first row, its row count, the module (for its load bias).
+    modules: HashMap<PathBuf, (u32, u32, Arc<Module>)>,
     pub rows: Vec<UnwindRow>,
 }
 
 impl Tables {
     /// Builds the tables of `modules`; modules that cannot be read are left out
     /// (their frames end the unwinding, and such stacks are marked truncated).
-    pub fn build(modules: &[PathBuf]) -> Tables {
+    /// The modules are read through `cache`.
+    pub fn build(cache: &ModuleCache, modules: &[PathBuf]) -> Tables {
         let mut tables = Tables::default();
         for module in modules {
-            let _ = tables.add(module);
+            let _ = tables.add(cache, module);
         }
         tables
     }
 
-    fn add(&mut self, module: &Path) -> Result<()> {
-        if self.modules.contains_key(module) {
+    fn add(&mut self, cache: &ModuleCache, path: &Path) -> Result<()> {
+        if self.modules.contains_key(path) {
             return Ok(());
         }
-        let table = ModuleTable::build(module)?;
+        let module = cache.get(path)?;
+        let table = ModuleTable::build(&module)?;
         if table.rows.is_empty() {
-            bail!("no unwind rows in {}", module.display());
+            bail!("no unwind rows in {}", path.display());
         }
         let start = self.rows.len() as u32;
         self.rows.extend_from_slice(&table.rows);
-        self.modules.insert(module.to_path_buf(), (start, table));
+        self.modules
+            .insert(path.to_path_buf(), (start, table.rows.len() as u32, module));
         Ok(())
     }
 
@@ -230,13 +211,13 @@ impl Tables {
             .iter()
             .filter(|m| m.executable)
             .filter_map(|m| {
-                let (row_start, table) = self.modules.get(&m.path)?;
+                let (row_start, row_count, module) = self.modules.get(&m.path)?;
                 Some(ModuleRange {
                     start: m.start,
                     end: m.end,
-                    bias: table.bias(m)?,
+                    bias: module.bias(m)?,
                     row_start: *row_start,
-                    row_count: table.rows.len() as u32,
+                    row_count: *row_count,
                 })
             })
             .collect();
@@ -251,6 +232,7 @@ mod tests {
 
     #[test]
     fn libc_has_rows_for_malloc() {
+        let cache = ModuleCache::default();
         // The libc this test process maps.
         let libc = crate::target::maps::read(std::process::id())
             .unwrap()
@@ -258,7 +240,7 @@ mod tests {
             .map(|m| m.path)
             .find(|m| m.to_string_lossy().contains("libc.so"))
             .unwrap();
-        let table = ModuleTable::build(&libc).unwrap();
+        let table = ModuleTable::build(&cache.get(&libc).unwrap()).unwrap();
         assert!(table.rows.len() > 1000, "{} rows", table.rows.len());
         assert!(
             table.rows.windows(2).all(|w| w[0].pc < w[1].pc),
