@@ -28,6 +28,7 @@ pub use std::ffi::OsStr;
 /// Paths of the compiled C fixtures (see `fixtures/c/*.c` for what each does).
 pub mod fixture {
     pub const BASIC: &str = env!("FIXTURE_BASIC");
+    pub const ESCAPING: &str = env!("FIXTURE_ESCAPING");
     pub const FAMILIES: &str = env!("FIXTURE_FAMILIES");
     pub const THREADS: &str = env!("FIXTURE_THREADS");
     pub const ATTACH_TARGET: &str = env!("FIXTURE_ATTACH_TARGET");

@@ -355,16 +355,10 @@ impl<H: Hooks> Run<'_, H> {
     }
 
     fn pop(&mut self, state: &mut State<H::Role>) -> Option<V<H::Role>> {
+        let top = self.top(state);
         let rsp = state.reg(Register::RSP);
         state.set(Register::RSP, compose(&[(rsp, 1)], 8));
-        match rsp {
-            V::Ptr {
-                base: Base::Stack,
-                off,
-                idx: None,
-            } => state.stack.get(&off).copied(),
-            _ => None,
-        }
+        top
     }
 
     /// The address of the instruction's memory operand, and the value of its
