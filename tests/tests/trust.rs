@@ -338,8 +338,8 @@ fn markup_in_names_is_escaped() {
         .find(|l| l.contains("bold"))
         .unwrap_or_else(|| panic!("no row for the odd name:\n{table}"));
     assert!(
-        row.starts_with("|         100 |      6,400 | `escaping.c:")
-            && row.contains(" in 'make\\|<b>bold</b>'x'*y*'`"),
+        row.starts_with("|         100 |      6,400 | `")
+            && row.contains("escaping.c:19 in 'make\\|<b>bold</b>'x'*y*'`"),
         "{row}"
     );
     // Three cell borders, none inside the cell.
@@ -347,7 +347,7 @@ fn markup_in_names_is_escaped() {
     let types = report(&profile, "types", &[]);
     assert!(
         types.contains(
-            "| 100 | 6,400 | in make\\|&lt;b&gt;bold&lt;/b&gt;\\`x\\`\\*y\\* (escaping.c:"
+            "|     100 | 6,400 | in make\\|&lt;b&gt;bold&lt;/b&gt;\\`x\\`\\*y\\* (escaping.c:19) |"
         ),
         "{types}"
     );
