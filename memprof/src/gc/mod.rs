@@ -91,7 +91,7 @@ pub struct Increment {
     pub after_offset: u64,
     pub after_text: String,
     /// Whether the kernel emulates the instruction after (≈0.8 µs a hit)
-    /// or single-steps it (≈10 µs); DESIGN.md, "Probe cost". Either is
+    /// or single-steps it (≈10 µs); docs/ARCHITECTURE.md, "Probe cost". Either is
     /// small next to a collection's pause. (The increments themselves, a
     /// memory add or store, are always single-stepped.)
     pub after_emulated: bool,

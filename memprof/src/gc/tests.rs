@@ -16,7 +16,7 @@ use super::*;
 const VERDICTS_C: &str = include_str!("fixtures/verdicts.c");
 const VERDICTS_CR: &str = include_str!("fixtures/verdicts.cr");
 
-/// Debian 8.2.2's layout, as DESIGN.md measured it; `arrays` differs per build.
+/// Debian 8.2.2's layout, as docs/ARCHITECTURE.md ("GC liveness") gives it; `arrays` differs per build.
 fn debian_layout(arrays: u64, arrays_slot: Option<u64>) -> MarkLayout {
     MarkLayout {
         arrays,
@@ -58,7 +58,7 @@ fn debian_shared_end_of_mark() {
     assert_eq!(
         sites,
         [
-            // The one DESIGN.md names; the other copy's path rejoins right after it.
+            // The one docs/ARCHITECTURE.md ("GC liveness") names; the other copy's path rejoins right after it.
             (0x18572, 0x18576, "add qword ptr [rax],1", true),
             // mov (%rax),%rcx; lea 1(%rcx),%rsi; mov %rsi,(%rax): the copy that runs.
             (0x18628, 0x1862b, "mov [rax],rsi", false),

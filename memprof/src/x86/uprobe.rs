@@ -1,7 +1,7 @@
 //! Which instructions the kernel's x86 uprobe code emulates (≈0.8 µs a
 //! hit) instead of single-stepping out of line (10–11 µs): pushes of a
 //! general-purpose register, `nop`, direct `jmp`/`call`/`jcc`
-//! (`arch/x86/kernel/uprobes.c`; DESIGN.md, "Probe cost").
+//! (`arch/x86/kernel/uprobes.c`; docs/ARCHITECTURE.md, "Probe cost").
 use iced_x86::{FlowControl, Instruction, Mnemonic, OpKind};
 
 use super::decode::is_direct_branch;
