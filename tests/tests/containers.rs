@@ -41,18 +41,15 @@ fn attach(pid: u32, profile: &Path) -> (ChildGuard, Lines) {
     (memprof, stderr)
 }
 
-/// Has the target (host pid `pid`) allocate at make_during once, stops
-/// memprof with SIGINT, and returns the profile as JSON.
-fn poke_and_stop(
-    pid: u32,
-    stdout: &mut Lines,
-    memprof: &mut ChildGuard,
-    stderr: &mut Lines,
-    profile: &Path,
-) -> Value {
+/// Has the target (host pid `pid`) allocate at make_during once.
+fn poke(pid: u32, stdout: &mut Lines) {
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGUSR1) }, 0);
     stdout.wait_for("done", TIMEOUT);
-    memprof.signal(libc::SIGINT);
+}
+
+/// Waits for memprof to end by itself, asserts it exited 0, and returns
+/// the profile as JSON.
+fn finish(memprof: &mut ChildGuard, stderr: &mut Lines, profile: &Path) -> Value {
     let status = memprof.wait_timeout(TIMEOUT);
     assert!(
         status.success(),
@@ -104,13 +101,14 @@ fn only_child(pid: u32) -> u32 {
     }
 }
 
-#[test]
-fn attach_in_own_mount_and_pid_namespaces_with_files_mounted_over_the_hosts() {
-    let dir = TempDir::new("containers-namespaces");
-    let profile = dir.join("attach.mprof");
-    // On the host, `app` is another program (basic) and libc the host's;
-    // in the target's namespace, `app` is attach_target and libc a copy on
-    // another inode, each bind-mounted over the host's path.
+/// Starts attach_target as pid 1 of its own mount and pid namespaces,
+/// where it and libc are other files than the host's at the same paths:
+/// on the host, `DIR/app` is another program (basic) and libc the host's;
+/// in the target's namespace, `DIR/app` is attach_target and libc a copy
+/// on another inode, each bind-mounted over the host's path. Returns
+/// `unshare` (killing it kills the target), the target's output once it
+/// is ready, and its host pid.
+fn start_in_namespaces(dir: &TempDir) -> (ChildGuard, Lines, u32) {
     let app = dir.join("app");
     std::fs::copy(fixture::BASIC, &app).unwrap();
     let libc = libc_path();
@@ -142,11 +140,36 @@ fn attach_in_own_mount_and_pid_namespaces_with_files_mounted_over_the_hosts() {
         [pid.to_string().as_str(), "1"],
         "the target is not pid 1 of its own pid namespace"
     );
+    (unshare, stdout, pid)
+}
+
+#[test]
+fn attach_in_own_mount_and_pid_namespaces_with_files_mounted_over_the_hosts() {
+    let dir = TempDir::new("containers-namespaces");
+    let profile = dir.join("attach.mprof");
+    let (mut unshare, mut stdout, pid) = start_in_namespaces(&dir);
 
     let (mut memprof, mut stderr) = attach(pid, &profile);
-    let json = poke_and_stop(pid, &mut stdout, &mut memprof, &mut stderr, &profile);
+    poke(pid, &mut stdout);
+    memprof.signal(libc::SIGINT);
+    let json = finish(&mut memprof, &mut stderr, &profile);
     assert_make_during_only(&json);
     assert!(unshare.is_running(), "the target died");
+}
+
+/// The target's root is gone by the time memprof symbolizes: its files
+/// were kept open from the start.
+#[test]
+fn attach_in_namespaces_to_a_target_that_exits_first() {
+    let dir = TempDir::new("containers-exits");
+    let profile = dir.join("attach.mprof");
+    let (unshare, mut stdout, pid) = start_in_namespaces(&dir);
+
+    let (mut memprof, mut stderr) = attach(pid, &profile);
+    poke(pid, &mut stdout);
+    drop(unshare); // kills the target too (--kill-child)
+    let json = finish(&mut memprof, &mut stderr, &profile);
+    assert_make_during_only(&json);
 }
 
 #[test]
@@ -177,7 +200,9 @@ fn attach_to_a_program_replaced_on_disk_since_it_started() {
 
     let pid = target.pid() as u32;
     let (mut memprof, mut stderr) = attach(pid, &profile);
-    let json = poke_and_stop(pid, &mut stdout, &mut memprof, &mut stderr, &profile);
+    poke(pid, &mut stdout);
+    memprof.signal(libc::SIGINT);
+    let json = finish(&mut memprof, &mut stderr, &profile);
     assert_make_during_only(&json);
     assert_eq!(
         json["target"]["exe"].as_str(),
