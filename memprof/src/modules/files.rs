@@ -123,7 +123,8 @@ pub fn open_in_root(pid: u32, path: &Path) -> io::Result<File> {
         resolve: u64,
     }
     let how = OpenHow {
-        flags: (libc::O_RDONLY | libc::O_CLOEXEC) as u64,
+        // O_NONBLOCK: a FIFO put at the path cannot hold memprof up.
+        flags: (libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NONBLOCK) as u64,
         mode: 0,
         resolve: libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS,
     };
