@@ -86,19 +86,28 @@ pub fn symbolize(
         addrs.dedup();
         let offsets: Vec<u64> = addrs.iter().map(|&(_, off)| off).collect();
         let module_name = module.display().to_string();
-        let mut symtab = Elf::new(&module);
-        symtab.debug_syms = false;
-        let symtab = names
-            .symbolize(&Source::Elf(symtab), Input::FileOffset(&offsets))
-            .unwrap_or_default();
-        let dwarf = lines
-            .symbolize(&Source::Elf(Elf::new(&module)), Input::FileOffset(&offsets))
-            .unwrap_or_default();
-        let mut versioned = None;
+        // The file the target mapped, as the session opened it (never
+        // another file at the same path here): unreadable, no names.
+        let file = modules.get(&module).ok();
+        let (symtab, dwarf) = match &file {
+            Some(file) => {
+                let path = file.symbol_path();
+                let mut symtab = Elf::new(&path);
+                symtab.debug_syms = false;
+                (
+                    names
+                        .symbolize(&Source::Elf(symtab), Input::FileOffset(&offsets))
+                        .unwrap_or_default(),
+                    lines
+                        .symbolize(&Source::Elf(Elf::new(&path)), Input::FileOffset(&offsets))
+                        .unwrap_or_default(),
+                )
+            }
+            None => (Vec::new(), Vec::new()),
+        };
         for (i, &(addr, _)) in addrs.iter().enumerate() {
             let mut symbol = found(&symtab, i).cloned();
             if let Some(sym) = symbol.as_mut().filter(|s| s.name.starts_with(['*', '~'])) {
-                let file = versioned.get_or_insert_with(|| modules.get(&module).ok());
                 let names = file.as_ref().map(|m| m.versioned_crystal_names());
                 if let Some(name) = names.and_then(|names| names.get(&sym.addr)) {
                     sym.name = name.clone().into();

@@ -145,6 +145,11 @@ impl Judge {
         self.module.path()
     }
 
+    /// The module itself (where the collection probes go).
+    pub fn module_file(&self) -> &Module {
+        &self.module
+    }
+
     /// Counts a collection that could not be judged.
     pub fn not_judged(&mut self, collections: u64) {
         self.summary.collections_not_judged += collections;

@@ -17,6 +17,13 @@
 //! It holds for position-independent and fixed-address executables and for
 //! shared libraries, whichever of their mappings is at hand.
 //!
+//! The files are the target's: [`ModuleCache::of_process`] opens each path
+//! as the target sees it (another mount namespace, a container, a file
+//! deleted or replaced since it was mapped; see `files.rs`), keeps it open
+//! for the whole session (symbols are read after the target may have
+//! exited) and hands out [`Module::fd_path`] for whatever must open it again
+//! (the kernel's uprobes, blazesym). Messages name the target's path.
+//!
 //! ```no_run
 //! use memprof::modules::ModuleCache;
 //! let cache = ModuleCache::default();
@@ -24,15 +31,19 @@
 //! let malloc = libc.symbol("malloc").unwrap();
 //! println!("malloc at {:#x}, file offset {:?}", malloc.address, libc.file_offset(malloc.address));
 //! ```
+mod files;
 mod module;
 mod slots;
 mod versions;
 
 use std::collections::HashMap;
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+pub use self::files::{open_in_root, strip_deleted};
 pub use self::module::{Module, Segment, Symbol};
+use crate::target::maps::Mapping;
 
 /// Why a module could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -53,22 +64,80 @@ pub enum Error {
     NotMapped { path: PathBuf, pid: u32 },
 }
 
-/// The modules opened so far in one session, by path. Cheap to share:
-/// each [`Module`] is behind an [`Arc`].
+/// The modules opened so far in one session, by the target's path. Cheap
+/// to share: each [`Module`] is behind an [`Arc`].
 #[derive(Debug, Default)]
 pub struct ModuleCache {
     modules: Mutex<HashMap<PathBuf, Arc<Module>>>,
+    /// The target whose files these are; `None`: memprof's own view.
+    process: Option<files::Process>,
+    /// Files of the target opened as soon as seen mapped ([`Self::keep`]),
+    /// not parsed yet.
+    kept: Mutex<HashMap<PathBuf, File>>,
 }
 
 impl ModuleCache {
-    /// The module at `path`, opened and parsed on first use.
+    /// The cache of process `pid`'s files, opened as `pid` sees them.
+    pub fn of_process(pid: u32) -> ModuleCache {
+        ModuleCache {
+            process: Some(files::Process::new(pid)),
+            ..ModuleCache::default()
+        }
+    }
+
+    /// The module at the target's `path`, opened and parsed on first use.
     pub fn get(&self, path: &Path) -> Result<Arc<Module>, Error> {
         let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(module) = modules.get(path) {
             return Ok(Arc::clone(module));
         }
-        let module = Arc::new(Module::open(path)?);
+        let module = match &self.process {
+            None => Module::open(path)?,
+            Some(process) => {
+                let kept = self.lock_kept().remove(path);
+                let file = match kept {
+                    Some(file) => file,
+                    None => process.open(path, None).map_err(|source| Error::Read {
+                        path: path.to_path_buf(),
+                        source,
+                    })?,
+                };
+                Module::from_file(path, file)?
+            }
+        };
+        let module = Arc::new(module);
         modules.insert(path.to_path_buf(), Arc::clone(&module));
         Ok(module)
+    }
+
+    /// Opens (without parsing) each file of `mappings` (the target's, now)
+    /// not opened yet, so that it can be read after the target unmapped it
+    /// or exited.
+    pub fn keep(&self, mappings: &[Mapping]) {
+        let Some(process) = &self.process else {
+            return;
+        };
+        let modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+        let mut kept = self.lock_kept();
+        for m in mappings.iter().filter(|m| m.executable) {
+            if modules.contains_key(&m.path) || kept.contains_key(&m.path) {
+                continue;
+            }
+            if let Ok(file) = process.open(&m.path, Some(m)) {
+                kept.insert(m.path.clone(), file);
+            }
+        }
+    }
+
+    /// Opens the target's `path` without parsing or keeping it.
+    pub fn open_file(&self, path: &Path) -> std::io::Result<File> {
+        match &self.process {
+            Some(process) => process.open(path, None),
+            None => File::open(path),
+        }
+    }
+
+    fn lock_kept(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, File>> {
+        self.kept.lock().unwrap_or_else(|e| e.into_inner())
     }
 }

@@ -48,7 +48,12 @@ pub struct Symbol {
 
 /// One ELF file of the target (see the module docs of [`crate::modules`]).
 pub struct Module {
+    /// The target's path of the file (for messages and its mappings).
     path: PathBuf,
+    /// The file, open for the whole session: [`Self::fd_path`] reaches it.
+    file: File,
+    /// Whether `path` names this very file in memprof's own namespace too.
+    same_here: bool,
     data: Mmap,
     x86_64: bool,
     segments: Vec<Segment>,
@@ -75,11 +80,26 @@ impl Module {
     /// Maps and parses the ELF file at `path`. Prefer [`super::ModuleCache::get`],
     /// which does this once per session.
     pub fn open(path: &Path) -> Result<Module, Error> {
+        let file = File::open(path).map_err(|source| Error::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Module::from_file(path, file)
+    }
+
+    /// Maps and parses `file`, which is the target's `path` (however it
+    /// was opened: see [`super::ModuleCache::of_process`]).
+    pub fn from_file(path: &Path, file: File) -> Result<Module, Error> {
         let read = |source| Error::Read {
             path: path.to_path_buf(),
             source,
         };
-        let file = File::open(path).map_err(read)?;
+        let same_here = {
+            use std::os::unix::fs::MetadataExt;
+            let id = |m: std::fs::Metadata| (m.dev(), m.ino());
+            let ours = file.metadata().map_err(read)?;
+            std::fs::metadata(path).is_ok_and(|here| id(here) == id(ours))
+        };
         // SAFETY: the mapping is read-only and private. A file rewritten in
         // place while mapped would change under us (package managers
         // replace files instead; blazesym maps them the same way).
@@ -131,6 +151,8 @@ impl Module {
             .collect();
         Ok(Module {
             path: path.to_path_buf(),
+            file,
+            same_here,
             x86_64: parsed.architecture() == object::Architecture::X86_64,
             build_id: parsed.build_id().ok().flatten().map(<[u8]>::to_vec),
             slots: Slots::read(&parsed, got),
@@ -142,8 +164,28 @@ impl Module {
         })
     }
 
+    /// The target's path of the file.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// A path that reaches this very file from memprof, for as long as the
+    /// session holds the module (`/proc/self/fd/N`): where uprobes are
+    /// attached (the inode the target maps, in whichever namespace).
+    pub fn fd_path(&self) -> PathBuf {
+        use std::os::fd::AsRawFd;
+        PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
+    }
+
+    /// The path to read the file's symbols by: its own when that names the
+    /// same file here (its debug links then resolve as usual), else
+    /// [`Self::fd_path`].
+    pub fn symbol_path(&self) -> PathBuf {
+        if self.same_here {
+            self.path.clone()
+        } else {
+            self.fd_path()
+        }
     }
 
     /// The whole file.
@@ -300,16 +342,21 @@ impl Module {
             path: self.path.clone(),
             pid,
         };
-        let canonical = self
-            .path
-            .canonicalize()
-            .unwrap_or_else(|_| self.path.clone());
         let mappings = maps::read(pid).map_err(|_| not_mapped())?;
-        let mut ours: Vec<&Mapping> = mappings
-            .iter()
-            .filter(|m| m.path == self.path || m.path == canonical)
-            .filter(|m| m.file_offset == 0 || m.executable)
-            .collect();
+        let of = |path: &Path| -> Vec<&Mapping> {
+            mappings
+                .iter()
+                .filter(|m| m.path == path)
+                .filter(|m| m.file_offset == 0 || m.executable)
+                .collect()
+        };
+        let mut ours = of(&self.path);
+        if ours.is_empty() && self.same_here {
+            // A path given through a symbolic link (memprof's own view).
+            if let Ok(canonical) = self.path.canonicalize() {
+                ours = of(&canonical);
+            }
+        }
         // An executable mapping first: only the loader maps the file so
         // (the process may also map it as data, at file offset 0).
         ours.sort_by_key(|m| !m.executable);

@@ -5,7 +5,6 @@
 //! [`memprof_common::AllocKind`] it is counting. Every probe is scoped to
 //! the target's pid, and its link is kept in [`Probes`] until it is dropped.
 use std::num::NonZeroU32;
-use std::path::Path;
 
 use anyhow::{anyhow, Context, Result};
 use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope};
@@ -13,6 +12,7 @@ use aya::programs::UProbe;
 use memprof_common::programs;
 
 use super::{permission_hint, Probes};
+use crate::modules::{Module, ModuleCache};
 use crate::placement::Planned;
 
 impl Probes {
@@ -35,11 +35,13 @@ impl Probes {
         Ok(program.try_into()?)
     }
 
-    /// Attaches the entry (and return) probe of every planned function, for `pid` only.
-    pub fn attach(&mut self, pid: u32, plan: &[Planned]) -> Result<()> {
+    /// Attaches the entry (and return) probe of every planned function, for
+    /// `pid` only, on the very file `pid` maps (read through `modules`).
+    pub fn attach(&mut self, pid: u32, plan: &[Planned], modules: &ModuleCache) -> Result<()> {
         let scope = one_process(pid)?;
         for planned in plan {
             let f = &planned.func;
+            let file = modules.get(&f.module)?.fd_path();
             let cookie = Some(f.func.kind as u64);
             let offset = f.file_offset + planned.placement.offset;
             let (entry, exit) = if self.empty {
@@ -60,7 +62,7 @@ impl Probes {
                 };
                 let link = self
                     .program(program)?
-                    .attach(point, &f.module, scope)
+                    .attach(point, &file, scope)
                     .map_err(|e| permission_hint(e.into(), "attaching a uprobe"))
                     .with_context(|| {
                         format!(
@@ -81,7 +83,7 @@ impl Probes {
     pub(super) fn attach_at(
         &mut self,
         program: &'static str,
-        module: &Path,
+        module: &Module,
         offset: u64,
         pid: u32,
         what: &str,
@@ -89,9 +91,13 @@ impl Probes {
         let scope = one_process(pid)?;
         let link = self
             .program(program)?
-            .attach(UProbeAttachLocation::AbsoluteOffset(offset), module, scope)
+            .attach(
+                UProbeAttachLocation::AbsoluteOffset(offset),
+                module.fd_path(),
+                scope,
+            )
             .map_err(|e| permission_hint(e.into(), "attaching a uprobe"))
-            .with_context(|| format!("attaching to {what} in {}", module.display()))?;
+            .with_context(|| format!("attaching to {what} in {}", module.path().display()))?;
         self.links.push((program, link));
         Ok(())
     }

@@ -16,14 +16,13 @@
 //! `CONFIG`; [`Probes::take_library_load_signal`] tells that signal from
 //! the program's own, and memprof adds the new modules' ranges before
 //! their code runs.
-use std::path::Path;
-
 use anyhow::Result;
 use aya::maps::{HashMap, Map, MapData, RingBuf};
 use memprof_common::{config, gc_event, maps, programs, GcEvent, KernelCounters};
 
 use super::view::LiveBlock;
 use super::{batch, Probes};
+use crate::modules::Module;
 
 /// A change to the set of live GC objects, as the kernel streams it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,7 +70,12 @@ impl Probes {
     /// `run` only: have `dl_debug_state` stop the traced main thread when the
     /// dynamic linker loads libraries. `module` is the dynamic linker and
     /// `file_offset` its `_dl_debug_state`.
-    pub fn watch_library_loads(&mut self, pid: u32, module: &Path, file_offset: u64) -> Result<()> {
+    pub fn watch_library_loads(
+        &mut self,
+        pid: u32,
+        module: &Module,
+        file_offset: u64,
+    ) -> Result<()> {
         self.attach_at(
             programs::DL_DEBUG_STATE,
             module,
@@ -94,7 +98,7 @@ impl Probes {
     /// Puts a collection probe on each `GC_gc_no++` (file `offsets` in
     /// `module`) and has the kernel hold the collecting thread for the
     /// mark-bit pass when it is one memprof traces ([`Self::set_traced`]).
-    pub fn watch_collections(&mut self, pid: u32, module: &Path, offsets: &[u64]) -> Result<()> {
+    pub fn watch_collections(&mut self, pid: u32, module: &Module, offsets: &[u64]) -> Result<()> {
         for &offset in offsets {
             let what = format!("GC_gc_no++ at {offset:#x}");
             self.attach_at(programs::GC_COLLECTION, module, offset, pid, &what)?;

@@ -51,7 +51,7 @@ impl GcWatch {
     /// Attaches the collection probes (the caller traces the target).
     pub(super) fn start(&mut self, probes: &mut Probes, pid: u32) -> Result<()> {
         if let Some(judge) = &self.judge {
-            probes.watch_collections(pid, judge.module(), &judge.collection_offsets())?;
+            probes.watch_collections(pid, judge.module_file(), &judge.collection_offsets())?;
         }
         Ok(())
     }

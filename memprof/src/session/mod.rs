@@ -204,7 +204,9 @@ impl Session {
         })? {
             match event {
                 Event::Exiting => {
-                    self.maps.refresh(pid);
+                    if let Some(now) = self.maps.refresh(pid) {
+                        self.plan.modules.keep(&now);
+                    }
                     self.gc.read_heap_stats();
                 }
                 Event::Signal { tid, signal } => {
@@ -273,7 +275,9 @@ impl Session {
     /// figures are read one last time, no collection is held any more, and
     /// every traced thread is detached.
     pub fn release(&mut self, exited: bool) -> Result<()> {
-        self.maps.refresh(self.pid());
+        if let Some(now) = self.maps.refresh(self.pid()) {
+            self.plan.modules.keep(&now);
+        }
         if !exited {
             self.gc.read_heap_stats();
         }
@@ -383,6 +387,8 @@ fn read_tables(
 /// the module ranges when they changed.
 fn update_ranges(probes: &mut Probes, plan: &Plan, maps: &mut MapsCache, pid: u32) -> Result<()> {
     if let Some(now) = maps.refresh(pid) {
+        // Every file the target maps stays readable once it is gone.
+        plan.modules.keep(&now);
         if let Some(tables) = &plan.tables {
             probes.set_module_ranges(&tables.ranges(&now))?;
         }

@@ -37,7 +37,7 @@ impl Session {
             // The program the command became (a script's interpreter).
             target::check_architecture(pid, &target.exe)?;
             startup::run_to_libraries(pid)?;
-            let plan = Plan::new(&target.exe, &mapped_files(pid)?, &options.choice())?;
+            let plan = Plan::new(pid, &target.exe, &mapped_files(pid)?, &options.choice())?;
             let probes = Probes::load(&plan.probe_options(options), plan.tables.as_ref())?;
             Ok((target, plan, probes))
         });
@@ -64,7 +64,8 @@ impl Session {
     /// of a command held after its `exec`.
     fn prepare_launched(&mut self) -> Result<()> {
         let pid = self.pid();
-        self.probes.attach(pid, &self.plan.probes)?;
+        self.probes
+            .attach(pid, &self.plan.probes, &self.plan.modules)?;
         self.probes.set_traced(pid)?;
         self.gc.start(&mut self.probes, pid)?;
         if self.plan.tables.is_some() {
@@ -74,7 +75,7 @@ impl Session {
             let modules = &self.plan.modules;
             if let Some(ld_so) = target::interpreter(modules, &self.target.exe) {
                 let hook = allocators::symbol_in(modules, &ld_so, "_dl_debug_state");
-                if let Some((_, offset)) = hook {
+                if let (Some((_, offset)), Ok(ld_so)) = (hook, modules.get(&ld_so)) {
                     self.probes.watch_library_loads(pid, &ld_so, offset)?;
                 }
             }
@@ -107,7 +108,7 @@ impl Session {
         target::check_architecture(pid, &target.exe)?;
         let loaded = mapped_files(pid)?;
         let output = Output::create(options.output.as_ref(), &target.exe, Some(pid))?;
-        let plan = Plan::new(&target.exe, &loaded, &options.choice())?;
+        let plan = Plan::new(pid, &target.exe, &loaded, &options.choice())?;
         let probes = Probes::load(&plan.probe_options(options), plan.tables.as_ref())?;
         let mut session = Session::new(Mode::Attach, target, plan, probes, output, options)?;
         session.refresh_maps()?;
@@ -116,7 +117,7 @@ impl Session {
         session.tracer = session.gc.trace(&mut session.probes, pid)?;
         session
             .probes
-            .attach(pid, &session.plan.probes)
+            .attach(pid, &session.plan.probes, &session.plan.modules)
             .map_err(|e| {
                 if target::is_alive(pid) {
                     e

@@ -38,11 +38,9 @@ impl Target {
         }
         let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
             .with_context(|| format!("cannot read the executable of pid {pid}"))?;
-        let exe = PathBuf::from(
-            exe.to_string_lossy()
-                .trim_end_matches(" (deleted)")
-                .to_string(),
-        );
+        // Replaced or removed since it started: still named by its path
+        // (its file is opened through the process, see `modules`).
+        let exe = crate::modules::strip_deleted(&exe);
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
         let command = cmdline
             .split(|&b| b == 0)

@@ -11,7 +11,7 @@
 //! mapped and relocated, before any constructor. A breakpoint there, set
 //! and removed with ptrace, stops the command at that moment; the libraries
 //! are then read from its own mappings, as `attach` reads them.
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 
@@ -41,7 +41,12 @@ pub fn run_to_libraries(pid: u32) -> Result<()> {
     else {
         return Ok(());
     };
-    let data = std::fs::read(in_root(pid, &ld_so))
+    let data = crate::modules::ModuleCache::of_process(pid)
+        .open_file(&ld_so)
+        .and_then(|mut file| {
+            let mut data = Vec::new();
+            std::io::Read::read_to_end(&mut file, &mut data).map(|_| data)
+        })
         .with_context(|| format!("cannot read the dynamic linker {}", ld_so.display()))?;
     let (Some(hook), Some(r_debug)) = (
         symbol_address(&data, "_dl_debug_state"),
@@ -82,16 +87,6 @@ pub fn run_to_libraries(pid: u32) -> Result<()> {
         resume(pid, libc::PTRACE_SINGLESTEP, 0)?;
         wait_stop(pid)?;
         poke(pid, hook, with_low_byte(original, BREAKPOINT))?;
-    }
-}
-
-/// A path of the target's as memprof can open it: through the target's own
-/// root (another mount namespace, a container).
-pub fn in_root(pid: u32, path: &Path) -> PathBuf {
-    let root = PathBuf::from(format!("/proc/{pid}/root"));
-    match path.strip_prefix("/") {
-        Ok(relative) => root.join(relative),
-        Err(_) => path.to_path_buf(),
     }
 }
 
