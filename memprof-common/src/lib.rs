@@ -129,6 +129,11 @@ pub struct PendingCall {
     /// One of [`op`].
     pub op: u8,
     pub _pad: [u8; 3],
+    /// `%rsp` at the entry (it points at the return address). Stacks grow
+    /// down: a call made inside this one enters at or below it, and the
+    /// return probe of this call sees `sp + 8`. An entry above it means this
+    /// call's frame is gone and its return was missed (a stale call).
+    pub sp: u64,
 }
 
 /// One live block: value of the `LIVE` map, keyed by address.
@@ -274,23 +279,36 @@ counters! {
     /// silently: every report prints these. Userspace sums the CPUs with
     /// [`KernelCounters::add`].
     pub struct KernelCounters {
-        /// An allocation could not be recorded in `LIVE` (map full): its free is never matched.
+        /// An allocation counted in its site's totals but not recorded in
+        /// `LIVE` (map full): its free is never matched, live figures are
+        /// lower bounds. Disjoint from `sites_map_full` and `both_maps_full`.
         pub live_map_full: u64,
-        /// A site could not be added to `SITE_TOTALS` (map full): the allocation is missing from totals.
+        /// An allocation recorded in `LIVE` whose site could not be added to
+        /// `SITE_TOTALS` (map full): missing from the totals only.
         pub sites_map_full: u64,
         /// `bpf_get_stackid` failed (stack map full or hash collision): site recorded without a stack.
         pub stack_errors: u64,
         /// A call could not be remembered between entry and return (`PENDING` full): allocation lost.
         pub pending_full: u64,
+        /// A call remembered at entry whose return was never seen (its frame
+        /// was gone when the thread made its next call): allocation lost.
+        /// The stale entry is replaced, so it hides nothing after it.
+        pub stale_calls: u64,
+        /// An allocation neither table had room for (`LIVE` and
+        /// `SITE_TOTALS` full): counted in `allocs` only.
+        pub both_maps_full: u64,
         /// Frees of addresses memprof never saw allocated (made before attach, or lost).
         pub unknown_frees: u64,
-        /// Allocations made (recorded or not).
+        /// Allocations whose return the probes saw (recorded or not): each
+        /// one is either fully recorded or in exactly one of
+        /// `live_map_full`, `sites_map_full`, `both_maps_full`.
         pub allocs: u64,
         /// Frees seen (known or unknown).
         pub frees: u64,
         /// Failed allocations (NULL / MAP_FAILED returned).
         pub failed_allocs: u64,
-        /// Stacks the DWARF unwinder could not follow to the end.
+        /// Allocation calls whose stack the DWARF unwinder could not follow
+        /// to the end (one per call, not per distinct stack).
         pub truncated_stacks: u64,
         /// GC collections whose end of marking the probe saw.
         pub gc_collections: u64,
@@ -376,8 +394,11 @@ pub mod config {
 pub const HOLD_SIGNAL: u32 = signal::SIGURG;
 
 /// The signal that stops the traced main thread when the dynamic linker
-/// has loaded libraries (`run`): memprof, tracing it, takes it.
-pub const LIBRARY_LOAD_SIGNAL: u32 = signal::SIGTRAP;
+/// has loaded libraries (`run`): memprof, tracing it, takes it. The hold
+/// signal too (SIGURG, ignored by default), never SIGTRAP: one left pending
+/// when memprof stops or dies must not kill the program. The tracer tells
+/// the two apart with the kernel's flags (`DLOPEN_SIGNALLED`, `HELD`).
+pub const LIBRARY_LOAD_SIGNAL: u32 = HOLD_SIGNAL;
 
 /// Linux signal numbers (x86-64) the kernel programs send; the eBPF side
 /// has no libc.

@@ -125,16 +125,20 @@ mod probes {
             return;
         }
         let thread = bpf_get_current_pid_tgid();
-        if let Some(outer) = PENDING.get_ptr_mut(&thread) {
-            // Inside another allocator call of this thread: the outer call counts.
-            unsafe { (*outer).nested += 1 };
-            return;
-        }
-        let kind = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u8;
         // Entry probes sit where %rsp and %rbp still have their entry values
         // (userspace guarantees it), so the return address is at the top of
         // the stack and the caller's frame is intact.
         let sp = unsafe { (*ctx.regs).rsp };
+        if let Some(outer) = PENDING.get_ptr_mut(&thread) {
+            if !is_stale(unsafe { &*outer }, sp) {
+                // Inside another allocator call of this thread: the outer call counts.
+                unsafe { (*outer).nested += 1 };
+                return;
+            }
+            // Its return was missed: replaced below.
+            bump(|c| &mut c.stale_calls);
+        }
+        let kind = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u8;
         let caller = unsafe { bpf_probe_read_user(sp as *const u64) }.unwrap_or(0);
         let stack = if setting(config::UNWIND_DWARF) == 1 {
             dwarf_unwind(ctx)
@@ -162,10 +166,28 @@ mod probes {
             nested: 0,
             op,
             _pad: [0; 3],
+            sp,
         };
         if PENDING.insert(&thread, &call, 0).is_err() {
             bump(|c| &mut c.pending_full);
         }
+    }
+
+    /// Whether the pending call `call` is over although its return probe
+    /// never ran, seen from a new call (or free) entering at `sp`. Stacks
+    /// grow down: a call inside it enters at or below its entry `sp` (a
+    /// tail jump, GC_realloc to GC_malloc, at the same one). Above it, its
+    /// frame is gone. At it or below, its return slot tells: the return
+    /// probe replaced the return address there with its trampoline when the
+    /// call entered, so finding the original return address means no return
+    /// probe will ever see this call end.
+    #[inline(always)]
+    fn is_stale(call: &PendingCall, sp: u64) -> bool {
+        if sp > call.sp {
+            return true;
+        }
+        let slot = unsafe { bpf_probe_read_user(call.sp as *const u64) };
+        call.site.caller != 0 && slot == Ok(call.site.caller)
     }
 
     const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
@@ -288,9 +310,10 @@ mod probes {
 
     /// `_dl_debug_state` runs when the dynamic linker has changed the list of
     /// loaded libraries. During `run` the main thread is traced:
-    /// `LIBRARY_LOAD_SIGNAL` (SIGTRAP) stops it so memprof can add the new
-    /// libraries' address ranges before their code runs (memprof swallows
-    /// the signal).
+    /// `LIBRARY_LOAD_SIGNAL` (SIGURG, ignored by default) stops it so
+    /// memprof can add the new libraries' address ranges before their code
+    /// runs (memprof swallows the signal; `DLOPEN_SIGNALLED` tells it from
+    /// the program's own).
     #[uprobe]
     pub fn dl_debug_state(_ctx: ProbeContext) -> u32 {
         let thread = bpf_get_current_pid_tgid();
@@ -395,9 +418,20 @@ mod probes {
             return 0;
         };
         let call = unsafe { *pending };
+        // After `ret`: %rsp is the entry's + 8.
+        let entry_sp = unsafe { (*ctx.regs).rsp }.wrapping_sub(8);
+        if entry_sp > call.sp {
+            // A call above the pending one returns: that one's return was missed.
+            bump(|c| &mut c.stale_calls);
+            let _ = PENDING.remove(&thread);
+            return 0;
+        }
         if call.nested > 0 {
             unsafe { (*pending).nested -= 1 };
             return 0;
+        }
+        if entry_sp < call.sp {
+            return 0; // a call inside the pending one, whose entry was not seen
         }
         let _ = PENDING.remove(&thread);
 
@@ -448,15 +482,15 @@ mod probes {
             let old = unsafe { *old };
             retire(addr, &old, now, true);
         }
-        if LIVE.insert(&addr, &live, 0).is_err() {
-            bump(|c| &mut c.live_map_full);
-        } else if is_gc(live.site.kind) {
+        let in_live = LIVE.insert(&addr, &live, 0).is_ok();
+        if in_live && is_gc(live.site.kind) {
             gc_event(addr, gc_event::ALLOC, &live);
         }
-        match SITE_TOTALS.get_ptr_mut(&call.site) {
+        let in_totals = match SITE_TOTALS.get_ptr_mut(&call.site) {
             Some(totals) => unsafe {
                 (*totals).count += 1;
                 (*totals).bytes += call.size;
+                true
             },
             None => {
                 let first = SiteTotals {
@@ -464,13 +498,17 @@ mod probes {
                     bytes: call.size,
                     ..SiteTotals::default()
                 };
-                if SITE_TOTALS
+                SITE_TOTALS
                     .insert(&call.site, &first, BPF_NOEXIST as u64)
-                    .is_err()
-                {
-                    bump(|c| &mut c.sites_map_full);
-                }
+                    .is_ok()
             }
+        };
+        // Each allocation not fully recorded is counted once, in one category.
+        match (in_live, in_totals) {
+            (true, true) => {}
+            (false, true) => bump(|c| &mut c.live_map_full),
+            (true, false) => bump(|c| &mut c.sites_map_full),
+            (false, false) => bump(|c| &mut c.both_maps_full),
         }
     }
 
@@ -541,11 +579,21 @@ mod probes {
             return 0;
         }
         let addr = arg(&ctx, 0);
-        // free(NULL) is a no-op; a free inside an allocator call (GC_realloc
-        // freeing the old block) is accounted by that call's return probe.
-        if addr != 0 && PENDING.get_ptr(&bpf_get_current_pid_tgid()).is_none() {
-            let _ = release(addr);
+        if addr == 0 {
+            return 0; // free(NULL) is a no-op
         }
+        // A free inside an allocator call (GC_realloc freeing the old block)
+        // is accounted by that call's return probe; a stale call is not one.
+        let thread = bpf_get_current_pid_tgid();
+        if let Some(pending) = PENDING.get_ptr(&thread) {
+            let sp = unsafe { (*ctx.regs).rsp };
+            if !is_stale(unsafe { &*pending }, sp) {
+                return 0;
+            }
+            bump(|c| &mut c.stale_calls);
+            let _ = PENDING.remove(&thread);
+        }
+        let _ = release(addr);
         0
     }
 

@@ -147,31 +147,63 @@ impl ExitInfo {
 
 /// What could not be recorded, and totals for context. Nothing is lost
 /// silently: every report prints these.
+///
+/// Each allocation call is counted once: either its entry could not be
+/// followed to its return (`pending_full`, `stale_calls`: not in `allocs`),
+/// or it is in `allocs` and then either fully recorded ([`Self::recorded`])
+/// or in exactly one of `live_map_full`, `sites_map_full`, `both_maps_full`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Counters {
-    /// Allocations not recorded as live because the live table was full (`--max-live`).
+    /// Allocations in their stack's totals but not tracked as live: the
+    /// live table was full (`--max-live`). Live figures are then lower bounds.
     pub live_map_full: u64,
-    /// Allocations missing from per-stack totals because the site table was full.
+    /// Allocations tracked as live but missing from their stack's totals:
+    /// the site table was full (`--max-sites`).
     pub sites_map_full: u64,
+    /// Allocations in neither table (both full): only counted here and in `allocs`.
+    #[serde(default)]
+    pub both_maps_full: u64,
     /// Allocations whose stack could not be captured (stack table full or hash collision, `--max-stacks`).
     pub stack_errors: u64,
-    /// Allocations lost because the in-flight call table was full.
+    /// Allocation calls lost because the in-flight call table was full.
     pub pending_full: u64,
+    /// Allocation calls whose return was never seen (lost).
+    #[serde(default)]
+    pub stale_calls: u64,
     /// Frees of blocks allocated before profiling started (or lost).
     pub unknown_frees: u64,
+    /// Allocations whose return was seen, recorded or not.
     pub allocs: u64,
     pub frees: u64,
     /// Allocation calls that failed (returned NULL / MAP_FAILED).
     pub failed_allocs: u64,
-    /// Stacks the unwinder could not follow to their end (marked `truncated`).
+    /// Allocation calls whose stack the unwinder could not follow to its
+    /// end (one per call; a group is marked `truncated` per distinct stack,
+    /// and also when its stack could not be captured at all).
     #[serde(default)]
     pub truncated_stacks: u64,
 }
 
 impl Counters {
-    /// Allocation events that were dropped (not recorded, or recorded only in part).
+    /// Allocation calls not fully recorded, each counted once (the sum of
+    /// the disjoint loss categories).
     pub fn lost_events(&self) -> u64 {
-        self.live_map_full + self.sites_map_full + self.pending_full
+        self.live_map_full
+            + self.sites_map_full
+            + self.both_maps_full
+            + self.pending_full
+            + self.stale_calls
+    }
+
+    /// Allocations recorded in both tables.
+    pub fn recorded(&self) -> u64 {
+        self.allocs
+            .saturating_sub(self.live_map_full + self.sites_map_full + self.both_maps_full)
+    }
+
+    /// The live table was full at some point: live figures are lower bounds.
+    pub fn live_incomplete(&self) -> bool {
+        self.live_map_full + self.both_maps_full > 0
     }
 }
 

@@ -37,6 +37,12 @@ pub mod fixture {
     pub const GROW: &str = env!("FIXTURE_GROW");
     pub const BENCH_LOOP: &str = env!("FIXTURE_BENCH_LOOP");
     pub const NO_LIBC: &str = env!("FIXTURE_NO_LIBC");
+    /// dlopen/dlclose of libm.so.6 in a loop, forever (`fixtures/c/dlopen_loop.c`).
+    pub const DLOPEN_LOOP: &str = env!("FIXTURE_DLOPEN_LOOP");
+    /// 4 threads looping malloc + free, each in its own function (`fixtures/c/thread_loops.c`).
+    pub const THREAD_LOOPS: &str = env!("FIXTURE_THREAD_LOOPS");
+    /// 500 mallocs in a known order, for tables too small (`fixtures/c/overflow.c`).
+    pub const OVERFLOW: &str = env!("FIXTURE_OVERFLOW");
     /// `fixtures/c/gc_verdicts.c` (`gc_verdicts OUT [SLEEP]`) linked with libgc.so.
     pub const GC_VERDICTS: &str = env!("FIXTURE_GC_VERDICTS");
     /// The same source with libgc.a linked in.

@@ -294,7 +294,10 @@ fn filters_apply_to_every_format() {
     // ~6 ms here, more on a loaded machine, so "soon" is 1 s, not 10 ms.)
     let temporary = ["--temporary", "--temporary-ms", "1000"];
     assert_eq!(sum(&temporary), 400 * 48);
-    assert_eq!(sum(&[&temporary[..], &["--count", "objects"]].concat()), 400);
+    assert_eq!(
+        sum(&[&temporary[..], &["--count", "objects"]].concat()),
+        400
+    );
     let table = report(&profile, "markdown", &temporary);
     assert!(table.contains("|         400 |     19,200 |"), "{table}");
     // pprof and json see the same rows.

@@ -54,8 +54,10 @@ impl Probes {
             };
             // The return probe sits at the same offset: %rsp still points at
             // the return address there (placement guarantees it), and one
-            // breakpoint serves both.
-            for program in std::iter::once(entry).chain(exit) {
+            // breakpoint serves both. It is attached first: a call entering
+            // between the two then has a return probe and no pending entry
+            // (ignored), never a pending entry whose return nobody sees.
+            for program in exit.into_iter().chain(std::iter::once(entry)) {
                 let point = UProbeAttachPoint {
                     location: UProbeAttachLocation::AbsoluteOffset(offset),
                     cookie,

@@ -16,6 +16,12 @@
 //! `CONFIG`; [`Probes::take_library_load_signal`] tells that signal from
 //! the program's own, and memprof adds the new modules' ranges before
 //! their code runs.
+//!
+//! Both send the same signal, SIGURG, ignored by default: one still pending
+//! when memprof detaches (dropped by the tracer) or dies (delivered)
+//! changes nothing for the program. Both are switched off
+//! ([`Probes::stop_holding`], [`Probes::stop_library_loads`]) before the
+//! tracer detaches.
 use anyhow::Result;
 use aya::maps::{HashMap, Map, MapData, RingBuf};
 use memprof_common::{config, gc_event, maps, programs, GcEvent, KernelCounters};
@@ -84,6 +90,11 @@ impl Probes {
             "_dl_debug_state",
         )?;
         self.config.set(config::SIGNAL_ON_DLOPEN, 1)
+    }
+
+    /// No more library-load signals (before the tracer lets the threads go).
+    pub fn stop_library_loads(&mut self) -> Result<()> {
+        self.config.set(config::SIGNAL_ON_DLOPEN, 0)
     }
 
     /// Whether the kernel sent the library-load signal since the last call.

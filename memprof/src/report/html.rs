@@ -125,7 +125,12 @@ fn summary(profile: &Profile, options: &Options, out: &mut dyn Write) -> Result<
         ("End", exit),
         (
             "Live at the end",
-            format!("{} blocks, {} bytes", thousands(live_n), thousands(live)),
+            format!(
+                "{}{} blocks, {} bytes",
+                if c.live_incomplete() { "at least " } else { "" },
+                thousands(live_n),
+                thousands(live)
+            ),
         ),
         (
             "Allocations / frees seen",

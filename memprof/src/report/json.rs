@@ -73,6 +73,13 @@ pub fn to_value(profile: &Profile, options: &Options) -> Value {
         "unwind": profile.unwind,
         "gc": profile.gc,
         "lost_events": c.lost_events(),
+        "recorded": c.recorded(),
+        "live_is_lower_bound": c.live_incomplete(),
+        "truncated_groups": super::truncated_groups(profile),
+        "loss_categories": super::LOSS_CATEGORIES
+            .iter()
+            .map(|(name, meaning)| (name.to_string(), Value::from(*meaning)))
+            .collect::<serde_json::Map<String, Value>>(),
         "counters": c,
         "probes": profile.probes,
         "groups": groups,

@@ -57,15 +57,22 @@ pub fn header(profile: &Profile, out: &mut dyn Write) -> Result<()> {
         },
         None => String::new(),
     };
+    let c = &profile.counters;
+    let (at_least, why) = if c.live_incomplete() {
+        ("at least ", " (the live table was full: lower bounds)")
+    } else {
+        ("", "")
+    };
     writeln!(
         out,
-        "{} for {:.2} s{exit}. Live at the end: {} blocks, {} bytes. Allocations seen: {}, frees: {}.",
+        "{} for {:.2} s{exit}. Live at the end: {at_least}{} blocks, {at_least}{} bytes{why}. Allocations seen: {} (fully recorded: {}), frees: {}.",
         profile.mode,
         profile.duration_s,
         thousands(live_n),
         thousands(live),
-        thousands(profile.counters.allocs),
-        thousands(profile.counters.frees)
+        thousands(c.allocs),
+        thousands(c.recorded()),
+        thousands(c.frees)
     )?;
     writeln!(out)?;
     writeln!(out, "{}.", capitalize(&loss_summary(profile)))?;
@@ -225,7 +232,10 @@ mod tests {
         };
         let text = render(&profile);
         assert!(text.contains("GC liveness: address reuse only."), "{text}");
-        assert!(text.contains("truncated stacks: 3"), "{text}");
+        assert!(
+            text.contains("allocations with a truncated stack: 3 (stacks marked truncated: 0"),
+            "{text}"
+        );
         profile.gc = None;
         profile.counters.truncated_stacks = 0;
         let text = render(&profile);

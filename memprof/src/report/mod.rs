@@ -255,22 +255,63 @@ pub fn thousands(n: u64) -> String {
     out
 }
 
-/// One line naming what was lost, for report headers.
+/// What each loss category means, for the markdown header and the JSON
+/// report (`loss_categories`). The categories are disjoint: each allocation
+/// call is counted in at most one of them.
+pub const LOSS_CATEGORIES: [(&str, &str); 5] = [
+    (
+        "live_map_full",
+        "allocations in their stack's totals but not tracked as live (live table full, --max-live)",
+    ),
+    (
+        "sites_map_full",
+        "allocations tracked as live but missing from their stack's totals (site table full, --max-sites)",
+    ),
+    (
+        "both_maps_full",
+        "allocations in neither table (both full): only counted as seen",
+    ),
+    (
+        "pending_full",
+        "allocation calls not followed to their return (in-flight table full): not counted as seen",
+    ),
+    (
+        "stale_calls",
+        "allocation calls whose return was missed: not counted as seen",
+    ),
+];
+
+/// One line naming what was lost, for report headers: the disjoint loss
+/// categories (their sum is the lost events), then what else was missed.
 pub fn loss_summary(profile: &Profile) -> String {
     let c = &profile.counters;
     let mut line = format!(
-        "lost events: {} (live table full: {}, site table full: {}, in-flight table full: {}); stacks not captured: {}; frees of unknown blocks: {}",
-        c.lost_events(),
-        c.live_map_full,
-        c.sites_map_full,
-        c.pending_full,
-        c.stack_errors,
-        c.unknown_frees
+        "lost events: {} (each counted once: not tracked as live, live table full: {}; missing from the stack totals, site table full: {}; in neither table: {}; calls not followed, in-flight table full: {}; returns missed: {}); stacks not captured: {}; frees of unknown blocks: {}",
+        thousands(c.lost_events()),
+        thousands(c.live_map_full),
+        thousands(c.sites_map_full),
+        thousands(c.both_maps_full),
+        thousands(c.pending_full),
+        thousands(c.stale_calls),
+        thousands(c.stack_errors),
+        thousands(c.unknown_frees)
     );
-    if c.truncated_stacks > 0 {
-        line += &format!("; truncated stacks: {}", c.truncated_stacks);
+    let truncated = truncated_groups(profile);
+    if c.truncated_stacks > 0 || truncated > 0 {
+        line += &format!(
+            "; allocations with a truncated stack: {} (stacks marked truncated: {}, incl. those not captured)",
+            thousands(c.truncated_stacks),
+            thousands(truncated)
+        );
     }
     line
+}
+
+/// Groups whose stack is marked truncated (cut short by the unwinder, or
+/// not captured at all): counted per stack, where `truncated_stacks`
+/// counts allocation calls.
+pub fn truncated_groups(profile: &Profile) -> u64 {
+    profile.groups.iter().filter(|g| g.truncated).count() as u64
 }
 
 #[cfg(test)]

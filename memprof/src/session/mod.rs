@@ -210,16 +210,16 @@ impl Session {
                     self.gc.read_heap_stats();
                 }
                 Event::Signal { tid, signal } => {
-                    let ours = if signal == libc::SIGTRAP {
-                        let load = tid == pid && probes.take_library_load_signal()?;
-                        if load {
-                            update_ranges(probes, &self.plan, &mut self.maps, pid)?;
-                        }
-                        load
-                    } else {
-                        self.gc.on_hold(probes, tid)?
-                    };
-                    tracer.resume_signal(tid, signal, !ours);
+                    // The library-load and hold signals are one signal
+                    // (SIGURG): the kernel's flags say whose it is, and
+                    // both may have been sent before this one stop.
+                    let load = tid == pid && probes.take_library_load_signal()?;
+                    if load {
+                        update_ranges(probes, &self.plan, &mut self.maps, pid)?;
+                    }
+                    let held = self.gc.on_hold(probes, tid)?;
+                    // Neither: the program's own SIGURG, delivered.
+                    tracer.resume_signal(tid, signal, !(load || held));
                 }
                 Event::Exited(status) => return Ok(Some(status)),
             }
@@ -272,8 +272,9 @@ impl Session {
     }
 
     /// Lets the target go (it keeps running): the mappings and GC heap
-    /// figures are read one last time, no collection is held any more, and
-    /// every traced thread is detached.
+    /// figures are read one last time, nothing signals the target any more
+    /// (no collection held, no library load), and every traced thread is
+    /// detached; a signal of ours still pending is dropped by the tracer.
     pub fn release(&mut self, exited: bool) -> Result<()> {
         if let Some(now) = self.maps.refresh(self.pid()) {
             self.plan.modules.keep(&now);
@@ -282,6 +283,7 @@ impl Session {
             self.gc.read_heap_stats();
         }
         self.probes.stop_holding()?;
+        self.probes.stop_library_loads()?;
         if let Some(tracer) = &mut self.tracer {
             tracer.detach();
         }

@@ -25,7 +25,7 @@ pub enum Event {
     /// It has exited.
     Exited(ExitStatus),
     /// Thread `tid` stopped before receiving `signal`, one memprof may have
-    /// sent (SIGTRAP from `dl_debug_state`, the GC hold signal). It stays
+    /// sent (SIGURG: from `dl_debug_state` or a GC hold). It stays
     /// stopped until [`Tracer::resume_signal`].
     Signal { tid: u32, signal: i32 },
 }
@@ -135,7 +135,7 @@ impl Tracer {
             match status >> 16 {
                 0 => {
                     let signal = libc::WSTOPSIG(status);
-                    if signal == libc::SIGTRAP || signal == memprof_common::HOLD_SIGNAL as i32 {
+                    if is_ours(signal) {
                         self.stopped.insert(tid);
                         return Ok(Some(Event::Signal { tid, signal }));
                     }
@@ -211,8 +211,10 @@ impl Tracer {
             }
             let signal = if status >> 16 == 0 {
                 let s = libc::WSTOPSIG(status);
-                // Our own hold signal is never the program's.
-                if s == memprof_common::HOLD_SIGNAL as i32 {
+                // A signal memprof may have sent is dropped: the signalling
+                // is off by now, and one of the program's own SIGURG (ignored
+                // by default) is the lesser loss.
+                if is_ours(s) {
                     0
                 } else {
                     s
@@ -230,6 +232,13 @@ impl Drop for Tracer {
     fn drop(&mut self) {
         self.detach();
     }
+}
+
+/// A signal memprof's kernel side sends (the hold and library-load
+/// signals are one, SIGURG): the thread stops for memprof to decide.
+fn is_ours(signal: i32) -> bool {
+    signal == memprof_common::HOLD_SIGNAL as i32
+        || signal == memprof_common::LIBRARY_LOAD_SIGNAL as i32
 }
 
 fn cont(tid: u32, signal: i32) {
