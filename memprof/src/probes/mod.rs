@@ -54,6 +54,20 @@ pub struct ProbeOptions {
     pub gc_events_bytes: u32,
 }
 
+impl ProbeOptions {
+    /// Tables of one entry: for probes that record nothing (`run`'s wait
+    /// for the command's libraries).
+    pub fn smallest() -> ProbeOptions {
+        ProbeOptions {
+            max_live: 1,
+            max_stacks: 1,
+            max_sites: 1,
+            empty: false,
+            gc_events_bytes: 0,
+        }
+    }
+}
+
 /// The loaded programs, with their links while attached.
 pub struct Probes {
     ebpf: Ebpf,

@@ -42,8 +42,12 @@ impl Plan {
     /// `pid`'s `exe` and libraries `loaded` (paths as `pid` sees them,
     /// opened through it: [`ModuleCache::of_process`]), places their
     /// probes, and builds the unwind tables.
-    pub fn new(pid: u32, exe: &Path, loaded: &[PathBuf], choice: &Choice) -> Result<Plan> {
-        let cache = ModuleCache::of_process(pid);
+    pub fn new(
+        cache: ModuleCache,
+        exe: &Path,
+        loaded: &[PathBuf],
+        choice: &Choice,
+    ) -> Result<Plan> {
         let modules = target::modules(exe, loaded);
         let libc = allocators::resolve(&cache, &modules, LIBC)?;
         let gc = allocators::resolve(&cache, &modules, BOEHM)?;
@@ -123,5 +127,5 @@ pub fn plan_for_pid(pid: u32, probe_at_entry: bool, heap: Heap) -> Result<Vec<Pl
         unwind: Unwind::Fp, // the tables are not needed to show placements
         probe_at_entry,
     };
-    Ok(Plan::new(pid, &target.exe, &loaded, &choice)?.probes)
+    Ok(Plan::new(ModuleCache::of_process(pid), &target.exe, &loaded, &choice)?.probes)
 }

@@ -10,9 +10,11 @@ use anyhow::{bail, Context, Result};
 use super::{update_ranges, GcWatch, Mode, Output, Plan, Session, SessionOptions};
 use crate::allocators;
 use crate::live::Live;
-use crate::probes::Probes;
+use crate::modules::ModuleCache;
+use crate::probes::{ProbeOptions, Probes};
 use crate::target::maps::{self, MapsCache};
 use crate::target::{self, launch, startup, Target};
+use memprof_common::LIBRARY_LOAD_SIGNAL;
 
 impl Session {
     /// `run`: launches `command` held after its `exec`, with every probe
@@ -36,8 +38,9 @@ impl Session {
         let started = Target::attach(pid).and_then(|target| {
             // The program the command became (a script's interpreter).
             target::check_architecture(pid, &target.exe)?;
-            startup::run_to_libraries(pid)?;
-            let plan = Plan::new(pid, &target.exe, &mapped_files(pid)?, &options.choice())?;
+            let modules = ModuleCache::of_process(pid);
+            run_to_libraries(pid, &modules)?;
+            let plan = Plan::new(modules, &target.exe, &mapped_files(pid)?, &options.choice())?;
             let probes = Probes::load(&plan.probe_options(options), plan.tables.as_ref())?;
             Ok((target, plan, probes))
         });
@@ -108,7 +111,12 @@ impl Session {
         target::check_architecture(pid, &target.exe)?;
         let loaded = mapped_files(pid)?;
         let output = Output::create(options.output.as_ref(), &target.exe, Some(pid))?;
-        let plan = Plan::new(pid, &target.exe, &loaded, &options.choice())?;
+        let plan = Plan::new(
+            ModuleCache::of_process(pid),
+            &target.exe,
+            &loaded,
+            &options.choice(),
+        )?;
         let probes = Probes::load(&plan.probe_options(options), plan.tables.as_ref())?;
         let mut session = Session::new(Mode::Attach, target, plan, probes, output, options)?;
         session.refresh_maps()?;
@@ -173,6 +181,24 @@ impl Session {
             last_refresh: Instant::now(),
         })
     }
+}
+
+/// `run`: lets the command held after its `exec` run until its dynamic
+/// linker has mapped its libraries ([`startup`]), stopped there by the
+/// library-load uprobe of a small first load of the probes.
+fn run_to_libraries(pid: u32, modules: &ModuleCache) -> Result<()> {
+    let Some(hook) = startup::linker_hook(pid, modules)? else {
+        return Ok(()); // static: nothing to wait for
+    };
+    let mut probes = Probes::load(&ProbeOptions::smallest(), None)?;
+    probes.watch_library_loads(pid, &hook.ld_so, hook.offset)?;
+    startup::run_to_libraries(pid, &hook, LIBRARY_LOAD_SIGNAL as i32, &mut || {
+        probes.take_library_load_signal()
+    })?;
+    probes.stop_library_loads()?;
+    // Its one link closes in the background (~0.1 s).
+    drop(probes.detach());
+    Ok(())
 }
 
 /// The files `pid` maps, from its own mappings.

@@ -8,85 +8,93 @@
 //! interpreter the executable names, which its owner controls). So the
 //! linker itself tells: it calls `_dl_debug_state` (the debugger hook) with
 //! `_r_debug.r_state == RT_CONSISTENT` once the initial libraries are
-//! mapped and relocated, before any constructor. A breakpoint there, set
-//! and removed with ptrace, stops the command at that moment; the libraries
-//! are then read from its own mappings, as `attach` reads them.
+//! mapped and relocated, before any constructor. The caller stops the
+//! command there with the library-load uprobe (which sends SIGURG: if
+//! memprof dies meanwhile, the probe goes with it and a pending SIGURG is
+//! ignored, so nothing it set up can kill the command); the libraries are
+//! then read from its own mappings, as `attach` reads them.
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 
 use super::launch::ExitStatus;
 use super::maps::{self, Mapping};
+use crate::modules::{Module, ModuleCache};
 
 /// `_r_debug.r_state` (after `int r_version`, `r_map`, `r_brk`).
 const R_STATE_OFFSET: u64 = 24;
 /// `RT_CONSISTENT`: the link map is complete.
 const RT_CONSISTENT: u64 = 0;
-/// int3
-const BREAKPOINT: u8 = 0xcc;
 
-/// Lets the held command `pid` (a single thread, stopped at its exec) run
-/// until its initial libraries are mapped; returns at once for a static
-/// executable. The command is stopped again when this returns.
-pub fn run_to_libraries(pid: u32) -> Result<()> {
+/// The dynamic linker's debugger hook in a command held after its `exec`.
+pub struct LinkerHook {
+    /// The dynamic linker, as the command maps it.
+    pub ld_so: std::sync::Arc<Module>,
+    /// The file offset of `_dl_debug_state` (where the uprobe goes).
+    pub offset: u64,
+    /// The address of `_r_debug.r_state` in the command.
+    state: u64,
+}
+
+/// The hook of `pid`'s dynamic linker; `None` for a static executable.
+pub fn linker_hook(pid: u32, modules: &ModuleCache) -> Result<Option<LinkerHook>> {
     let mappings =
         maps::read(pid).with_context(|| format!("cannot read the mappings of pid {pid}"))?;
     let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
         .with_context(|| format!("cannot read the executable of pid {pid}"))?;
     // At the exec stop only the executable and its interpreter are mapped.
-    let Some(ld_so) = mappings
+    let Some(path) = mappings
         .iter()
         .find(|m| m.path != exe)
         .map(|m| m.path.clone())
     else {
-        return Ok(());
+        return Ok(None);
     };
-    let data = crate::modules::ModuleCache::of_process(pid)
-        .open_file(&ld_so)
-        .and_then(|mut file| {
-            let mut data = Vec::new();
-            std::io::Read::read_to_end(&mut file, &mut data).map(|_| data)
-        })
-        .with_context(|| format!("cannot read the dynamic linker {}", ld_so.display()))?;
-    let (Some(hook), Some(r_debug)) = (
-        symbol_address(&data, "_dl_debug_state"),
-        symbol_address(&data, "_r_debug"),
-    ) else {
-        bail!(
+    let ld_so = modules.get(&path)?;
+    let missing = || {
+        anyhow::anyhow!(
             "the dynamic linker {} has no _dl_debug_state or _r_debug: cannot know when the command's libraries are loaded",
-            ld_so.display()
-        );
+            path.display()
+        )
     };
-    let base = load_base(&mappings, &ld_so)
-        .with_context(|| format!("{} is not mapped from its start", ld_so.display()))?;
-    let hook = base + hook;
-    let state = base + r_debug + R_STATE_OFFSET;
-    let original = peek(pid, hook)?;
-    poke(pid, hook, with_low_byte(original, BREAKPOINT))?;
+    let hook = ld_so.symbol("_dl_debug_state").ok_or_else(missing)?;
+    let r_debug = ld_so.symbol("_r_debug").ok_or_else(missing)?.address;
+    let offset = ld_so.file_offset(hook.address).ok_or_else(missing)?;
+    let base = load_base(&mappings, &path)
+        .with_context(|| format!("{} is not mapped from its start", path.display()))?;
+    Ok(Some(LinkerHook {
+        ld_so,
+        offset,
+        state: base + r_debug + R_STATE_OFFSET,
+    }))
+}
+
+/// Lets the held command `pid` (a single thread, stopped at its exec) run
+/// until the hook reports its initial libraries mapped. `ours` tells
+/// whether a stop with `signal` is the library-load uprobe's. The command
+/// is stopped when this returns.
+pub fn run_to_libraries(
+    pid: u32,
+    hook: &LinkerHook,
+    signal: i32,
+    ours: &mut dyn FnMut() -> Result<bool>,
+) -> Result<()> {
+    let mut deliver = 0;
     loop {
-        resume(pid, libc::PTRACE_CONT, 0)?;
+        resume(pid, deliver)?;
         let status = wait_stop(pid)?;
-        let signal = libc::WSTOPSIG(status);
-        let at_hook =
-            status >> 16 == 0 && signal == libc::SIGTRAP && registers(pid)?.rip == hook + 1;
-        if !at_hook {
-            // Another stop (a signal for the command, an event): passed on.
-            let deliver = if status >> 16 == 0 { signal } else { 0 };
-            resume_with(pid, deliver)?;
-            continue;
+        let stopped_by = (status >> 16 == 0).then(|| libc::WSTOPSIG(status));
+        deliver = 0;
+        match stopped_by {
+            Some(s) if s == signal && ours()? => {
+                if peek(pid, hook.state)? & 0xffff_ffff == RT_CONSISTENT {
+                    return Ok(());
+                }
+            }
+            // A signal for the command: passed on. An event stop: resumed.
+            Some(s) => deliver = s,
+            None => {}
         }
-        // Back to the hook's first instruction, unpatched.
-        poke(pid, hook, original)?;
-        let mut regs = registers(pid)?;
-        regs.rip = hook;
-        set_registers(pid, &regs)?;
-        if peek(pid, state)? & 0xffff_ffff == RT_CONSISTENT {
-            return Ok(());
-        }
-        // Not yet (RT_ADD): run the hook's instruction, then patch again.
-        resume(pid, libc::PTRACE_SINGLESTEP, 0)?;
-        wait_stop(pid)?;
-        poke(pid, hook, with_low_byte(original, BREAKPOINT))?;
     }
 }
 
@@ -96,20 +104,6 @@ fn load_base(mappings: &[Mapping], path: &Path) -> Option<u64> {
         .iter()
         .find(|m| m.path == path && m.file_offset == 0)
         .map(|m| m.start)
-}
-
-/// The address of a defined symbol (function or data) in an ELF file.
-fn symbol_address(data: &[u8], name: &str) -> Option<u64> {
-    use object::{Object, ObjectSymbol};
-    let file = object::File::parse(data).ok()?;
-    file.dynamic_symbols()
-        .chain(file.symbols())
-        .find(|s| s.is_definition() && s.address() != 0 && s.name() == Ok(name))
-        .map(|s| s.address())
-}
-
-fn with_low_byte(word: u64, byte: u8) -> u64 {
-    (word & !0xff) | u64::from(byte)
 }
 
 fn peek(pid: u32, addr: u64) -> Result<u64> {
@@ -123,49 +117,14 @@ fn peek(pid: u32, addr: u64) -> Result<u64> {
     Ok(word as u64)
 }
 
-fn poke(pid: u32, addr: u64, word: u64) -> Result<()> {
-    if unsafe { libc::ptrace(libc::PTRACE_POKEDATA, pid as i32, addr, word) } == -1 {
-        bail!(
-            "cannot write the command's memory at {addr:#x}: {}",
-            std::io::Error::last_os_error()
-        );
-    }
-    Ok(())
-}
-
-fn registers(pid: u32) -> Result<libc::user_regs_struct> {
-    let mut regs: libc::user_regs_struct = unsafe { std::mem::zeroed() };
-    if unsafe { libc::ptrace(libc::PTRACE_GETREGS, pid as i32, 0, &mut regs) } == -1 {
-        bail!(
-            "cannot read the command's registers: {}",
-            std::io::Error::last_os_error()
-        );
-    }
-    Ok(regs)
-}
-
-fn set_registers(pid: u32, regs: &libc::user_regs_struct) -> Result<()> {
-    if unsafe { libc::ptrace(libc::PTRACE_SETREGS, pid as i32, 0, regs) } == -1 {
-        bail!(
-            "cannot set the command's registers: {}",
-            std::io::Error::last_os_error()
-        );
-    }
-    Ok(())
-}
-
-fn resume(pid: u32, request: libc::c_uint, signal: i32) -> Result<()> {
-    if unsafe { libc::ptrace(request, pid as i32, 0, signal as libc::c_long) } == -1 {
+fn resume(pid: u32, signal: i32) -> Result<()> {
+    if unsafe { libc::ptrace(libc::PTRACE_CONT, pid as i32, 0, signal as libc::c_long) } == -1 {
         bail!(
             "cannot resume the command: {}",
             std::io::Error::last_os_error()
         );
     }
     Ok(())
-}
-
-fn resume_with(pid: u32, signal: i32) -> Result<()> {
-    resume(pid, libc::PTRACE_CONT, signal)
 }
 
 /// Waits for the command's next stop; its exit is an error (it ended
