@@ -87,7 +87,9 @@ pub fn run_to_libraries(
         deliver = 0;
         match stopped_by {
             Some(s) if s == signal && ours()? => {
-                if peek(pid, hook.state)? & 0xffff_ffff == RT_CONSISTENT {
+                // The hook ran: done once the link map is complete.
+                let state = peek(pid, hook.state)? & 0xffff_ffff;
+                if state == RT_CONSISTENT {
                     return Ok(());
                 }
             }
