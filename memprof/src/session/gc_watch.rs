@@ -36,6 +36,8 @@ impl GcWatch {
         }
         match Judge::new(&plan.modules, pid, &module, options.gc_verdicts.as_deref()) {
             Ok(judge) => watch.judge = Some(judge),
+            // The target is gone: the session ends with that one line, not this.
+            Err(e) if !crate::target::is_alive(pid) => watch.fallback = Some(format!("{e:#}")),
             Err(e) => watch.fall_back(format!("{e:#}")),
         }
         watch
