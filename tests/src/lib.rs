@@ -18,7 +18,7 @@
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
@@ -166,6 +166,39 @@ pub fn profile_run(profile: &Path, command: &[&str]) -> Output {
         describe(&output)
     );
     output
+}
+
+/// Starts `memprof attach --pid PID -o PROFILE EXTRA...` (stderr piped,
+/// stdout discarded), without waiting for it.
+pub fn spawn_attach(
+    pid: impl std::fmt::Display,
+    profile: &Path,
+    extra: &[&str],
+) -> (ChildGuard, Lines) {
+    let pid = pid.to_string();
+    let mut args = vec![
+        OsStr::new("attach"),
+        OsStr::new("--pid"),
+        OsStr::new(&pid),
+        OsStr::new("-o"),
+        profile.as_os_str(),
+    ];
+    args.extend(extra.iter().map(OsStr::new));
+    let child = memprof(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("cannot start memprof attach");
+    let mut memprof = ChildGuard(child);
+    let stderr = Lines::new("memprof attach stderr", memprof.0.stderr.take().unwrap());
+    (memprof, stderr)
+}
+
+/// [`spawn_attach`], then waits until memprof says its probes are live.
+pub fn attach(pid: impl std::fmt::Display, profile: &Path, extra: &[&str]) -> (ChildGuard, Lines) {
+    let (memprof, mut stderr) = spawn_attach(pid, profile, extra);
+    stderr.wait_for("attached", TIMEOUT);
+    (memprof, stderr)
 }
 
 /// stdout and stderr of a finished process, for failure messages.

@@ -4,7 +4,6 @@
 //! `--duration` or the target's exit, and leave the target unharmed.
 
 use memprof_tests::*;
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -23,29 +22,6 @@ fn start(exe: &str) -> (ChildGuard, Lines) {
     let mut stdout = Lines::new("attach_target stdout", target.0.stdout.take().unwrap());
     stdout.wait_for("ready", TIMEOUT);
     (target, stdout)
-}
-
-/// Starts `memprof attach --pid PID -o PROFILE EXTRA...` and waits until it
-/// says its probes are live.
-fn attach(pid: i32, profile: &Path, extra: &[&str]) -> (ChildGuard, Lines) {
-    let pid = pid.to_string();
-    let mut args = vec![
-        OsStr::new("attach"),
-        OsStr::new("--pid"),
-        OsStr::new(&pid),
-        OsStr::new("-o"),
-        profile.as_os_str(),
-    ];
-    args.extend(extra.iter().map(OsStr::new));
-    let child = memprof(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("cannot start memprof attach");
-    let mut memprof = ChildGuard(child);
-    let mut stderr = Lines::new("memprof attach stderr", memprof.0.stderr.take().unwrap());
-    stderr.wait_for("attached", TIMEOUT);
-    (memprof, stderr)
 }
 
 /// Has the target allocate at make_during once, and waits until it is done.

@@ -20,27 +20,6 @@ fn libc_path() -> PathBuf {
         .expect("this test maps no libc")
 }
 
-/// Starts `memprof attach --pid PID -o PROFILE` and waits until it says its
-/// probes are live.
-fn attach(pid: u32, profile: &Path) -> (ChildGuard, Lines) {
-    let pid = pid.to_string();
-    let child = memprof([
-        OsStr::new("attach"),
-        OsStr::new("--pid"),
-        OsStr::new(&pid),
-        OsStr::new("-o"),
-        profile.as_os_str(),
-    ])
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped())
-    .spawn()
-    .expect("cannot start memprof attach");
-    let mut memprof = ChildGuard(child);
-    let mut stderr = Lines::new("memprof attach stderr", memprof.0.stderr.take().unwrap());
-    stderr.wait_for("attached", TIMEOUT);
-    (memprof, stderr)
-}
-
 /// Has the target (host pid `pid`) allocate at make_during once.
 fn poke(pid: u32, stdout: &mut Lines) {
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGUSR1) }, 0);
@@ -149,7 +128,7 @@ fn attach_in_own_mount_and_pid_namespaces_with_files_mounted_over_the_hosts() {
     let profile = dir.join("attach.mprof");
     let (mut unshare, mut stdout, pid) = start_in_namespaces(&dir);
 
-    let (mut memprof, mut stderr) = attach(pid, &profile);
+    let (mut memprof, mut stderr) = attach(pid, &profile, &[]);
     poke(pid, &mut stdout);
     memprof.signal(libc::SIGINT);
     let json = finish(&mut memprof, &mut stderr, &profile);
@@ -165,7 +144,7 @@ fn attach_in_namespaces_to_a_target_that_exits_first() {
     let profile = dir.join("attach.mprof");
     let (unshare, mut stdout, pid) = start_in_namespaces(&dir);
 
-    let (mut memprof, mut stderr) = attach(pid, &profile);
+    let (mut memprof, mut stderr) = attach(pid, &profile, &[]);
     poke(pid, &mut stdout);
     drop(unshare); // kills the target too (--kill-child)
     let json = finish(&mut memprof, &mut stderr, &profile);
@@ -199,7 +178,7 @@ fn attach_to_a_program_replaced_on_disk_since_it_started() {
     std::fs::copy(fixture::BASIC, &app).unwrap();
 
     let pid = target.pid() as u32;
-    let (mut memprof, mut stderr) = attach(pid, &profile);
+    let (mut memprof, mut stderr) = attach(pid, &profile, &[]);
     poke(pid, &mut stdout);
     memprof.signal(libc::SIGINT);
     let json = finish(&mut memprof, &mut stderr, &profile);

@@ -114,20 +114,7 @@ fn planted_interpreter_is_never_executed() {
         describe(&probes)
     );
     let profile = dir.join("app.mprof");
-    let attach = memprof([
-        os("attach"),
-        os("--pid"),
-        os(&pid),
-        os("-o"),
-        profile.as_os_str(),
-    ])
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped())
-    .spawn()
-    .unwrap();
-    let mut memprof = ChildGuard(attach);
-    let mut stderr = Lines::new("memprof attach stderr", memprof.0.stderr.take().unwrap());
-    stderr.wait_for("attached", TIMEOUT);
+    let (mut memprof, mut stderr) = attach(&pid, &profile, &[]);
     target.signal(libc::SIGUSR1);
     stdout.wait_for("done", TIMEOUT);
     memprof.signal(libc::SIGINT);
@@ -469,19 +456,7 @@ fn signals_at_any_moment() {
         stdout.wait_for("ready", TIMEOUT);
         let profile = dir.join(&format!("p{i}.mprof"));
         let pid = target.pid().to_string();
-        let child = memprof([
-            os("attach"),
-            os("--pid"),
-            os(&pid),
-            os("-o"),
-            profile.as_os_str(),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-        let mut memprof = ChildGuard(child);
-        let stderr = Lines::new("memprof stderr", memprof.0.stderr.take().unwrap());
+        let (mut memprof, stderr) = spawn_attach(&pid, &profile, &[]);
         if signal != libc::SIGKILL {
             // From the moment memprof has taken over SIGINT and SIGTERM
             // (before that, like any program, they end it by default).
