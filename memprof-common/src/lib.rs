@@ -80,6 +80,47 @@ impl core::fmt::Display for UnknownKind {
 #[cfg(any(feature = "user", test))]
 impl std::error::Error for UnknownKind {}
 
+/// How an allocating function passes its size (and old block or
+/// out-parameter): the entry program reads the arguments accordingly.
+pub mod layout {
+    /// `malloc(size)`, `valloc(size)`, `pvalloc(size)`, `GC_malloc(size)`, …
+    pub const SIZE: u8 = 0;
+    /// `mmap(addr, len, …)`.
+    pub const MMAP: u8 = 1;
+    /// `calloc(n, size)`.
+    pub const CALLOC: u8 = 2;
+    /// `realloc(ptr, size)`, `GC_realloc(ptr, size)`.
+    pub const REALLOC: u8 = 3;
+    /// `reallocarray(ptr, n, size)`.
+    pub const REALLOCARRAY: u8 = 4;
+    /// `memalign(align, size)`, `aligned_alloc(align, size)`.
+    pub const MEMALIGN: u8 = 5;
+    /// `posix_memalign(void **out, align, size)`.
+    pub const POSIX_MEMALIGN: u8 = 6;
+}
+
+/// The attach cookie of an allocator probe: the [`AllocKind`] in the low
+/// byte, the argument [`layout`] in the next.
+pub mod cookie {
+    use super::AllocKind;
+
+    pub const fn new(kind: AllocKind, layout: u8) -> u64 {
+        kind as u64 | (layout as u64) << 8
+    }
+
+    /// The kind byte (an [`AllocKind`] as `u8`).
+    #[inline(always)]
+    pub const fn kind(cookie: u64) -> u8 {
+        cookie as u8
+    }
+
+    /// The argument layout ([`layout`](super::layout)).
+    #[inline(always)]
+    pub const fn layout(cookie: u64) -> u8 {
+        (cookie >> 8) as u8
+    }
+}
+
 /// What the return probe must do with a pending call (set by the entry probe).
 pub mod op {
     /// Returned pointer is a new block of `size` bytes.
@@ -324,13 +365,10 @@ counters! {
 /// Symbol names the eBPF object exports for its programs, used by userspace
 /// to find and attach them.
 pub mod programs {
+    /// The entry of every allocating function: the attach cookie says how
+    /// to read its arguments ([`cookie`](super::cookie)). One program, so
+    /// the verifier walks the unwinder once, not once per layout (~0.2 s each).
     pub const ALLOC_ENTER: &str = "alloc_enter";
-    pub const CALLOC_ENTER: &str = "calloc_enter";
-    pub const REALLOC_ENTER: &str = "realloc_enter";
-    pub const REALLOCARRAY_ENTER: &str = "reallocarray_enter";
-    pub const MEMALIGN_ENTER: &str = "memalign_enter";
-    pub const POSIX_MEMALIGN_ENTER: &str = "posix_memalign_enter";
-    pub const MMAP_ENTER: &str = "mmap_enter";
     pub const ALLOC_EXIT: &str = "alloc_exit";
     pub const FREE_ENTER: &str = "free_enter";
     pub const MUNMAP_ENTER: &str = "munmap_enter";

@@ -46,9 +46,9 @@ mod probes {
         EbpfContext,
     };
     use memprof_common::{
-        cfa, config, errno, gc_event, lifetime_bucket, module_table, op, AllocKind, AllocSite,
-        DwarfStack, GcEvent, KernelCounters, LiveAlloc, ModuleRange, PendingCall, SiteTotals,
-        UnwindRow, HOLD_SIGNAL, LIBRARY_LOAD_SIGNAL, MAX_FRAMES, NO_STACK,
+        cfa, config, cookie, errno, gc_event, layout, lifetime_bucket, module_table, op, AllocKind,
+        AllocSite, DwarfStack, GcEvent, KernelCounters, LiveAlloc, ModuleRange, PendingCall,
+        SiteTotals, UnwindRow, HOLD_SIGNAL, LIBRARY_LOAD_SIGNAL, MAX_FRAMES, NO_STACK,
     };
 
     // Sizes are defaults; userspace sets them from --max-live / --max-stacks.
@@ -138,7 +138,7 @@ mod probes {
             // Its return was missed: replaced below.
             bump(|c| &mut c.stale_calls);
         }
-        let kind = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u8;
+        let kind = cookie::kind(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) });
         let caller = unsafe { bpf_probe_read_user(sp as *const u64) }.unwrap_or(0);
         let stack = if setting(config::UNWIND_DWARF) == 1 {
             dwarf_unwind(ctx)
@@ -360,50 +360,27 @@ mod probes {
         ctx.arg::<u64>(n).unwrap_or(0)
     }
 
-    /// `malloc(size)`, `valloc(size)`, `pvalloc(size)`, `mmap(addr, len, …)` use arg 0 or 1.
+    /// Entry of every allocating function. The attach cookie gives the
+    /// allocator kind and how the arguments are laid out (`cookie`,
+    /// `layout`): one program for all, so the verifier walks the unwinder
+    /// once at load, not once per layout.
     #[uprobe]
     pub fn alloc_enter(ctx: ProbeContext) -> u32 {
-        enter(&ctx, arg(&ctx, 0), 0, op::ALLOC);
-        0
-    }
-
-    #[uprobe]
-    pub fn mmap_enter(ctx: ProbeContext) -> u32 {
-        enter(&ctx, arg(&ctx, 1), 0, op::ALLOC);
-        0
-    }
-
-    #[uprobe]
-    pub fn calloc_enter(ctx: ProbeContext) -> u32 {
-        let size = arg(&ctx, 0).wrapping_mul(arg(&ctx, 1));
-        enter(&ctx, size, 0, op::ALLOC);
-        0
-    }
-
-    #[uprobe]
-    pub fn realloc_enter(ctx: ProbeContext) -> u32 {
-        enter(&ctx, arg(&ctx, 1), arg(&ctx, 0), op::REALLOC);
-        0
-    }
-
-    #[uprobe]
-    pub fn reallocarray_enter(ctx: ProbeContext) -> u32 {
-        let size = arg(&ctx, 1).wrapping_mul(arg(&ctx, 2));
-        enter(&ctx, size, arg(&ctx, 0), op::REALLOC);
-        0
-    }
-
-    /// `memalign(align, size)`, `aligned_alloc(align, size)`.
-    #[uprobe]
-    pub fn memalign_enter(ctx: ProbeContext) -> u32 {
-        enter(&ctx, arg(&ctx, 1), 0, op::ALLOC);
-        0
-    }
-
-    /// `posix_memalign(void **memptr, align, size)`.
-    #[uprobe]
-    pub fn posix_memalign_enter(ctx: ProbeContext) -> u32 {
-        enter(&ctx, arg(&ctx, 2), arg(&ctx, 0), op::OUT_PTR);
+        let layout = cookie::layout(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) });
+        let (size, arg_ptr, op) = match layout {
+            layout::MMAP => (arg(&ctx, 1), 0, op::ALLOC),
+            layout::CALLOC => (arg(&ctx, 0).wrapping_mul(arg(&ctx, 1)), 0, op::ALLOC),
+            layout::REALLOC => (arg(&ctx, 1), arg(&ctx, 0), op::REALLOC),
+            layout::REALLOCARRAY => (
+                arg(&ctx, 1).wrapping_mul(arg(&ctx, 2)),
+                arg(&ctx, 0),
+                op::REALLOC,
+            ),
+            layout::MEMALIGN => (arg(&ctx, 1), 0, op::ALLOC),
+            layout::POSIX_MEMALIGN => (arg(&ctx, 2), arg(&ctx, 0), op::OUT_PTR),
+            _ => (arg(&ctx, 0), 0, op::ALLOC),
+        };
+        enter(&ctx, size, arg_ptr, op);
         0
     }
 
