@@ -19,7 +19,7 @@
 use anyhow::{anyhow, Result};
 use aya::maps::{Array, Map, MapData};
 use aya::{Ebpf, EbpfLoader};
-use memprof_common::{config, maps};
+use memprof_common::{config, globals, maps};
 
 use crate::unwind::Tables;
 
@@ -52,6 +52,8 @@ pub struct ProbeOptions {
     /// Bytes of the GC event ring buffer (a power of two, at least a page;
     /// only used when GC objects are judged by mark bits).
     pub gc_events_bytes: u32,
+    /// Keep every frame of recursive calls (DWARF unwinding folds them by default).
+    pub keep_recursion: bool,
 }
 
 impl ProbeOptions {
@@ -64,6 +66,7 @@ impl ProbeOptions {
             max_sites: 1,
             empty: false,
             gc_events_bytes: 0,
+            keep_recursion: false,
         }
     }
 }
@@ -98,7 +101,9 @@ impl Probes {
             Some(_) => (1, options.max_stacks),
             None => (options.max_stacks, 1),
         };
+        let fold_recursion = u32::from(!options.keep_recursion);
         let mut ebpf = EbpfLoader::new()
+            .override_global(globals::FOLD_RECURSION, &fold_recursion, true)
             .map_max_entries(maps::LIVE, options.max_live)
             .map_max_entries(maps::STACKS, fp_stacks)
             .map_max_entries(maps::DWARF_STACKS, dwarf_stacks)

@@ -139,8 +139,17 @@ fn load(name: &str, instructions: &[aya_obj::generated::bpf_insn]) -> Result<Own
         }
         bpf(bpf_cmd::BPF_PROG_LOAD, &mut attr)
     };
-    match attempt(0) {
-        Ok(fd) => Ok(fd),
+    // For memprof's developers: how hard the verifier worked (log level 4: statistics).
+    let stats = std::env::var_os("MEMPROF_VERIFIER_STATS").is_some();
+    match attempt(if stats { 4 } else { 0 }) {
+        Ok(fd) => {
+            if stats {
+                let text = String::from_utf8_lossy(&log);
+                let text = text.trim_end_matches('\0').replace('\n', "; ");
+                eprintln!("memprof: program {name}: {text}");
+            }
+            Ok(fd)
+        }
         Err(first) if first.raw_os_error() == Some(libc::EPERM) => Err(first.into()),
         Err(first) => {
             // Again with the log, to say why.
