@@ -161,6 +161,10 @@ pub const CALLER_ONLY: u64 = u64::MAX - 1;
 /// counted in [`KernelCounters::sites_overflowed`].
 pub const SITES_OVERFLOW: u64 = u64::MAX - 2;
 
+/// Entries of the `SAMPLE_DISTANCES` table: equal-probability slices of
+/// the exponential distribution the sampler draws distances from.
+pub const SAMPLE_QUANTILES: u32 = 1024;
+
 /// Where an allocation was made: the user stack (frame-pointer walk, kept in
 /// the `STACKS` map) plus the return address read from the stack at the probe,
 /// which the frame-pointer walk misses when the allocator does not start with
@@ -193,7 +197,11 @@ pub struct PendingCall {
     pub nested: u32,
     /// One of [`op`].
     pub op: u8,
-    pub _pad: [u8; 3],
+    /// 1: not sampled (`--sample-bytes`), followed only because it is a
+    /// realloc of a tracked block: its return releases that block and
+    /// records nothing.
+    pub unsampled: u8,
+    pub _pad: [u8; 2],
     /// `%rsp` at the entry (it points at the return address). Stacks grow
     /// down: a call made inside this one enters at or below it, and the
     /// return probe of this call sees `sp + 8`. An entry above it means this
@@ -400,6 +408,9 @@ counters! {
         /// full they are.
         pub stacks_stored: u64,
         pub sites_stored: u64,
+        /// Allocation calls not followed because sampling skipped them
+        /// (`--sample-bytes`): not a loss, the reports scale the sampled ones.
+        pub unsampled_allocs: u64,
     }
 }
 
@@ -429,6 +440,8 @@ pub mod maps {
     pub const SITE_TOTALS: &str = "SITE_TOTALS";
     /// Per kind, the totals of the sites `SITE_TOTALS` had no room for.
     pub const OVERFLOW_TOTALS: &str = "OVERFLOW_TOTALS";
+    /// `SAMPLE_QUANTILES` distances between sample points, bytes.
+    pub const SAMPLE_DISTANCES: &str = "SAMPLE_DISTANCES";
     pub const STACKS: &str = "STACKS";
     pub const COUNTERS: &str = "COUNTERS";
     /// One `u32`: 1 while recording. Set to 0 to stop recording at once
@@ -456,6 +469,9 @@ pub mod maps {
 pub mod globals {
     /// `u32`, 1: fold recursion in DWARF stacks (default), 0: keep every frame.
     pub const FOLD_RECURSION: &str = "FOLD_RECURSION";
+    /// `u32`, 1: sample allocations (`--sample-bytes`, distances in
+    /// `SAMPLE_DISTANCES`), 0: follow every one (default).
+    pub const SAMPLING: &str = "SAMPLING";
 }
 
 /// Indexes into the `CONFIG` array.

@@ -37,7 +37,8 @@ mod probes {
     use aya_ebpf::{
         bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
         helpers::{
-            bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
+            bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_ktime_get_ns,
+            bpf_probe_read_user,
             bpf_send_signal_thread,
         },
         macros::{map, uprobe, uretprobe},
@@ -49,7 +50,7 @@ mod probes {
         cfa, config, cookie, errno, gc_event, layout, lifetime_bucket, module_table, op, AllocKind,
         AllocSite, DwarfStack, GcEvent, KernelCounters, LiveAlloc, ModuleRange, PendingCall,
         SiteTotals, UnwindRow, CALLER_ONLY, FOLD_WINDOW, HOLD_SIGNAL, LIBRARY_LOAD_SIGNAL,
-        MAX_FRAMES, MAX_STEPS, NO_STACK, SITES_OVERFLOW,
+        MAX_FRAMES, MAX_STEPS, NO_STACK, SAMPLE_QUANTILES, SITES_OVERFLOW,
     };
     use aya_ebpf::Global;
 
@@ -57,6 +58,16 @@ mod probes {
     /// load-time constant: the verifier drops the path not taken.
     #[unsafe(no_mangle)]
     static FOLD_RECURSION: Global<u32> = Global::new(1);
+    /// 1: sample allocations (`--sample-bytes`), 0: follow every one.
+    #[unsafe(no_mangle)]
+    static SAMPLING: Global<u32> = Global::new(0);
+
+    /// Bytes to the next sample point, per CPU (0: not drawn yet).
+    #[map]
+    static SAMPLE_COUNTDOWN: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+    /// Distances between sample points (see `sample_distance`).
+    #[map]
+    static SAMPLE_DISTANCES: Array<u64> = Array::with_max_entries(SAMPLE_QUANTILES, 0);
 
     // Sizes are defaults; userspace sets them from --max-live / --max-stacks.
     #[map]
@@ -162,6 +173,7 @@ mod probes {
         // (userspace guarantees it), so the return address is at the top of
         // the stack and the caller's frame is intact.
         let sp = unsafe { (*ctx.regs).rsp };
+        let mut stale = false;
         if let Some(outer) = PENDING.get_ptr_mut(&thread) {
             if !is_stale(unsafe { &*outer }, sp) {
                 // Inside another allocator call of this thread: the outer call counts.
@@ -170,10 +182,27 @@ mod probes {
             }
             // Its return was missed: replaced below.
             bump(|c| &mut c.stale_calls);
+            stale = true;
+        }
+        let mut unsampled = 0;
+        if SAMPLING.load() == 1 && !sampled(size) {
+            bump(|c| &mut c.unsampled_allocs);
+            // Not followed: no stack, no return probe work. Except a
+            // realloc of a tracked block: its return must still release it.
+            let tracked = op == op::REALLOC && arg_ptr != 0 && LIVE.get_ptr(&arg_ptr).is_some();
+            if !tracked {
+                if stale {
+                    let _ = PENDING.remove(&thread);
+                }
+                return;
+            }
+            unsampled = 1;
         }
         let kind = cookie::kind(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) });
         let caller = unsafe { bpf_probe_read_user(sp as *const u64) }.unwrap_or(0);
-        let stack = if setting(config::UNWIND_DWARF) == 1 {
+        let stack = if unsampled == 1 {
+            Some(NO_STACK) // never recorded
+        } else if setting(config::UNWIND_DWARF) == 1 {
             dwarf_unwind(ctx)
         } else {
             ctx.get_stackid(&STACKS, BPF_F_USER_STACK as u64)
@@ -198,7 +227,8 @@ mod probes {
             arg_ptr,
             nested: 0,
             op,
-            _pad: [0; 3],
+            unsampled,
+            _pad: [0; 2],
             sp,
         };
         if PENDING.insert(&thread, &call, 0).is_err() {
@@ -221,6 +251,41 @@ mod probes {
         }
         let slot = unsafe { bpf_probe_read_user(call.sp as *const u64) };
         call.site.caller != 0 && slot == Ok(call.site.caller)
+    }
+
+    /// Sampling (`--sample-bytes N`): whether an allocation of `size` bytes
+    /// is followed. Sample points are a Poisson process over the bytes
+    /// allocated (on this CPU), with mean distance N: an allocation is
+    /// followed when the next point falls within it, then the distance to
+    /// the next is drawn afresh (memoryless), so each allocation is
+    /// followed with probability 1 - exp(-size/N), independently.
+    #[inline(always)]
+    fn sampled(size: u64) -> bool {
+        let Some(left) = SAMPLE_COUNTDOWN.get_ptr_mut(0) else {
+            return true;
+        };
+        let mut remaining = unsafe { *left };
+        if remaining == 0 {
+            remaining = sample_distance(); // this CPU's first allocation
+        }
+        let followed = size >= remaining;
+        unsafe {
+            *left = if followed {
+                sample_distance()
+            } else {
+                remaining - size
+            }
+        };
+        followed
+    }
+
+    /// A distance to the next sample point: userspace fills
+    /// `SAMPLE_DISTANCES` with equal-probability slices of an exponential
+    /// distribution of mean N (no floating point here).
+    #[inline(always)]
+    fn sample_distance() -> u64 {
+        let i = unsafe { bpf_get_prandom_u32() } % SAMPLE_QUANTILES;
+        SAMPLE_DISTANCES.get(i).copied().unwrap_or(1).max(1)
     }
 
     const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
@@ -545,6 +610,9 @@ mod probes {
             if let Some(kind) = release(call.arg_ptr) {
                 call.site.kind = kind;
             }
+        }
+        if call.unsampled == 1 {
+            return 0; // a realloc followed only to release the old block
         }
         if failed {
             if !(call.op == op::REALLOC && call.size == 0) {

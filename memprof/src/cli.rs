@@ -129,6 +129,15 @@ pub struct SessionArgs {
     /// stack of its own; such stacks are marked folded.
     #[arg(long)]
     pub keep_recursion: bool,
+    /// Sample allocations instead of following every one: on average one
+    /// sample point every N bytes allocated (a Poisson process over bytes,
+    /// as tcmalloc and Go do), so an allocation of s bytes is followed
+    /// (stack, free, GC verdict) with probability 1 - exp(-s/N). Reports
+    /// scale each stack's counts and bytes to unbiased estimates and say so.
+    /// Frees of blocks not sampled count as frees of unknown blocks.
+    /// 0 follows every allocation.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub sample_bytes: u64,
     /// How dead Boehm GC objects are found. marks: after every collection,
     /// read the collector's own mark bits (memprof traces the target with
     /// ptrace and holds the collecting thread, world already stopped, while

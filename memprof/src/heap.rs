@@ -16,6 +16,7 @@ use memprof_common::AllocKind;
 use crate::gc::pass::{merge_histories, SiteGc};
 use crate::probes::{HeapMaps, RecordedStack, Site};
 use crate::profile::Lifetimes;
+use crate::sampling;
 
 /// Allocations from one call stack, as read from the kernel.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,6 +71,42 @@ impl RawGroup {
     pub fn kind(&self) -> AllocKind {
         self.kind
     }
+
+    /// From the sampled allocations to estimates of all of them
+    /// (`--sample-bytes`, mean `sample_bytes`): each pair of count and
+    /// bytes is scaled by its own mean size, as pprof does for Go's live
+    /// and allocated figures; what has no bytes of its own (lifetimes,
+    /// the GC history) by the weight of the group's mean allocation.
+    fn scale_sampled(&mut self, sample_bytes: u64) {
+        let pairs = [
+            (&mut self.total_count, &mut self.total_bytes),
+            (&mut self.live_count, &mut self.live_bytes),
+            (&mut self.collected_count, &mut self.collected_bytes),
+            (&mut self.marked_count, &mut self.marked_bytes),
+        ];
+        let mean_size = match *pairs[0].0 {
+            0 => 0.0,
+            n => *pairs[0].1 as f64 / n as f64,
+        };
+        for (count, bytes) in pairs {
+            (*count, *bytes) = sampling::scale(*count, *bytes, sample_bytes);
+        }
+        let weight = sampling::weight(mean_size, sample_bytes);
+        let times = |n: &mut u64| *n = (*n as f64 * weight).round() as u64;
+        let l = &mut self.lifetimes;
+        for n in [
+            &mut l.died,
+            &mut l.total_ns,
+            &mut l.within_first_collection,
+            &mut l.collections_survived,
+        ] {
+            times(n);
+        }
+        l.buckets.iter_mut().for_each(times);
+        for point in &mut self.gc_history {
+            times(&mut point[1]);
+        }
+    }
 }
 
 /// Reads the live table and the per-site totals and merges them per stack,
@@ -117,7 +154,13 @@ pub fn collect(maps: &HeapMaps, gc: Option<&[(Site, SiteGc)]>) -> Result<Vec<Raw
         group.live_count += 1;
         group.live_bytes += live.size;
     }
-    Ok(grouper.groups)
+    let mut groups = grouper.groups;
+    if maps.sample_bytes > 0 {
+        for group in &mut groups {
+            group.scale_sampled(maps.sample_bytes);
+        }
+    }
+    Ok(groups)
 }
 
 /// A stack as a group shows it.

@@ -32,6 +32,7 @@ pub mod probes;
 pub mod profile;
 pub mod progress;
 pub mod report;
+pub mod sampling;
 pub mod session;
 pub mod symbolize;
 pub mod target;

@@ -44,6 +44,11 @@ pub struct Profile {
     pub exit: Option<ExitInfo>,
     /// How stacks were captured: `fp` (frame pointers) or `dwarf` (CFI tables from `.eh_frame`).
     pub unwind: String,
+    /// Allocations were sampled, one sample point every this many bytes on
+    /// average (`--sample-bytes`): the groups' counts and bytes are
+    /// unbiased estimates. 0: every allocation was followed.
+    #[serde(default)]
+    pub sample_bytes: u64,
     pub counters: Counters,
     pub probes: Vec<ProbeInfo>,
     pub groups: Vec<Group>,
@@ -200,6 +205,10 @@ pub struct Counters {
     pub stacks_stored: u64,
     #[serde(default)]
     pub sites_stored: u64,
+    /// Allocation calls sampling skipped (`--sample-bytes`): not followed,
+    /// not a loss; the groups' figures are estimates scaled from the others.
+    #[serde(default)]
+    pub unsampled_allocs: u64,
 }
 
 impl Counters {

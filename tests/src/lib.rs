@@ -43,6 +43,9 @@ pub mod fixture {
     pub const THREAD_LOOPS: &str = env!("FIXTURE_THREAD_LOOPS");
     /// 500 mallocs in a known order, for tables too small (`fixtures/c/overflow.c`).
     pub const OVERFLOW: &str = env!("FIXTURE_OVERFLOW");
+    /// A binary tree of 262,143 malloc(48) built by a function recursing
+    /// from two call sites: as many distinct stacks (`fixtures/c/recursion.c`).
+    pub const RECURSION: &str = env!("FIXTURE_RECURSION");
     /// `fixtures/c/gc_verdicts.c` (`gc_verdicts OUT [SLEEP]`) linked with libgc.so.
     pub const GC_VERDICTS: &str = env!("FIXTURE_GC_VERDICTS");
     /// The same source with libgc.a linked in.

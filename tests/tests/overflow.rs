@@ -1,6 +1,7 @@
 //! Honest numbers when the kernel's tables overflow: every allocation is
 //! counted once, in one category (`fixtures/c/overflow.c` makes 500 in a
-//! known order; `--max-sites 2 --max-live 150` make both tables overflow).
+//! known order; `--max-sites 2 --max-live 150` make both tables overflow:
+//! sites beyond the site table go to their kind's overflow group).
 use memprof_tests::*;
 
 #[test]
@@ -27,24 +28,23 @@ fn each_allocation_is_counted_once_when_both_tables_overflow() {
     assert_eq!(c("frees"), 100);
     assert_eq!(
         c("live_map_full"),
-        100,
+        250,
         "not tracked as live, in the totals"
     );
-    assert_eq!(
-        c("sites_map_full"),
-        50,
-        "tracked as live, not in the totals"
-    );
-    assert_eq!(c("both_maps_full"), 150, "in neither table");
+    // A full site table sends sites to the kind's overflow site: in the
+    // totals, not a loss.
+    assert_eq!(c("sites_overflowed"), 200);
+    assert_eq!((c("sites_map_full"), c("both_maps_full")), (0, 0));
     assert_eq!((c("pending_full"), c("stale_calls")), (0, 0));
     assert_eq!((c("unknown_frees"), c("failed_allocs")), (0, 0));
-    assert_eq!(uint(&json, "/recorded"), 200);
+    assert_eq!(c("sites_stored"), 2);
+    assert_eq!(uint(&json, "/recorded"), 250);
     // Seen = recorded + each loss category, nothing counted twice.
     assert_eq!(
         uint(&json, "/recorded") + c("live_map_full") + c("sites_map_full") + c("both_maps_full"),
         c("allocs")
     );
-    assert_eq!(uint(&json, "/lost_events"), 300);
+    assert_eq!(uint(&json, "/lost_events"), 250);
     assert_eq!(json["live_is_lower_bound"], true);
     for name in [
         "live_map_full",
@@ -62,16 +62,32 @@ fn each_allocation_is_counted_once_when_both_tables_overflow() {
     }
 
     // What each table kept: kept() in both (its second round only in the
-    // totals), other() only live, freed() only in the totals.
+    // totals), other() in the overflow group (no frames), freed() only in
+    // the totals.
     let kept = Counts::of(group_at(&json, "libc", "kept"));
     assert_eq!((kept.live_count, kept.total_count), (100, 200));
-    let other = Counts::of(group_at(&json, "libc", "other"));
-    assert_eq!((other.live_count, other.total_count), (50, 0));
     let freed = Counts::of(group_at(&json, "libc", "freed"));
     assert_eq!((freed.live_count, freed.total_count), (0, 100));
+    let overflow: Vec<&Value> = groups(&json)
+        .iter()
+        .filter(|g| g["frames"].as_array().is_some_and(Vec::is_empty))
+        .collect();
+    assert_eq!(overflow.len(), 1, "{}", list_groups(&json));
+    assert_eq!(overflow[0]["kind"], "libc");
+    let other = Counts::of(overflow[0]);
+    assert_eq!(
+        other,
+        Counts {
+            live_count: 50,
+            live_bytes: 800,
+            total_count: 200,
+            total_bytes: 3200
+        }
+    );
+    assert!(groups_at(&json, "libc", "other").is_empty());
     assert_eq!(groups(&json).len(), 3, "{}", list_groups(&json));
-    // Truncated groups and truncated stacks agree (none here).
-    assert_eq!(uint(&json, "/truncated_groups"), 0);
+    // The overflow group is marked truncated; no stack was cut short.
+    assert_eq!(uint(&json, "/truncated_groups"), 1);
     assert_eq!(c("truncated_stacks"), 0);
 
     // The markdown header: lower bounds said so, separators, categories.
@@ -83,11 +99,15 @@ fn each_allocation_is_counted_once_when_both_tables_overflow() {
             "{text}"
         );
         assert!(
-            text.contains("Allocations seen: 500 (fully recorded: 200), frees: 100."),
+            text.contains("Allocations seen: 500 (fully recorded: 250), frees: 100."),
             "{text}"
         );
         assert!(
-            text.contains("Lost events: 300 (each counted once: not tracked as live, live table full: 100; missing from the stack totals, site table full: 50; in neither table: 150; calls not followed, in-flight table full: 0; returns missed: 0)"),
+            text.contains("Lost events: 250 (each counted once: not tracked as live, live table full: 250; missing from the stack totals, site table full: 0; in neither table: 0; calls not followed, in-flight table full: 0; returns missed: 0)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("recorded without their stack in the overflow group of their kind (site table full, --max-sites): 200"),
             "{text}"
         );
     }

@@ -54,6 +54,9 @@ pub struct ProbeOptions {
     pub gc_events_bytes: u32,
     /// Keep every frame of recursive calls (DWARF unwinding folds them by default).
     pub keep_recursion: bool,
+    /// Sampling: mean bytes between sample points (`--sample-bytes`); 0
+    /// follows every allocation.
+    pub sample_bytes: u64,
 }
 
 impl ProbeOptions {
@@ -67,6 +70,7 @@ impl ProbeOptions {
             empty: false,
             gc_events_bytes: 0,
             keep_recursion: false,
+            sample_bytes: 0,
         }
     }
 }
@@ -87,6 +91,8 @@ pub struct Probes {
     gc_events: GcEvents,
     /// The module ranges the kernel unwinder has.
     modules: ModuleTable,
+    /// Sampling's mean distance (`--sample-bytes`), 0 without.
+    sample_bytes: u64,
 }
 
 impl Probes {
@@ -102,8 +108,10 @@ impl Probes {
             None => (options.max_stacks, 1),
         };
         let fold_recursion = u32::from(!options.keep_recursion);
+        let sampling = u32::from(options.sample_bytes > 0);
         let mut ebpf = EbpfLoader::new()
             .override_global(globals::FOLD_RECURSION, &fold_recursion, true)
+            .override_global(globals::SAMPLING, &sampling, true)
             .map_max_entries(maps::LIVE, options.max_live)
             .map_max_entries(maps::STACKS, fp_stacks)
             .map_max_entries(maps::DWARF_STACKS, dwarf_stacks)
@@ -122,7 +130,18 @@ impl Probes {
             links: Vec::new(),
             attached: 0,
             modules: ModuleTable::default(),
+            sample_bytes: options.sample_bytes,
         };
+        if options.sample_bytes > 0 {
+            let mut table: Array<&mut MapData, u64> =
+                Array::try_from(probes.map_mut(maps::SAMPLE_DISTANCES)?)?;
+            for (i, distance) in crate::sampling::distances(options.sample_bytes)
+                .into_iter()
+                .enumerate()
+            {
+                table.set(i as u32, distance, 0)?;
+            }
+        }
         probes.set_enabled(true)?;
         if let Some(tables) = unwind_tables {
             probes.write_unwind_rows(tables)?;

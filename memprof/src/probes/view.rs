@@ -100,6 +100,8 @@ pub struct HeapMaps {
     dwarf_stacks: HashMap<MapData, u64, DwarfStack>,
     /// Stacks were unwound with the CFI tables (`dwarf_stacks`), not frame pointers.
     dwarf: bool,
+    /// Allocations were sampled with this mean distance (`--sample-bytes`); 0: all followed.
+    pub sample_bytes: u64,
     counters: PerCpuArray<MapData, KernelCounters>,
 }
 
@@ -203,6 +205,7 @@ impl Probes {
             stacks: StackTraceMap::try_from(open(maps::STACKS)?)?,
             dwarf_stacks: HashMap::try_from(open(maps::DWARF_STACKS)?)?,
             dwarf: self.config.get(config::UNWIND_DWARF)? == 1,
+            sample_bytes: self.sample_bytes,
             counters: PerCpuArray::try_from(open(maps::COUNTERS)?)?,
         })
     }
@@ -244,6 +247,7 @@ fn report_counters(kernel: KernelCounters) -> Counters {
         sites_overflowed,
         stacks_stored,
         sites_stored,
+        unsampled_allocs,
         // Reported in the GC summary (`Probes::collections_not_held`,
         // `Probes::gc_events_lost`), not here.
         gc_collections: _,
@@ -267,6 +271,7 @@ fn report_counters(kernel: KernelCounters) -> Counters {
         sites_overflowed,
         stacks_stored,
         sites_stored,
+        unsampled_allocs,
     }
 }
 
@@ -298,6 +303,7 @@ mod tests {
             c.sites_overflowed,
             c.stacks_stored,
             c.sites_stored,
+            c.unsampled_allocs,
         ];
         assert_eq!(
             read,
@@ -318,6 +324,7 @@ mod tests {
                 kernel.sites_overflowed,
                 kernel.stacks_stored,
                 kernel.sites_stored,
+                kernel.unsampled_allocs,
             ]
         );
         // Every field had its own value: no two report counters read one field.

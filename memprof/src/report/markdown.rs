@@ -75,6 +75,16 @@ pub fn header(profile: &Profile, out: &mut dyn Write) -> Result<()> {
         thousands(c.frees)
     )?;
     writeln!(out)?;
+    if profile.sample_bytes > 0 {
+        writeln!(
+            out,
+            "Sampled: one allocation followed per {} bytes allocated on average (--sample-bytes): the stacks' counts and bytes are estimates scaled from {} sampled allocations ({} not sampled); frees of blocks not sampled count as frees of unknown blocks.",
+            thousands(profile.sample_bytes),
+            thousands(c.allocs),
+            thousands(c.unsampled_allocs)
+        )?;
+        writeln!(out)?;
+    }
     writeln!(out, "{}.", capitalize(&loss_summary(profile)))?;
     writeln!(out)?;
     if let Some(gc) = &profile.gc {

@@ -296,6 +296,18 @@ pub fn loss_summary(profile: &Profile) -> String {
         thousands(c.stack_errors),
         thousands(c.unknown_frees)
     );
+    if c.sites_overflowed > 0 {
+        line += &format!(
+            "; recorded without their stack in the overflow group of their kind (site table full, --max-sites): {}",
+            thousands(c.sites_overflowed)
+        );
+    }
+    if c.stacks_degraded > 0 {
+        line += &format!(
+            "; recorded under their caller alone (stack table full, --max-stacks): {}",
+            thousands(c.stacks_degraded)
+        );
+    }
     let truncated = truncated_groups(profile);
     if c.truncated_stacks > 0 || truncated > 0 {
         line += &format!(

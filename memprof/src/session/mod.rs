@@ -355,6 +355,7 @@ impl Session {
                 .map(|d| d.as_secs_f64())
                 .unwrap_or(0.0),
             unwind: self.plan.unwind_name().to_string(),
+            sample_bytes: self.options.probes.sample_bytes,
             probes: self
                 .plan
                 .probes
