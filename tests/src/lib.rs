@@ -46,6 +46,9 @@ pub mod fixture {
     /// A binary tree of 262,143 malloc(48) built by a function recursing
     /// from two call sites: as many distinct stacks (`fixtures/c/recursion.c`).
     pub const RECURSION: &str = env!("FIXTURE_RECURSION");
+    /// Three freed sites of known byte shares and a leaking one, for
+    /// `--sample-bytes 4096` (`fixtures/c/sampling.c`).
+    pub const SAMPLING: &str = env!("FIXTURE_SAMPLING");
     /// `fixtures/c/gc_verdicts.c` (`gc_verdicts OUT [SLEEP]`) linked with libgc.so.
     pub const GC_VERDICTS: &str = env!("FIXTURE_GC_VERDICTS");
     /// The same source with libgc.a linked in.

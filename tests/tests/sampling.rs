@@ -1,0 +1,84 @@
+//! Sampling (`--sample-bytes`): estimates within 5 % of the truth.
+//! `fixtures/c/sampling.c` allocates known bytes at three freed sites
+//! (50/30/20 %) and one leaking site; with a sample point every 4,096 bytes
+//! on average each has 10,000+ samples, so its estimate's standard
+//! deviation is about 1 %: 5 % is five of them.
+use memprof_tests::*;
+
+/// (function, blocks, block size, still live at the end)
+const SITES: [(&str, u64, u64, bool); 4] = [
+    ("share_a", 114_000, 2048, false),
+    ("share_b", 273_000, 512, false),
+    ("share_c", 91_000, 1024, false),
+    ("leak", 160_000, 256, true),
+];
+
+fn within_5_percent(what: &str, estimate: u64, truth: u64) {
+    let error = (estimate as f64 - truth as f64).abs() / truth as f64;
+    assert!(
+        error <= 0.05,
+        "{what}: estimated {estimate}, truth {truth} ({:.1} % off)",
+        error * 100.0
+    );
+}
+
+#[test]
+fn sampled_estimates_are_within_5_percent_per_stack() {
+    let dir = TempDir::new("sampling");
+    let profile = dir.join("sampling.mprof");
+    let output = run_ok([
+        OsStr::new("run"),
+        OsStr::new("-o"),
+        profile.as_os_str(),
+        OsStr::new("--heap"),
+        OsStr::new("libc"),
+        OsStr::new("--sample-bytes"),
+        OsStr::new("4096"),
+        OsStr::new("--"),
+        OsStr::new(fixture::SAMPLING),
+    ]);
+    let json = report_json(&profile);
+    let c = |name: &str| uint(&json, &format!("/counters/{name}"));
+    // Every call is either followed or skipped by sampling; frees all seen.
+    let calls: u64 = SITES.iter().map(|s| s.1).sum();
+    assert_eq!(c("allocs") + c("unsampled_allocs"), calls, "{json:#}");
+    assert!(c("unsampled_allocs") > calls / 2, "most are skipped");
+    assert_eq!(c("frees"), calls - 160_000);
+    assert_eq!(uint(&json, "/lost_events"), 0);
+
+    for (function, blocks, size, live) in SITES {
+        // share_* allocate in churn(); leak() itself.
+        let group = groups(&json)
+            .iter()
+            .find(|g| {
+                let frames: Vec<&str> = g["frames"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|f| f["function"].as_str().unwrap_or("?"))
+                    .collect();
+                frames.first() == Some(&function)
+                    || (frames.first() == Some(&"churn") && frames.get(1) == Some(&function))
+            })
+            .unwrap_or_else(|| panic!("no group for {function}:\n{}", list_groups(&json)));
+        let n = Counts::of(group);
+        within_5_percent(&format!("{function} bytes"), n.total_bytes, blocks * size);
+        within_5_percent(&format!("{function} count"), n.total_count, blocks);
+        if live {
+            within_5_percent(&format!("{function} live bytes"), n.live_bytes, blocks * size);
+            within_5_percent(&format!("{function} live count"), n.live_count, blocks);
+        } else {
+            assert_eq!((n.live_count, n.live_bytes), (0, 0), "{function}");
+        }
+    }
+
+    // Every report says the figures are estimates.
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let markdown = report(&profile, "markdown", &[]);
+    for text in [&*stderr, &markdown] {
+        assert!(
+            text.contains("Sampled: one allocation followed per 4,096 bytes allocated on average (--sample-bytes): the stacks' counts and bytes are estimates"),
+            "{text}"
+        );
+    }
+}
