@@ -469,6 +469,8 @@ pub mod maps {
 pub mod globals {
     /// `u32`, 1: fold recursion in DWARF stacks (default), 0: keep every frame.
     pub const FOLD_RECURSION: &str = "FOLD_RECURSION";
+    /// `u32`, 1: unwind with the CFI tables (`UNWIND_ROWS`), 0: frame pointers.
+    pub const UNWIND_DWARF: &str = "UNWIND_DWARF";
     /// `u32`, 1: sample allocations (`--sample-bytes`, distances in
     /// `SAMPLE_DISTANCES`), 0: follow every one (default).
     pub const SAMPLING: &str = "SAMPLING";
@@ -476,8 +478,8 @@ pub mod globals {
 
 /// Indexes into the `CONFIG` array.
 pub mod config {
-    /// 1: unwind with the CFI tables (`UNWIND_ROWS`), 0: frame pointers.
-    pub const UNWIND_DWARF: u32 = 0;
+    /// Unused (was the unwinder, now [`globals::UNWIND_DWARF`](super::globals::UNWIND_DWARF)).
+    pub const UNUSED_0: u32 = 0;
     /// Which modules the `MODULE_RANGES` table holds, packed by
     /// [`module_table::pack`](super::module_table::pack).
     pub const MODULE_COUNT: u32 = 1;

@@ -34,12 +34,12 @@
 
 #[cfg(target_arch = "bpf")]
 mod probes {
+    use aya_ebpf::Global;
     use aya_ebpf::{
         bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
         helpers::{
             bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_ktime_get_ns,
-            bpf_probe_read_user,
-            bpf_send_signal_thread,
+            bpf_probe_read_user, bpf_send_signal_thread,
         },
         macros::{map, uprobe, uretprobe},
         maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf, StackTrace},
@@ -52,12 +52,14 @@ mod probes {
         SiteTotals, UnwindRow, CALLER_ONLY, FOLD_WINDOW, HOLD_SIGNAL, LIBRARY_LOAD_SIGNAL,
         MAX_FRAMES, MAX_STEPS, NO_STACK, SAMPLE_QUANTILES, SITES_OVERFLOW,
     };
-    use aya_ebpf::Global;
 
     /// 1: fold recursion in DWARF stacks (`--keep-recursion` sets 0). A
     /// load-time constant: the verifier drops the path not taken.
     #[unsafe(no_mangle)]
     static FOLD_RECURSION: Global<u32> = Global::new(1);
+    /// 1: unwind with the CFI tables (`UNWIND_ROWS`), 0: frame pointers.
+    #[unsafe(no_mangle)]
+    static UNWIND_DWARF: Global<u32> = Global::new(0);
     /// 1: sample allocations (`--sample-bytes`), 0: follow every one.
     #[unsafe(no_mangle)]
     static SAMPLING: Global<u32> = Global::new(0);
@@ -202,8 +204,8 @@ mod probes {
         let caller = unsafe { bpf_probe_read_user(sp as *const u64) }.unwrap_or(0);
         let stack = if unsampled == 1 {
             Some(NO_STACK) // never recorded
-        } else if setting(config::UNWIND_DWARF) == 1 {
-            dwarf_unwind(ctx)
+        } else if UNWIND_DWARF.load() == 1 {
+            dwarf_unwind(ctx, caller)
         } else {
             ctx.get_stackid(&STACKS, BPF_F_USER_STACK as u64)
                 .map(|id| id as u64)
@@ -302,14 +304,17 @@ mod probes {
     /// occurrence, and the walk goes on to the callers (up to `MAX_STEPS`
     /// frames walked, `MAX_FRAMES` kept).
     #[inline(always)]
-    fn dwarf_unwind(ctx: &ProbeContext) -> Option<u64> {
+    fn dwarf_unwind(ctx: &ProbeContext, caller: u64) -> Option<u64> {
         let scratch = unsafe { &mut *SCRATCH.get_ptr_mut(0)? };
         let regs = unsafe { &*ctx.regs };
-        // At entry the CFA is %rsp + 8 and the return address is at %rsp.
-        let mut sp = regs.rsp;
+        // At entry the CFA is %rsp + 8 and the return address, the
+        // caller `enter` read, is at %rsp.
+        let mut sp = regs.rsp + 8;
         let mut bp = regs.rbp;
-        let mut pc = unsafe { bpf_probe_read_user(sp as *const u64) }.ok()?;
-        sp += 8;
+        let mut pc = caller;
+        if pc == 0 {
+            return None; // unreadable
+        }
         // `count` is a mask, not min(): the searches stay prunable.
         let packed = setting(config::MODULE_COUNT);
         let modules = module_table::count(packed);

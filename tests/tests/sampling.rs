@@ -65,7 +65,11 @@ fn sampled_estimates_are_within_5_percent_per_stack() {
         within_5_percent(&format!("{function} bytes"), n.total_bytes, blocks * size);
         within_5_percent(&format!("{function} count"), n.total_count, blocks);
         if live {
-            within_5_percent(&format!("{function} live bytes"), n.live_bytes, blocks * size);
+            within_5_percent(
+                &format!("{function} live bytes"),
+                n.live_bytes,
+                blocks * size,
+            );
             within_5_percent(&format!("{function} live count"), n.live_count, blocks);
         } else {
             assert_eq!((n.live_count, n.live_bytes), (0, 0), "{function}");

@@ -93,6 +93,8 @@ pub struct Probes {
     modules: ModuleTable,
     /// Sampling's mean distance (`--sample-bytes`), 0 without.
     sample_bytes: u64,
+    /// Stacks are unwound with the CFI tables (`DWARF_STACKS`), not frame pointers.
+    dwarf: bool,
 }
 
 impl Probes {
@@ -109,9 +111,11 @@ impl Probes {
         };
         let fold_recursion = u32::from(!options.keep_recursion);
         let sampling = u32::from(options.sample_bytes > 0);
+        let dwarf = u32::from(unwind_tables.is_some());
         let mut ebpf = EbpfLoader::new()
             .override_global(globals::FOLD_RECURSION, &fold_recursion, true)
             .override_global(globals::SAMPLING, &sampling, true)
+            .override_global(globals::UNWIND_DWARF, &dwarf, true)
             .map_max_entries(maps::LIVE, options.max_live)
             .map_max_entries(maps::STACKS, fp_stacks)
             .map_max_entries(maps::DWARF_STACKS, dwarf_stacks)
@@ -131,6 +135,7 @@ impl Probes {
             attached: 0,
             modules: ModuleTable::default(),
             sample_bytes: options.sample_bytes,
+            dwarf: unwind_tables.is_some(),
         };
         if options.sample_bytes > 0 {
             let mut table: Array<&mut MapData, u64> =

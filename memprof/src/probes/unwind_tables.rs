@@ -25,10 +25,10 @@ pub(super) struct ModuleTable {
 }
 
 impl Probes {
-    /// Writes the CFI rows and switches the kernel to DWARF unwinding.
+    /// Writes the CFI rows (the kernel unwinds with them: `UNWIND_DWARF` was set at load).
     pub(super) fn write_unwind_rows(&mut self, tables: &Tables) -> Result<()> {
         super::batch::fill_array::<UnwindRow>(self.map(maps::UNWIND_ROWS)?, &tables.rows)?;
-        self.config.set(config::UNWIND_DWARF, 1)
+        Ok(())
     }
 
     /// Tells the unwinder where each module is mapped (sorted by address;

@@ -10,8 +10,8 @@
 use anyhow::{anyhow, Result};
 use aya::maps::{HashMap, Map, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues, StackTraceMap};
 use memprof_common::{
-    config, maps, AllocKind, AllocSite, DwarfStack, KernelCounters, LiveAlloc, SiteTotals,
-    CALLER_ONLY, NO_STACK, SITES_OVERFLOW,
+    maps, AllocKind, AllocSite, DwarfStack, KernelCounters, LiveAlloc, SiteTotals, CALLER_ONLY,
+    NO_STACK, SITES_OVERFLOW,
 };
 
 use super::Probes;
@@ -204,7 +204,7 @@ impl Probes {
             overflow: PerCpuArray::try_from(open(maps::OVERFLOW_TOTALS)?)?,
             stacks: StackTraceMap::try_from(open(maps::STACKS)?)?,
             dwarf_stacks: HashMap::try_from(open(maps::DWARF_STACKS)?)?,
-            dwarf: self.config.get(config::UNWIND_DWARF)? == 1,
+            dwarf: self.dwarf,
             sample_bytes: self.sample_bytes,
             counters: PerCpuArray::try_from(open(maps::COUNTERS)?)?,
         })
