@@ -548,9 +548,14 @@ pub mod module_table {
     const _: () = assert!(SLOTS.is_power_of_two() && MAX_MODULES < 1 << HALF_SHIFT);
     const _: () = assert!(MAX_MODULES >> MODULE_SEARCH_STEPS == 0);
 
-    /// The `config::MODULE_COUNT` value for `count` modules in half `half` (0 or 1).
-    pub const fn pack(count: u32, half: u32) -> u32 {
-        count | half << HALF_SHIFT
+    /// The bits above the half bit: which table this is, counted from the
+    /// first (the kernel's row cache is valid for one table only).
+    const GENERATION_SHIFT: u32 = HALF_SHIFT + 1;
+
+    /// The `config::MODULE_COUNT` value for `count` modules in half `half`
+    /// (0 or 1), the `generation`th table written (wraps around).
+    pub const fn pack(count: u32, half: u32, generation: u32) -> u32 {
+        count | half << HALF_SHIFT | generation << GENERATION_SHIFT
     }
 
     /// Modules in use, from a packed value. A mask, not `min()`: `min()`
@@ -582,6 +587,10 @@ pub mod cfa {
     /// No rule memprof can follow (expressions, gaps between functions).
     pub const UNKNOWN: u8 = 3;
 }
+
+/// Slots of the unwinder's per-CPU cache of rows by return address (a
+/// power of two).
+pub const ROW_CACHE_SLOTS: u32 = 1024;
 
 /// One row of a compact CFI table: from `pc` (module-relative) until the
 /// next row, CFA = `cfa_reg` + `cfa_offset`; the return address is at
@@ -697,7 +706,7 @@ mod tests {
     fn module_table_packing() {
         assert_eq!(module_table::MODULE_SEARCH_STEPS, 7);
         for half in [0, 1] {
-            let packed = module_table::pack(module_table::MAX_MODULES, half);
+            let packed = module_table::pack(module_table::MAX_MODULES, half, u32::MAX);
             assert_eq!(module_table::count(packed), module_table::MAX_MODULES);
             assert_eq!(
                 module_table::first_slot(packed),

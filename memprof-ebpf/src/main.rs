@@ -50,7 +50,7 @@ mod probes {
         cfa, config, cookie, errno, gc_event, layout, lifetime_bucket, module_table, op, AllocKind,
         AllocSite, DwarfStack, GcEvent, KernelCounters, LiveAlloc, ModuleRange, PendingCall,
         SiteTotals, UnwindRow, CALLER_ONLY, FOLD_WINDOW, HOLD_SIGNAL, LIBRARY_LOAD_SIGNAL,
-        MAX_FRAMES, MAX_STEPS, NO_STACK, SAMPLE_QUANTILES, SITES_OVERFLOW,
+        MAX_FRAMES, MAX_STEPS, NO_STACK, ROW_CACHE_SLOTS, SAMPLE_QUANTILES, SITES_OVERFLOW,
     };
 
     /// 1: fold recursion in DWARF stacks (`--keep-recursion` sets 0). A
@@ -105,6 +105,21 @@ mod probes {
     /// switches (`config::MODULE_COUNT`), so no probe sees a half-written one.
     #[map]
     static MODULE_RANGES: Array<ModuleRange> = Array::with_max_entries(module_table::ENTRIES, 0);
+    /// Per CPU, rows found by pc (see `cached_row`).
+    #[map]
+    static ROW_CACHE: PerCpuArray<CachedRow> = PerCpuArray::with_max_entries(ROW_CACHE_SLOTS, 0);
+
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct CachedRow {
+        pc: u64,
+        /// `config::MODULE_COUNT` when it was found.
+        packed: u32,
+        _pad: u32,
+        func: u64,
+        row: UnwindRow,
+    }
+
     /// The stack being unwound (too big for the 512-byte BPF stack).
     #[map]
     static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
@@ -315,10 +330,7 @@ mod probes {
         if pc == 0 {
             return None; // unreadable
         }
-        // `count` is a mask, not min(): the searches stay prunable.
         let packed = setting(config::MODULE_COUNT);
-        let modules = module_table::count(packed);
-        let table = module_table::first_slot(packed);
         let fold = u64::from(FOLD_RECURSION.load()) & 1;
         // Whether a frame is kept or folded is computed, not branched on
         // (`select`): a branch per frame whose sides differ in what they
@@ -336,7 +348,7 @@ mod probes {
                 break;
             }
             // A return address points after the call: look up the call itself.
-            let Some((row, func)) = find_row(pc - 1, table, modules) else {
+            let Some((row, func)) = cached_row(pc - 1, packed) else {
                 // No rule for it: the last frame.
                 if len < MAX_FRAMES {
                     *scratch.frame(len) = pc;
@@ -417,6 +429,32 @@ mod probes {
                 Some(CALLER_ONLY)
             }
         }
+    }
+
+    /// [`find_row`] through this CPU's cache of rows by pc: most
+    /// allocations come from a few call paths, whose return addresses hit
+    /// (one lookup instead of a binary search of 33 steps). An entry is
+    /// valid for the module table it was found in (`packed`, which counts
+    /// the tables written). Both ways end reading the entry, so the
+    /// verifier sees one state after it, not two.
+    #[inline(always)]
+    fn cached_row(pc: u64, packed: u32) -> Option<(UnwindRow, u64)> {
+        let slot = ((pc ^ (pc >> 12)) as u32) & (ROW_CACHE_SLOTS - 1);
+        let entry = unsafe { &mut *ROW_CACHE.get_ptr_mut(slot)? };
+        if entry.pc != pc || entry.packed != packed {
+            // `count` is a mask, not min(): the searches stay prunable.
+            let modules = module_table::count(packed);
+            let table = module_table::first_slot(packed);
+            let (row, func) = find_row(pc, table, modules)?;
+            *entry = CachedRow {
+                pc,
+                packed,
+                _pad: 0,
+                func,
+                row,
+            };
+        }
+        Some((entry.row, entry.func))
     }
 
     /// The CFI row covering `pc` and the function it belongs to (its start,

@@ -22,6 +22,8 @@ pub(super) struct ModuleTable {
     ranges: Vec<ModuleRange>,
     /// Which half (0 or 1) is in use.
     half: u32,
+    /// How many tables were written before this one.
+    generation: u32,
 }
 
 impl Probes {
@@ -51,13 +53,15 @@ impl Probes {
                 table.set(module_table::slot(half, i as u32), range, 0)?;
             }
         }
+        let generation = self.modules.generation.wrapping_add(1);
         self.modules = ModuleTable {
             ranges: ranges.to_vec(),
             half,
+            generation,
         };
         self.config.set(
             config::MODULE_COUNT,
-            module_table::pack(ranges.len() as u32, half),
+            module_table::pack(ranges.len() as u32, half, generation),
         )
     }
 }
