@@ -717,9 +717,13 @@ mod probes {
             return (*site, Some(totals));
         }
         // Another CPU may add it meanwhile (EEXIST): the lookup after finds it.
-        let _ = SITE_TOTALS.insert(site, &SiteTotals::default(), BPF_NOEXIST as u64);
-        if let Some(totals) = SITE_TOTALS.get_ptr_mut(site) {
+        if SITE_TOTALS
+            .insert(site, &SiteTotals::default(), BPF_NOEXIST as u64)
+            .is_ok()
+        {
             bump(|c| &mut c.sites_stored);
+        }
+        if let Some(totals) = SITE_TOTALS.get_ptr_mut(site) {
             return (*site, Some(totals));
         }
         bump(|c| &mut c.sites_overflowed);
