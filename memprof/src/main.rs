@@ -176,8 +176,8 @@ fn report_cmd(args: &ReportArgs) -> Result<()> {
     }
     let mut loaded = match (&args.diff, &args.file) {
         (Some(files), _) => {
-            let before = filter.apply(&profile::load(&files[0])?);
-            let after = filter.apply(&profile::load(&files[1])?);
+            let before = filter.apply(profile::load(&files[0])?);
+            let after = filter.apply(profile::load(&files[1])?);
             diff::check_compatible(&before, &after)?;
             vec![before, after]
         }
@@ -186,7 +186,7 @@ fn report_cmd(args: &ReportArgs) -> Result<()> {
             vec![if filter.is_empty() {
                 profile
             } else {
-                filter.apply(&profile)
+                filter.apply(profile)
             }]
         }
         (None, None) => bail!("no profile given"),

@@ -7,8 +7,8 @@
 //! use memprof::report::{folded, Options};
 //! let f = |name: &str| Frame { function: name.into(), ..Default::default() };
 //! let mut profile = Profile::default();
-//! profile.groups.push(Group { kind: "libc".into(), live_count: 600, live_bytes: 28800,
-//!     frames: vec![f("make_foo"), f("main")], ..Default::default() });
+//! profile.push(Group { kind: "libc".into(), live_count: 600, live_bytes: 28800, ..Default::default() },
+//!     vec![f("make_foo"), f("main")]);
 //! let mut out = Vec::new();
 //! folded::write(&profile, &Options::default(), &mut out).unwrap();
 //! assert_eq!(String::from_utf8(out).unwrap(), "main;make_foo 28800\n");
@@ -30,7 +30,7 @@ pub fn stacks(profile: &Profile, options: &Options) -> BTreeMap<String, u64> {
         if value == 0 {
             continue;
         }
-        let mut frames: Vec<String> = options.frames(g, usize::MAX).map(frame_name).collect();
+        let mut frames: Vec<String> = options.frames(profile, g, usize::MAX).map(frame_name).collect();
         frames.reverse();
         if frames.is_empty() {
             frames.push("[no stack]".to_string());
@@ -80,13 +80,12 @@ mod tests {
             live_bytes: bytes,
             total_count: 2,
             total_bytes: 2 * bytes,
-            frames: vec![f(name), f("main")],
             ..Group::default()
         };
-        let profile = Profile {
-            groups: vec![g("odd;name\n", 10), g("odd;name\n", 5), g("x", 0)],
-            ..Profile::default()
-        };
+        let mut profile = Profile::default();
+        for (name, bytes) in [("odd;name\n", 10), ("odd;name\n", 5), ("x", 0)] {
+            profile.push(g(name, bytes), vec![f(name), f("main")]);
+        }
         let options = Options::default();
         let stacks = stacks(&profile, &options);
         assert_eq!(stacks.len(), 1);

@@ -24,7 +24,7 @@ pub fn to_value(profile: &Profile, options: &Options) -> Value {
         .into_iter()
         .map(|g| {
             let frames: Vec<Value> = options
-                .frames(g, usize::MAX)
+                .frames(profile, g, usize::MAX)
                 .map(|f| {
                     json!({
                         "function": f.function,
@@ -95,31 +95,34 @@ mod tests {
     #[test]
     fn groups_carry_type_and_truncation() {
         let raw = "*GC::malloc<UInt64>:Pointer(Void)";
-        let profile = Profile {
+        let mut profile = Profile {
             gc: Some(crate::profile::GcSummary {
                 liveness: "address reuse only".into(),
                 ..Default::default()
             }),
-            groups: vec![Group {
-                kind: "gc".into(),
-                type_name: Some("Foo".into()),
-                truncated: true,
-                frames: vec![
-                    Frame {
-                        function: "GC.malloc".into(),
-                        raw_name: raw.into(),
-                        ..Frame::default()
-                    },
-                    Frame {
-                        function: "Foo.new".into(),
-                        raw_name: "*Foo::new:Foo".into(),
-                        ..Frame::default()
-                    },
-                ],
-                ..Group::default()
-            }],
             ..Profile::default()
         };
+        let group = Group {
+            kind: "gc".into(),
+            type_name: Some("Foo".into()),
+            truncated: true,
+            ..Group::default()
+        };
+        let frames = vec![
+            Frame {
+                function: "GC.malloc".into(),
+                raw_name: raw.into(),
+                address: 1,
+                ..Frame::default()
+            },
+            Frame {
+                function: "Foo.new".into(),
+                raw_name: "*Foo::new:Foo".into(),
+                address: 2,
+                ..Frame::default()
+            },
+        ];
+        profile.push(group, frames);
         let json = to_value(&profile, &Options::default());
         assert_eq!(json["gc"]["liveness"], "address reuse only");
         let group = &json["groups"][0];

@@ -128,7 +128,7 @@ pub fn write(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
     {
         let Some(leak) = assess(group) else { continue };
         let frames: Vec<String> = options
-            .frames(group, 5)
+            .frames(profile, group, 5)
             .map(|f| format!("`{}`", escape(&frame_text(f))))
             .collect();
         writeln!(

@@ -142,7 +142,7 @@ pub fn table(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
     writeln!(out, "|------------:|-----------:|---------|")?;
     for g in rows {
         let mut context: Vec<String> = options
-            .frames(g, DEFAULT_DEPTH)
+            .frames(profile, g, DEFAULT_DEPTH)
             .map(|f| format!("`{}`", escape(&frame_text(f))))
             .collect();
         if g.truncated {
@@ -254,17 +254,15 @@ mod tests {
             line: Some(3),
             ..Frame::default()
         };
-        let profile = Profile {
-            groups: vec![Group {
-                kind: "gc".into(),
-                live_count: 2,
-                live_bytes: 4096,
-                frames: vec![frame],
-                truncated: true,
-                ..Group::default()
-            }],
-            ..Profile::default()
+        let mut profile = Profile::default();
+        let group = Group {
+            kind: "gc".into(),
+            live_count: 2,
+            live_bytes: 4096,
+            truncated: true,
+            ..Group::default()
         };
+        profile.push(group, vec![frame]);
         let text = render(&profile);
         let row = text
             .lines()

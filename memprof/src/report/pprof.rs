@@ -15,10 +15,9 @@
 //! use memprof::report::{pprof, Options};
 //! use prost::Message;
 //! let mut profile = Profile::default();
-//! profile.groups.push(Group { kind: "libc".into(), live_count: 600, live_bytes: 28800,
-//!     total_count: 1000, total_bytes: 48000,
-//!     frames: vec![Frame { function: "make_foo".into(), address: 0x1234, ..Default::default() }],
-//!     ..Default::default() });
+//! profile.push(Group { kind: "libc".into(), live_count: 600, live_bytes: 28800,
+//!     total_count: 1000, total_bytes: 48000, ..Default::default() },
+//!     vec![Frame { function: "make_foo".into(), address: 0x1234, ..Default::default() }]);
 //! let proto = pprof::build(&profile, &Options::default());
 //! assert_eq!(proto.sample[0].value, [1000, 48000, 600, 28800]);
 //! let bytes = proto.encode_to_vec();
@@ -181,7 +180,7 @@ pub fn build(profile: &Profile, options: &Options) -> proto::Profile {
     let mut samples = Vec::with_capacity(groups.len());
     for g in groups {
         bar.inc(1);
-        let frames: Vec<&Frame> = options.frames(g, usize::MAX).collect();
+        let frames: Vec<&Frame> = options.frames(profile, g, usize::MAX).collect();
         let mut location_id = Vec::new();
         // Inlined frames share their caller's return address: one location.
         let mut i = 0;

@@ -4,18 +4,27 @@
 //!
 //! Layout: one header line `MEMPROF-PROFILE <version>\n`, then the
 //! [`Profile`] as JSON and a newline, then an end line
-//! `MEMPROF-END crc32=<hex> bytes=<n>\n` with the CRC-32 and length of the
+//! `MEMPROF-END crc32=<hex> bytes=<n>\n` with the CRC-32 of the header
+//! line and the JSON (version 2: of the JSON only) and the length of the
 //! JSON. The header lets [`load`] tell "not a profile" and "another
 //! version" apart, the end line "truncated" and "corrupt" (a flipped byte),
 //! before anything is parsed. (The check is at the end so the profile is
 //! streamed out once, never held twice in memory.) Counts whose sums would
 //! overflow are refused as corrupt.
 //!
+//! Stacks are interned as pprof does (version 3): a group names its stack
+//! by an id into [`Stacks`], where each distinct return address is one
+//! [`Location`] (its frames, inlined functions first; strings once in a
+//! string table) and each stack a node `[location, caller]` of a tree whose
+//! root is the outermost frame, so stacks sharing their outer frames share
+//! their nodes. Version-2 files (every group with its whole frames) are
+//! still read, and converted on load.
+//!
 //! ```
 //! use memprof::profile::{self, Profile};
 //! let mut bytes = Vec::new();
 //! profile::write(&Profile::default(), &mut bytes).unwrap();
-//! assert!(bytes.starts_with(b"MEMPROF-PROFILE 2\n"));
+//! assert!(bytes.starts_with(b"MEMPROF-PROFILE 3\n"));
 //! let back = profile::parse(&bytes).unwrap();
 //! assert_eq!(back.groups.len(), 0);
 //! ```
@@ -25,9 +34,15 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
+mod stacks;
+pub use stacks::{Location, Stacks};
+
 pub const MAGIC: &str = "MEMPROF-PROFILE";
-/// The version this memprof writes and reads (2: with the end line).
-pub const VERSION: u32 = 2;
+/// The version this memprof writes (3: stacks interned).
+pub const VERSION: u32 = 3;
+/// The oldest version this memprof reads (2: with the end line; whole
+/// frames in every group, converted on load).
+pub const OLDEST_READ: u32 = 2;
 /// Starts the last line: the checksum and length of the JSON.
 const END: &str = "MEMPROF-END";
 
@@ -47,6 +62,9 @@ pub struct Profile {
     pub counters: Counters,
     pub probes: Vec<ProbeInfo>,
     pub groups: Vec<Group>,
+    /// The stacks the groups name ([`Group::stack`]).
+    #[serde(default)]
+    pub stacks: Stacks,
     /// What the Boehm collector did while profiled (targets with a GC heap).
     #[serde(default)]
     pub gc: Option<GcSummary>,
@@ -54,6 +72,19 @@ pub struct Profile {
     /// (`--sample-period`); empty when sampling was off.
     #[serde(default)]
     pub timeline: Timeline,
+}
+
+impl Profile {
+    /// The frames of `group`'s stack, innermost first.
+    pub fn frames<'a>(&'a self, group: &Group) -> impl Iterator<Item = &'a Frame> + Clone + 'a {
+        self.stacks.frames(group.stack)
+    }
+
+    /// Adds `group` with the stack `frames` (innermost first), interned.
+    pub fn push(&mut self, mut group: Group, frames: Vec<Frame>) {
+        group.stack = self.stacks.intern(frames);
+        self.groups.push(group);
+    }
 }
 
 /// Live memory over time, sampled by the daemon at a fixed period.
@@ -228,11 +259,17 @@ pub struct Group {
     pub live_bytes: u64,
     pub total_count: u64,
     pub total_bytes: u64,
-    /// Innermost first, starting at the caller of the allocator function.
-    pub frames: Vec<Frame>,
+    /// The call stack, an id in [`Profile::stacks`] (innermost first from
+    /// the caller of the allocator function; 0: no frames).
+    #[serde(default)]
+    pub stack: u32,
     /// The stack could not be unwound to its end (unwinder gave up or hit the depth limit).
     #[serde(default)]
     pub truncated: bool,
+    /// Repeated frames of a recursive function were folded into one
+    /// (unless `--keep-recursion`): the stack is shorter than the real one.
+    #[serde(default)]
+    pub folded: bool,
     /// The Crystal class (or buffer kind) these objects are, where the stack says so.
     #[serde(default)]
     pub type_name: Option<String>,
@@ -256,6 +293,11 @@ pub struct Group {
     /// the growth the `--leaks` view looks for.
     #[serde(default)]
     pub gc_history: Vec<[u64; 2]>,
+    /// Version-2 files only: the whole stack, moved into
+    /// [`Profile::stacks`] on load. Never written.
+    #[doc(hidden)]
+    #[serde(rename = "frames", default, skip_serializing)]
+    pub v2_frames: Vec<Frame>,
 }
 
 pub use memprof_common::LIFETIME_BOUNDS_NS;
@@ -309,7 +351,7 @@ impl Lifetimes {
     }
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Frame {
     /// Readable function name (`[unknown]` when no symbol covers the address).
     pub function: String,
@@ -328,13 +370,22 @@ pub struct Frame {
 
 /// Writes `profile` in the file format.
 pub fn write(profile: &Profile, out: &mut impl Write) -> Result<()> {
-    writeln!(out, "{MAGIC} {VERSION}")?;
+    let header = format!("{MAGIC} {VERSION}\n");
+    out.write_all(header.as_bytes())?;
+    // The checksum covers the header too: a version changed by a flipped
+    // bit is refused, not read as another format.
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(header.as_bytes());
     let mut body = Checksummed {
         out: &mut *out,
-        crc: crc32fast::Hasher::new(),
+        crc,
         bytes: 0,
     };
-    serde_json::to_writer(&mut body, profile)?;
+    // serde_json writes in small pieces: checksummed in big ones.
+    let mut buffered = std::io::BufWriter::with_capacity(1 << 16, &mut body);
+    serde_json::to_writer(&mut buffered, profile)?;
+    buffered.flush()?;
+    drop(buffered);
     let (crc, bytes) = (body.crc.finalize(), body.bytes);
     writeln!(out)?;
     writeln!(out, "{END} crc32={crc:08x} bytes={bytes}")?;
@@ -378,23 +429,60 @@ pub fn parse(bytes: &[u8]) -> Result<Profile> {
     let version = std::str::from_utf8(&rest[..newline])
         .ok()
         .and_then(|v| v.trim().parse::<u32>().ok());
-    match version {
-        Some(VERSION) => {}
-        Some(other) => {
-            bail!("profile version {other} is not supported: this memprof reads version {VERSION}")
-        }
+    let version = match version {
+        Some(v) if (OLDEST_READ..=VERSION).contains(&v) => v,
+        Some(other) => bail!(
+            "profile version {other} is not supported: this memprof reads versions {OLDEST_READ} to {VERSION}"
+        ),
         None => bail!("not a memprof profile (bad version in header)"),
-    }
-    let body = checked_body(&rest[newline + 1..])?;
-    let profile: Profile =
+    };
+    // Version 2 checksums the JSON only, later ones the header line too.
+    let covered = if version == 2 {
+        &[][..]
+    } else {
+        &bytes[..MAGIC.len() + newline + 1]
+    };
+    let body = checked_body(covered, &rest[newline + 1..])?;
+    let mut profile: Profile =
         serde_json::from_slice(body).map_err(|e| anyhow::anyhow!("profile is corrupt: {e}"))?;
+    if version == 2 {
+        from_version_2(&mut profile);
+    }
+    check_stacks(&profile)?;
     check_sums(&profile)?;
     Ok(profile)
 }
 
+/// Moves the whole stacks of a version-2 file into the stack table.
+fn from_version_2(profile: &mut Profile) {
+    let mut stacks = std::mem::take(&mut profile.stacks);
+    for g in &mut profile.groups {
+        g.stack = stacks.intern(std::mem::take(&mut g.v2_frames));
+    }
+    profile.stacks = stacks;
+}
+
+/// Refuses groups naming a stack the table does not have, and frames in a
+/// version-3 group (a file edited by hand, or written by another tool).
+fn check_stacks(profile: &Profile) -> Result<()> {
+    let stacks = profile.stacks.node_count();
+    for g in &profile.groups {
+        if g.stack as usize >= stacks {
+            bail!(
+                "profile is corrupt (a group names stack {} of {stacks})",
+                g.stack
+            );
+        }
+        if !g.v2_frames.is_empty() {
+            bail!("profile is corrupt (a version-{VERSION} group with whole frames)");
+        }
+    }
+    Ok(())
+}
+
 /// The JSON between the header and the end line, once its length and
 /// checksum match the end line's.
-fn checked_body(rest: &[u8]) -> Result<&[u8]> {
+fn checked_body<'a>(covered: &[u8], rest: &'a [u8]) -> Result<&'a [u8]> {
     let truncated = || anyhow::anyhow!("profile is truncated (the file ends early)");
     let text = rest.strip_suffix(b"\n").ok_or_else(truncated)?;
     let start = text
@@ -427,7 +515,10 @@ fn checked_body(rest: &[u8]) -> Result<&[u8]> {
             body.len()
         );
     }
-    if crc32fast::hash(body) != crc {
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(covered);
+    hasher.update(body);
+    if hasher.finalize() != crc {
         bail!(
             "profile is corrupt (checksum mismatch: the file was changed after memprof wrote it)"
         );
@@ -490,7 +581,7 @@ mod tests {
         assert!(error(&bytes[..bytes.len() / 2]).contains("truncated"));
         let other = String::from_utf8(bytes.clone())
             .unwrap()
-            .replacen(" 2\n", " 999\n", 1);
+            .replacen(" 3\n", " 999\n", 1);
         assert!(error(other.as_bytes()).contains("version 999"));
         let mut corrupt = bytes.clone();
         let at = corrupt.len() - 5;
