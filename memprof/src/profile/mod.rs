@@ -264,34 +264,39 @@ pub struct Group {
     #[serde(default)]
     pub stack: u32,
     /// The stack could not be unwound to its end (unwinder gave up or hit the depth limit).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_false")]
     pub truncated: bool,
     /// Repeated frames of a recursive function were folded into one
     /// (unless `--keep-recursion`): the stack is shorter than the real one.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_false")]
     pub folded: bool,
     /// The Crystal class (or buffer kind) these objects are, where the stack says so.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub type_name: Option<String>,
     /// GC kinds: objects the collector reclaimed (judged by mark bits, or
     /// proven by their address being allocated again) and their bytes.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub collected_count: u64,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub collected_bytes: u64,
     /// GC kinds: of the live objects, those marked at the last collection
     /// (reachable then; the rest were allocated after it).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub marked_count: u64,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub marked_bytes: u64,
     /// How long the objects that died (freed or collected) had lived.
-    #[serde(default)]
+    #[serde(
+        default,
+        with = "compact_lifetimes",
+        skip_serializing_if = "Lifetimes::is_empty"
+    )]
     pub lifetimes: Lifetimes,
     /// GC kinds: `[collection number, live objects after it]` at the
     /// collections judged (at most 64 points, older ones thinned out):
-    /// the growth the `--leaks` view looks for.
-    #[serde(default)]
+    /// the growth the `--leaks` view looks for. Written as runs
+    /// `[first collection, live objects, collections]` (see [`history`]).
+    #[serde(default, with = "history", skip_serializing_if = "Vec::is_empty")]
     pub gc_history: Vec<[u64; 2]>,
     /// Version-2 files only: the whole stack, moved into
     /// [`Profile::stacks`] on load. Never written.
@@ -301,6 +306,102 @@ pub struct Group {
 }
 
 pub use memprof_common::LIFETIME_BOUNDS_NS;
+
+/// Fields left out of the file when they hold nothing (most groups).
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// [`Group::lifetimes`] in the file: `[died, total_ns, [buckets],
+/// within_first_collection, collections_survived]`, without the field
+/// names of every group. The object (version 2) is read too.
+mod compact_lifetimes {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use super::Lifetimes;
+
+    type Tuple = (u64, u64, [u64; 8], u64, u64);
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Either {
+        Tuple(Tuple),
+        Object(Lifetimes),
+    }
+
+    pub fn serialize<S: Serializer>(l: &Lifetimes, s: S) -> Result<S::Ok, S::Error> {
+        let tuple: Tuple = (
+            l.died,
+            l.total_ns,
+            l.buckets,
+            l.within_first_collection,
+            l.collections_survived,
+        );
+        tuple.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Lifetimes, D::Error> {
+        Ok(match Either::deserialize(d)? {
+            Either::Object(l) => l,
+            Either::Tuple((died, total_ns, buckets, within_first_collection, collections_survived)) => {
+                Lifetimes {
+                    died,
+                    total_ns,
+                    buckets,
+                    within_first_collection,
+                    collections_survived,
+                }
+            }
+        })
+    }
+}
+
+/// [`Group::gc_history`] in the file: runs `[first collection, live,
+/// length]` of consecutive collections with the same count (a stack whose
+/// objects all died reads `[c, 0, 60]` instead of sixty points). Points
+/// `[collection, live]` (version 2) are read too.
+pub mod history {
+    use serde::de::Error as _;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    /// More points than any history holds: a longer run is corrupt.
+    const MAX_POINTS: u64 = 1 << 16;
+
+    pub fn serialize<S: Serializer>(points: &[[u64; 2]], s: S) -> Result<S::Ok, S::Error> {
+        let mut runs: Vec<[u64; 3]> = Vec::new();
+        for &[collection, live] in points {
+            match runs.last_mut() {
+                Some(run) if run[1] == live && run[0].checked_add(run[2]) == Some(collection) => {
+                    run[2] += 1
+                }
+                _ => runs.push([collection, live, 1]),
+            }
+        }
+        runs.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<[u64; 2]>, D::Error> {
+        let entries: Vec<Vec<u64>> = Vec::deserialize(d)?;
+        let mut points = Vec::new();
+        for entry in entries {
+            match entry[..] {
+                [collection, live] => points.push([collection, live]),
+                [first, live, length]
+                    if points.len() as u64 + length <= MAX_POINTS
+                        && first.checked_add(length).is_some() =>
+                {
+                    points.extend((first..first + length).map(|c| [c, live]))
+                }
+                _ => return Err(D::Error::custom("a bad collection history")),
+            }
+        }
+        Ok(points)
+    }
+}
 
 /// Lifetimes of the objects of one stack that died while profiled.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -322,6 +423,11 @@ pub struct Lifetimes {
 }
 
 impl Lifetimes {
+    /// Nothing died.
+    pub fn is_empty(&self) -> bool {
+        *self == Lifetimes::default()
+    }
+
     /// Adds one death after `ns` nanoseconds.
     pub fn record(&mut self, ns: u64) {
         self.died += 1;
