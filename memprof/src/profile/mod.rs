@@ -347,15 +347,19 @@ mod compact_lifetimes {
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Lifetimes, D::Error> {
         Ok(match Either::deserialize(d)? {
             Either::Object(l) => l,
-            Either::Tuple((died, total_ns, buckets, within_first_collection, collections_survived)) => {
-                Lifetimes {
-                    died,
-                    total_ns,
-                    buckets,
-                    within_first_collection,
-                    collections_survived,
-                }
-            }
+            Either::Tuple((
+                died,
+                total_ns,
+                buckets,
+                within_first_collection,
+                collections_survived,
+            )) => Lifetimes {
+                died,
+                total_ns,
+                buckets,
+                within_first_collection,
+                collections_survived,
+            },
         })
     }
 }
@@ -704,6 +708,119 @@ mod tests {
                 flipped[at] ^= bit;
                 assert!(parse(&flipped).is_err(), "byte {at} ^ {bit:#x} accepted");
             }
+        }
+    }
+
+    /// A file around `json` as memprof `version` writes it.
+    fn file(version: u32, json: &str) -> Vec<u8> {
+        let header = format!("{MAGIC} {version}\n");
+        let mut crc = crc32fast::Hasher::new();
+        if version > 2 {
+            crc.update(header.as_bytes());
+        }
+        crc.update(json.as_bytes());
+        let end = format!("{END} crc32={:08x} bytes={}\n", crc.finalize(), json.len());
+        format!("{header}{json}\n{end}").into_bytes()
+    }
+
+    const V2: &str = r#"{"memprof_version":"0.1.0","mode":"run","target":{"pid":1,"command":["a"],"exe":"/a"},"start_unix_s":0.0,"duration_s":1.0,"exit":null,"unwind":"dwarf","counters":{"live_map_full":0,"sites_map_full":0,"stack_errors":0,"pending_full":0,"unknown_frees":0,"allocs":3,"frees":0,"failed_allocs":0},"probes":[],"groups":[
+        {"kind":"gc","live_count":1,"live_bytes":32,"total_count":2,"total_bytes":64,"frames":[
+            {"function":"inl","raw_name":"inl","file":"/a.cr","line":3,"module":"/a","address":4352,"offset":256},
+            {"function":"Foo.new","raw_name":"*Foo::new:Foo","file":"/a.cr","line":9,"module":"/a","address":4352,"offset":256},
+            {"function":"main","raw_name":"main","file":null,"line":null,"module":"/a","address":8192,"offset":4096}],
+         "truncated":true,"lifetimes":{"died":1,"total_ns":5,"buckets":[1,0,0,0,0,0,0,0],"within_first_collection":1,"collections_survived":0},
+         "gc_history":[[4,1],[5,1],[7,0]]},
+        {"kind":"gc_atomic","live_count":1,"live_bytes":8,"total_count":1,"total_bytes":8,"frames":[
+            {"function":"main","raw_name":"main","file":null,"line":null,"module":"/a","address":8192,"offset":4096}]}]}"#;
+
+    #[test]
+    fn reads_version_2_into_the_stack_table() {
+        let p = parse(&file(2, V2)).unwrap();
+        // `main` once, `Foo.new` with its inlined frame as one location.
+        assert_eq!(p.stacks.locations().len(), 2);
+        assert_eq!(p.stacks.locations()[0].frames.len(), 2);
+        assert_eq!(p.stacks.node_count(), 3);
+        let names =
+            |g: &Group| -> Vec<String> { p.frames(g).map(|f| f.function.clone()).collect() };
+        assert_eq!(names(&p.groups[0]), ["inl", "Foo.new", "main"]);
+        assert_eq!(names(&p.groups[1]), ["main"]);
+        // gc_atomic's stack is the caller node of gc's.
+        assert_eq!(p.stacks.node(p.groups[0].stack)[1], p.groups[1].stack);
+        let main = p.frames(&p.groups[1]).next().unwrap();
+        assert_eq!((main.address, main.offset), (8192, Some(4096)));
+        assert!(p.groups[0].truncated && !p.groups[0].folded);
+        assert_eq!(p.groups[0].lifetimes.within_first_collection, 1);
+        assert_eq!(p.groups[0].gc_history, [[4, 1], [5, 1], [7, 0]]);
+        // Written again, it is version 3 and reads back the same.
+        let mut bytes = Vec::new();
+        write(&p, &mut bytes).unwrap();
+        let back = parse(&bytes).unwrap();
+        assert_eq!(back.stacks, p.stacks);
+        assert_eq!(back.groups[0].gc_history, p.groups[0].gc_history);
+        assert_eq!(back.groups[0].lifetimes, p.groups[0].lifetimes);
+        assert_eq!(back.groups[1].stack, p.groups[1].stack);
+        // The version-2 bytes are refused as version 3: the checksum covers the header.
+        let v2 = file(2, V2);
+        let relabeled = [b"MEMPROF-PROFILE 3".as_slice(), &v2[17..]].concat();
+        assert!(
+            error(&relabeled).contains("checksum"),
+            "{}",
+            error(&relabeled)
+        );
+    }
+
+    #[test]
+    fn version_3_layout() {
+        let mut p = Profile::default();
+        let frame = |function: &str, address| Frame {
+            function: function.into(),
+            raw_name: function.into(),
+            module: "/bin/a".into(),
+            address,
+            ..Frame::default()
+        };
+        let stack = vec![frame("leaf", 1), frame("main", 2)];
+        let group = |kind: &str| Group {
+            kind: kind.into(),
+            folded: true,
+            gc_history: (10..70).map(|c| [c, 0]).collect(),
+            ..Group::default()
+        };
+        p.push(group("gc"), stack.clone());
+        p.push(group("gc_atomic"), stack);
+        let mut bytes = Vec::new();
+        write(&p, &mut bytes).unwrap();
+        let text = String::from_utf8(bytes.clone()).unwrap();
+        let body = text.lines().nth(1).unwrap();
+        // Both kinds name one stack; strings once; 60 points as one run;
+        // empty fields left out.
+        assert_eq!(p.groups[0].stack, p.groups[1].stack);
+        assert!(body.contains(r#""groups":[{"kind":"gc","live_count":0,"live_bytes":0,"total_count":0,"total_bytes":0,"stack":2,"folded":true,"gc_history":[[10,0,60]]},"#), "{body}");
+        assert!(body.contains(r#""stacks":{"strings":["/bin/a","leaf","main"],"locations":[{"address":1,"offset":null,"module":0,"frames":[{"function":1,"raw_name":1,"file":null,"line":null}]},{"address":2,"offset":null,"module":0,"frames":[{"function":2,"raw_name":2,"file":null,"line":null}]}],"nodes":[[1,0],[0,1]]}"#), "{body}");
+        let back = parse(&bytes).unwrap();
+        assert!(back.groups[1].folded);
+        assert_eq!(back.groups[1].gc_history, p.groups[1].gc_history);
+        assert_eq!(back.stacks, p.stacks);
+    }
+
+    #[test]
+    fn refuses_bad_stack_ids_in_one_line() {
+        let p = Profile::default();
+        let json = serde_json::to_string(&p).unwrap();
+        let bad = [
+            // A group naming a stack the table does not have.
+            json.replace(r#""groups":[]"#, r#""groups":[{"kind":"gc","live_count":0,"live_bytes":0,"total_count":0,"total_bytes":0,"stack":1}]"#),
+            // A node naming a location the table does not have.
+            json.replace(r#""nodes":[]"#, r#""nodes":[[0,0]]"#),
+            // Whole frames in a version-3 group.
+            json.replace(r#""groups":[]"#, r#""groups":[{"kind":"gc","live_count":0,"live_bytes":0,"total_count":0,"total_bytes":0,"frames":[{"function":"f","raw_name":"f","file":null,"line":null,"module":"m","address":1}]}]"#),
+            // A history run longer than any history.
+            json.replace(r#""groups":[]"#, r#""groups":[{"kind":"gc","live_count":0,"live_bytes":0,"total_count":0,"total_bytes":0,"gc_history":[[1,0,99999999999]]}]"#),
+        ];
+        for json in bad {
+            assert_ne!(json, serde_json::to_string(&p).unwrap());
+            let e = error(&file(VERSION, &json));
+            assert!(e.contains("profile is corrupt") && !e.contains('\n'), "{e}");
         }
     }
 

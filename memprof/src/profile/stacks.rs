@@ -273,10 +273,7 @@ impl<'de> Deserialize<'de> for Stacks {
         let wire = WireIn::deserialize(deserializer)?;
         let string = |id: u32| -> Result<&String, D::Error> {
             wire.strings.get(id as usize).ok_or_else(|| {
-                D::Error::custom(format!(
-                    "string {id} of a table of {}",
-                    wire.strings.len()
-                ))
+                D::Error::custom(format!("string {id} of a table of {}", wire.strings.len()))
             })
         };
         let mut locations = Vec::with_capacity(wire.locations.len());
@@ -351,7 +348,12 @@ mod tests {
         // main; rec←main; rec←rec←main; alloc←…: the shallow stack is a node of the deep one.
         assert_eq!(stacks.node_count(), 5);
         assert_eq!(stacks.node(stacks.node(deep)[1])[1], shallow);
-        let names = |id| stacks.frames(id).map(|f| f.function.clone()).collect::<Vec<_>>();
+        let names = |id| {
+            stacks
+                .frames(id)
+                .map(|f| f.function.clone())
+                .collect::<Vec<_>>()
+        };
         assert_eq!(names(deep), ["alloc", "rec", "rec", "main"]);
         assert_eq!(names(shallow), ["rec", "main"]);
         assert_eq!(names(0), Vec::<String>::new());

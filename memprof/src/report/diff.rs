@@ -81,15 +81,17 @@ pub fn rows<'a>(before: &'a Profile, after: &'a Profile, options: &Options) -> V
     let mut by_key: HashMap<Key, Row<'a>> = HashMap::new();
     for (side, profile) in [(0, before), (1, after)] {
         for g in &profile.groups {
-            let row = by_key.entry(key(profile, g, options)).or_insert_with(|| Row {
-                kind: g.kind.clone(),
-                group: g,
-                profile,
-                before: [0, 0],
-                after: [0, 0],
-                count_growth: 0,
-                bytes_growth: 0,
-            });
+            let row = by_key
+                .entry(key(profile, g, options))
+                .or_insert_with(|| Row {
+                    kind: g.kind.clone(),
+                    group: g,
+                    profile,
+                    before: [0, 0],
+                    after: [0, 0],
+                    count_growth: 0,
+                    bytes_growth: 0,
+                });
             let counts = if side == 0 {
                 &mut row.before
             } else {

@@ -30,10 +30,17 @@ pub fn stacks(profile: &Profile, options: &Options) -> BTreeMap<String, u64> {
         if value == 0 {
             continue;
         }
-        let mut frames: Vec<String> = options.frames(profile, g, usize::MAX).map(frame_name).collect();
+        let mut frames: Vec<String> = options
+            .frames(profile, g, usize::MAX)
+            .map(frame_name)
+            .collect();
         frames.reverse();
         if frames.is_empty() {
             frames.push("[no stack]".to_string());
+        }
+        if g.folded {
+            // Above the innermost frame: the stack keeps its place in the graph.
+            frames.push(super::FOLDED_FRAME.to_string());
         }
         *out.entry(frames.join(";")).or_insert(0) += value;
     }
@@ -96,5 +103,35 @@ mod tests {
             ..Options::default()
         };
         assert_eq!(super::stacks(&profile, &total)["main;x"], 2);
+    }
+
+    #[test]
+    fn folded_recursion_is_marked_above_the_leaf() {
+        let f = |name: &str| Frame {
+            function: name.into(),
+            ..Frame::default()
+        };
+        let mut profile = Profile::default();
+        let group = Group {
+            kind: "gc".into(),
+            live_count: 1,
+            live_bytes: 32,
+            folded: true,
+            ..Group::default()
+        };
+        profile.push(group, vec![f("make"), f("rec"), f("main")]);
+        let mut out = Vec::new();
+        write(&profile, &Options::default(), &mut out).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "main;rec;make;[recursion folded] 32\n"
+        );
+        let proto = crate::report::pprof::build(&profile, &Options::default());
+        let label = &proto.sample[0].label[1];
+        let text = |i: i64| proto.string_table[i as usize].as_str();
+        assert_eq!(
+            (text(label.key), text(label.str)),
+            ("stack", "[recursion folded]")
+        );
     }
 }

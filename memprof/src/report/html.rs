@@ -186,6 +186,9 @@ fn top_table(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
         if g.truncated {
             frames.push("<code>…(truncated)</code>".to_string());
         }
+        if g.folded {
+            frames.push(format!("<code>{}</code>", super::FOLDED_NOTE));
+        }
         writeln!(
             out,
             "<tr><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td><td>{}</td></tr>",

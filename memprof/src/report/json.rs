@@ -45,6 +45,7 @@ pub fn to_value(profile: &Profile, options: &Options) -> Value {
                 "total_bytes": g.total_bytes,
                 "type_name": g.type_name,
                 "truncated": g.truncated,
+                "folded": g.folded,
                 "collected_count": g.collected_count,
                 "collected_bytes": g.collected_bytes,
                 "marked_count": g.marked_count,
@@ -76,6 +77,7 @@ pub fn to_value(profile: &Profile, options: &Options) -> Value {
         "recorded": c.recorded(),
         "live_is_lower_bound": c.live_incomplete(),
         "truncated_groups": super::truncated_groups(profile),
+        "folded_groups": super::folded_groups(profile),
         "loss_categories": super::LOSS_CATEGORIES
             .iter()
             .map(|(name, meaning)| (name.to_string(), Value::from(*meaning)))

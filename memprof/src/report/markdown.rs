@@ -148,6 +148,9 @@ pub fn table(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
         if g.truncated {
             context.push("`…(truncated)`".to_string());
         }
+        if g.folded {
+            context.push(format!("`{}`", super::FOLDED_NOTE));
+        }
         let context = if context.is_empty() {
             "(no stack)".to_string()
         } else {
@@ -260,17 +263,22 @@ mod tests {
             live_count: 2,
             live_bytes: 4096,
             truncated: true,
+            folded: true,
             ..Group::default()
         };
         profile.push(group, vec![frame]);
         let text = render(&profile);
+        assert!(
+            text.contains("stacks with recursion folded (repeated frames shown once): 1"),
+            "{text}"
+        );
         let row = text
             .lines()
             .find(|l| l.starts_with("| ") && l.contains("4,096"))
             .unwrap();
         assert!(
             row.ends_with(
-                "`/src/app.cr:3 in 'Hash(String, Int32 \\| Nil)#upsert'`<br>`…(truncated)` |"
+                "`/src/app.cr:3 in 'Hash(String, Int32 \\| Nil)#upsert'`<br>`…(truncated)`<br>`…(recursion folded)` |"
             ),
             "{row}"
         );

@@ -303,8 +303,27 @@ pub fn loss_summary(profile: &Profile) -> String {
             thousands(truncated)
         );
     }
+    let folded = folded_groups(profile);
+    if folded > 0 {
+        line += &format!(
+            "; stacks with recursion folded (repeated frames shown once): {}",
+            thousands(folded)
+        );
+    }
     line
 }
+
+/// Groups whose stack had repeated frames of recursive functions folded
+/// into one.
+pub fn folded_groups(profile: &Profile) -> u64 {
+    profile.groups.iter().filter(|g| g.folded).count() as u64
+}
+
+/// What markdown and html add below a stack whose recursion was folded.
+pub const FOLDED_NOTE: &str = "…(recursion folded)";
+/// The frame folded and flamegraph add above the innermost frame of such a
+/// stack, and the `stack` label of its pprof sample.
+pub const FOLDED_FRAME: &str = "[recursion folded]";
 
 /// Groups whose stack is marked truncated (cut short by the unwinder, or
 /// not captured at all): counted per stack, where `truncated_stacks`

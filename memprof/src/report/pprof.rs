@@ -192,11 +192,18 @@ pub fn build(profile: &Profile, options: &Options) -> proto::Profile {
             location_id.push(b.location(&frames[i..j]));
             i = j;
         }
-        let label = vec![proto::Label {
+        let mut label = vec![proto::Label {
             key: kind_key,
             str: b.string(&g.kind),
             ..Default::default()
         }];
+        if g.folded {
+            label.push(proto::Label {
+                key: b.string("stack"),
+                str: b.string(super::FOLDED_FRAME),
+                ..Default::default()
+            });
+        }
         samples.push(proto::Sample {
             location_id,
             value: [g.total_count, g.total_bytes, g.live_count, g.live_bytes]

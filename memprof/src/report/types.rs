@@ -166,19 +166,19 @@ mod tests {
     fn profile() -> Profile {
         let mut profile = Profile::default();
         for (group, frames) in [
-                group(Some("Foo"), &[], 60_000, 1_920_000),
-                group(Some("Array(Foo) buffer"), &[], 1, 800_000),
-                group(Some("Foo"), &[], 40_000, 1_280_000),
-                group(
-                    None,
-                    &["__crystal_malloc64", "*make_foos:Array(Foo)"],
-                    3,
-                    96,
-                ),
-                group(None, &["*make_foos:Array(Foo)"], 1, 32),
-                group(None, &["", "GC_init", "*GC::init:Nil"], 2, 48),
-                group(None, &[], 1, 16),
-                group(Some("Dead"), &[], 0, 0),
+            group(Some("Foo"), &[], 60_000, 1_920_000),
+            group(Some("Array(Foo) buffer"), &[], 1, 800_000),
+            group(Some("Foo"), &[], 40_000, 1_280_000),
+            group(
+                None,
+                &["__crystal_malloc64", "*make_foos:Array(Foo)"],
+                3,
+                96,
+            ),
+            group(None, &["*make_foos:Array(Foo)"], 1, 32),
+            group(None, &["", "GC_init", "*GC::init:Nil"], 2, 48),
+            group(None, &[], 1, 16),
+            group(Some("Dead"), &[], 0, 0),
         ] {
             profile.push(group, frames);
         }
