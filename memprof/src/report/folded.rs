@@ -81,7 +81,7 @@ mod tests {
             function: name.into(),
             ..Frame::default()
         };
-        let g = |name: &str, bytes| Group {
+        let g = |bytes| Group {
             kind: "gc".into(),
             live_count: 1,
             live_bytes: bytes,
@@ -91,7 +91,7 @@ mod tests {
         };
         let mut profile = Profile::default();
         for (name, bytes) in [("odd;name\n", 10), ("odd;name\n", 5), ("x", 0)] {
-            profile.push(g(name, bytes), vec![f(name), f("main")]);
+            profile.push(g(bytes), vec![f(name), f("main")]);
         }
         let options = Options::default();
         let stacks = stacks(&profile, &options);
