@@ -196,7 +196,7 @@ fn report_cmd(args: &ReportArgs) -> Result<()> {
     let leak_table = args.leaks && args.format == Format::Markdown && args.diff.is_none();
     if args.leaks && !leak_table {
         for profile in &mut loaded {
-            *profile = report::leaks::leaking(profile);
+            *profile = report::leaks::leaking(std::mem::take(profile));
         }
         options.keep_order = true;
         options.min_bytes.get_or_insert(0);
