@@ -80,6 +80,47 @@ impl core::fmt::Display for UnknownKind {
 #[cfg(any(feature = "user", test))]
 impl std::error::Error for UnknownKind {}
 
+/// How an allocating function passes its size (and old block or
+/// out-parameter): the entry program reads the arguments accordingly.
+pub mod layout {
+    /// `malloc(size)`, `valloc(size)`, `pvalloc(size)`, `GC_malloc(size)`, …
+    pub const SIZE: u8 = 0;
+    /// `mmap(addr, len, …)`.
+    pub const MMAP: u8 = 1;
+    /// `calloc(n, size)`.
+    pub const CALLOC: u8 = 2;
+    /// `realloc(ptr, size)`, `GC_realloc(ptr, size)`.
+    pub const REALLOC: u8 = 3;
+    /// `reallocarray(ptr, n, size)`.
+    pub const REALLOCARRAY: u8 = 4;
+    /// `memalign(align, size)`, `aligned_alloc(align, size)`.
+    pub const MEMALIGN: u8 = 5;
+    /// `posix_memalign(void **out, align, size)`.
+    pub const POSIX_MEMALIGN: u8 = 6;
+}
+
+/// The attach cookie of an allocator probe: the [`AllocKind`] in the low
+/// byte, the argument [`layout`] in the next.
+pub mod cookie {
+    use super::AllocKind;
+
+    pub const fn new(kind: AllocKind, layout: u8) -> u64 {
+        kind as u64 | (layout as u64) << 8
+    }
+
+    /// The kind byte (an [`AllocKind`] as `u8`).
+    #[inline(always)]
+    pub const fn kind(cookie: u64) -> u8 {
+        cookie as u8
+    }
+
+    /// The argument layout ([`layout`](super::layout)).
+    #[inline(always)]
+    pub const fn layout(cookie: u64) -> u8 {
+        (cookie >> 8) as u8
+    }
+}
+
 /// What the return probe must do with a pending call (set by the entry probe).
 pub mod op {
     /// Returned pointer is a new block of `size` bytes.
@@ -93,8 +134,32 @@ pub mod op {
 /// Stack id stored when no stack could be captured; counted in [`KernelCounters::stack_errors`].
 pub const NO_STACK: u64 = u64::MAX;
 
-/// Deepest stack the DWARF unwinder follows (127 is rejected by the verifier as written).
+/// Most frames a DWARF stack stores (a power of two: indexes are masked).
 pub const MAX_FRAMES: usize = 64;
+
+/// Most frames the DWARF unwinder steps through. More than it stores: frames
+/// folded away (recursion) take a step but no room, so a deep recursion
+/// still reaches `main`.
+pub const MAX_STEPS: usize = 128;
+const _: () = assert!(MAX_FRAMES.is_power_of_two() && MAX_STEPS.is_power_of_two());
+const _: () = assert!(MAX_STEPS > MAX_FRAMES);
+
+/// How many of the last frames kept the unwinder compares a frame's
+/// function with: a frame of one of them is folded (recursion, direct or
+/// through up to this many functions, keeps its innermost occurrence).
+pub const FOLD_WINDOW: usize = 4;
+
+/// Stack id of an allocation whose stack had no room in the stack table:
+/// only its caller (the innermost frame, [`AllocSite::caller`]) is kept,
+/// shown as a one-frame truncated stack; counted in
+/// [`KernelCounters::stacks_degraded`] (not a loss).
+pub const CALLER_ONLY: u64 = u64::MAX - 1;
+
+/// Stack id of the overflow site of each kind: allocations whose site had
+/// no room in the site table (`--max-sites`) are recorded there, with
+/// caller 0 (totals and live figures stay exact, their stack is unknown);
+/// counted in [`KernelCounters::sites_overflowed`].
+pub const SITES_OVERFLOW: u64 = u64::MAX - 2;
 
 /// Where an allocation was made: the user stack (frame-pointer walk, kept in
 /// the `STACKS` map) plus the return address read from the stack at the probe,
@@ -284,7 +349,9 @@ counters! {
         /// lower bounds. Disjoint from `sites_map_full` and `both_maps_full`.
         pub live_map_full: u64,
         /// An allocation recorded in `LIVE` whose site could not be added to
-        /// `SITE_TOTALS` (map full): missing from the totals only.
+        /// `SITE_TOTALS` nor to its overflow slot: missing from the totals
+        /// only. (A full site table sends sites to the overflow slot, so this
+        /// stays 0 in practice.)
         pub sites_map_full: u64,
         /// `bpf_get_stackid` failed (stack map full or hash collision): site recorded without a stack.
         pub stack_errors: u64,
@@ -318,19 +385,31 @@ counters! {
         /// GC events the ring buffer had no room for: those objects are never
         /// judged by mark bits (they stay live unless freed or reused).
         pub gc_events_lost: u64,
+        /// Allocation calls whose DWARF stack had frames folded away
+        /// (recursion: a function one of the last few kept frames had).
+        pub folded_stacks: u64,
+        /// Allocation calls whose stack had no room in the stack table
+        /// (`--max-stacks`): recorded under their caller alone
+        /// ([`CALLER_ONLY`]). Not a loss: attribution is coarser.
+        pub stacks_degraded: u64,
+        /// Allocations whose site had no room in the site table
+        /// (`--max-sites`): recorded in their kind's overflow site
+        /// ([`SITES_OVERFLOW`]), totals exact, stack unknown.
+        pub sites_overflowed: u64,
+        /// Entries added to the stack table (DWARF) and the site table: how
+        /// full they are.
+        pub stacks_stored: u64,
+        pub sites_stored: u64,
     }
 }
 
 /// Symbol names the eBPF object exports for its programs, used by userspace
 /// to find and attach them.
 pub mod programs {
+    /// The entry of every allocating function: the attach cookie says how
+    /// to read its arguments ([`cookie`](super::cookie)). One program, so
+    /// the verifier walks the unwinder once, not once per layout (~0.2 s each).
     pub const ALLOC_ENTER: &str = "alloc_enter";
-    pub const CALLOC_ENTER: &str = "calloc_enter";
-    pub const REALLOC_ENTER: &str = "realloc_enter";
-    pub const REALLOCARRAY_ENTER: &str = "reallocarray_enter";
-    pub const MEMALIGN_ENTER: &str = "memalign_enter";
-    pub const POSIX_MEMALIGN_ENTER: &str = "posix_memalign_enter";
-    pub const MMAP_ENTER: &str = "mmap_enter";
     pub const ALLOC_EXIT: &str = "alloc_exit";
     pub const FREE_ENTER: &str = "free_enter";
     pub const MUNMAP_ENTER: &str = "munmap_enter";
@@ -348,6 +427,8 @@ pub mod maps {
     pub const PENDING: &str = "PENDING";
     pub const LIVE: &str = "LIVE";
     pub const SITE_TOTALS: &str = "SITE_TOTALS";
+    /// Per kind, the totals of the sites `SITE_TOTALS` had no room for.
+    pub const OVERFLOW_TOTALS: &str = "OVERFLOW_TOTALS";
     pub const STACKS: &str = "STACKS";
     pub const COUNTERS: &str = "COUNTERS";
     /// One `u32`: 1 while recording. Set to 0 to stop recording at once
@@ -367,6 +448,14 @@ pub mod maps {
     pub const HELD: &str = "HELD";
     /// Ring buffer of [`GcEvent`](super::GcEvent)s.
     pub const GC_EVENTS: &str = "GC_EVENTS";
+}
+
+/// Names of the load-time constants of the eBPF object (`Global`s set with
+/// `EbpfLoader::override_global`): the verifier sees their values and drops
+/// the paths they turn off.
+pub mod globals {
+    /// `u32`, 1: fold recursion in DWARF stacks (default), 0: keep every frame.
+    pub const FOLD_RECURSION: &str = "FOLD_RECURSION";
 }
 
 /// Indexes into the `CONFIG` array.
@@ -487,6 +576,10 @@ pub struct UnwindRow {
     pub rbp_offset: i16,
     pub cfa_reg: u8,
     pub rbp_saved: u8,
+    /// Start of the function the row belongs to (its FDE), module-relative:
+    /// frames of one function are recognized by it (recursion folding).
+    /// 0 for gaps between functions.
+    pub func: u32,
 }
 
 /// Where a module's code is mapped in the target and where its rows are.
@@ -508,6 +601,11 @@ pub struct DwarfStack {
     pub len: u32,
     /// 1 if the unwinder stopped before the outermost frame.
     pub truncated: u32,
+    /// 1 if frames were left out because their function was one of the
+    /// last [`FOLD_WINDOW`] kept (recursion folded into its innermost
+    /// occurrence). Part of the stack's identity.
+    pub folded: u32,
+    pub _pad: u32,
     pub frames: [u64; MAX_FRAMES],
 }
 

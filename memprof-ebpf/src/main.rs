@@ -46,19 +46,31 @@ mod probes {
         EbpfContext,
     };
     use memprof_common::{
-        cfa, config, errno, gc_event, lifetime_bucket, module_table, op, AllocKind, AllocSite,
-        DwarfStack, GcEvent, KernelCounters, LiveAlloc, ModuleRange, PendingCall, SiteTotals,
-        UnwindRow, HOLD_SIGNAL, LIBRARY_LOAD_SIGNAL, MAX_FRAMES, NO_STACK,
+        cfa, config, cookie, errno, gc_event, layout, lifetime_bucket, module_table, op, AllocKind,
+        AllocSite, DwarfStack, GcEvent, KernelCounters, LiveAlloc, ModuleRange, PendingCall,
+        SiteTotals, UnwindRow, CALLER_ONLY, FOLD_WINDOW, HOLD_SIGNAL, LIBRARY_LOAD_SIGNAL,
+        MAX_FRAMES, MAX_STEPS, NO_STACK, SITES_OVERFLOW,
     };
+    use aya_ebpf::Global;
+
+    /// 1: fold recursion in DWARF stacks (`--keep-recursion` sets 0). A
+    /// load-time constant: the verifier drops the path not taken.
+    #[unsafe(no_mangle)]
+    static FOLD_RECURSION: Global<u32> = Global::new(1);
 
     // Sizes are defaults; userspace sets them from --max-live / --max-stacks.
     #[map]
     static PENDING: HashMap<u64, PendingCall> = HashMap::with_max_entries(8192, 0);
     #[map]
     static LIVE: HashMap<u64, LiveAlloc> = HashMap::with_max_entries(1 << 20, 0);
+    /// Filled on demand (BPF_F_NO_PREALLOC).
     #[map]
     static SITE_TOTALS: PerCpuHashMap<AllocSite, SiteTotals> =
-        PerCpuHashMap::with_max_entries(1 << 16, 0);
+        PerCpuHashMap::with_max_entries(1 << 18, aya_ebpf::bindings::BPF_F_NO_PREALLOC);
+    /// Per allocation kind: the totals of sites the site table had no room for.
+    #[map]
+    static OVERFLOW_TOTALS: PerCpuArray<SiteTotals> =
+        PerCpuArray::with_max_entries(AllocKind::ALL.len() as u32, 0);
     #[map]
     static STACKS: StackTrace = StackTrace::with_max_entries(1 << 15, 0);
     /// One entry per CPU: see `bump`.
@@ -82,7 +94,28 @@ mod probes {
     static MODULE_RANGES: Array<ModuleRange> = Array::with_max_entries(module_table::ENTRIES, 0);
     /// The stack being unwound (too big for the 512-byte BPF stack).
     #[map]
-    static SCRATCH: PerCpuArray<DwarfStack> = PerCpuArray::with_max_entries(1, 0);
+    static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
+
+    /// A [`DwarfStack`] with room behind its frames for every step of the
+    /// walk, so the unwinder writes at a masked index without a bounds branch.
+    #[repr(C)]
+    struct Scratch {
+        stack: DwarfStack,
+        spill: [u64; MAX_STEPS - MAX_FRAMES],
+    }
+
+    impl Scratch {
+        /// Frame slot `i` (of `MAX_STEPS`: past `MAX_FRAMES`, the spill).
+        #[inline(always)]
+        fn frame(&mut self, i: usize) -> &mut u64 {
+            // `frames` is the last field of `stack`, `spill` follows it.
+            let frames = core::mem::offset_of!(DwarfStack, frames);
+            unsafe {
+                let first = (self as *mut Scratch as *mut u8).add(frames) as *mut u64;
+                &mut *first.add(i & (MAX_STEPS - 1))
+            }
+        }
+    }
 
     /// Collections seen (see `gc_collection`).
     #[map]
@@ -138,7 +171,7 @@ mod probes {
             // Its return was missed: replaced below.
             bump(|c| &mut c.stale_calls);
         }
-        let kind = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u8;
+        let kind = cookie::kind(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) });
         let caller = unsafe { bpf_probe_read_user(sp as *const u64) }.unwrap_or(0);
         let stack = if setting(config::UNWIND_DWARF) == 1 {
             dwarf_unwind(ctx)
@@ -194,10 +227,18 @@ mod probes {
     const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 
     /// Unwinds the user stack from the probe (at function entry) with the
-    /// CFI tables and stores it in `DWARF_STACKS`. Returns its key.
+    /// CFI tables and stores it in `DWARF_STACKS`. Returns its key, or
+    /// [`CALLER_ONLY`] when the table has no room for a new stack (the site
+    /// keeps its caller: attribution degrades, nothing is lost).
+    ///
+    /// Recursion is folded (unless `FOLD_RECURSION` is 0): a frame whose
+    /// function is one of the last [`FOLD_WINDOW`] kept is left out, so
+    /// every path through a recursive function is one stack, its innermost
+    /// occurrence, and the walk goes on to the callers (up to `MAX_STEPS`
+    /// frames walked, `MAX_FRAMES` kept).
     #[inline(always)]
     fn dwarf_unwind(ctx: &ProbeContext) -> Option<u64> {
-        let stack = unsafe { &mut *SCRATCH.get_ptr_mut(0)? };
+        let scratch = unsafe { &mut *SCRATCH.get_ptr_mut(0)? };
         let regs = unsafe { &*ctx.regs };
         // At entry the CFA is %rsp + 8 and the return address is at %rsp.
         let mut sp = regs.rsp;
@@ -208,21 +249,52 @@ mod probes {
         let packed = setting(config::MODULE_COUNT);
         let modules = module_table::count(packed);
         let table = module_table::first_slot(packed);
+        let fold = u64::from(FOLD_RECURSION.load()) & 1;
+        // Whether a frame is kept or folded is computed, not branched on
+        // (`select`): a branch per frame whose sides differ in what they
+        // keep would double the paths the verifier walks at every frame.
         let mut hash = FNV_OFFSET;
-        let mut len: u32 = 0;
+        let mut len: usize = 0;
         let mut truncated: u32 = 1;
-        for i in 0..MAX_FRAMES {
+        let mut folded: u64 = 0;
+        // Functions of the last kept frames, newest first (none: MAX, no
+        // function's address).
+        let mut recent: [u64; FOLD_WINDOW] = [u64::MAX; FOLD_WINDOW];
+        for _ in 0..MAX_STEPS {
             if pc == 0 {
                 truncated = 0;
                 break;
             }
-            stack.frames[i] = pc;
-            len = i as u32 + 1;
-            hash = (hash ^ pc).wrapping_mul(FNV_PRIME);
             // A return address points after the call: look up the call itself.
-            let Some(row) = find_row(pc - 1, table, modules) else {
+            let Some((row, func)) = find_row(pc - 1, table, modules) else {
+                // No rule for it: the last frame.
+                if len < MAX_FRAMES {
+                    *scratch.frame(len) = pc;
+                    len += 1;
+                    hash = (hash ^ pc).wrapping_mul(FNV_PRIME);
+                }
                 break;
             };
+            let new = differ(func, recent[0])
+                & differ(func, recent[1])
+                & differ(func, recent[2])
+                & differ(func, recent[3]);
+            let keep = new | (fold ^ 1);
+            let fold_it = keep ^ 1;
+            if keep & (len as u64 >> MAX_FRAMES.trailing_zeros()) != 0 {
+                break; // MAX_FRAMES kept, another to keep: truncated
+            }
+            // Written either way; a folded frame's slot is the next frame's.
+            *scratch.frame(len) = pc;
+            len += keep as usize;
+            folded |= fold_it;
+            hash = select(keep, (hash ^ pc).wrapping_mul(FNV_PRIME), hash);
+            recent = [
+                select(keep, func, recent[0]),
+                select(keep, recent[0], recent[1]),
+                select(keep, recent[1], recent[2]),
+                select(keep, recent[2], recent[3]),
+            ];
             let base = match row.cfa_reg {
                 cfa::RSP => sp,
                 cfa::RBP => bp,
@@ -246,30 +318,46 @@ mod probes {
             }
             sp = frame;
         }
-        if len as usize == MAX_FRAMES && pc != 0 {
-            truncated = 1;
-        }
-        stack.len = len;
+        let folded = folded as u32;
+        let stack = &mut scratch.stack;
+        stack.len = len as u32;
         stack.truncated = truncated;
+        stack.folded = folded;
         if truncated == 1 {
             bump(|c| &mut c.truncated_stacks);
             hash ^= 1; // same frames, but a truncated stack is another stack
         }
-        match DWARF_STACKS.insert(&hash, stack, BPF_NOEXIST as u64) {
-            Ok(()) => Some(hash),
-            Err(e) if e == -errno::EEXIST => Some(hash), // seen before
-            Err(_) => None,
+        if folded == 1 {
+            bump(|c| &mut c.folded_stacks);
+            hash ^= 2; // and so is a folded one
+        }
+        // A known stack (the usual case) takes no lock.
+        if DWARF_STACKS.get_ptr(&hash).is_some() {
+            return Some(hash);
+        }
+        match DWARF_STACKS.insert(&hash, &*stack, BPF_NOEXIST as u64) {
+            Ok(()) => {
+                bump(|c| &mut c.stacks_stored);
+                Some(hash)
+            }
+            Err(e) if e == -errno::EEXIST => Some(hash), // stored meanwhile
+            Err(_) => {
+                // Full (or no memory): keep the innermost frame, the caller.
+                bump(|c| &mut c.stacks_degraded);
+                Some(CALLER_ONLY)
+            }
         }
     }
 
-    /// The CFI row covering `pc`: binary search for the module, then for the
-    /// last row starting at or before `pc`.
+    /// The CFI row covering `pc` and the function it belongs to (its start,
+    /// as an address in the target): binary search for the module, then for
+    /// the last row starting at or before `pc`.
     ///
     /// Both searches are branch-free (a fixed number of halvings, the
     /// comparison turned into 0/1 arithmetically): a data-dependent branch per
     /// step multiplies the paths the verifier must walk.
     #[inline(always)]
-    fn find_row(pc: u64, table: u32, modules: u32) -> Option<UnwindRow> {
+    fn find_row(pc: u64, table: u32, modules: u32) -> Option<(UnwindRow, u64)> {
         if modules == 0 {
             return None;
         }
@@ -286,7 +374,9 @@ mod probes {
         if pc < module.start || pc >= module.end || module.row_count == 0 {
             return None;
         }
-        let rel = pc.wrapping_sub(module.bias) & 0xffff_ffff;
+        // Below 2^32 (pc is in the module), but not masked: LLVM would turn
+        // `at_or_before` on two known 32-bit values into a branch.
+        let rel = pc.wrapping_sub(module.bias);
         let mut base = module.row_start;
         let mut len = module.row_count;
         for _ in 0..module_table::ROW_SEARCH_STEPS {
@@ -299,7 +389,30 @@ mod probes {
         if row.pc as u64 > rel {
             return None;
         }
-        Some(*row)
+        Some((*row, module.bias.wrapping_add(row.func as u64)))
+    }
+
+    /// 1 if `a != b`, else 0, without a branch.
+    #[inline(always)]
+    fn differ(a: u64, b: u64) -> u64 {
+        let x = a ^ b;
+        // `x | -x` has the top bit set unless x is 0.
+        opaque((x | opaque(x.wrapping_neg())) >> 63)
+    }
+
+    /// `if pick == 1 { a } else { b }` for `pick` 0 or 1, without a branch.
+    #[inline(always)]
+    fn select(pick: u64, a: u64, b: u64) -> u64 {
+        let mask = opaque(pick.wrapping_neg());
+        (a & mask) | (b & !mask)
+    }
+
+    /// `x`, hidden from LLVM: it recognizes `equal` and `select` as a
+    /// comparison and a choice and compiles them back into branches (BPF
+    /// has no conditional move), which is what they are here to avoid.
+    #[inline(always)]
+    fn opaque(x: u64) -> u64 {
+        core::hint::black_box(x)
     }
 
     /// 1 if `a <= b`, else 0, without a branch (both below 2^63).
@@ -360,50 +473,27 @@ mod probes {
         ctx.arg::<u64>(n).unwrap_or(0)
     }
 
-    /// `malloc(size)`, `valloc(size)`, `pvalloc(size)`, `mmap(addr, len, …)` use arg 0 or 1.
+    /// Entry of every allocating function. The attach cookie gives the
+    /// allocator kind and how the arguments are laid out (`cookie`,
+    /// `layout`): one program for all, so the verifier walks the unwinder
+    /// once at load, not once per layout.
     #[uprobe]
     pub fn alloc_enter(ctx: ProbeContext) -> u32 {
-        enter(&ctx, arg(&ctx, 0), 0, op::ALLOC);
-        0
-    }
-
-    #[uprobe]
-    pub fn mmap_enter(ctx: ProbeContext) -> u32 {
-        enter(&ctx, arg(&ctx, 1), 0, op::ALLOC);
-        0
-    }
-
-    #[uprobe]
-    pub fn calloc_enter(ctx: ProbeContext) -> u32 {
-        let size = arg(&ctx, 0).wrapping_mul(arg(&ctx, 1));
-        enter(&ctx, size, 0, op::ALLOC);
-        0
-    }
-
-    #[uprobe]
-    pub fn realloc_enter(ctx: ProbeContext) -> u32 {
-        enter(&ctx, arg(&ctx, 1), arg(&ctx, 0), op::REALLOC);
-        0
-    }
-
-    #[uprobe]
-    pub fn reallocarray_enter(ctx: ProbeContext) -> u32 {
-        let size = arg(&ctx, 1).wrapping_mul(arg(&ctx, 2));
-        enter(&ctx, size, arg(&ctx, 0), op::REALLOC);
-        0
-    }
-
-    /// `memalign(align, size)`, `aligned_alloc(align, size)`.
-    #[uprobe]
-    pub fn memalign_enter(ctx: ProbeContext) -> u32 {
-        enter(&ctx, arg(&ctx, 1), 0, op::ALLOC);
-        0
-    }
-
-    /// `posix_memalign(void **memptr, align, size)`.
-    #[uprobe]
-    pub fn posix_memalign_enter(ctx: ProbeContext) -> u32 {
-        enter(&ctx, arg(&ctx, 2), arg(&ctx, 0), op::OUT_PTR);
+        let layout = cookie::layout(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) });
+        let (size, arg_ptr, op) = match layout {
+            layout::MMAP => (arg(&ctx, 1), 0, op::ALLOC),
+            layout::CALLOC => (arg(&ctx, 0).wrapping_mul(arg(&ctx, 1)), 0, op::ALLOC),
+            layout::REALLOC => (arg(&ctx, 1), arg(&ctx, 0), op::REALLOC),
+            layout::REALLOCARRAY => (
+                arg(&ctx, 1).wrapping_mul(arg(&ctx, 2)),
+                arg(&ctx, 0),
+                op::REALLOC,
+            ),
+            layout::MEMALIGN => (arg(&ctx, 1), 0, op::ALLOC),
+            layout::POSIX_MEMALIGN => (arg(&ctx, 2), arg(&ctx, 0), op::OUT_PTR),
+            _ => (arg(&ctx, 0), 0, op::ALLOC),
+        };
+        enter(&ctx, size, arg_ptr, op);
         0
     }
 
@@ -470,8 +560,19 @@ mod probes {
     fn record(addr: u64, call: &PendingCall) {
         bump(|c| &mut c.allocs);
         let now = unsafe { bpf_ktime_get_ns() };
+        // The site's totals first: when the site table is full, the block
+        // is recorded under its kind's overflow site, live entry included.
+        let (site, totals) = site_totals(&call.site);
+        let in_totals = match totals {
+            Some(totals) => unsafe {
+                (*totals).count += 1;
+                (*totals).bytes += call.size;
+                true
+            },
+            None => false,
+        };
         let live = LiveAlloc {
-            site: call.site,
+            site,
             size: call.size,
             timestamp_ns: now,
             epoch: GC_EPOCH.get(0).copied().unwrap_or(0),
@@ -486,23 +587,6 @@ mod probes {
         if in_live && is_gc(live.site.kind) {
             gc_event(addr, gc_event::ALLOC, &live);
         }
-        let in_totals = match SITE_TOTALS.get_ptr_mut(&call.site) {
-            Some(totals) => unsafe {
-                (*totals).count += 1;
-                (*totals).bytes += call.size;
-                true
-            },
-            None => {
-                let first = SiteTotals {
-                    count: 1,
-                    bytes: call.size,
-                    ..SiteTotals::default()
-                };
-                SITE_TOTALS
-                    .insert(&call.site, &first, BPF_NOEXIST as u64)
-                    .is_ok()
-            }
-        };
         // Each allocation not fully recorded is counted once, in one category.
         match (in_live, in_totals) {
             (true, true) => {}
@@ -510,6 +594,37 @@ mod probes {
             (true, false) => bump(|c| &mut c.sites_map_full),
             (false, false) => bump(|c| &mut c.both_maps_full),
         }
+    }
+
+    /// The site an allocation is recorded under and its totals (this CPU's
+    /// slot): its own, added to the table if new; when the table has no
+    /// room, its kind's overflow slot (counted in `sites_overflowed`), so
+    /// totals stay exact.
+    #[inline(always)]
+    fn site_totals(site: &AllocSite) -> (AllocSite, Option<*mut SiteTotals>) {
+        if let Some(totals) = SITE_TOTALS.get_ptr_mut(site) {
+            return (*site, Some(totals));
+        }
+        // Another CPU may add it meanwhile (EEXIST): the lookup after finds it.
+        let _ = SITE_TOTALS.insert(site, &SiteTotals::default(), BPF_NOEXIST as u64);
+        if let Some(totals) = SITE_TOTALS.get_ptr_mut(site) {
+            bump(|c| &mut c.sites_stored);
+            return (*site, Some(totals));
+        }
+        bump(|c| &mut c.sites_overflowed);
+        let overflow = AllocSite {
+            caller: 0,
+            stack_id: SITES_OVERFLOW,
+            kind: site.kind,
+            _pad: [0; 7],
+        };
+        (overflow, overflow_totals(site.kind))
+    }
+
+    /// The overflow slot of allocation kind `kind`.
+    #[inline(always)]
+    fn overflow_totals(kind: u8) -> Option<*mut SiteTotals> {
+        OVERFLOW_TOTALS.get_ptr_mut(kind as u32)
     }
 
     #[inline(always)]
@@ -539,8 +654,13 @@ mod probes {
         if is_gc(old.site.kind) {
             gc_event(addr, gc_event::GONE, old);
         }
-        let Some(totals) = SITE_TOTALS.get_ptr_mut(&old.site) else {
-            return; // the site table was full when it was allocated (counted then)
+        let totals = match SITE_TOTALS.get_ptr_mut(&old.site) {
+            Some(totals) => totals,
+            None if old.site.stack_id == SITES_OVERFLOW => match overflow_totals(old.site.kind) {
+                Some(totals) => totals,
+                None => return,
+            },
+            None => return, // not in the totals (counted when it was allocated)
         };
         let lifetime = now.saturating_sub(old.timestamp_ns);
         let gc = is_gc(old.site.kind);

@@ -93,12 +93,15 @@ pub struct SessionArgs {
     /// Capacity of the kernel's live-block table; blocks beyond it are counted as lost.
     #[arg(long, default_value_t = 1 << 20, value_name = "N")]
     pub max_live: u32,
-    /// Capacity of the kernel's stack table (distinct call stacks); allocations
-    /// with a stack beyond it are counted as "stacks not captured".
+    /// Capacity of the kernel's stack table (distinct call stacks, DWARF
+    /// unwinding: filled on demand); once it is full, new stacks are recorded
+    /// under their innermost frame alone (marked truncated, counted as
+    /// "stacks degraded"; nothing is lost).
     #[arg(long, default_value_t = 1 << 16, value_name = "N")]
     pub max_stacks: u32,
-    /// Capacity of the per-stack totals table.
-    #[arg(long, default_value_t = 1 << 16, value_name = "N")]
+    /// Capacity of the per-site totals table (filled on demand); sites beyond
+    /// it are added to one overflow group per kind (totals exact, no stack).
+    #[arg(long, default_value_t = 1 << 18, value_name = "N")]
     pub max_sites: u32,
     /// Put every entry probe at the first instruction (no placement; slower, for comparison).
     #[arg(long)]
@@ -115,8 +118,17 @@ pub struct SessionArgs {
     /// How to capture call stacks. dwarf unwinds in the kernel with CFI tables
     /// built from each module's .eh_frame (works without frame pointers, e.g.
     /// Crystal); fp follows frame pointers (cheaper). auto = dwarf.
+    /// dwarf folds recursion (see --keep-recursion); fp keeps every frame
+    /// it walks.
     #[arg(long, value_enum, default_value_t = Unwind::Auto)]
     pub unwind: Unwind,
+    /// DWARF unwinding: keep every frame of recursive calls. By default a
+    /// frame whose function is one of the 4 frames kept just inside it is
+    /// left out (direct and short mutual recursion fold into their innermost
+    /// call, the callers outside stay), so each recursion path is not a
+    /// stack of its own; such stacks are marked folded.
+    #[arg(long)]
+    pub keep_recursion: bool,
     /// How dead Boehm GC objects are found. marks: after every collection,
     /// read the collector's own mark bits (memprof traces the target with
     /// ptrace and holds the collecting thread, world already stopped, while

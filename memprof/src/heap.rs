@@ -29,6 +29,12 @@ pub struct RawGroup {
     pub total_bytes: u64,
     /// The unwinder did not reach the end of this stack.
     pub truncated: bool,
+    /// Recursion was folded: frames of a function one of the last few
+    /// kept frames had are left out (`--keep-recursion` keeps them).
+    pub folded: bool,
+    /// Not a stack: the allocations of this kind the site table had no
+    /// room for (`--max-sites`); `frames` is empty.
+    pub overflow: bool,
     /// GC kinds: collected (mark-bit passes and address reuse).
     pub collected_count: u64,
     pub collected_bytes: u64,
@@ -41,15 +47,17 @@ pub struct RawGroup {
 
 impl RawGroup {
     /// A group with nothing counted yet.
-    fn new(kind: AllocKind, frames: Vec<u64>, truncated: bool) -> RawGroup {
+    fn new(kind: AllocKind, stack: Stack) -> RawGroup {
         RawGroup {
             kind,
-            frames,
+            frames: stack.frames,
             live_count: 0,
             live_bytes: 0,
             total_count: 0,
             total_bytes: 0,
-            truncated,
+            truncated: stack.truncated,
+            folded: stack.folded,
+            overflow: stack.overflow,
             collected_count: 0,
             collected_bytes: 0,
             marked_count: 0,
@@ -70,7 +78,7 @@ pub fn collect(maps: &HeapMaps, gc: Option<&[(Site, SiteGc)]>) -> Result<Vec<Raw
     let mut grouper = Grouper {
         maps,
         stacks: HashMap::new(),
-        by_frames: HashMap::new(),
+        by_stack: HashMap::new(),
         by_site: HashMap::new(),
         groups: Vec::new(),
     };
@@ -112,13 +120,35 @@ pub fn collect(maps: &HeapMaps, gc: Option<&[(Site, SiteGc)]>) -> Result<Vec<Raw
     Ok(grouper.groups)
 }
 
+/// A stack as a group shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Stack {
+    frames: Vec<u64>,
+    truncated: bool,
+    folded: bool,
+    overflow: bool,
+}
+
+impl Stack {
+    /// The allocator's caller alone, marked as cut short.
+    fn caller_only(caller: u64) -> Stack {
+        Stack {
+            frames: join_caller(caller, &[]),
+            truncated: true,
+            folded: false,
+            overflow: false,
+        }
+    }
+}
+
 /// Assigns sites to groups; sites are few, live blocks many, so the group of
 /// each site is looked up once.
 struct Grouper<'a> {
     maps: &'a HeapMaps,
-    /// Stack key → (frames, truncated).
-    stacks: HashMap<Option<u64>, (Vec<u64>, bool)>,
-    by_frames: HashMap<(AllocKind, Vec<u64>), usize>,
+    /// Stack key → the stack the kernel recorded (read once).
+    stacks: HashMap<u64, RecordedStack>,
+    /// Same frames, truncated or folded or not: different stacks.
+    by_stack: HashMap<(AllocKind, Stack), usize>,
     by_site: HashMap<Site, usize>,
     groups: Vec<RawGroup>,
 }
@@ -129,23 +159,43 @@ impl Grouper<'_> {
             return &mut self.groups[i];
         }
         let maps = self.maps;
-        let (frames, truncated) = self
-            .stacks
-            .entry(site.stack)
-            .or_insert_with(|| match site.stack.map(|key| maps.stack(key)) {
-                // No stack: the caller alone, marked as cut short.
-                None | Some(RecordedStack::Missing) => (join_caller(site.caller, &[]), true),
-                // The DWARF unwinder starts at the caller already.
-                Some(RecordedStack::Unwound { frames, truncated }) => (frames, truncated),
-                Some(RecordedStack::Walked(walk)) => (join_caller(site.caller, &walk), false),
-            })
-            .clone();
+        let recorded = match site.stack {
+            Some(key) => self.stacks.entry(key).or_insert_with(|| maps.stack(key)),
+            None => &RecordedStack::Missing,
+        };
+        let stack = match recorded {
+            // No stack, or no room for it: the caller alone.
+            RecordedStack::Missing | RecordedStack::CallerOnly => Stack::caller_only(site.caller),
+            // The DWARF unwinder starts at the caller already.
+            RecordedStack::Unwound {
+                frames,
+                truncated,
+                folded,
+            } => Stack {
+                frames: frames.clone(),
+                truncated: *truncated,
+                folded: *folded,
+                overflow: false,
+            },
+            RecordedStack::Overflow => Stack {
+                frames: Vec::new(),
+                truncated: true,
+                folded: false,
+                overflow: true,
+            },
+            RecordedStack::Walked(walk) => Stack {
+                frames: join_caller(site.caller, walk),
+                truncated: false,
+                folded: false,
+                overflow: false,
+            },
+        };
         let groups = &mut self.groups;
         let i = *self
-            .by_frames
-            .entry((site.kind, frames.clone()))
+            .by_stack
+            .entry((site.kind, stack.clone()))
             .or_insert_with(|| {
-                groups.push(RawGroup::new(site.kind, frames, truncated));
+                groups.push(RawGroup::new(site.kind, stack));
                 groups.len() - 1
             });
         self.by_site.insert(site, i);

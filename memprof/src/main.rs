@@ -105,6 +105,7 @@ fn session_options(args: &SessionArgs, duration: Option<Duration>) -> Result<Ses
             max_sites: args.max_sites,
             empty: args.empty_probes,
             gc_events_bytes: 0, // sized by the session when GC objects are judged
+            keep_recursion: args.keep_recursion,
         },
         probe_at_entry: args.probe_at_entry,
         duration,

@@ -1,18 +1,25 @@
-//! `cargo xtask bench`: what memprof costs a program, per allocation.
+//! `cargo xtask bench`: what memprof costs a program, in one invocation.
 //!
-//! Runs each workload every [`WAYS`] way (untraced, then under `memprof run`
-//! with various options), [`REPETITIONS`] times each, and prints the medians:
+//! - Per operation: each workload (a malloc/free loop, crystal-samples'
+//!   binary-trees 12, GC collection loops) every [`Way`] (untraced, empty
+//!   probes, memprof exact, sampled, …), [`REPETITIONS`] times each; the
+//!   medians as time per operation, against untraced and against the floor
+//!   ([`FLOOR`]: empty probes at the same places), measured in the same run.
+//! - End to end: binary-trees 15 under `memprof run` with defaults: wall,
+//!   allocations lost, memprof's peak RSS, profile size, longest pause.
+//! - Fixed cost: `memprof run -- /bin/true`.
 //!
 //! ```text
 //! bench: bench_loop 1000000 (1,000,000 × malloc/free pair), median of 3 runs
-//! | way                        |    time ms |  µs per malloc/free pair | vs untraced |
-//! |----------------------------|------------|--------------------------|-------------|
-//! | untraced                   |        6.1 |                    0.006 |       1.0 × |
+//! | way                          |    time ms |  µs per malloc/free pair | vs untraced |  vs floor |
+//! |------------------------------|------------|--------------------------|-------------|-----------|
+//! | untraced                     |        6.1 |                    0.006 |       1.0 × |    0.00 × |
 //! ```
 //!
 //! A workload is timed by its own `loop_ns=<n>` line on stdout (so start-up
 //! and probe attachment are not counted) or by the wall clock ([`Clock`]).
-//! Add rows to the `*_WAYS` lists and entries to [`workloads`].
+//! Add rows to the `*_WAYS` lists and entries to [`workloads`]. Nothing
+//! here asserts a time: the figures are for people to compare.
 
 use crate::{build_memprof, fixtures, fixtures_src, output, setup::setup, show, target_dir};
 use anyhow::{bail, ensure, Context, Result};
@@ -22,9 +29,6 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 const REPETITIONS: usize = 3;
-
-/// `memprof run -- binary-trees 10` counts this many allocations (GC and libc).
-const BINARY_TREES_10_ALLOCS: u64 = 265_683;
 
 /// One way to run a workload: untraced (`memprof: None`), or under
 /// `memprof run <these options> -o FILE -- <workload>`.
@@ -60,6 +64,10 @@ const MALLOC_WAYS: &[Way] = &[
         name: "memprof --probe-at-entry",
         memprof: Some(&["--probe-at-entry"]),
     },
+    Way {
+        name: "memprof --sample-bytes 512K",
+        memprof: Some(&["--sample-bytes", "524288"]),
+    },
 ];
 
 /// Ways for the Crystal (GC-heavy) workload.
@@ -80,7 +88,15 @@ const GC_WAYS: &[Way] = &[
         name: "memprof --probe-at-entry",
         memprof: Some(&["--probe-at-entry"]),
     },
+    Way {
+        name: "memprof --sample-bytes 512K",
+        memprof: Some(&["--sample-bytes", "524288"]),
+    },
 ];
+
+/// The way whose time is the floor the others are compared with: the
+/// bare cost of the probes, at the same places.
+const FLOOR: &str = "empty probes, placed";
 
 /// Ways for the GC collection loop: what the mark-bit pass adds to a
 /// collection (the collector is held while memprof reads the marks).
@@ -106,7 +122,9 @@ const COLLECTION_LOOPS: &[(u64, u64)] = &[(100_000, 10), (1_000_000, 5)];
 struct Workload {
     command: Vec<OsString>,
     ways: &'static [Way],
-    ops: u64,
+    /// Operations one run does; `None`: the allocations the exact run
+    /// (`memprof (dwarf)`) counted.
+    ops: Option<u64>,
     op: &'static str,
     clock: Clock,
 }
@@ -146,16 +164,15 @@ fn workloads() -> Result<Vec<Workload>> {
         Workload {
             command: vec![bench_loop.into(), pairs.to_string().into()],
             ways: MALLOC_WAYS,
-            ops: pairs,
+            ops: Some(pairs),
             op: "malloc/free pair",
             clock: Clock::LoopNs,
         },
         Workload {
-            command: vec![binary_trees.into(), "10".into()],
+            command: vec![binary_trees.into(), "12".into()],
             ways: GC_WAYS,
-            // GC allocations of one run at depth 10 (memprof's own count).
-            ops: BINARY_TREES_10_ALLOCS,
-            op: "GC allocation",
+            ops: None,
+            op: "allocation",
             clock: Clock::Wall,
         },
     ];
@@ -167,7 +184,7 @@ fn workloads() -> Result<Vec<Workload>> {
                 collections.to_string().into(),
             ],
             ways: COLLECTION_WAYS,
-            ops: collections,
+            ops: Some(collections),
             op: "collection",
             clock: Clock::LoopNs,
         });
@@ -179,62 +196,215 @@ pub fn bench() -> Result<()> {
     setup()?;
     let memprof = build_memprof()?;
     let profile = target_dir().join("bench/bench.mprof");
-    for workload in workloads()? {
-        let per_op = format!("µs per {}", workload.op);
-        println!(
-            "\nbench: {} ({} × {}), median of {REPETITIONS} runs",
-            name(&workload),
-            thousands(workload.ops),
-            workload.op
-        );
-        println!(
-            "| {:<26} | {:>10} | {per_op:>24} | {:>11} |",
-            "way", "time ms", "vs untraced"
-        );
-        println!("|{:-<28}|{:-<12}|{:-<26}|{:-<13}|", "", "", "", "");
-        let mut baseline = None;
-        let mut times = Vec::new();
-        for way in workload.ways {
-            let mut command = match way.memprof {
-                None => Command::new(&workload.command[0]),
-                Some(options) => {
-                    let mut command = Command::new(&memprof);
-                    command
-                        .arg("run")
-                        .args(options)
-                        .arg("-o")
-                        .arg(&profile)
-                        .arg("--")
-                        .arg(&workload.command[0]);
-                    command
-                }
-            };
-            command.args(&workload.command[1..]);
-            let traced = way.memprof.map(|_| (memprof.as_path(), profile.as_path()));
-            let time = median_time(&mut command, workload.clock, traced)?.as_secs_f64();
-            times.push(time);
-            let baseline = *baseline.get_or_insert(time);
-            println!(
-                "| {:<26} | {:>10.1} | {:>24.3} | {:>9.1} × |",
-                way.name,
-                time * 1e3,
-                time * 1e6 / workload.ops as f64,
-                time / baseline
+    let workloads = workloads()?;
+    for workload in &workloads {
+        per_operation(workload, &memprof, &profile)?;
+    }
+    let binary_trees = target_dir().join("bench/binary-trees");
+    end_to_end(&memprof, &binary_trees, "15", &profile)?;
+    fixed_cost(&memprof, &profile)?;
+    Ok(())
+}
+
+/// Times `workload` every way; prints a table with each way's time per
+/// operation, against untraced and against the empty-probe floor.
+fn per_operation(workload: &Workload, memprof: &Path, profile: &Path) -> Result<()> {
+    let mut rows = Vec::new();
+    let mut ops = workload.ops;
+    for way in workload.ways {
+        let mut command = match way.memprof {
+            None => Command::new(&workload.command[0]),
+            Some(options) => {
+                let mut command = Command::new(memprof);
+                command
+                    .arg("run")
+                    .args(options)
+                    .arg("-o")
+                    .arg(profile)
+                    .arg("--")
+                    .arg(&workload.command[0]);
+                command
+            }
+        };
+        command.args(&workload.command[1..]);
+        let traced = way.memprof.map(|_| (memprof, profile));
+        let time = median_time(&mut command, workload.clock, traced)?.as_secs_f64();
+        if ops.is_none() && way.name == "memprof (dwarf)" {
+            ops = Some(
+                report_json(memprof, profile)?["counters"]["allocs"]
+                    .as_u64()
+                    .unwrap_or(0),
             );
         }
-        if workload.op == "collection" {
-            // The pass: marks minus probes alone, per collection, per 100k tracked objects.
-            let objects: f64 = workload.command[1].to_string_lossy().parse()?;
-            let pause = (times[2] - times[1]) / workload.ops as f64;
-            println!(
-                "mark-bit pass: {:.1} ms added to each collection with {} objects tracked = {:.2} ms per 100,000 tracked objects",
-                pause * 1e3,
-                thousands(objects as u64),
-                pause * 1e3 * 100_000.0 / objects
-            );
-        }
+        rows.push((way.name, time));
+    }
+    let ops = ops.context("no exact run counted the operations")?.max(1);
+    let per_op = format!("µs per {}", workload.op);
+    println!(
+        "\nbench: {} ({} × {}), median of {REPETITIONS} runs",
+        name(workload),
+        thousands(ops),
+        workload.op
+    );
+    println!(
+        "| {:<28} | {:>10} | {per_op:>24} | {:>11} | {:>9} |",
+        "way", "time ms", "vs untraced", "vs floor"
+    );
+    println!(
+        "|{:-<30}|{:-<12}|{:-<26}|{:-<13}|{:-<11}|",
+        "", "", "", "", ""
+    );
+    let untraced = rows[0].1;
+    let floor = rows.iter().find(|(name, _)| *name == FLOOR).map(|r| r.1);
+    for &(name, time) in &rows {
+        let vs_floor = floor.map_or("".to_string(), |f| format!("{:.2} ×", time / f));
+        println!(
+            "| {:<28} | {:>10.1} | {:>24.3} | {:>9.1} × | {:>9} |",
+            name,
+            time * 1e3,
+            time * 1e6 / ops as f64,
+            time / untraced,
+            vs_floor
+        );
+    }
+    if workload.op == "collection" {
+        // The pass: marks minus probes alone, per collection, per 100k tracked objects.
+        let objects: f64 = workload.command[1].to_string_lossy().parse()?;
+        let pause = (rows[2].1 - rows[1].1) / ops as f64;
+        println!(
+            "mark-bit pass: {:.1} ms added to each collection with {} objects tracked = {:.2} ms per 100,000 tracked objects",
+            pause * 1e3,
+            thousands(objects as u64),
+            pause * 1e3 * 100_000.0 / objects
+        );
     }
     Ok(())
+}
+
+/// A real program end to end under `memprof run` with defaults: wall
+/// time, allocations lost, memprof's peak memory, the profile's size and
+/// the longest mark-bit pass (the pause memprof added to one collection).
+fn end_to_end(memprof: &Path, program: &Path, arg: &str, profile: &Path) -> Result<()> {
+    let (untraced, _) = run_measured(Command::new(program).arg(arg))?;
+    let (wall, peak_kib) = run_measured(
+        Command::new(memprof)
+            .arg("run")
+            .arg("-o")
+            .arg(profile)
+            .arg("--")
+            .arg(program)
+            .arg(arg),
+    )?;
+    let report = report_json(memprof, profile)?;
+    let c = &report["counters"];
+    let field = |name: &str| c[name].as_u64().unwrap_or(0);
+    let lost = [
+        "live_map_full",
+        "sites_map_full",
+        "both_maps_full",
+        "pending_full",
+        "stale_calls",
+    ]
+    .iter()
+    .map(|n| field(n))
+    .sum::<u64>();
+    let size = std::fs::metadata(profile)?.len();
+    let pause = report["gc"]["longest_pass_seconds"].as_f64().unwrap_or(0.0);
+    let name = program.file_name().unwrap_or_default().to_string_lossy();
+    println!("\nbench: {name} {arg} end to end under `memprof run` (defaults), one run");
+    println!("| untraced s | memprof s | allocations | lost | memprof peak RSS MB | profile MB | longest pause ms |");
+    println!("|-----------:|----------:|------------:|-----:|--------------------:|-----------:|-----------------:|");
+    println!(
+        "| {:>10.2} | {:>9.2} | {:>11} | {:>4} | {:>19.1} | {:>10.1} | {:>16.1} |",
+        untraced.as_secs_f64(),
+        wall.as_secs_f64(),
+        thousands(field("allocs")),
+        thousands(lost),
+        peak_kib as f64 / 1024.0,
+        size as f64 / 1e6,
+        pause * 1e3
+    );
+    Ok(())
+}
+
+/// What memprof costs before and after any allocation: `run -- /bin/true`
+/// (load, attach, detach, write), wall clock, median of [`REPETITIONS`].
+fn fixed_cost(memprof: &Path, profile: &Path) -> Result<()> {
+    let mut untraced = Vec::new();
+    let mut traced = Vec::new();
+    for _ in 0..REPETITIONS {
+        untraced.push(run_measured(&mut Command::new("/bin/true"))?.0);
+        let (wall, _) = run_measured(
+            Command::new(memprof)
+                .arg("run")
+                .arg("-o")
+                .arg(profile)
+                .args(["--", "/bin/true"]),
+        )?;
+        traced.push(wall);
+    }
+    untraced.sort();
+    traced.sort();
+    println!("\nbench: fixed cost, median of {REPETITIONS} runs");
+    println!("| way | wall ms |");
+    println!("|-----|--------:|");
+    println!(
+        "| /bin/true | {:.1} |",
+        untraced[REPETITIONS / 2].as_secs_f64() * 1e3
+    );
+    println!(
+        "| memprof run -- /bin/true | {:.1} |",
+        traced[REPETITIONS / 2].as_secs_f64() * 1e3
+    );
+    Ok(())
+}
+
+/// Runs `command` (output discarded) to its end; returns its wall time
+/// and peak resident memory in KiB (`wait4`'s `ru_maxrss`). Fails unless
+/// it exits 0.
+fn run_measured(command: &mut Command) -> Result<(Duration, u64)> {
+    use std::process::Stdio;
+    let start = Instant::now();
+    let child = command
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("cannot run {}", show(command)))?;
+    let mut status = 0;
+    // SAFETY: plain out-parameters; the child is ours and not waited elsewhere.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let pid = child.id() as libc::pid_t;
+    let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    let wall = start.elapsed();
+    ensure!(
+        r == pid,
+        "waiting for {}: {}",
+        show(command),
+        std::io::Error::last_os_error()
+    );
+    ensure!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "{} failed (wait status {status:#x})",
+        show(command)
+    );
+    Ok((wall, usage.ru_maxrss as u64))
+}
+
+/// `memprof report FILE --format json`, parsed.
+fn report_json(memprof: &Path, profile: &Path) -> Result<serde_json::Value> {
+    let out = output(
+        Command::new(memprof)
+            .arg("report")
+            .arg(profile)
+            .args(["--format", "json"]),
+    )?;
+    ensure!(
+        out.status.success(),
+        "memprof report {} failed",
+        profile.display()
+    );
+    serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("the JSON report of {} does not parse", profile.display()))
 }
 
 /// The workload's command line, with the program's file name only.
@@ -318,22 +488,8 @@ fn time_once(
 
 /// The target's run time as the profile recorded it.
 fn profile_duration(memprof: &Path, profile: &Path) -> Result<Duration> {
-    let out = output(
-        Command::new(memprof)
-            .arg("report")
-            .arg(profile)
-            .args(["--format", "json"]),
-    )?;
-    ensure!(
-        out.status.success(),
-        "memprof report {} failed",
-        profile.display()
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
-    let seconds = text
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("\"duration_s\":"))
-        .and_then(|v| v.trim().trim_end_matches(',').parse::<f64>().ok())
+    let seconds = report_json(memprof, profile)?["duration_s"]
+        .as_f64()
         .with_context(|| format!("no duration_s in the report of {}", profile.display()))?;
     Ok(Duration::from_secs_f64(seconds))
 }

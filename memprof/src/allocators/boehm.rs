@@ -12,27 +12,21 @@
 //! The collector never calls `GC_free` for what it collects: until mark bits
 //! are read, a GC block counts as live until `GC_free` or until its address is
 //! handed out again (the kernel's live table replaces the entry).
-use memprof_common::{programs as p, AllocKind};
+use memprof_common::{layout as l, programs as p, AllocKind};
 
 use super::{AllocFn, ArgReg::*};
 
 use AllocKind::{Gc, GcAtomic};
 
 pub static BOEHM: &[AllocFn] = &[
-    AllocFn::alloc("GC_malloc", p::ALLOC_ENTER, Gc, &[Rdi], false),
-    AllocFn::alloc("GC_malloc_atomic", p::ALLOC_ENTER, GcAtomic, &[Rdi], true),
-    AllocFn::alloc("GC_realloc", p::REALLOC_ENTER, Gc, &[Rdi, Rsi], true),
-    AllocFn::alloc("GC_malloc_uncollectable", p::ALLOC_ENTER, Gc, &[Rdi], true),
-    AllocFn::alloc(
-        "GC_malloc_ignore_off_page",
-        p::ALLOC_ENTER,
-        Gc,
-        &[Rdi],
-        true,
-    ),
+    AllocFn::alloc("GC_malloc", l::SIZE, Gc, &[Rdi], false),
+    AllocFn::alloc("GC_malloc_atomic", l::SIZE, GcAtomic, &[Rdi], true),
+    AllocFn::alloc("GC_realloc", l::REALLOC, Gc, &[Rdi, Rsi], true),
+    AllocFn::alloc("GC_malloc_uncollectable", l::SIZE, Gc, &[Rdi], true),
+    AllocFn::alloc("GC_malloc_ignore_off_page", l::SIZE, Gc, &[Rdi], true),
     AllocFn::alloc(
         "GC_malloc_atomic_ignore_off_page",
-        p::ALLOC_ENTER,
+        l::SIZE,
         GcAtomic,
         &[Rdi],
         true,
@@ -41,6 +35,7 @@ pub static BOEHM: &[AllocFn] = &[
         symbol: "GC_free",
         entry_program: p::FREE_ENTER,
         exit_program: None,
+        layout: 0,
         kind: Gc,
         args: &[Rdi],
         optional: false,

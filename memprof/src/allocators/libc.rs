@@ -4,35 +4,29 @@
 //!
 //! Every function but `malloc` and `free` is optional: not every libc has
 //! `reallocarray`, `pvalloc` or `valloc`.
-use memprof_common::{programs as p, AllocKind};
+use memprof_common::{layout as l, programs as p, AllocKind};
 
 use super::{AllocFn, ArgReg::*};
 
 use AllocKind::{Libc, Mmap};
 
 pub static LIBC: &[AllocFn] = &[
-    AllocFn::alloc("malloc", p::ALLOC_ENTER, Libc, &[Rdi], false),
-    AllocFn::alloc("calloc", p::CALLOC_ENTER, Libc, &[Rdi, Rsi], true),
-    AllocFn::alloc("realloc", p::REALLOC_ENTER, Libc, &[Rdi, Rsi], true),
+    AllocFn::alloc("malloc", l::SIZE, Libc, &[Rdi], false),
+    AllocFn::alloc("calloc", l::CALLOC, Libc, &[Rdi, Rsi], true),
+    AllocFn::alloc("realloc", l::REALLOC, Libc, &[Rdi, Rsi], true),
     AllocFn::alloc(
         "reallocarray",
-        p::REALLOCARRAY_ENTER,
+        l::REALLOCARRAY,
         Libc,
         &[Rdi, Rsi, Rdx],
         true,
     ),
-    AllocFn::alloc(
-        "posix_memalign",
-        p::POSIX_MEMALIGN_ENTER,
-        Libc,
-        &[Rdi, Rdx],
-        true,
-    ),
-    AllocFn::alloc("aligned_alloc", p::MEMALIGN_ENTER, Libc, &[Rsi], true),
-    AllocFn::alloc("memalign", p::MEMALIGN_ENTER, Libc, &[Rsi], true),
-    AllocFn::alloc("valloc", p::ALLOC_ENTER, Libc, &[Rdi], true),
-    AllocFn::alloc("pvalloc", p::ALLOC_ENTER, Libc, &[Rdi], true),
+    AllocFn::alloc("posix_memalign", l::POSIX_MEMALIGN, Libc, &[Rdi, Rdx], true),
+    AllocFn::alloc("aligned_alloc", l::MEMALIGN, Libc, &[Rsi], true),
+    AllocFn::alloc("memalign", l::MEMALIGN, Libc, &[Rsi], true),
+    AllocFn::alloc("valloc", l::SIZE, Libc, &[Rdi], true),
+    AllocFn::alloc("pvalloc", l::SIZE, Libc, &[Rdi], true),
     AllocFn::release("free", p::FREE_ENTER, Libc, false),
-    AllocFn::alloc("mmap", p::MMAP_ENTER, Mmap, &[Rsi], true),
+    AllocFn::alloc("mmap", l::MMAP, Mmap, &[Rsi], true),
     AllocFn::release("munmap", p::MUNMAP_ENTER, Mmap, true),
 ];

@@ -48,6 +48,9 @@ pub struct AllocFn {
     /// eBPF program run at return, for functions that return a block.
     pub exit_program: Option<&'static str>,
     pub kind: AllocKind,
+    /// How the entry program reads the arguments
+    /// ([`memprof_common::layout`]; allocating functions only).
+    pub layout: u8,
     /// Registers the entry program reads.
     pub args: &'static [ArgReg],
     /// A run may lack this function without being wrong (missing ones are noted, not fatal).
@@ -58,15 +61,16 @@ impl AllocFn {
     /// A function that returns a new block (probed at entry and return).
     pub const fn alloc(
         symbol: &'static str,
-        entry_program: &'static str,
+        layout: u8,
         kind: AllocKind,
         args: &'static [ArgReg],
         optional: bool,
     ) -> AllocFn {
         AllocFn {
             symbol,
-            entry_program,
+            entry_program: memprof_common::programs::ALLOC_ENTER,
             exit_program: Some(memprof_common::programs::ALLOC_EXIT),
+            layout,
             kind,
             args,
             optional,
@@ -84,6 +88,7 @@ impl AllocFn {
             symbol,
             entry_program,
             exit_program: None,
+            layout: 0,
             kind,
             args: &[ArgReg::Rdi],
             optional,

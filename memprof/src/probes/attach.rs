@@ -1,48 +1,47 @@
 //! Attaching the loaded programs to functions of the target.
 //!
-//! Each program is loaded once and attached to every function that shares
-//! its argument layout; the attach cookie tells the program which
-//! [`memprof_common::AllocKind`] it is counting. Every probe is scoped to
-//! the target's pid, and its link is kept in [`Probes`] until it is dropped.
-use std::num::NonZeroU32;
+//! Each program is loaded once and attached with one multi-uprobe link per
+//! file (`multi.rs`) to every function of that file that shares its
+//! argument layout; each offset's cookie tells the program which
+//! [`memprof_common::AllocKind`] it is counting and how to read the
+//! arguments. Every probe is scoped to the target's pid, and its link is
+//! kept in [`Probes`] until it is dropped.
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 
-use anyhow::{anyhow, Context, Result};
-use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope};
-use aya::programs::UProbe;
+use anyhow::{Context, Result};
 use memprof_common::programs;
 
-use super::{permission_hint, Probes};
+use super::{multi, permission_hint, Probes};
 use crate::modules::{Module, ModuleCache};
 use crate::placement::Planned;
 
+/// The probes of one link: a program in one file.
+#[derive(Default)]
+struct LinkPlan {
+    /// (file offset, cookie) of each probe.
+    probes: Vec<(u64, u64)>,
+    /// The functions, for messages.
+    symbols: Vec<&'static str>,
+    /// The module's own path, for messages.
+    module: PathBuf,
+}
+
 impl Probes {
-    /// Loads every program of the object into the kernel (the verifier runs here).
-    pub(super) fn load_programs(&mut self) -> Result<()> {
-        let names: Vec<String> = self.ebpf.programs().map(|(n, _)| n.to_string()).collect();
-        for name in names {
-            self.program(&name)?
-                .load()
-                .map_err(|e| permission_hint(e.into(), &format!("loading program {name}")))?;
-        }
-        Ok(())
-    }
-
-    fn program(&mut self, name: &str) -> Result<&mut UProbe> {
-        let program = self
-            .ebpf
-            .program_mut(name)
-            .ok_or_else(|| anyhow!("eBPF object has no program {name}"))?;
-        Ok(program.try_into()?)
-    }
-
     /// Attaches the entry (and return) probe of every planned function, for
     /// `pid` only, on the very file `pid` maps (read through `modules`).
     pub fn attach(&mut self, pid: u32, plan: &[Planned], modules: &ModuleCache) -> Result<()> {
-        let scope = one_process(pid)?;
+        // Keyed (entry?, program, file): the return probes come first. A
+        // return probe sits at the same offset as its entry (%rsp still
+        // points at the return address there, placement guarantees it). With
+        // it attached first, a call entering between the two has a return
+        // probe and no pending entry (ignored), never a pending entry whose
+        // return nobody sees.
+        let mut links: BTreeMap<(bool, &'static str, PathBuf), LinkPlan> = BTreeMap::new();
         for planned in plan {
             let f = &planned.func;
             let file = modules.get(&f.module)?.fd_path();
-            let cookie = Some(f.func.kind as u64);
+            let cookie = memprof_common::cookie::new(f.func.kind, f.func.layout);
             let offset = f.file_offset + planned.placement.offset;
             let (entry, exit) = if self.empty {
                 (
@@ -52,30 +51,28 @@ impl Probes {
             } else {
                 (f.func.entry_program, f.func.exit_program)
             };
-            // The return probe sits at the same offset: %rsp still points at
-            // the return address there (placement guarantees it), and one
-            // breakpoint serves both. It is attached first: a call entering
-            // between the two then has a return probe and no pending entry
-            // (ignored), never a pending entry whose return nobody sees.
-            for program in exit.into_iter().chain(std::iter::once(entry)) {
-                let point = UProbeAttachPoint {
-                    location: UProbeAttachLocation::AbsoluteOffset(offset),
-                    cookie,
-                };
-                let link = self
-                    .program(program)?
-                    .attach(point, &file, scope)
-                    .map_err(|e| permission_hint(e.into(), "attaching a uprobe"))
-                    .with_context(|| {
-                        format!(
-                            "attaching {program} to {} in {}",
-                            f.func.symbol,
-                            f.module.display()
-                        )
-                    })?;
-                self.links.push((program, link));
-                self.attached += 1;
+            let probes = exit
+                .map(|p| (false, p))
+                .into_iter()
+                .chain(std::iter::once((true, entry)));
+            for (is_entry, program) in probes {
+                let link = links.entry((is_entry, program, file.clone())).or_default();
+                link.probes.push((offset, cookie));
+                link.symbols.push(f.func.symbol);
+                link.module = f.module.clone();
             }
+        }
+        for ((is_entry, program, file), link) in links {
+            let count = link.probes.len();
+            self.link(program, &file, &link.probes, pid, !is_entry)
+                .with_context(|| {
+                    format!(
+                        "attaching {program} to {} in {}",
+                        link.symbols.join(", "),
+                        link.module.display()
+                    )
+                })?;
+            self.attached += count;
         }
         Ok(())
     }
@@ -90,23 +87,26 @@ impl Probes {
         pid: u32,
         what: &str,
     ) -> Result<()> {
-        let scope = one_process(pid)?;
-        let link = self
-            .program(program)?
-            .attach(
-                UProbeAttachLocation::AbsoluteOffset(offset),
-                module.fd_path(),
-                scope,
-            )
-            .map_err(|e| permission_hint(e.into(), "attaching a uprobe"))
-            .with_context(|| format!("attaching to {what} in {}", module.path().display()))?;
+        self.link(program, &module.fd_path(), &[(offset, 0)], pid, false)
+            .with_context(|| format!("attaching to {what} in {}", module.path().display()))
+    }
+
+    /// One multi-uprobe link of `program` at `probes` of `file`.
+    fn link(
+        &mut self,
+        program: &'static str,
+        file: &std::path::Path,
+        probes: &[(u64, u64)],
+        pid: u32,
+        at_return: bool,
+    ) -> Result<()> {
+        let fd = self
+            .programs
+            .get(program)
+            .map_err(|e| permission_hint(e, &format!("loading program {program}")))?;
+        let link = multi::attach(fd, file, probes, pid, at_return)
+            .map_err(|e| permission_hint(e, "attaching a uprobe"))?;
         self.links.push((program, link));
         Ok(())
     }
-}
-
-fn one_process(pid: u32) -> Result<UProbeScope> {
-    Ok(UProbeScope::OneProcess(
-        NonZeroU32::new(pid).context("pid 0")?,
-    ))
 }

@@ -1,15 +1,17 @@
 //! Batched map operations, which aya 0.14 does not wrap: one `bpf(2)`
 //! syscall for thousands of entries instead of one each.
 //!
-//! Only `BPF_MAP_DELETE_BATCH` is needed so far (the mark-bit pass removes
-//! every dead GC object from the live table while the collector is held,
-//! so the pause grows with each syscall). Raw syscalls through `libc`, not
-//! a crate: the attribute struct is six fields.
+//! `BPF_MAP_DELETE_BATCH`: the mark-bit pass removes every dead GC object
+//! from the live table while the collector is held, so the pause grows with
+//! each syscall. `BPF_MAP_UPDATE_BATCH`: the CFI rows (30,000 for libc
+//! alone) are written at load, before the target may run. Raw syscalls
+//! through `libc`, not a crate: the attribute struct is six fields.
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 
 use anyhow::{anyhow, bail, Result};
 use aya::maps::Map;
 
+const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
 const BPF_MAP_DELETE_BATCH: libc::c_long = 27;
 /// Entries per call.
 const CHUNK: usize = 65536;
@@ -80,6 +82,28 @@ pub fn delete(map: &Map, keys: &[u64]) -> Result<()> {
                 let _ = bpf(BPF_MAP_DELETE_BATCH, &mut one);
             }
         }
+    }
+    Ok(())
+}
+
+/// Writes `values` at indices `0..values.len()` of the array `map`.
+pub fn fill_array<T: aya::Pod>(map: &Map, values: &[T]) -> Result<()> {
+    let Map::Array(data) = map else {
+        bail!("expected an array map");
+    };
+    let fd = data.fd().as_fd().as_raw_fd();
+    for (n, chunk) in values.chunks(CHUNK).enumerate() {
+        let first = (n * CHUNK) as u32;
+        let keys: Vec<u32> = (first..first + chunk.len() as u32).collect();
+        let mut attr = BatchAttr {
+            keys: keys.as_ptr() as u64,
+            values: chunk.as_ptr() as u64,
+            count: chunk.len() as u32,
+            map_fd: fd as u32,
+            ..BatchAttr::default()
+        };
+        bpf(BPF_MAP_UPDATE_BATCH, &mut attr)
+            .map_err(|e| anyhow!("writing {} entries into an array map: {e}", chunk.len()))?;
     }
     Ok(())
 }

@@ -18,15 +18,15 @@
 //! links: the kernel then removes the breakpoints.
 use anyhow::{anyhow, Result};
 use aya::maps::{Array, Map, MapData};
-use aya::programs::uprobe::UProbeLinkId;
 use aya::{Ebpf, EbpfLoader};
-use memprof_common::{config, maps};
+use memprof_common::{config, globals, maps};
 
 use crate::unwind::Tables;
 
 mod attach;
 mod batch;
 mod gc_hold;
+mod multi;
 mod unwind_tables;
 mod view;
 
@@ -52,6 +52,8 @@ pub struct ProbeOptions {
     /// Bytes of the GC event ring buffer (a power of two, at least a page;
     /// only used when GC objects are judged by mark bits).
     pub gc_events_bytes: u32,
+    /// Keep every frame of recursive calls (DWARF unwinding folds them by default).
+    pub keep_recursion: bool,
 }
 
 impl ProbeOptions {
@@ -64,6 +66,7 @@ impl ProbeOptions {
             max_sites: 1,
             empty: false,
             gc_events_bytes: 0,
+            keep_recursion: false,
         }
     }
 }
@@ -74,8 +77,10 @@ pub struct Probes {
     /// The `CONFIG` settings array.
     config: Settings,
     empty: bool,
-    /// Every attached probe: (program name, link).
-    links: Vec<(&'static str, UProbeLinkId)>,
+    /// The programs, loaded on first use.
+    programs: multi::Programs,
+    /// Every link: (program name, link). A link holds many probes.
+    links: Vec<(&'static str, std::os::fd::OwnedFd)>,
     /// How many probes (entry + return) are attached.
     pub attached: usize,
     /// GC objects allocated and gone (see [`memprof_common::GcEvent`]).
@@ -96,7 +101,9 @@ impl Probes {
             Some(_) => (1, options.max_stacks),
             None => (options.max_stacks, 1),
         };
+        let fold_recursion = u32::from(!options.keep_recursion);
         let mut ebpf = EbpfLoader::new()
+            .override_global(globals::FOLD_RECURSION, &fold_recursion, true)
             .map_max_entries(maps::LIVE, options.max_live)
             .map_max_entries(maps::STACKS, fp_stacks)
             .map_max_entries(maps::DWARF_STACKS, dwarf_stacks)
@@ -105,7 +112,9 @@ impl Probes {
             .map_max_entries(maps::GC_EVENTS, options.gc_events_bytes.max(4096))
             .load(OBJECT)
             .map_err(|e| permission_hint(e.into(), "loading the eBPF programs"))?;
+        let programs = multi::Programs::new(OBJECT, &ebpf)?;
         let mut probes = Probes {
+            programs,
             gc_events: GcEvents::new(take_map(&mut ebpf, maps::GC_EVENTS)?)?,
             config: Settings(Array::try_from(take_map(&mut ebpf, maps::CONFIG)?)?),
             ebpf,
@@ -118,7 +127,6 @@ impl Probes {
         if let Some(tables) = unwind_tables {
             probes.write_unwind_rows(tables)?;
         }
-        probes.load_programs()?;
         Ok(probes)
     }
 
@@ -148,12 +156,23 @@ impl Probes {
         self.config.set(config::SIGNAL_ON_DLOPEN, 0)
     }
 
-    /// Closes every link. Closing a uprobe costs the kernel a grace period
-    /// (~0.1 s each, serialized), so the links are closed on a thread while
-    /// the caller symbolizes; [`Detaching::wait`] joins it. No probe is left
-    /// in the target after that.
-    pub fn detach(self) -> Detaching {
-        Detaching(std::thread::spawn(move || drop(self)))
+    /// Closes every link. Closing a link waits for the kernel's grace
+    /// periods (~0.1 s, serialized between links), so each link is
+    /// closed on its own thread while the caller goes on;
+    /// [`Detaching::wait`] joins them. No probe is left in the target
+    /// after that.
+    pub fn detach(mut self) -> Detaching {
+        let links = std::mem::take(&mut self.links);
+        Detaching(std::thread::spawn(move || {
+            let closing: Vec<_> = links
+                .into_iter()
+                .map(|(_, link)| std::thread::spawn(move || drop(link)))
+                .collect();
+            for thread in closing {
+                let _ = thread.join();
+            }
+            drop(self);
+        }))
     }
 }
 

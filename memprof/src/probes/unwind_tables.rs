@@ -27,11 +27,7 @@ pub(super) struct ModuleTable {
 impl Probes {
     /// Writes the CFI rows and switches the kernel to DWARF unwinding.
     pub(super) fn write_unwind_rows(&mut self, tables: &Tables) -> Result<()> {
-        let mut rows: Array<&mut MapData, UnwindRow> =
-            Array::try_from(self.map_mut(maps::UNWIND_ROWS)?)?;
-        for (i, row) in tables.rows.iter().enumerate() {
-            rows.set(i as u32, row, 0)?;
-        }
+        super::batch::fill_array::<UnwindRow>(self.map(maps::UNWIND_ROWS)?, &tables.rows)?;
         self.config.set(config::UNWIND_DWARF, 1)
     }
 

@@ -8,9 +8,10 @@
 //! summed, and the counters become the profile's [`Counters`]. The rest of
 //! memprof never sees a kernel key.
 use anyhow::{anyhow, Result};
-use aya::maps::{HashMap, Map, MapData, PerCpuArray, PerCpuHashMap, StackTraceMap};
+use aya::maps::{HashMap, Map, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues, StackTraceMap};
 use memprof_common::{
-    config, maps, AllocKind, AllocSite, DwarfStack, KernelCounters, LiveAlloc, SiteTotals, NO_STACK,
+    config, maps, AllocKind, AllocSite, DwarfStack, KernelCounters, LiveAlloc, SiteTotals,
+    CALLER_ONLY, NO_STACK, SITES_OVERFLOW,
 };
 
 use super::Probes;
@@ -69,8 +70,19 @@ impl TryFrom<&LiveAlloc> for LiveBlock {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RecordedStack {
     /// From the DWARF unwinder: return addresses from the allocator's
-    /// caller outwards.
-    Unwound { frames: Vec<u64>, truncated: bool },
+    /// caller outwards; `folded`: recursion folded into its innermost
+    /// occurrence.
+    Unwound {
+        frames: Vec<u64>,
+        truncated: bool,
+        folded: bool,
+    },
+    /// The stack table had no room: the allocator's caller alone
+    /// ([`CALLER_ONLY`]).
+    CallerOnly,
+    /// Not a stack: the kind's overflow site, allocations the site table
+    /// had no room for ([`SITES_OVERFLOW`]).
+    Overflow,
     /// From the frame-pointer walk: starts at the probed instruction, and
     /// may miss the caller. Empty if the stack table no longer has it.
     Walked(Vec<u64>),
@@ -82,6 +94,8 @@ pub enum RecordedStack {
 pub struct HeapMaps {
     live: HashMap<MapData, u64, LiveAlloc>,
     sites: PerCpuHashMap<MapData, AllocSite, SiteTotals>,
+    /// Per kind, the sites `sites` had no room for.
+    overflow: PerCpuArray<MapData, SiteTotals>,
     stacks: StackTraceMap<MapData>,
     dwarf_stacks: HashMap<MapData, u64, DwarfStack>,
     /// Stacks were unwound with the CFI tables (`dwarf_stacks`), not frame pointers.
@@ -99,25 +113,49 @@ impl HeapMaps {
         })
     }
 
-    /// Every site with its totals, summed over CPUs.
+    /// Every site with its totals, summed over CPUs; then each kind's
+    /// overflow site, if it has any.
     pub fn sites(&self) -> impl Iterator<Item = Result<(Site, SiteTotals)>> + '_ {
-        self.sites.iter().map(|entry| {
-            let (site, per_cpu) = entry?;
+        let sum = |per_cpu: &PerCpuValues<SiteTotals>| {
             let mut sum = SiteTotals::default();
             for totals in per_cpu.iter() {
                 sum.add(totals);
             }
-            Ok((Site::try_from(&site)?, sum))
-        })
+            sum
+        };
+        let overflow = AllocKind::ALL.into_iter().filter_map(move |kind| {
+            let totals = match self.overflow.get(&(kind as u32), 0) {
+                Ok(per_cpu) => sum(&per_cpu),
+                Err(e) => return Some(Err(e.into())),
+            };
+            let site = Site {
+                caller: 0,
+                stack: Some(SITES_OVERFLOW),
+                kind,
+            };
+            (totals.count > 0).then_some(Ok((site, totals)))
+        });
+        self.sites
+            .iter()
+            .map(move |entry| {
+                let (site, per_cpu) = entry?;
+                Ok((Site::try_from(&site)?, sum(&per_cpu)))
+            })
+            .chain(overflow)
     }
 
     /// The stack stored under `key` ([`Site::stack`]).
     pub fn stack(&self, key: u64) -> RecordedStack {
-        if self.dwarf {
+        if key == CALLER_ONLY {
+            RecordedStack::CallerOnly
+        } else if key == SITES_OVERFLOW {
+            RecordedStack::Overflow
+        } else if self.dwarf {
             match self.dwarf_stacks.get(&key, 0) {
                 Ok(s) => RecordedStack::Unwound {
                     frames: s.frames[..(s.len as usize).min(s.frames.len())].to_vec(),
                     truncated: s.truncated != 0,
+                    folded: s.folded != 0,
                 },
                 Err(_) => RecordedStack::Missing,
             }
@@ -161,6 +199,7 @@ impl Probes {
         Ok(HeapMaps {
             live: HashMap::try_from(open(maps::LIVE)?)?,
             sites: PerCpuHashMap::try_from(open(maps::SITE_TOTALS)?)?,
+            overflow: PerCpuArray::try_from(open(maps::OVERFLOW_TOTALS)?)?,
             stacks: StackTraceMap::try_from(open(maps::STACKS)?)?,
             dwarf_stacks: HashMap::try_from(open(maps::DWARF_STACKS)?)?,
             dwarf: self.config.get(config::UNWIND_DWARF)? == 1,
@@ -200,6 +239,11 @@ fn report_counters(kernel: KernelCounters) -> Counters {
         frees,
         failed_allocs,
         truncated_stacks,
+        folded_stacks,
+        stacks_degraded,
+        sites_overflowed,
+        stacks_stored,
+        sites_stored,
         // Reported in the GC summary (`Probes::collections_not_held`,
         // `Probes::gc_events_lost`), not here.
         gc_collections: _,
@@ -218,6 +262,11 @@ fn report_counters(kernel: KernelCounters) -> Counters {
         frees,
         failed_allocs,
         truncated_stacks,
+        folded_stacks,
+        stacks_degraded,
+        sites_overflowed,
+        stacks_stored,
+        sites_stored,
     }
 }
 
@@ -244,6 +293,11 @@ mod tests {
             c.frees,
             c.failed_allocs,
             c.truncated_stacks,
+            c.folded_stacks,
+            c.stacks_degraded,
+            c.sites_overflowed,
+            c.stacks_stored,
+            c.sites_stored,
         ];
         assert_eq!(
             read,
@@ -259,6 +313,11 @@ mod tests {
                 kernel.frees,
                 kernel.failed_allocs,
                 kernel.truncated_stacks,
+                kernel.folded_stacks,
+                kernel.stacks_degraded,
+                kernel.sites_overflowed,
+                kernel.stacks_stored,
+                kernel.sites_stored,
             ]
         );
         // Every field had its own value: no two report counters read one field.

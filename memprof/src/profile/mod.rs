@@ -213,6 +213,24 @@ pub struct Counters {
     /// and also when its stack could not be captured at all).
     #[serde(default)]
     pub truncated_stacks: u64,
+    /// Allocation calls whose stack had recursion folded into its innermost
+    /// occurrence (DWARF unwinding without `--keep-recursion`).
+    #[serde(default)]
+    pub folded_stacks: u64,
+    /// Allocation calls recorded under their caller alone because the stack
+    /// table was full (`--max-stacks`): not a loss, a coarser stack.
+    #[serde(default)]
+    pub stacks_degraded: u64,
+    /// Allocations recorded in their kind's overflow group because the site
+    /// table was full (`--max-sites`): totals exact, stack unknown.
+    #[serde(default)]
+    pub sites_overflowed: u64,
+    /// Entries the kernel's stack table (DWARF) and site table hold at the
+    /// end (`--max-stacks`, `--max-sites` are their capacities).
+    #[serde(default)]
+    pub stacks_stored: u64,
+    #[serde(default)]
+    pub sites_stored: u64,
 }
 
 impl Counters {

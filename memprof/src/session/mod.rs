@@ -335,7 +335,7 @@ impl Session {
             path.display(),
             path.display()
         )?;
-        eprintln!("memprof: detaching {attached} probes (the kernel takes ~0.1 s each)");
+        eprintln!("memprof: detaching {attached} probes");
         detaching.wait();
         Ok(())
     }

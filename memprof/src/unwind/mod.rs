@@ -4,7 +4,8 @@
 //! x86-64 module carries `.eh_frame`: for each instruction, how to find the
 //! canonical frame address (CFA), the return address (always CFA - 8 here) and
 //! the caller's `%rbp`. [`ModuleTable::build`] evaluates those rules with gimli
-//! and flattens them into sorted [`UnwindRow`]s of 12 bytes — what the eBPF
+//! and flattens them into sorted [`UnwindRow`]s of 16 bytes (each names its
+//! function, by which the unwinder recognizes recursion) — what the eBPF
 //! unwinder binary-searches at each frame. [`Tables::ranges`] then tells it
 //! where each module is mapped in the target.
 //!
@@ -75,6 +76,8 @@ fn spans(
         let Ok(fde) = partial.parse(EhFrame::cie_from_offset) else {
             continue;
         };
+        // The function's start names it (the unwinder folds recursion by it).
+        let func = u32::try_from(fde.initial_address()).unwrap_or(0);
         let Ok(mut rows) = fde.rows(eh_frame, bases, &mut ctx) else {
             continue;
         };
@@ -82,7 +85,7 @@ fn spans(
             spans.push(Span {
                 start: row.start_address(),
                 end: row.end_address(),
-                row: rule(row),
+                row: UnwindRow { func, ..rule(row) },
             });
         }
     }
@@ -130,11 +133,12 @@ fn rule(row: &gimli::UnwindTableRow<usize>) -> UnwindRow {
         rbp_offset,
         cfa_reg,
         rbp_saved,
+        func: 0,
     }
 }
 
 /// Sorts the spans, marks the gaps between functions as unknown and merges
-/// neighbours with the same rule.
+/// neighbours with the same rule in the same function.
 fn flatten(mut spans: Vec<Span>) -> Vec<UnwindRow> {
     spans.sort_by_key(|s| s.start);
     let mut rows: Vec<UnwindRow> = Vec::with_capacity(spans.len());
@@ -251,5 +255,21 @@ mod tests {
             .rows
             .iter()
             .any(|r| r.cfa_reg == cfa::RSP && r.cfa_offset == 8));
+        // Every row with a rule names its function, which starts at or before it.
+        for r in &table.rows {
+            assert!(r.func <= r.pc, "{r:?}");
+            if r.cfa_reg != cfa::UNKNOWN {
+                assert!(r.func != 0, "{r:?}");
+            }
+        }
+        // malloc: a function's first row is at its start.
+        let malloc = cache
+            .get(&libc)
+            .unwrap()
+            .symbol("malloc")
+            .expect("libc has malloc")
+            .address;
+        let first = table.rows.iter().find(|r| r.func as u64 == malloc).unwrap();
+        assert_eq!(first.pc as u64, malloc);
     }
 }

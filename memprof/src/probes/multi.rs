@@ -1,0 +1,201 @@
+//! Programs loaded for multi-uprobe links, and the links.
+//!
+//! A uprobe attached through a perf event costs the kernel ~0.1 s to
+//! detach, and the detaches are serialized (`event_mutex`): 20–35 probes
+//! made every session end 2–4 s late. A multi-uprobe link
+//! (`BPF_TRACE_UPROBE_MULTI`, Linux 6.6) attaches one program at many
+//! offsets of one file, with a cookie each, and detaches them all with one
+//! grace period. aya 0.14 neither loads programs for it (the expected
+//! attach type is fixed at load) nor creates such links, so both are raw
+//! `bpf(2)` calls here, on the instructions aya's own object parser
+//! (`aya-obj`, the crate aya loads with) relocates against the maps aya
+//! created.
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
+
+use anyhow::{anyhow, bail, Context, Result};
+use aya::maps::Map;
+use aya::Ebpf;
+use aya_obj::generated::{
+    bpf_attach_type, bpf_attr, bpf_cmd, bpf_prog_type, BPF_F_UPROBE_MULTI_RETURN,
+};
+
+/// The eBPF object's programs, relocated once, loaded on first use.
+pub(super) struct Programs {
+    object: aya_obj::Object,
+    loaded: HashMap<String, OwnedFd>,
+}
+
+impl Programs {
+    /// Parses `object` and points its map references at the maps `ebpf`
+    /// created from the same bytes.
+    pub(super) fn new(object: &[u8], ebpf: &Ebpf) -> Result<Programs> {
+        let mut parsed = aya_obj::Object::parse(object).context("parsing the eBPF object")?;
+        let fds: HashMap<&str, RawFd> = ebpf
+            .maps()
+            .filter_map(|(name, map)| Some((name, map_fd(map)?)))
+            .collect();
+        let text_sections = parsed
+            .functions
+            .keys()
+            .map(|(section, _)| *section)
+            .collect();
+        let maps: Vec<(String, RawFd, aya_obj::Map)> = parsed
+            .maps
+            .iter()
+            .filter_map(|(name, map)| Some((name.clone(), *fds.get(name.as_str())?, map.clone())))
+            .collect();
+        parsed
+            .relocate_maps(
+                maps.iter().map(|(name, fd, map)| (name.as_str(), *fd, map)),
+                &text_sections,
+            )
+            .map_err(|e| anyhow!("relocating the eBPF object's map references: {e}"))?;
+        parsed
+            .relocate_calls(&text_sections)
+            .map_err(|e| anyhow!("relocating the eBPF object's calls: {e}"))?;
+        Ok(Programs {
+            object: parsed,
+            loaded: HashMap::new(),
+        })
+    }
+
+    /// The descriptor of program `name`, loaded (verified) the first time.
+    pub(super) fn get(&mut self, name: &str) -> Result<RawFd> {
+        if let Some(fd) = self.loaded.get(name) {
+            return Ok(fd.as_raw_fd());
+        }
+        let program = self
+            .object
+            .programs
+            .get(name)
+            .ok_or_else(|| anyhow!("eBPF object has no program {name}"))?;
+        let function = &self.object.functions[&program.function_key()];
+        let fd = load(name, &function.instructions)?;
+        let raw = fd.as_raw_fd();
+        self.loaded.insert(name.to_string(), fd);
+        Ok(raw)
+    }
+}
+
+/// The descriptor of a map, whatever its type.
+fn map_fd(map: &Map) -> Option<RawFd> {
+    let data = match map {
+        Map::Array(d)
+        | Map::HashMap(d)
+        | Map::LruHashMap(d)
+        | Map::PerCpuArray(d)
+        | Map::PerCpuHashMap(d)
+        | Map::PerCpuLruHashMap(d)
+        | Map::RingBuf(d)
+        | Map::StackTraceMap(d) => d,
+        _ => return None,
+    };
+    Some(data.fd().as_fd().as_raw_fd())
+}
+
+fn bpf(cmd: bpf_cmd, attr: &mut bpf_attr) -> std::io::Result<OwnedFd> {
+    // SAFETY: `attr` is a zero-initialised `bpf_attr` whose pointers point
+    // at memory alive for the call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd as libc::c_long,
+            attr as *mut bpf_attr,
+            std::mem::size_of::<bpf_attr>(),
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the kernel returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(r as RawFd) })
+}
+
+/// Loads one program for multi-uprobe links. A verifier rejection keeps
+/// the end of the verifier's log in the error.
+fn load(name: &str, instructions: &[aya_obj::generated::bpf_insn]) -> Result<OwnedFd> {
+    let license = c"GPL";
+    let prog_name = CString::new(name.chars().take(15).collect::<String>())?;
+    let mut log = vec![0u8; 1 << 20];
+    let mut attempt = |log_level: u32| {
+        // SAFETY: plain data; all-zero is the kernel's "unset".
+        let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
+        let u = unsafe { &mut attr.__bindgen_anon_3 };
+        u.prog_type = bpf_prog_type::BPF_PROG_TYPE_KPROBE as u32;
+        u.expected_attach_type = bpf_attach_type::BPF_TRACE_UPROBE_MULTI as u32;
+        u.insn_cnt = instructions.len() as u32;
+        u.insns = instructions.as_ptr() as u64;
+        u.license = license.as_ptr() as u64;
+        for (dst, src) in u.prog_name.iter_mut().zip(prog_name.as_bytes_with_nul()) {
+            *dst = *src as libc::c_char;
+        }
+        if log_level > 0 {
+            u.log_level = log_level;
+            u.log_buf = log.as_mut_ptr() as u64;
+            u.log_size = log.len() as u32;
+        }
+        bpf(bpf_cmd::BPF_PROG_LOAD, &mut attr)
+    };
+    // For memprof's developers: how hard the verifier worked (log level 4: statistics).
+    let stats = std::env::var_os("MEMPROF_VERIFIER_STATS").is_some();
+    match attempt(if stats { 4 } else { 0 }) {
+        Ok(fd) => {
+            if stats {
+                let text = String::from_utf8_lossy(&log);
+                let text = text.trim_end_matches('\0').replace('\n', "; ");
+                eprintln!("memprof: program {name}: {text}");
+            }
+            Ok(fd)
+        }
+        Err(first) if first.raw_os_error() == Some(libc::EPERM) => Err(first.into()),
+        Err(first) => {
+            // Again with the log, to say why.
+            let _ = attempt(1);
+            let text = String::from_utf8_lossy(&log);
+            let text = text.trim_end_matches('\0');
+            let tail: Vec<&str> = text.lines().rev().take(12).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            Err(anyhow!("{first}; verifier log ends:\n{}", tail.join("\n")))
+                .with_context(|| format!("loading program {name}"))
+        }
+    }
+}
+
+/// One multi-uprobe link: `program` at `offsets` of the file at `path`
+/// (each with its cookie), for process `pid` only. Closing the descriptor
+/// detaches every offset.
+pub(super) fn attach(
+    program: RawFd,
+    path: &Path,
+    probes: &[(u64, u64)],
+    pid: u32,
+    at_return: bool,
+) -> Result<OwnedFd> {
+    if probes.is_empty() {
+        bail!("no offsets to attach");
+    }
+    use std::os::unix::ffi::OsStrExt;
+    let path = CString::new(path.as_os_str().as_bytes())?;
+    let offsets: Vec<u64> = probes.iter().map(|&(offset, _)| offset).collect();
+    let cookies: Vec<u64> = probes.iter().map(|&(_, cookie)| cookie).collect();
+    // SAFETY: plain data; all-zero is the kernel's "unset".
+    let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
+    let link = unsafe { &mut attr.link_create };
+    link.__bindgen_anon_1.prog_fd = program as u32;
+    link.attach_type = bpf_attach_type::BPF_TRACE_UPROBE_MULTI as u32;
+    let multi = unsafe { &mut link.__bindgen_anon_3.uprobe_multi };
+    multi.path = path.as_ptr() as u64;
+    multi.offsets = offsets.as_ptr() as u64;
+    multi.cookies = cookies.as_ptr() as u64;
+    multi.cnt = offsets.len() as u32;
+    multi.flags = if at_return {
+        BPF_F_UPROBE_MULTI_RETURN
+    } else {
+        0
+    };
+    multi.pid = pid;
+    Ok(bpf(bpf_cmd::BPF_LINK_CREATE, &mut attr)?)
+}
