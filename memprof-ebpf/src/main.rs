@@ -34,6 +34,7 @@
 
 #[cfg(target_arch = "bpf")]
 mod probes {
+    use aya_ebpf::Global;
     use aya_ebpf::{
         bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
         helpers::{
@@ -51,7 +52,6 @@ mod probes {
         SiteTotals, UnwindRow, CALLER_ONLY, FOLD_WINDOW, HOLD_SIGNAL, LIBRARY_LOAD_SIGNAL,
         MAX_FRAMES, MAX_STEPS, NO_STACK, SITES_OVERFLOW,
     };
-    use aya_ebpf::Global;
 
     /// 1: fold recursion in DWARF stacks (`--keep-recursion` sets 0). A
     /// load-time constant: the verifier drops the path not taken.

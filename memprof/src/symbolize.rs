@@ -167,8 +167,7 @@ pub fn symbolize(
                 type_name,
                 stack,
                 truncated: g.truncated,
-                // The lead wires `g.folded` from the kernel helper's RawGroup.
-                folded: false,
+                folded: g.folded,
                 collected_count: g.collected_count,
                 collected_bytes: g.collected_bytes,
                 marked_count: g.marked_count,

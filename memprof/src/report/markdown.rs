@@ -269,7 +269,7 @@ mod tests {
         profile.push(group, vec![frame]);
         let text = render(&profile);
         assert!(
-            text.contains("stacks with recursion folded (repeated frames shown once): 1"),
+            text.contains("allocations with recursion folded (repeated frames shown once): 0 (stacks marked folded: 1)"),
             "{text}"
         );
         let row = text

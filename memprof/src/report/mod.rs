@@ -304,10 +304,23 @@ pub fn loss_summary(profile: &Profile) -> String {
         );
     }
     let folded = folded_groups(profile);
-    if folded > 0 {
+    if c.folded_stacks > 0 || folded > 0 {
         line += &format!(
-            "; stacks with recursion folded (repeated frames shown once): {}",
+            "; allocations with recursion folded (repeated frames shown once): {} (stacks marked folded: {})",
+            thousands(c.folded_stacks),
             thousands(folded)
+        );
+    }
+    if c.stacks_degraded > 0 {
+        line += &format!(
+            "; allocations under their caller alone (stack table full, --max-stacks): {}",
+            thousands(c.stacks_degraded)
+        );
+    }
+    if c.sites_overflowed > 0 {
+        line += &format!(
+            "; allocations in their kind's overflow group (site table full, --max-sites): {}",
+            thousands(c.sites_overflowed)
         );
     }
     line
