@@ -137,3 +137,87 @@ fn stacks_are_interned_and_match_the_report() {
     assert_eq!(functions(stacks, caller(step))[0].0, "grow_chain");
     assert_eq!(caller(chain), caller(caller(step)));
 }
+
+/// fixtures/c/recursion.c: 262,143 nodes of 48 bytes built by a recursive
+/// `build`; folded (the default) every node but the root has its recursion
+/// folded away, so the two groups have one stack, told apart by `folded`.
+#[test]
+fn folded_recursion_shares_its_stack_and_is_marked() {
+    const NODES: u64 = 262_143;
+    let dir = TempDir::new("profile-recursion");
+    let path = dir.join("recursion.mprof");
+    profile_run(&path, &[env!("FIXTURE_RECURSION")]);
+
+    let json_report = report_json(&path);
+    assert_eq!(uint(&json_report, "/counters/folded_stacks"), NODES - 1);
+    assert_eq!(uint(&json_report, "/folded_groups"), 1);
+    let mut at_build: Vec<(bool, [u64; 2])> = groups_at(&json_report, "libc", "build")
+        .iter()
+        .map(|g| {
+            let c = Counts::of(g);
+            assert_eq!((c.live_count, c.live_bytes), (c.total_count, c.total_bytes));
+            (
+                g["folded"].as_bool().unwrap(),
+                [c.total_count, c.total_bytes],
+            )
+        })
+        .collect();
+    at_build.sort();
+    assert_eq!(
+        at_build,
+        [(false, [1, 48]), (true, [NODES - 1, (NODES - 1) * 48])],
+        "{}",
+        list_groups(&json_report)
+    );
+
+    // In the file: one stack for both, each address once, a single chain.
+    let (_, json, _) = parts(&std::fs::read(&path).unwrap());
+    let stacks: Vec<u64> = json["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["stack"].as_u64().unwrap())
+        .collect();
+    assert_eq!(stacks.len(), 2);
+    assert_eq!(stacks[0], stacks[1]);
+    let frames = functions(&json["stacks"], stacks[0]);
+    let depth = groups_at(&json_report, "libc", "build")[0]["frames"]
+        .as_array()
+        .unwrap()
+        .len();
+    assert_eq!(frames.len(), depth);
+    assert_eq!(
+        frames[..2].iter().map(|f| f.0.as_str()).collect::<Vec<_>>(),
+        ["build", "main"]
+    );
+    let locations = json["stacks"]["locations"].as_array().unwrap();
+    let nodes = json["stacks"]["nodes"].as_array().unwrap();
+    assert_eq!((locations.len(), nodes.len()), (depth, depth));
+
+    // Every report marks the folded stack, and only it.
+    let folded = report(&path, "folded", &[]);
+    let lines: Vec<&str> = folded.lines().collect();
+    assert_eq!(lines.len(), 2, "{folded}");
+    assert!(
+        lines.iter().any(|l| l.ends_with(";main;build 48")),
+        "{folded}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.ends_with(";main;build;[recursion folded] 12582816")),
+        "{folded}"
+    );
+    let markdown = report(&path, "markdown", &["--min-bytes", "0"]);
+    assert_eq!(
+        markdown.matches("`…(recursion folded)`").count(),
+        1,
+        "{markdown}"
+    );
+    assert!(
+        markdown.contains(
+            "allocations with recursion folded (repeated frames shown once): 262,142 (stacks marked folded: 1)"
+        ),
+        "{markdown}"
+    );
+}
