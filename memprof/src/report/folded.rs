@@ -13,7 +13,7 @@
 //! folded::write(&profile, &Options::default(), &mut out).unwrap();
 //! assert_eq!(String::from_utf8(out).unwrap(), "main;make_foo 28800\n");
 //! ```
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 
 use anyhow::Result;
@@ -25,24 +25,35 @@ use crate::profile::{Frame, Group, Profile};
 /// stacks are the same; stacks with a zero value are left out.
 pub fn stacks(profile: &Profile, options: &Options) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
+    // Each frame of the stack table named once (by its address in the table).
+    let mut names: HashMap<usize, String> = HashMap::new();
     for g in select(profile, options, 0, !options.total) {
         let value = value(g, options);
         if value == 0 {
             continue;
         }
-        let mut frames: Vec<String> = options
-            .frames(profile, g, usize::MAX)
-            .map(frame_name)
-            .collect();
-        frames.reverse();
+        let frames: Vec<&Frame> = options.frames(profile, g, usize::MAX).collect();
+        for &f in &frames {
+            names
+                .entry(std::ptr::from_ref(f) as usize)
+                .or_insert_with(|| frame_name(f));
+        }
+        let mut stack = String::new();
+        for &f in frames.iter().rev() {
+            if !stack.is_empty() {
+                stack.push(';');
+            }
+            stack += &names[&(std::ptr::from_ref(f) as usize)];
+        }
         if frames.is_empty() {
-            frames.push("[no stack]".to_string());
+            stack += "[no stack]";
         }
         if g.folded {
             // Above the innermost frame: the stack keeps its place in the graph.
-            frames.push(super::FOLDED_FRAME.to_string());
+            stack.push(';');
+            stack += super::FOLDED_FRAME;
         }
-        *out.entry(frames.join(";")).or_insert(0) += value;
+        *out.entry(stack).or_insert(0) += value;
     }
     out
 }

@@ -150,7 +150,8 @@ pub fn runtime_frames(profile: &Profile, group: &Group) -> usize {
         .frames(group)
         .take_while(|f| crystal::is_runtime(f))
         .count();
-    if n == profile.frames(group).count() {
+    // Nothing after the plumbing: keep it all.
+    if profile.frames(group).nth(n).is_none() {
         0
     } else {
         n

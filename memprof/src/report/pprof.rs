@@ -189,7 +189,17 @@ pub fn build(profile: &Profile, options: &Options) -> proto::Profile {
             while j < frames.len() && frames[j].address == frames[i].address {
                 j += 1;
             }
-            location_id.push(b.location(&frames[i..j]));
+            // The same frames of the stack table again: their location is known.
+            let seen = (std::ptr::from_ref(frames[i]) as usize, j - i);
+            let id = match b.seen.get(&seen) {
+                Some(&id) => id,
+                None => {
+                    let id = b.location(&frames[i..j]);
+                    b.seen.insert(seen, id);
+                    id
+                }
+            };
+            location_id.push(id);
             i = j;
         }
         let mut label = vec![proto::Label {
@@ -258,6 +268,10 @@ struct Builder {
     function_ids: HashMap<(String, String, String), u64>,
     locations: Vec<proto::Location>,
     location_ids: HashMap<LocationKey, u64>,
+    /// Locations by the address of their first frame in the profile's
+    /// stack table and their frame count: a stack table's frames are
+    /// shared by every stack through them.
+    seen: HashMap<(usize, usize), u64>,
     mappings: Vec<proto::Mapping>,
     mapping_ids: HashMap<String, u64>,
 }
