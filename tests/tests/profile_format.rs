@@ -1,7 +1,9 @@
 //! The profile file itself (format version 3), read as written: stacks
 //! interned as pprof does. `families` (fixtures/c/families.c) has six
 //! libc groups; `grow_chain` allocates itself and through `grow_step`, so
-//! those two stacks share the frames from `main` outwards.
+//! those two stacks share the frames from `main` outwards. `recursion`
+//! (fixtures/c/recursion.c): the folded stack of 262,142 nodes is the root
+//! node's, marked folded.
 
 use memprof_tests::*;
 use serde_json::Value;
