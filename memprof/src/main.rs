@@ -178,8 +178,8 @@ fn report_cmd(args: &ReportArgs) -> Result<()> {
     }
     let mut loaded = match (&args.diff, &args.file) {
         (Some(files), _) => {
-            let before = filter.apply(&profile::load(&files[0])?);
-            let after = filter.apply(&profile::load(&files[1])?);
+            let before = filter.apply(profile::load(&files[0])?);
+            let after = filter.apply(profile::load(&files[1])?);
             diff::check_compatible(&before, &after)?;
             vec![before, after]
         }
@@ -188,7 +188,7 @@ fn report_cmd(args: &ReportArgs) -> Result<()> {
             vec![if filter.is_empty() {
                 profile
             } else {
-                filter.apply(&profile)
+                filter.apply(profile)
             }]
         }
         (None, None) => bail!("no profile given"),
@@ -198,7 +198,7 @@ fn report_cmd(args: &ReportArgs) -> Result<()> {
     let leak_table = args.leaks && args.format == Format::Markdown && args.diff.is_none();
     if args.leaks && !leak_table {
         for profile in &mut loaded {
-            *profile = report::leaks::leaking(profile);
+            *profile = report::leaks::leaking(std::mem::take(profile));
         }
         options.keep_order = true;
         options.min_bytes.get_or_insert(0);

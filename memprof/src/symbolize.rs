@@ -34,31 +34,38 @@ use memprof_common::AllocKind;
 use crate::crystal;
 use crate::heap::RawGroup;
 use crate::modules::ModuleCache;
-use crate::profile::{Frame, Group};
+use crate::profile::{Frame, Group, Stacks};
 use crate::target::maps::MapsCache;
 
-/// Symbolizes every group's stack and names the class each GC group allocates.
+/// Addresses symbolized in one blazesym call: bounds the memory its
+/// results hold at once.
+const BATCH: usize = 4096;
+
+/// Symbolizes every group's stack and names the class each GC group
+/// allocates. Each distinct address is symbolized once and becomes one
+/// [`crate::profile::Location`]; the groups name their stacks in the returned table.
 pub fn symbolize(
     raw: Vec<RawGroup>,
     maps: &MapsCache,
     modules: &ModuleCache,
     progress: bool,
-) -> Vec<Group> {
-    let mut by_module: HashMap<PathBuf, Vec<(u64, u64)>> = HashMap::new();
+) -> (Vec<Group>, Stacks) {
+    let mut addresses: Vec<u64> = raw.iter().flat_map(|g| g.frames.iter().copied()).collect();
+    addresses.sort_unstable();
+    addresses.dedup();
+    let mut by_module: HashMap<PathBuf, Vec<u64>> = HashMap::new();
     let mut unknown: Vec<u64> = Vec::new();
-    for &addr in raw.iter().flat_map(|g| &g.frames) {
+    for &addr in &addresses {
         match maps.find(addr.saturating_sub(1)) {
-            Some(m) => by_module
-                .entry(m.path.clone())
-                .or_default()
-                .push((addr, m.file_offset_of(addr - 1))),
+            Some(m) => by_module.entry(m.path.clone()).or_default().push(addr),
             None => unknown.push(addr),
         }
     }
+    drop(addresses);
     let total: usize = by_module.values().map(Vec::len).sum();
     if progress && total > 0 {
         eprintln!(
-            "memprof: symbolizing {total} addresses in {} modules",
+            "memprof: symbolizing {total} distinct addresses in {} modules",
             by_module.len()
         );
     }
@@ -73,90 +80,110 @@ pub fn symbolize(
         .enable_inlined_fns(true)
         .enable_demangling(false)
         .build();
-    let mut resolved: HashMap<u64, Vec<Frame>> = HashMap::new();
-    // A bar on a terminal: thousands of stacks in big modules take seconds.
+    let mut stacks = Stacks::default();
+    let mut location_of: HashMap<u64, u32> = HashMap::with_capacity(total + unknown.len());
+    // A bar on a terminal: thousands of addresses in big modules take seconds.
     let bar = crate::progress::bar(if progress { total as u64 } else { 0 }, "symbolizing");
     if !progress {
         bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
-    for (module, mut addrs) in by_module {
+    for (module, addrs) in by_module {
         bar.set_message(format!("symbolizing {}", crate::allocators::short(&module)));
-        let step = addrs.len() as u64;
-        addrs.sort_unstable();
-        addrs.dedup();
-        let offsets: Vec<u64> = addrs.iter().map(|&(_, off)| off).collect();
         let module_name = module.display().to_string();
         // The file the target mapped, as the session opened it (never
         // another file at the same path here): unreadable, no names.
         let file = modules.get(&module).ok();
-        let (symtab, dwarf) = match &file {
-            Some(file) => {
-                let path = file.symbol_path();
-                let mut symtab = Elf::new(&path);
-                symtab.debug_syms = false;
-                (
-                    names
-                        .symbolize(&Source::Elf(symtab), Input::FileOffset(&offsets))
-                        .unwrap_or_default(),
-                    lines
-                        .symbolize(&Source::Elf(Elf::new(&path)), Input::FileOffset(&offsets))
-                        .unwrap_or_default(),
-                )
-            }
-            None => (Vec::new(), Vec::new()),
-        };
-        for (i, &(addr, _)) in addrs.iter().enumerate() {
-            let mut symbol = found(&symtab, i).cloned();
-            if let Some(sym) = symbol.as_mut().filter(|s| s.name.starts_with(['*', '~'])) {
-                let names = file.as_ref().map(|m| m.versioned_crystal_names());
-                if let Some(name) = names.and_then(|names| names.get(&sym.addr)) {
-                    sym.name = name.clone().into();
+        let path = file.as_ref().map(|f| f.symbol_path());
+        for batch in addrs.chunks(BATCH) {
+            let mapping = |a: u64| maps.find(a.saturating_sub(1));
+            let offsets: Vec<u64> = batch
+                .iter()
+                .map(|&a| mapping(a).map_or(0, |m| m.file_offset_of(a.saturating_sub(1))))
+                .collect();
+            let (symtab, dwarf) = match &path {
+                Some(path) => {
+                    let mut symtab = Elf::new(path);
+                    symtab.debug_syms = false;
+                    (
+                        names
+                            .symbolize(&Source::Elf(symtab), Input::FileOffset(&offsets))
+                            .unwrap_or_default(),
+                        lines
+                            .symbolize(&Source::Elf(Elf::new(path)), Input::FileOffset(&offsets))
+                            .unwrap_or_default(),
+                    )
                 }
+                None => (Vec::new(), Vec::new()),
+            };
+            for (i, &addr) in batch.iter().enumerate() {
+                let mut symbol = found(&symtab, i).cloned();
+                if let Some(sym) = symbol.as_mut().filter(|s| s.name.starts_with(['*', '~'])) {
+                    let names = file.as_ref().map(|m| m.versioned_crystal_names());
+                    if let Some(name) = names.and_then(|names| names.get(&sym.addr)) {
+                        sym.name = name.clone().into();
+                    }
+                }
+                let mut frames = sym_frames(symbol.as_ref(), found(&dwarf, i), &module_name, addr);
+                // The return address itself as an offset in the file (stable across runs).
+                let offset = mapping(addr).map(|m| m.file_offset_of(addr));
+                for f in &mut frames {
+                    f.offset = offset;
+                }
+                location_of.insert(addr, stacks.location(frames));
             }
-            let frames = sym_frames(symbol.as_ref(), found(&dwarf, i), &module_name, addr);
-            resolved.insert(addr, frames);
+            bar.inc(batch.len() as u64);
         }
-        bar.inc(step);
     }
     bar.finish_and_clear();
     for addr in unknown {
-        resolved.insert(addr, vec![unknown_frame(None, addr)]);
+        location_of.insert(addr, stacks.location(vec![unknown_frame(None, addr)]));
     }
 
-    raw.into_iter()
+    // The class each stack allocates, found once per stack.
+    let mut types: HashMap<u32, Option<String>> = HashMap::new();
+    let groups = raw
+        .into_iter()
         .map(|g| {
-            let frames: Vec<Frame> = g
-                .frames
-                .iter()
-                .flat_map(|&a| {
-                    let offset = maps.find(a.saturating_sub(1)).map(|m| m.file_offset_of(a));
-                    let frames = resolved.get(&a).cloned().unwrap_or_default();
-                    frames.into_iter().map(move |f| Frame { offset, ..f })
-                })
-                .collect();
+            let locations: Vec<u32> = g.frames.iter().map(|a| location_of[a]).collect();
+            let stack = stacks.stack(&locations);
+            // Classes are a GC heap notion; libc and mmap rows keep their call site.
+            let type_name = match g.kind() {
+                AllocKind::Gc | AllocKind::GcAtomic => types
+                    .entry(stack)
+                    .or_insert_with(|| {
+                        let head: Vec<Frame> =
+                            stacks.frames(stack).take(TYPE_FRAMES).cloned().collect();
+                        crystal::allocated_type(&head)
+                    })
+                    .clone(),
+                AllocKind::Libc | AllocKind::Mmap => None,
+            };
             Group {
                 kind: g.kind().name().to_string(),
                 live_count: g.live_count,
                 live_bytes: g.live_bytes,
                 total_count: g.total_count,
                 total_bytes: g.total_bytes,
-                // Classes are a GC heap notion; libc and mmap rows keep their call site.
-                type_name: match g.kind() {
-                    AllocKind::Gc | AllocKind::GcAtomic => crystal::allocated_type(&frames),
-                    AllocKind::Libc | AllocKind::Mmap => None,
-                },
-                frames,
+                type_name,
+                stack,
                 truncated: g.truncated,
+                folded: g.folded,
                 collected_count: g.collected_count,
                 collected_bytes: g.collected_bytes,
                 marked_count: g.marked_count,
                 marked_bytes: g.marked_bytes,
-                lifetimes: g.lifetimes.clone(),
-                gc_history: g.gc_history.clone(),
+                lifetimes: g.lifetimes,
+                gc_history: g.gc_history,
+                v2_frames: Vec::new(),
             }
         })
-        .collect()
+        .collect();
+    (groups, stacks)
 }
+
+/// Frames enough to name the class a stack allocates: the allocator
+/// plumbing (a handful of frames) and the frame above it.
+const TYPE_FRAMES: usize = 32;
 
 /// The `i`-th result of a batch, if a symbol was found.
 fn found<'a>(results: &'a [Symbolized<'a>], i: usize) -> Option<&'a Sym<'a>> {

@@ -107,7 +107,9 @@ fn each_allocation_is_counted_once_when_both_tables_overflow() {
             "{text}"
         );
         assert!(
-            text.contains("recorded without their stack in the overflow group of their kind (site table full, --max-sites): 200"),
+            text.contains(
+                "allocations in their kind's overflow group (site table full, --max-sites): 200"
+            ),
             "{text}"
         );
     }

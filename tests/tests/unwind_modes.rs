@@ -77,7 +77,7 @@ fn families_same_with_fp_and_dwarf() {
 fn threads_same_with_fp_and_dwarf() {
     let dir = TempDir::new("unwind-threads");
     for unwind in ["fp", "dwarf"] {
-        let (path, json) = profile(fixture::THREADS, unwind, &dir);
+        let (_path, json) = profile(fixture::THREADS, unwind, &dir);
         assert_eq!(
             Counts::of(group_at(&json, "libc", "worker")),
             Counts {
@@ -90,17 +90,7 @@ fn threads_same_with_fp_and_dwarf() {
         );
         if unwind == "dwarf" {
             // Thread stacks unwind to the thread's start (clone3), not truncated.
-            // Read from the profile itself (a header line, the JSON on one
-            // line, an end line).
-            let text = std::fs::read_to_string(&path).unwrap();
-            let body = text.lines().nth(1).unwrap();
-            let profile: Value = serde_json::from_str(body).unwrap();
-            let worker = profile["groups"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|g| g["frames"][0]["function"] == "worker" && g["kind"] == "libc")
-                .expect("worker group in the profile");
+            let worker = group_at(&json, "libc", "worker");
             assert_eq!(worker["truncated"], false, "{worker}");
         }
     }

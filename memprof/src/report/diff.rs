@@ -12,11 +12,13 @@
 //! ```
 //! use memprof::profile::{Frame, Group, Profile};
 //! use memprof::report::{diff, Options};
-//! let g = |n: u64| Group { kind: "libc".into(), live_count: n, live_bytes: 64 * n,
-//!     frames: vec![Frame { function: "grow".into(), offset: Some(0x1189), ..Default::default() }],
-//!     ..Default::default() };
-//! let before = Profile { groups: vec![g(100)], ..Default::default() };
-//! let after = Profile { groups: vec![g(350)], ..Default::default() };
+//! let profile = |n: u64| {
+//!     let mut p = Profile::default();
+//!     p.push(Group { kind: "libc".into(), live_count: n, live_bytes: 64 * n, ..Default::default() },
+//!         vec![Frame { function: "grow".into(), offset: Some(0x1189), ..Default::default() }]);
+//!     p
+//! };
+//! let (before, after) = (profile(100), profile(350));
 //! let rows = diff::rows(&before, &after, &Options::default());
 //! assert_eq!((rows[0].count_growth, rows[0].bytes_growth), (250, 16000));
 //! ```
@@ -38,6 +40,8 @@ pub struct Row<'a> {
     pub kind: String,
     /// The stack as shown (AFTER's group, or BEFORE's if gone).
     pub group: &'a Group,
+    /// The profile `group` is from (its stack table).
+    pub profile: &'a Profile,
     pub before: [u64; 2],
     pub after: [u64; 2],
     pub count_growth: i64,
@@ -59,9 +63,9 @@ pub fn check_compatible(before: &Profile, after: &Profile) -> Result<()> {
 
 type Key = (String, Vec<(String, u64)>);
 
-fn key(g: &Group, options: &Options) -> Key {
+fn key(profile: &Profile, g: &Group, options: &Options) -> Key {
     let frames = options
-        .frames(g, usize::MAX)
+        .frames(profile, g, usize::MAX)
         .map(|f: &Frame| {
             (
                 f.function.clone(),
@@ -77,18 +81,22 @@ pub fn rows<'a>(before: &'a Profile, after: &'a Profile, options: &Options) -> V
     let mut by_key: HashMap<Key, Row<'a>> = HashMap::new();
     for (side, profile) in [(0, before), (1, after)] {
         for g in &profile.groups {
-            let row = by_key.entry(key(g, options)).or_insert_with(|| Row {
-                kind: g.kind.clone(),
-                group: g,
-                before: [0, 0],
-                after: [0, 0],
-                count_growth: 0,
-                bytes_growth: 0,
-            });
+            let row = by_key
+                .entry(key(profile, g, options))
+                .or_insert_with(|| Row {
+                    kind: g.kind.clone(),
+                    group: g,
+                    profile,
+                    before: [0, 0],
+                    after: [0, 0],
+                    count_growth: 0,
+                    bytes_growth: 0,
+                });
             let counts = if side == 0 {
                 &mut row.before
             } else {
                 row.group = g;
+                row.profile = profile;
                 &mut row.after
             };
             counts[0] += g.live_count;
@@ -111,15 +119,15 @@ pub fn rows<'a>(before: &'a Profile, after: &'a Profile, options: &Options) -> V
         b.bytes_growth
             .cmp(&a.bytes_growth)
             .then(b.count_growth.cmp(&a.count_growth))
-            .then_with(|| stack_text(a.group).cmp(&stack_text(b.group)))
+            .then_with(|| stack_text(a.profile, a.group).cmp(&stack_text(b.profile, b.group)))
     });
     rows.truncate(options.top.unwrap_or(usize::MAX));
     rows
 }
 
-fn stack_text(g: &Group) -> String {
-    g.frames
-        .iter()
+fn stack_text(profile: &Profile, g: &Group) -> String {
+    profile
+        .frames(g)
         .map(|f| f.function.as_str())
         .collect::<Vec<_>>()
         .join(";")
@@ -156,7 +164,7 @@ pub fn write(
             .iter()
             .map(|r| {
                 let frames: Vec<serde_json::Value> = options
-                    .frames(r.group, usize::MAX)
+                    .frames(r.profile, r.group, usize::MAX)
                     .map(|f| {
                         json!({"function": f.function, "file": f.file, "line": f.line,
                                "module": f.module, "offset": f.offset.map(|o| format!("{o:#x}"))})
@@ -215,7 +223,7 @@ pub fn write(
     )?;
     for r in rows {
         let context: Vec<String> = options
-            .frames(r.group, markdown::DEFAULT_DEPTH)
+            .frames(r.profile, r.group, markdown::DEFAULT_DEPTH)
             .map(|f| format!("`{}`", markdown::escape(&frame_text(f))))
             .collect();
         writeln!(

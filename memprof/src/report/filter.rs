@@ -17,7 +17,7 @@
 //! lifetimes.record(50_000); // died after 50 µs
 //! profile.groups.push(Group { kind: "libc".into(), total_count: 2, total_bytes: 64, lifetimes, ..Default::default() });
 //! let filter = Filter { temporary: true, ..Filter::default() };
-//! let shown = filter.apply(&profile);
+//! let shown = filter.apply(profile);
 //! assert_eq!((shown.groups[0].live_count, shown.groups[0].live_bytes), (1, 32));
 //! ```
 use anyhow::{bail, Result};
@@ -112,33 +112,30 @@ impl Filter {
             && !self.temporary
     }
 
-    /// A copy of `profile` with only the matching groups (rewritten for `--temporary`).
-    pub fn apply(&self, profile: &Profile) -> Profile {
-        let mut out = Profile {
-            groups: Vec::new(),
-            ..profile.clone()
-        };
-        out.groups = profile
-            .groups
-            .iter()
-            .filter(|g| self.matches(g))
+    /// `profile` with only the matching groups (rewritten for `--temporary`).
+    pub fn apply(&self, mut profile: Profile) -> Profile {
+        let groups = std::mem::take(&mut profile.groups);
+        profile.groups = groups
+            .into_iter()
+            .filter(|g| self.matches(&profile, g))
             .filter_map(|g| {
                 if !self.temporary {
-                    return Some(g.clone());
+                    return Some(g);
                 }
-                let n = self.temporary_count(g);
+                let n = self.temporary_count(&g);
                 (n > 0).then(|| Group {
                     live_count: n,
-                    live_bytes: n * mean_size(g),
-                    ..g.clone()
+                    live_bytes: n * mean_size(&g),
+                    ..g
                 })
             })
             .collect();
-        out
+        profile
     }
 
-    /// Whether `group` passes the kind, name, source, size and `--leaked` filters.
-    pub fn matches(&self, group: &Group) -> bool {
+    /// Whether `group` (of `profile`) passes the kind, name, source, size
+    /// and `--leaked` filters.
+    pub fn matches(&self, profile: &Profile, group: &Group) -> bool {
         if !self.kinds.is_empty() && !self.kinds.contains(&group.kind) {
             return false;
         }
@@ -146,7 +143,7 @@ impl Filter {
             return false;
         }
         let any = |re: &Regex, text: &dyn Fn(&crate::profile::Frame) -> String| {
-            group.frames.iter().any(|f| re.is_match(&text(f)))
+            profile.frames(group).any(|f| re.is_match(&text(f)))
         };
         let function = |f: &crate::profile::Frame| f.function.clone();
         let source = |f: &crate::profile::Frame| match (&f.file, f.line) {
@@ -214,37 +211,38 @@ mod tests {
     use super::*;
     use crate::profile::Frame;
 
-    fn group(kind: &str, name: &str, count: u64, bytes: u64) -> Group {
-        Group {
+    fn group(kind: &str, name: &str, count: u64, bytes: u64) -> (Group, Vec<Frame>) {
+        let group = Group {
             kind: kind.into(),
             live_count: count,
             live_bytes: bytes,
             total_count: count,
             total_bytes: bytes,
-            frames: vec![Frame {
-                function: name.into(),
-                file: Some("/src/a.c".into()),
-                line: Some(7),
-                ..Frame::default()
-            }],
             ..Group::default()
-        }
+        };
+        let frame = Frame {
+            function: name.into(),
+            file: Some("/src/a.c".into()),
+            line: Some(7),
+            ..Frame::default()
+        };
+        (group, vec![frame])
     }
 
     fn names(filter: &Filter) -> Vec<String> {
-        let p = Profile {
-            groups: vec![
-                group("libc", "make_foo", 10, 480),
-                group("gc", "Foo.new", 2, 64),
-                group("mmap", "big", 1, 1 << 20),
-            ],
-            ..Profile::default()
-        };
-        filter
-            .apply(&p)
+        let mut p = Profile::default();
+        for (g, frames) in [
+            group("libc", "make_foo", 10, 480),
+            group("gc", "Foo.new", 2, 64),
+            group("mmap", "big", 1, 1 << 20),
+        ] {
+            p.push(g, frames);
+        }
+        let shown = filter.apply(p);
+        shown
             .groups
             .iter()
-            .map(|g| g.frames[0].function.clone())
+            .map(|g| shown.frames(g).next().unwrap().function.clone())
             .collect()
     }
 
@@ -285,7 +283,7 @@ mod tests {
 
     #[test]
     fn temporary_uses_the_lifetime_histogram() {
-        let mut g = group("libc", "f", 0, 0);
+        let (mut g, _) = group("libc", "f", 0, 0);
         g.total_count = 4;
         g.total_bytes = 400;
         for ns in [50_000, 5_000_000, 50_000_000] {
@@ -296,7 +294,7 @@ mod tests {
             ..Filter::default()
         };
         assert_eq!(f.temporary_count(&g), 2);
-        let shown = f.apply(&Profile {
+        let shown = f.apply(Profile {
             groups: vec![g],
             ..Profile::default()
         });

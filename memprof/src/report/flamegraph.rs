@@ -10,8 +10,8 @@
 //! use memprof::report::{flamegraph, Options};
 //! let f = |name: &str| Frame { function: name.into(), ..Default::default() };
 //! let mut profile = Profile::default();
-//! profile.groups.push(Group { kind: "gc".into(), live_count: 2, live_bytes: 64,
-//!     frames: vec![f("Array(Foo)#<<"), f("main")], ..Default::default() });
+//! profile.push(Group { kind: "gc".into(), live_count: 2, live_bytes: 64, ..Default::default() },
+//!     vec![f("Array(Foo)#<<"), f("main")]);
 //! let mut out = Vec::new();
 //! flamegraph::write(&profile, &Options::default(), &mut out).unwrap();
 //! let svg = String::from_utf8(out).unwrap();

@@ -7,13 +7,13 @@
 //! use memprof::report::{folded, Options};
 //! let f = |name: &str| Frame { function: name.into(), ..Default::default() };
 //! let mut profile = Profile::default();
-//! profile.groups.push(Group { kind: "libc".into(), live_count: 600, live_bytes: 28800,
-//!     frames: vec![f("make_foo"), f("main")], ..Default::default() });
+//! profile.push(Group { kind: "libc".into(), live_count: 600, live_bytes: 28800, ..Default::default() },
+//!     vec![f("make_foo"), f("main")]);
 //! let mut out = Vec::new();
 //! folded::write(&profile, &Options::default(), &mut out).unwrap();
 //! assert_eq!(String::from_utf8(out).unwrap(), "main;make_foo 28800\n");
 //! ```
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 
 use anyhow::Result;
@@ -25,17 +25,35 @@ use crate::profile::{Frame, Group, Profile};
 /// stacks are the same; stacks with a zero value are left out.
 pub fn stacks(profile: &Profile, options: &Options) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
+    // Each frame of the stack table named once (by its address in the table).
+    let mut names: HashMap<usize, String> = HashMap::new();
     for g in select(profile, options, 0, !options.total) {
         let value = value(g, options);
         if value == 0 {
             continue;
         }
-        let mut frames: Vec<String> = options.frames(g, usize::MAX).map(frame_name).collect();
-        frames.reverse();
-        if frames.is_empty() {
-            frames.push("[no stack]".to_string());
+        let frames: Vec<&Frame> = options.frames(profile, g, usize::MAX).collect();
+        for &f in &frames {
+            names
+                .entry(std::ptr::from_ref(f) as usize)
+                .or_insert_with(|| frame_name(f));
         }
-        *out.entry(frames.join(";")).or_insert(0) += value;
+        let mut stack = String::new();
+        for &f in frames.iter().rev() {
+            if !stack.is_empty() {
+                stack.push(';');
+            }
+            stack += &names[&(std::ptr::from_ref(f) as usize)];
+        }
+        if frames.is_empty() {
+            stack += "[no stack]";
+        }
+        if g.folded {
+            // Above the innermost frame: the stack keeps its place in the graph.
+            stack.push(';');
+            stack += super::FOLDED_FRAME;
+        }
+        *out.entry(stack).or_insert(0) += value;
     }
     out
 }
@@ -74,19 +92,18 @@ mod tests {
             function: name.into(),
             ..Frame::default()
         };
-        let g = |name: &str, bytes| Group {
+        let g = |bytes| Group {
             kind: "gc".into(),
             live_count: 1,
             live_bytes: bytes,
             total_count: 2,
             total_bytes: 2 * bytes,
-            frames: vec![f(name), f("main")],
             ..Group::default()
         };
-        let profile = Profile {
-            groups: vec![g("odd;name\n", 10), g("odd;name\n", 5), g("x", 0)],
-            ..Profile::default()
-        };
+        let mut profile = Profile::default();
+        for (name, bytes) in [("odd;name\n", 10), ("odd;name\n", 5), ("x", 0)] {
+            profile.push(g(bytes), vec![f(name), f("main")]);
+        }
         let options = Options::default();
         let stacks = stacks(&profile, &options);
         assert_eq!(stacks.len(), 1);
@@ -97,5 +114,35 @@ mod tests {
             ..Options::default()
         };
         assert_eq!(super::stacks(&profile, &total)["main;x"], 2);
+    }
+
+    #[test]
+    fn folded_recursion_is_marked_above_the_leaf() {
+        let f = |name: &str| Frame {
+            function: name.into(),
+            ..Frame::default()
+        };
+        let mut profile = Profile::default();
+        let group = Group {
+            kind: "gc".into(),
+            live_count: 1,
+            live_bytes: 32,
+            folded: true,
+            ..Group::default()
+        };
+        profile.push(group, vec![f("make"), f("rec"), f("main")]);
+        let mut out = Vec::new();
+        write(&profile, &Options::default(), &mut out).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "main;rec;make;[recursion folded] 32\n"
+        );
+        let proto = crate::report::pprof::build(&profile, &Options::default());
+        let label = &proto.sample[0].label[1];
+        let text = |i: i64| proto.string_table[i as usize].as_str();
+        assert_eq!(
+            (text(label.key), text(label.str)),
+            ("stack", "[recursion folded]")
+        );
     }
 }

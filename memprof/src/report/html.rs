@@ -8,9 +8,8 @@
 //! use memprof::profile::{Frame, Group, Profile};
 //! use memprof::report::{html, Options};
 //! let mut profile = Profile::default();
-//! profile.groups.push(Group { kind: "libc".into(), live_count: 600, live_bytes: 28800,
-//!     frames: vec![Frame { function: "make_foo".into(), ..Default::default() }],
-//!     ..Default::default() });
+//! profile.push(Group { kind: "libc".into(), live_count: 600, live_bytes: 28800, ..Default::default() },
+//!     vec![Frame { function: "make_foo".into(), ..Default::default() }]);
 //! let mut out = Vec::new();
 //! html::write(&profile, &Options::default(), &mut out).unwrap();
 //! let page = String::from_utf8(out).unwrap();
@@ -181,11 +180,14 @@ fn top_table(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
     )?;
     for g in rows {
         let mut frames: Vec<String> = options
-            .frames(g, super::markdown::DEFAULT_DEPTH)
+            .frames(profile, g, super::markdown::DEFAULT_DEPTH)
             .map(|f| format!("<code>{}</code>", escape(&frame_text(f))))
             .collect();
         if g.truncated {
             frames.push("<code>…(truncated)</code>".to_string());
+        }
+        if g.folded {
+            frames.push(format!("<code>{}</code>", super::FOLDED_NOTE));
         }
         writeln!(
             out,

@@ -5,58 +5,123 @@
 use std::io::Write;
 
 use anyhow::Result;
-use serde_json::{json, Value};
+use serde::ser::{SerializeMap, SerializeSeq};
+use serde::{Serialize, Serializer};
+use serde_json::{json, Map, Value};
 
 use super::{select, Options};
-use crate::profile::Profile;
+use crate::profile::{Group, Profile};
 
 /// Version of the JSON report schema.
 pub const VERSION: u32 = 1;
 
+/// Streams the document: one group's value at a time (a big profile's
+/// report is far bigger than the profile), keys in the order `to_value`
+/// gives them (sorted).
 pub fn write(profile: &Profile, options: &Options, out: &mut dyn Write) -> Result<()> {
-    serde_json::to_writer_pretty(&mut *out, &to_value(profile, options))?;
+    let doc = Doc {
+        top: top(profile),
+        groups: Groups {
+            profile,
+            options,
+            rows: select(profile, options, 0, false),
+        },
+    };
+    serde_json::to_writer_pretty(&mut *out, &doc)?;
     writeln!(out)?;
     Ok(())
 }
 
+/// The whole document as one value.
 pub fn to_value(profile: &Profile, options: &Options) -> Value {
-    let groups: Vec<Value> = select(profile, options, 0, false)
+    let mut top = top(profile);
+    let groups = select(profile, options, 0, false)
         .into_iter()
-        .map(|g| {
-            let frames: Vec<Value> = options
-                .frames(g, usize::MAX)
-                .map(|f| {
-                    json!({
-                        "function": f.function,
-                        "raw_name": f.raw_name,
-                        "file": f.file,
-                        "line": f.line,
-                        "module": f.module,
-                        "address": format!("{:#x}", f.address),
-                        "offset": f.offset.map(|o| format!("{o:#x}")),
-                    })
-                })
-                .collect();
+        .map(|g| group(profile, options, g))
+        .collect();
+    top.insert("groups".to_string(), Value::Array(groups));
+    Value::Object(top)
+}
+
+struct Doc<'a> {
+    /// Everything but the groups.
+    top: Map<String, Value>,
+    groups: Groups<'a>,
+}
+
+struct Groups<'a> {
+    profile: &'a Profile,
+    options: &'a Options,
+    rows: Vec<&'a Group>,
+}
+
+impl Serialize for Doc<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(self.top.len() + 1))?;
+        let mut groups = Some(&self.groups);
+        for (key, value) in &self.top {
+            if key.as_str() > "groups" {
+                if let Some(groups) = groups.take() {
+                    map.serialize_entry("groups", groups)?;
+                }
+            }
+            map.serialize_entry(key, value)?;
+        }
+        if let Some(groups) = groups {
+            map.serialize_entry("groups", groups)?;
+        }
+        map.end()
+    }
+}
+
+impl Serialize for Groups<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut seq = s.serialize_seq(Some(self.rows.len()))?;
+        for g in &self.rows {
+            seq.serialize_element(&group(self.profile, self.options, g))?;
+        }
+        seq.end()
+    }
+}
+
+fn group(profile: &Profile, options: &Options, g: &Group) -> Value {
+    let frames: Vec<Value> = options
+        .frames(profile, g, usize::MAX)
+        .map(|f| {
             json!({
-                "kind": g.kind,
-                "live_count": g.live_count,
-                "live_bytes": g.live_bytes,
-                "total_count": g.total_count,
-                "total_bytes": g.total_bytes,
-                "type_name": g.type_name,
-                "truncated": g.truncated,
-                "collected_count": g.collected_count,
-                "collected_bytes": g.collected_bytes,
-                "marked_count": g.marked_count,
-                "marked_bytes": g.marked_bytes,
-                "lifetimes": g.lifetimes,
-                "gc_history": g.gc_history,
-                "frames": frames,
+                "function": f.function,
+                "raw_name": f.raw_name,
+                "file": f.file,
+                "line": f.line,
+                "module": f.module,
+                "address": format!("{:#x}", f.address),
+                "offset": f.offset.map(|o| format!("{o:#x}")),
             })
         })
         .collect();
-    let c = &profile.counters;
     json!({
+        "kind": g.kind,
+        "live_count": g.live_count,
+        "live_bytes": g.live_bytes,
+        "total_count": g.total_count,
+        "total_bytes": g.total_bytes,
+        "type_name": g.type_name,
+        "truncated": g.truncated,
+        "folded": g.folded,
+        "collected_count": g.collected_count,
+        "collected_bytes": g.collected_bytes,
+        "marked_count": g.marked_count,
+        "marked_bytes": g.marked_bytes,
+        "lifetimes": g.lifetimes,
+        "gc_history": g.gc_history,
+        "frames": frames,
+    })
+}
+
+/// The document's fields but `groups`.
+fn top(profile: &Profile) -> Map<String, Value> {
+    let c = &profile.counters;
+    let doc = json!({
         "format": "memprof-report",
         "version": VERSION,
         "memprof_version": profile.memprof_version,
@@ -76,50 +141,57 @@ pub fn to_value(profile: &Profile, options: &Options) -> Value {
         "recorded": c.recorded(),
         "live_is_lower_bound": c.live_incomplete(),
         "truncated_groups": super::truncated_groups(profile),
+        "folded_groups": super::folded_groups(profile),
         "loss_categories": super::LOSS_CATEGORIES
             .iter()
             .map(|(name, meaning)| (name.to_string(), Value::from(*meaning)))
             .collect::<serde_json::Map<String, Value>>(),
         "counters": c,
         "probes": profile.probes,
-        "groups": groups,
         "timeline": profile.timeline,
-    })
+    });
+    match doc {
+        Value::Object(map) => map,
+        _ => unreachable!("json! of an object is an object"),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::profile::{Frame, Group};
+    use crate::profile::Frame;
 
     #[test]
     fn groups_carry_type_and_truncation() {
         let raw = "*GC::malloc<UInt64>:Pointer(Void)";
-        let profile = Profile {
+        let mut profile = Profile {
             gc: Some(crate::profile::GcSummary {
                 liveness: "address reuse only".into(),
                 ..Default::default()
             }),
-            groups: vec![Group {
-                kind: "gc".into(),
-                type_name: Some("Foo".into()),
-                truncated: true,
-                frames: vec![
-                    Frame {
-                        function: "GC.malloc".into(),
-                        raw_name: raw.into(),
-                        ..Frame::default()
-                    },
-                    Frame {
-                        function: "Foo.new".into(),
-                        raw_name: "*Foo::new:Foo".into(),
-                        ..Frame::default()
-                    },
-                ],
-                ..Group::default()
-            }],
             ..Profile::default()
         };
+        let group = Group {
+            kind: "gc".into(),
+            type_name: Some("Foo".into()),
+            truncated: true,
+            ..Group::default()
+        };
+        let frames = vec![
+            Frame {
+                function: "GC.malloc".into(),
+                raw_name: raw.into(),
+                address: 1,
+                ..Frame::default()
+            },
+            Frame {
+                function: "Foo.new".into(),
+                raw_name: "*Foo::new:Foo".into(),
+                address: 2,
+                ..Frame::default()
+            },
+        ];
+        profile.push(group, frames);
         let json = to_value(&profile, &Options::default());
         assert_eq!(json["gc"]["liveness"], "address reuse only");
         let group = &json["groups"][0];

@@ -18,7 +18,7 @@
 //! let garbage = Group { kind: "gc".into(), total_count: 9000, total_bytes: 9000 * 32,
 //!     gc_history: vec![[1, 3], [2, 0], [3, 2]], ..Default::default() };
 //! let profile = Profile { groups: vec![garbage, growing], ..Default::default() };
-//! let leaking = leaks::leaking(&profile);
+//! let leaking = leaks::leaking(profile);
 //! assert_eq!(leaking.groups.len(), 1);
 //! assert_eq!(leaks::assess(&leaking.groups[0]).unwrap().growth, 20);
 //! ```
@@ -77,31 +77,35 @@ pub fn assess(group: &Group) -> Option<Leak> {
 }
 
 /// `profile` with only its leaking stacks, most growth (bytes) first.
-pub fn leaking(profile: &Profile) -> Profile {
-    let mut ranked: Vec<(Leak, &Group)> = profile
-        .groups
-        .iter()
-        .filter_map(|g| assess(g).map(|l| (l, g)))
-        .collect();
+pub fn leaking(mut profile: Profile) -> Profile {
+    let groups = std::mem::take(&mut profile.groups);
+    profile.groups = rank(groups.into_iter().filter_map(|g| Some((assess(&g)?, g))));
+    profile
+}
+
+/// The leaking stacks of `profile`, most growth (bytes) first.
+pub fn ranked(profile: &Profile) -> Vec<&Group> {
+    rank(profile.groups.iter().filter_map(|g| Some((assess(g)?, g))))
+}
+
+fn rank<G>(leaks: impl Iterator<Item = (Leak, G)>) -> Vec<G> {
+    let mut ranked: Vec<(Leak, G)> = leaks.collect();
     ranked.sort_by(|(a, _), (b, _)| {
         b.growth_bytes
             .cmp(&a.growth_bytes)
             .then(b.growth.cmp(&a.growth))
     });
-    Profile {
-        groups: ranked.into_iter().map(|(_, g)| g.clone()).collect(),
-        ..profile.clone()
-    }
+    ranked.into_iter().map(|(_, g)| g).collect()
 }
 
 /// The leak table: growth, what is live now, and the stack.
 pub fn write(profile: &Profile, options: &Options, out: &mut dyn Write) -> Result<()> {
-    let leaking = leaking(profile);
+    let leaking = ranked(profile);
     let collections = profile.gc.as_ref().map_or(0, |g| g.collections);
     writeln!(
         out,
         "# memprof: leaking GC stacks ({} of {} stacks; {} collections judged)",
-        leaking.groups.len(),
+        leaking.len(),
         profile.groups.len(),
         thousands(collections)
     )?;
@@ -121,14 +125,10 @@ pub fn write(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
         out,
         "|-------:|---------------:|-----:|----------:|----------------------:|---------|"
     )?;
-    for group in leaking
-        .groups
-        .iter()
-        .take(options.top.unwrap_or(usize::MAX))
-    {
+    for &group in leaking.iter().take(options.top.unwrap_or(usize::MAX)) {
         let Some(leak) = assess(group) else { continue };
         let frames: Vec<String> = options
-            .frames(group, 5)
+            .frames(profile, group, 5)
             .map(|f| format!("`{}`", escape(&frame_text(f))))
             .collect();
         writeln!(

@@ -152,11 +152,14 @@ pub fn table(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
     writeln!(out, "|------------:|-----------:|---------|")?;
     for g in rows {
         let mut context: Vec<String> = options
-            .frames(g, DEFAULT_DEPTH)
+            .frames(profile, g, DEFAULT_DEPTH)
             .map(|f| format!("`{}`", escape(&frame_text(f))))
             .collect();
         if g.truncated {
             context.push("`…(truncated)`".to_string());
+        }
+        if g.folded {
+            context.push(format!("`{}`", super::FOLDED_NOTE));
         }
         let context = if context.is_empty() {
             "(no stack)".to_string()
@@ -264,25 +267,28 @@ mod tests {
             line: Some(3),
             ..Frame::default()
         };
-        let profile = Profile {
-            groups: vec![Group {
-                kind: "gc".into(),
-                live_count: 2,
-                live_bytes: 4096,
-                frames: vec![frame],
-                truncated: true,
-                ..Group::default()
-            }],
-            ..Profile::default()
+        let mut profile = Profile::default();
+        let group = Group {
+            kind: "gc".into(),
+            live_count: 2,
+            live_bytes: 4096,
+            truncated: true,
+            folded: true,
+            ..Group::default()
         };
+        profile.push(group, vec![frame]);
         let text = render(&profile);
+        assert!(
+            text.contains("allocations with recursion folded (repeated frames shown once): 0 (stacks marked folded: 1)"),
+            "{text}"
+        );
         let row = text
             .lines()
             .find(|l| l.starts_with("| ") && l.contains("4,096"))
             .unwrap();
         assert!(
             row.ends_with(
-                "`/src/app.cr:3 in 'Hash(String, Int32 \\| Nil)#upsert'`<br>`…(truncated)` |"
+                "`/src/app.cr:3 in 'Hash(String, Int32 \\| Nil)#upsert'`<br>`…(truncated)`<br>`…(recursion folded)` |"
             ),
             "{row}"
         );

@@ -122,20 +122,21 @@ impl Default for Options {
 }
 
 impl Options {
-    /// The frames of `group` to show; `default_depth` applies when `--depth` was not given.
+    /// The frames of `group` (of `profile`) to show; `default_depth`
+    /// applies when `--depth` was not given.
     pub fn frames<'a>(
         &self,
-        group: &'a Group,
+        profile: &'a Profile,
+        group: &Group,
         default_depth: usize,
-    ) -> impl Iterator<Item = &'a Frame> {
+    ) -> impl Iterator<Item = &'a Frame> + 'a {
         let hidden = if self.skip_runtime {
-            runtime_frames(group)
+            runtime_frames(profile, group)
         } else {
             0
         };
-        group
-            .frames
-            .iter()
+        profile
+            .frames(group)
             .skip(hidden + self.skip)
             .take(self.depth.unwrap_or(default_depth))
     }
@@ -144,13 +145,13 @@ impl Options {
 /// How many innermost frames of `group` are allocator plumbing. Only that
 /// first run: plumbing deeper in a stack (a GC callback) stays. A stack of
 /// nothing but plumbing (cut short) is shown whole.
-pub fn runtime_frames(group: &Group) -> usize {
-    let n = group
-        .frames
-        .iter()
+pub fn runtime_frames(profile: &Profile, group: &Group) -> usize {
+    let n = profile
+        .frames(group)
         .take_while(|f| crystal::is_runtime(f))
         .count();
-    if n == group.frames.len() {
+    // Nothing after the plumbing: keep it all.
+    if profile.frames(group).nth(n).is_none() {
         0
     } else {
         n
@@ -189,7 +190,7 @@ pub fn select<'a>(
         .groups
         .iter()
         .filter(|g| g.live_bytes >= min && (!live_only || g.live_count > 0))
-        .map(|g| (g, stack_key(g)))
+        .map(|g| (g, stack_key(profile, g)))
         .collect();
     if !options.keep_order {
         rows.sort_by(|(a, ka), (b, kb)| {
@@ -204,10 +205,9 @@ pub fn select<'a>(
     rows.into_iter().map(|(g, _)| g).collect()
 }
 
-fn stack_key(group: &Group) -> String {
-    group
-        .frames
-        .iter()
+fn stack_key(profile: &Profile, group: &Group) -> String {
+    profile
+        .frames(group)
         .map(|f| f.function.as_str())
         .collect::<Vec<_>>()
         .join(";")
@@ -296,18 +296,6 @@ pub fn loss_summary(profile: &Profile) -> String {
         thousands(c.stack_errors),
         thousands(c.unknown_frees)
     );
-    if c.sites_overflowed > 0 {
-        line += &format!(
-            "; recorded without their stack in the overflow group of their kind (site table full, --max-sites): {}",
-            thousands(c.sites_overflowed)
-        );
-    }
-    if c.stacks_degraded > 0 {
-        line += &format!(
-            "; recorded under their caller alone (stack table full, --max-stacks): {}",
-            thousands(c.stacks_degraded)
-        );
-    }
     let truncated = truncated_groups(profile);
     if c.truncated_stacks > 0 || truncated > 0 {
         line += &format!(
@@ -316,8 +304,40 @@ pub fn loss_summary(profile: &Profile) -> String {
             thousands(truncated)
         );
     }
+    let folded = folded_groups(profile);
+    if c.folded_stacks > 0 || folded > 0 {
+        line += &format!(
+            "; allocations with recursion folded (repeated frames shown once): {} (stacks marked folded: {})",
+            thousands(c.folded_stacks),
+            thousands(folded)
+        );
+    }
+    if c.stacks_degraded > 0 {
+        line += &format!(
+            "; allocations under their caller alone (stack table full, --max-stacks): {}",
+            thousands(c.stacks_degraded)
+        );
+    }
+    if c.sites_overflowed > 0 {
+        line += &format!(
+            "; allocations in their kind's overflow group (site table full, --max-sites): {}",
+            thousands(c.sites_overflowed)
+        );
+    }
     line
 }
+
+/// Groups whose stack had repeated frames of recursive functions folded
+/// into one.
+pub fn folded_groups(profile: &Profile) -> u64 {
+    profile.groups.iter().filter(|g| g.folded).count() as u64
+}
+
+/// What markdown and html add below a stack whose recursion was folded.
+pub const FOLDED_NOTE: &str = "…(recursion folded)";
+/// The frame folded and flamegraph add above the innermost frame of such a
+/// stack, and the `stack` label of its pprof sample.
+pub const FOLDED_FRAME: &str = "[recursion folded]";
 
 /// Groups whose stack is marked truncated (cut short by the unwinder, or
 /// not captured at all): counted per stack, where `truncated_stacks`
@@ -338,17 +358,18 @@ mod tests {
         assert_eq!(thousands(1234567), "1,234,567");
     }
 
-    fn group(live_bytes: u64, live_count: u64, name: &str) -> Group {
-        Group {
+    fn group(p: &mut Profile, live_bytes: u64, live_count: u64, name: &str) {
+        let group = Group {
             kind: "libc".into(),
             live_bytes,
             live_count,
-            frames: vec![Frame {
-                function: name.into(),
-                ..Frame::default()
-            }],
             ..Group::default()
-        }
+        };
+        let frame = Frame {
+            function: name.into(),
+            ..Frame::default()
+        };
+        p.push(group, vec![frame]);
     }
 
     fn named(raw: &str) -> Frame {
@@ -361,21 +382,23 @@ mod tests {
 
     #[test]
     fn hides_the_allocator_plumbing_before_skip_and_depth() {
-        let group = Group {
-            frames: [
-                "*GC::malloc<UInt64>:Pointer(Void)",
-                "__crystal_malloc64",
-                "*Foo::new<Int32>:Foo",
-                "*make_foos:Array(Foo)",
-                "__crystal_main",
-            ]
-            .map(named)
-            .to_vec(),
-            ..Group::default()
-        };
+        let mut p = Profile::default();
+        let frames = [
+            "*GC::malloc<UInt64>:Pointer(Void)",
+            "__crystal_malloc64",
+            "*Foo::new<Int32>:Foo",
+            "*make_foos:Array(Foo)",
+            "__crystal_main",
+        ]
+        .map(named)
+        .to_vec();
+        p.push(Group::default(), frames);
+        // Nothing but plumbing: shown as it is rather than as no stack.
+        p.push(Group::default(), vec![named("__crystal_malloc64")]);
+        let (group, cut) = (&p.groups[0], &p.groups[1]);
         let shown = |options: &Options| -> Vec<String> {
             options
-                .frames(&group, usize::MAX)
+                .frames(&p, group, usize::MAX)
                 .map(|f| f.function.clone())
                 .collect()
         };
@@ -394,29 +417,20 @@ mod tests {
             ..Options::default()
         };
         assert_eq!(shown(&options)[..2], ["GC.malloc", "__crystal_malloc64"]);
-        // Nothing but plumbing: shown as it is rather than as no stack.
-        let cut = Group {
-            frames: vec![named("__crystal_malloc64")],
-            ..Group::default()
-        };
-        assert_eq!(Options::default().frames(&cut, 5).count(), 1);
+        assert_eq!(Options::default().frames(&p, cut, 5).count(), 1);
     }
 
     #[test]
     fn sorts_by_bytes_then_count_then_stack() {
-        let p = Profile {
-            groups: vec![
-                group(2048, 1, "b"),
-                group(4096, 1, "a"),
-                group(2048, 2, "c"),
-                group(2048, 1, "a"),
-                group(10, 1, "tiny"),
-            ],
-            ..Profile::default()
-        };
+        let mut p = Profile::default();
+        group(&mut p, 2048, 1, "b");
+        group(&mut p, 4096, 1, "a");
+        group(&mut p, 2048, 2, "c");
+        group(&mut p, 2048, 1, "a");
+        group(&mut p, 10, 1, "tiny");
         let names: Vec<&str> = select(&p, &Options::default(), 1024, true)
             .iter()
-            .map(|g| g.frames[0].function.as_str())
+            .map(|g| p.frames(g).next().unwrap().function.as_str())
             .collect();
         assert_eq!(names, ["a", "c", "a", "b"]);
     }

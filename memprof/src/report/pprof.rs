@@ -15,10 +15,9 @@
 //! use memprof::report::{pprof, Options};
 //! use prost::Message;
 //! let mut profile = Profile::default();
-//! profile.groups.push(Group { kind: "libc".into(), live_count: 600, live_bytes: 28800,
-//!     total_count: 1000, total_bytes: 48000,
-//!     frames: vec![Frame { function: "make_foo".into(), address: 0x1234, ..Default::default() }],
-//!     ..Default::default() });
+//! profile.push(Group { kind: "libc".into(), live_count: 600, live_bytes: 28800,
+//!     total_count: 1000, total_bytes: 48000, ..Default::default() },
+//!     vec![Frame { function: "make_foo".into(), address: 0x1234, ..Default::default() }]);
 //! let proto = pprof::build(&profile, &Options::default());
 //! assert_eq!(proto.sample[0].value, [1000, 48000, 600, 28800]);
 //! let bytes = proto.encode_to_vec();
@@ -181,7 +180,7 @@ pub fn build(profile: &Profile, options: &Options) -> proto::Profile {
     let mut samples = Vec::with_capacity(groups.len());
     for g in groups {
         bar.inc(1);
-        let frames: Vec<&Frame> = options.frames(g, usize::MAX).collect();
+        let frames: Vec<&Frame> = options.frames(profile, g, usize::MAX).collect();
         let mut location_id = Vec::new();
         // Inlined frames share their caller's return address: one location.
         let mut i = 0;
@@ -190,14 +189,31 @@ pub fn build(profile: &Profile, options: &Options) -> proto::Profile {
             while j < frames.len() && frames[j].address == frames[i].address {
                 j += 1;
             }
-            location_id.push(b.location(&frames[i..j]));
+            // The same frames of the stack table again: their location is known.
+            let seen = (std::ptr::from_ref(frames[i]) as usize, j - i);
+            let id = match b.seen.get(&seen) {
+                Some(&id) => id,
+                None => {
+                    let id = b.location(&frames[i..j]);
+                    b.seen.insert(seen, id);
+                    id
+                }
+            };
+            location_id.push(id);
             i = j;
         }
-        let label = vec![proto::Label {
+        let mut label = vec![proto::Label {
             key: kind_key,
             str: b.string(&g.kind),
             ..Default::default()
         }];
+        if g.folded {
+            label.push(proto::Label {
+                key: b.string("stack"),
+                str: b.string(super::FOLDED_FRAME),
+                ..Default::default()
+            });
+        }
         samples.push(proto::Sample {
             location_id,
             value: [g.total_count, g.total_bytes, g.live_count, g.live_bytes]
@@ -252,6 +268,10 @@ struct Builder {
     function_ids: HashMap<(String, String, String), u64>,
     locations: Vec<proto::Location>,
     location_ids: HashMap<LocationKey, u64>,
+    /// Locations by the address of their first frame in the profile's
+    /// stack table and their frame count: a stack table's frames are
+    /// shared by every stack through them.
+    seen: HashMap<(usize, usize), u64>,
     mappings: Vec<proto::Mapping>,
     mapping_ids: HashMap<String, u64>,
 }

@@ -17,7 +17,7 @@ pub fn write(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
     writeln!(out, "{}", rows.len())?;
     for g in rows {
         write!(out, "{}\t{}", g.live_count, g.live_bytes)?;
-        for f in options.frames(g, DEFAULT_DEPTH) {
+        for f in options.frames(profile, g, DEFAULT_DEPTH) {
             write!(out, "\t{}", frame_text(f).replace(['\t', '\n'], " "))?;
         }
         writeln!(out)?;

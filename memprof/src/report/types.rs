@@ -88,7 +88,7 @@ pub fn write(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
 pub fn rows(profile: &Profile, options: &Options) -> Vec<TypeRow> {
     let mut sums: HashMap<String, (u64, u64)> = HashMap::new();
     for g in profile.groups.iter().filter(|g| g.live_count > 0) {
-        let sum = sums.entry(type_of(g)).or_default();
+        let sum = sums.entry(type_of(profile, g)).or_default();
         sum.0 += g.live_count;
         sum.1 += g.live_bytes;
     }
@@ -113,13 +113,12 @@ pub fn rows(profile: &Profile, options: &Options) -> Vec<TypeRow> {
 }
 
 /// The type a group is counted under.
-fn type_of(group: &Group) -> String {
+fn type_of(profile: &Profile, group: &Group) -> String {
     if let Some(name) = &group.type_name {
         return name.clone();
     }
-    let site = group
-        .frames
-        .iter()
+    let site = profile
+        .frames(group)
         .find(|f| !crystal::is_runtime(f) && !f.raw_name.is_empty());
     let Some(frame) = site else {
         return "(unknown)".to_string();
@@ -138,45 +137,52 @@ mod tests {
     use super::*;
     use crate::profile::Frame;
 
-    fn group(type_name: Option<&str>, frames: &[&str], live_count: u64, live_bytes: u64) -> Group {
-        Group {
+    fn group(
+        type_name: Option<&str>,
+        frames: &[&str],
+        live_count: u64,
+        live_bytes: u64,
+    ) -> (Group, Vec<Frame>) {
+        let group = Group {
             kind: "gc".into(),
             live_count,
             live_bytes,
             type_name: type_name.map(str::to_string),
-            frames: frames
-                .iter()
-                .map(|raw| Frame {
-                    function: crate::symbolize::display_name(raw),
-                    raw_name: raw.to_string(),
-                    file: raw.starts_with('*').then(|| "/src/allocs.cr".to_string()),
-                    line: raw.starts_with('*').then_some(12),
-                    ..Frame::default()
-                })
-                .collect(),
             ..Group::default()
-        }
+        };
+        let frames = frames
+            .iter()
+            .map(|raw| Frame {
+                function: crate::symbolize::display_name(raw),
+                raw_name: raw.to_string(),
+                file: raw.starts_with('*').then(|| "/src/allocs.cr".to_string()),
+                line: raw.starts_with('*').then_some(12),
+                ..Frame::default()
+            })
+            .collect();
+        (group, frames)
     }
 
     fn profile() -> Profile {
-        Profile {
-            groups: vec![
-                group(Some("Foo"), &[], 60_000, 1_920_000),
-                group(Some("Array(Foo) buffer"), &[], 1, 800_000),
-                group(Some("Foo"), &[], 40_000, 1_280_000),
-                group(
-                    None,
-                    &["__crystal_malloc64", "*make_foos:Array(Foo)"],
-                    3,
-                    96,
-                ),
-                group(None, &["*make_foos:Array(Foo)"], 1, 32),
-                group(None, &["", "GC_init", "*GC::init:Nil"], 2, 48),
-                group(None, &[], 1, 16),
-                group(Some("Dead"), &[], 0, 0),
-            ],
-            ..Profile::default()
+        let mut profile = Profile::default();
+        for (group, frames) in [
+            group(Some("Foo"), &[], 60_000, 1_920_000),
+            group(Some("Array(Foo) buffer"), &[], 1, 800_000),
+            group(Some("Foo"), &[], 40_000, 1_280_000),
+            group(
+                None,
+                &["__crystal_malloc64", "*make_foos:Array(Foo)"],
+                3,
+                96,
+            ),
+            group(None, &["*make_foos:Array(Foo)"], 1, 32),
+            group(None, &["", "GC_init", "*GC::init:Nil"], 2, 48),
+            group(None, &[], 1, 16),
+            group(Some("Dead"), &[], 0, 0),
+        ] {
+            profile.push(group, frames);
         }
+        profile
     }
 
     #[test]

@@ -36,7 +36,7 @@ use anyhow::Result;
 use crate::live::{Live, LiveOptions};
 use crate::modules::ModuleCache;
 use crate::probes::{HeapMaps, ProbeOptions, Probes};
-use crate::profile::{Counters, ExitInfo, Group, ProbeInfo, Profile, TargetInfo};
+use crate::profile::{Counters, ExitInfo, Group, ProbeInfo, Profile, Stacks, TargetInfo};
 use crate::report::{self, markdown};
 use crate::target::launch::ExitStatus;
 use crate::target::maps::MapsCache;
@@ -255,7 +255,7 @@ impl Session {
     }
 
     fn profile(&self, progress: bool) -> Result<Profile> {
-        let (counters, groups) = read_tables(
+        let (counters, groups, stacks) = read_tables(
             &self.tables,
             &self.gc,
             &self.maps,
@@ -266,6 +266,7 @@ impl Session {
             duration_s: self.started.0.elapsed().as_secs_f64(),
             counters,
             groups,
+            stacks,
             timeline: self.live.timeline().clone(),
             ..self.describe()
         })
@@ -300,7 +301,7 @@ impl Session {
         // Closing the links takes the kernel a while: done meanwhile.
         self.probes.disable()?;
         let detaching = self.probes.detach();
-        let (counters, groups) =
+        let (counters, groups, stacks) =
             read_tables(&self.tables, &self.gc, &self.maps, &self.plan.modules, true)?;
         let duration_s = self.started.0.elapsed().as_secs_f64();
         let timeline =
@@ -312,6 +313,7 @@ impl Session {
             gc,
             counters,
             groups,
+            stacks,
             timeline,
             ..header
         };
@@ -380,10 +382,10 @@ fn read_tables(
     maps: &MapsCache,
     modules: &ModuleCache,
     progress: bool,
-) -> Result<(Counters, Vec<Group>)> {
+) -> Result<(Counters, Vec<Group>, Stacks)> {
     let raw = heap::collect(tables, gc.sites())?;
-    let groups = symbolize::symbolize(raw, maps, modules, progress);
-    Ok((tables.counters()?, groups))
+    let (groups, stacks) = symbolize::symbolize(raw, maps, modules, progress);
+    Ok((tables.counters()?, groups, stacks))
 }
 
 /// Re-reads the mappings of `pid`; with DWARF unwinding, gives the kernel

@@ -4,18 +4,27 @@
 //!
 //! Layout: one header line `MEMPROF-PROFILE <version>\n`, then the
 //! [`Profile`] as JSON and a newline, then an end line
-//! `MEMPROF-END crc32=<hex> bytes=<n>\n` with the CRC-32 and length of the
+//! `MEMPROF-END crc32=<hex> bytes=<n>\n` with the CRC-32 of the header
+//! line and the JSON (version 2: of the JSON only) and the length of the
 //! JSON. The header lets [`load`] tell "not a profile" and "another
 //! version" apart, the end line "truncated" and "corrupt" (a flipped byte),
 //! before anything is parsed. (The check is at the end so the profile is
 //! streamed out once, never held twice in memory.) Counts whose sums would
 //! overflow are refused as corrupt.
 //!
+//! Stacks are interned as pprof does (version 3): a group names its stack
+//! by an id into [`Stacks`], where each distinct return address is one
+//! [`Location`] (its frames, inlined functions first; strings once in a
+//! string table) and each stack a node `[location, caller]` of a tree whose
+//! root is the outermost frame, so stacks sharing their outer frames share
+//! their nodes. Version-2 files (every group with its whole frames) are
+//! still read, and converted on load.
+//!
 //! ```
 //! use memprof::profile::{self, Profile};
 //! let mut bytes = Vec::new();
 //! profile::write(&Profile::default(), &mut bytes).unwrap();
-//! assert!(bytes.starts_with(b"MEMPROF-PROFILE 2\n"));
+//! assert!(bytes.starts_with(b"MEMPROF-PROFILE 3\n"));
 //! let back = profile::parse(&bytes).unwrap();
 //! assert_eq!(back.groups.len(), 0);
 //! ```
@@ -25,9 +34,15 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
+mod stacks;
+pub use stacks::{Location, Stacks};
+
 pub const MAGIC: &str = "MEMPROF-PROFILE";
-/// The version this memprof writes and reads (2: with the end line).
-pub const VERSION: u32 = 2;
+/// The version this memprof writes (3: stacks interned).
+pub const VERSION: u32 = 3;
+/// The oldest version this memprof reads (2: with the end line; whole
+/// frames in every group, converted on load).
+pub const OLDEST_READ: u32 = 2;
 /// Starts the last line: the checksum and length of the JSON.
 const END: &str = "MEMPROF-END";
 
@@ -52,6 +67,9 @@ pub struct Profile {
     pub counters: Counters,
     pub probes: Vec<ProbeInfo>,
     pub groups: Vec<Group>,
+    /// The stacks the groups name ([`Group::stack`]).
+    #[serde(default)]
+    pub stacks: Stacks,
     /// What the Boehm collector did while profiled (targets with a GC heap).
     #[serde(default)]
     pub gc: Option<GcSummary>,
@@ -59,6 +77,19 @@ pub struct Profile {
     /// (`--sample-period`); empty when sampling was off.
     #[serde(default)]
     pub timeline: Timeline,
+}
+
+impl Profile {
+    /// The frames of `group`'s stack, innermost first.
+    pub fn frames<'a>(&'a self, group: &Group) -> impl Iterator<Item = &'a Frame> + Clone + 'a {
+        self.stacks.frames(group.stack)
+    }
+
+    /// Adds `group` with the stack `frames` (innermost first), interned.
+    pub fn push(&mut self, mut group: Group, frames: Vec<Frame>) {
+        group.stack = self.stacks.intern(frames);
+        self.groups.push(group);
+    }
 }
 
 /// Live memory over time, sampled by the daemon at a fixed period.
@@ -255,37 +286,153 @@ pub struct Group {
     pub live_bytes: u64,
     pub total_count: u64,
     pub total_bytes: u64,
-    /// Innermost first, starting at the caller of the allocator function.
-    pub frames: Vec<Frame>,
+    /// The call stack, an id in [`Profile::stacks`] (innermost first from
+    /// the caller of the allocator function; 0: no frames).
+    #[serde(default)]
+    pub stack: u32,
     /// The stack could not be unwound to its end (unwinder gave up or hit the depth limit).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_false")]
     pub truncated: bool,
+    /// Repeated frames of a recursive function were folded into one
+    /// (unless `--keep-recursion`): the stack is shorter than the real one.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub folded: bool,
     /// The Crystal class (or buffer kind) these objects are, where the stack says so.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub type_name: Option<String>,
     /// GC kinds: objects the collector reclaimed (judged by mark bits, or
     /// proven by their address being allocated again) and their bytes.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub collected_count: u64,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub collected_bytes: u64,
     /// GC kinds: of the live objects, those marked at the last collection
     /// (reachable then; the rest were allocated after it).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub marked_count: u64,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub marked_bytes: u64,
     /// How long the objects that died (freed or collected) had lived.
-    #[serde(default)]
+    #[serde(
+        default,
+        with = "compact_lifetimes",
+        skip_serializing_if = "Lifetimes::is_empty"
+    )]
     pub lifetimes: Lifetimes,
     /// GC kinds: `[collection number, live objects after it]` at the
     /// collections judged (at most 64 points, older ones thinned out):
-    /// the growth the `--leaks` view looks for.
-    #[serde(default)]
+    /// the growth the `--leaks` view looks for. Written as runs
+    /// `[first collection, live objects, collections]` (see [`history`]).
+    #[serde(default, with = "history", skip_serializing_if = "Vec::is_empty")]
     pub gc_history: Vec<[u64; 2]>,
+    /// Version-2 files only: the whole stack, moved into
+    /// [`Profile::stacks`] on load. Never written.
+    #[doc(hidden)]
+    #[serde(rename = "frames", default, skip_serializing)]
+    pub v2_frames: Vec<Frame>,
 }
 
 pub use memprof_common::LIFETIME_BOUNDS_NS;
+
+/// Fields left out of the file when they hold nothing (most groups).
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// [`Group::lifetimes`] in the file: `[died, total_ns, [buckets],
+/// within_first_collection, collections_survived]`, without the field
+/// names of every group. The object (version 2) is read too.
+mod compact_lifetimes {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use super::Lifetimes;
+
+    type Tuple = (u64, u64, [u64; 8], u64, u64);
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Either {
+        Tuple(Tuple),
+        Object(Lifetimes),
+    }
+
+    pub fn serialize<S: Serializer>(l: &Lifetimes, s: S) -> Result<S::Ok, S::Error> {
+        let tuple: Tuple = (
+            l.died,
+            l.total_ns,
+            l.buckets,
+            l.within_first_collection,
+            l.collections_survived,
+        );
+        tuple.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Lifetimes, D::Error> {
+        Ok(match Either::deserialize(d)? {
+            Either::Object(l) => l,
+            Either::Tuple((
+                died,
+                total_ns,
+                buckets,
+                within_first_collection,
+                collections_survived,
+            )) => Lifetimes {
+                died,
+                total_ns,
+                buckets,
+                within_first_collection,
+                collections_survived,
+            },
+        })
+    }
+}
+
+/// [`Group::gc_history`] in the file: runs `[first collection, live,
+/// length]` of consecutive collections with the same count (a stack whose
+/// objects all died reads `[c, 0, 60]` instead of sixty points). Points
+/// `[collection, live]` (version 2) are read too.
+pub mod history {
+    use serde::de::Error as _;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    /// More points than any history holds: a longer run is corrupt.
+    const MAX_POINTS: u64 = 1 << 16;
+
+    pub fn serialize<S: Serializer>(points: &[[u64; 2]], s: S) -> Result<S::Ok, S::Error> {
+        let mut runs: Vec<[u64; 3]> = Vec::new();
+        for &[collection, live] in points {
+            match runs.last_mut() {
+                Some(run) if run[1] == live && run[0].checked_add(run[2]) == Some(collection) => {
+                    run[2] += 1
+                }
+                _ => runs.push([collection, live, 1]),
+            }
+        }
+        runs.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<[u64; 2]>, D::Error> {
+        let entries: Vec<Vec<u64>> = Vec::deserialize(d)?;
+        let mut points = Vec::new();
+        for entry in entries {
+            match entry[..] {
+                [collection, live] => points.push([collection, live]),
+                [first, live, length]
+                    if points.len() as u64 + length <= MAX_POINTS
+                        && first.checked_add(length).is_some() =>
+                {
+                    points.extend((first..first + length).map(|c| [c, live]))
+                }
+                _ => return Err(D::Error::custom("a bad collection history")),
+            }
+        }
+        Ok(points)
+    }
+}
 
 /// Lifetimes of the objects of one stack that died while profiled.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -307,6 +454,11 @@ pub struct Lifetimes {
 }
 
 impl Lifetimes {
+    /// Nothing died.
+    pub fn is_empty(&self) -> bool {
+        *self == Lifetimes::default()
+    }
+
     /// Adds one death after `ns` nanoseconds.
     pub fn record(&mut self, ns: u64) {
         self.died += 1;
@@ -336,7 +488,7 @@ impl Lifetimes {
     }
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Frame {
     /// Readable function name (`[unknown]` when no symbol covers the address).
     pub function: String,
@@ -355,13 +507,22 @@ pub struct Frame {
 
 /// Writes `profile` in the file format.
 pub fn write(profile: &Profile, out: &mut impl Write) -> Result<()> {
-    writeln!(out, "{MAGIC} {VERSION}")?;
+    let header = format!("{MAGIC} {VERSION}\n");
+    out.write_all(header.as_bytes())?;
+    // The checksum covers the header too: a version changed by a flipped
+    // bit is refused, not read as another format.
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(header.as_bytes());
     let mut body = Checksummed {
         out: &mut *out,
-        crc: crc32fast::Hasher::new(),
+        crc,
         bytes: 0,
     };
-    serde_json::to_writer(&mut body, profile)?;
+    // serde_json writes in small pieces: checksummed in big ones.
+    let mut buffered = std::io::BufWriter::with_capacity(1 << 16, &mut body);
+    serde_json::to_writer(&mut buffered, profile)?;
+    buffered.flush()?;
+    drop(buffered);
     let (crc, bytes) = (body.crc.finalize(), body.bytes);
     writeln!(out)?;
     writeln!(out, "{END} crc32={crc:08x} bytes={bytes}")?;
@@ -405,23 +566,60 @@ pub fn parse(bytes: &[u8]) -> Result<Profile> {
     let version = std::str::from_utf8(&rest[..newline])
         .ok()
         .and_then(|v| v.trim().parse::<u32>().ok());
-    match version {
-        Some(VERSION) => {}
-        Some(other) => {
-            bail!("profile version {other} is not supported: this memprof reads version {VERSION}")
-        }
+    let version = match version {
+        Some(v) if (OLDEST_READ..=VERSION).contains(&v) => v,
+        Some(other) => bail!(
+            "profile version {other} is not supported: this memprof reads versions {OLDEST_READ} to {VERSION}"
+        ),
         None => bail!("not a memprof profile (bad version in header)"),
-    }
-    let body = checked_body(&rest[newline + 1..])?;
-    let profile: Profile =
+    };
+    // Version 2 checksums the JSON only, later ones the header line too.
+    let covered = if version == 2 {
+        &[][..]
+    } else {
+        &bytes[..MAGIC.len() + newline + 1]
+    };
+    let body = checked_body(covered, &rest[newline + 1..])?;
+    let mut profile: Profile =
         serde_json::from_slice(body).map_err(|e| anyhow::anyhow!("profile is corrupt: {e}"))?;
+    if version == 2 {
+        from_version_2(&mut profile);
+    }
+    check_stacks(&profile)?;
     check_sums(&profile)?;
     Ok(profile)
 }
 
+/// Moves the whole stacks of a version-2 file into the stack table.
+fn from_version_2(profile: &mut Profile) {
+    let mut stacks = std::mem::take(&mut profile.stacks);
+    for g in &mut profile.groups {
+        g.stack = stacks.intern(std::mem::take(&mut g.v2_frames));
+    }
+    profile.stacks = stacks;
+}
+
+/// Refuses groups naming a stack the table does not have, and frames in a
+/// version-3 group (a file edited by hand, or written by another tool).
+fn check_stacks(profile: &Profile) -> Result<()> {
+    let stacks = profile.stacks.node_count();
+    for g in &profile.groups {
+        if g.stack as usize >= stacks {
+            bail!(
+                "profile is corrupt (a group names stack {} of {stacks})",
+                g.stack
+            );
+        }
+        if !g.v2_frames.is_empty() {
+            bail!("profile is corrupt (a version-{VERSION} group with whole frames)");
+        }
+    }
+    Ok(())
+}
+
 /// The JSON between the header and the end line, once its length and
 /// checksum match the end line's.
-fn checked_body(rest: &[u8]) -> Result<&[u8]> {
+fn checked_body<'a>(covered: &[u8], rest: &'a [u8]) -> Result<&'a [u8]> {
     let truncated = || anyhow::anyhow!("profile is truncated (the file ends early)");
     let text = rest.strip_suffix(b"\n").ok_or_else(truncated)?;
     let start = text
@@ -454,7 +652,10 @@ fn checked_body(rest: &[u8]) -> Result<&[u8]> {
             body.len()
         );
     }
-    if crc32fast::hash(body) != crc {
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(covered);
+    hasher.update(body);
+    if hasher.finalize() != crc {
         bail!(
             "profile is corrupt (checksum mismatch: the file was changed after memprof wrote it)"
         );
@@ -517,7 +718,7 @@ mod tests {
         assert!(error(&bytes[..bytes.len() / 2]).contains("truncated"));
         let other = String::from_utf8(bytes.clone())
             .unwrap()
-            .replacen(" 2\n", " 999\n", 1);
+            .replacen(" 3\n", " 999\n", 1);
         assert!(error(other.as_bytes()).contains("version 999"));
         let mut corrupt = bytes.clone();
         let at = corrupt.len() - 5;
@@ -534,6 +735,119 @@ mod tests {
                 flipped[at] ^= bit;
                 assert!(parse(&flipped).is_err(), "byte {at} ^ {bit:#x} accepted");
             }
+        }
+    }
+
+    /// A file around `json` as memprof `version` writes it.
+    fn file(version: u32, json: &str) -> Vec<u8> {
+        let header = format!("{MAGIC} {version}\n");
+        let mut crc = crc32fast::Hasher::new();
+        if version > 2 {
+            crc.update(header.as_bytes());
+        }
+        crc.update(json.as_bytes());
+        let end = format!("{END} crc32={:08x} bytes={}\n", crc.finalize(), json.len());
+        format!("{header}{json}\n{end}").into_bytes()
+    }
+
+    const V2: &str = r#"{"memprof_version":"0.1.0","mode":"run","target":{"pid":1,"command":["a"],"exe":"/a"},"start_unix_s":0.0,"duration_s":1.0,"exit":null,"unwind":"dwarf","counters":{"live_map_full":0,"sites_map_full":0,"stack_errors":0,"pending_full":0,"unknown_frees":0,"allocs":3,"frees":0,"failed_allocs":0},"probes":[],"groups":[
+        {"kind":"gc","live_count":1,"live_bytes":32,"total_count":2,"total_bytes":64,"frames":[
+            {"function":"inl","raw_name":"inl","file":"/a.cr","line":3,"module":"/a","address":4352,"offset":256},
+            {"function":"Foo.new","raw_name":"*Foo::new:Foo","file":"/a.cr","line":9,"module":"/a","address":4352,"offset":256},
+            {"function":"main","raw_name":"main","file":null,"line":null,"module":"/a","address":8192,"offset":4096}],
+         "truncated":true,"lifetimes":{"died":1,"total_ns":5,"buckets":[1,0,0,0,0,0,0,0],"within_first_collection":1,"collections_survived":0},
+         "gc_history":[[4,1],[5,1],[7,0]]},
+        {"kind":"gc_atomic","live_count":1,"live_bytes":8,"total_count":1,"total_bytes":8,"frames":[
+            {"function":"main","raw_name":"main","file":null,"line":null,"module":"/a","address":8192,"offset":4096}]}]}"#;
+
+    #[test]
+    fn reads_version_2_into_the_stack_table() {
+        let p = parse(&file(2, V2)).unwrap();
+        // `main` once, `Foo.new` with its inlined frame as one location.
+        assert_eq!(p.stacks.locations().len(), 2);
+        assert_eq!(p.stacks.locations()[0].frames.len(), 2);
+        assert_eq!(p.stacks.node_count(), 3);
+        let names =
+            |g: &Group| -> Vec<String> { p.frames(g).map(|f| f.function.clone()).collect() };
+        assert_eq!(names(&p.groups[0]), ["inl", "Foo.new", "main"]);
+        assert_eq!(names(&p.groups[1]), ["main"]);
+        // gc_atomic's stack is the caller node of gc's.
+        assert_eq!(p.stacks.node(p.groups[0].stack)[1], p.groups[1].stack);
+        let main = p.frames(&p.groups[1]).next().unwrap();
+        assert_eq!((main.address, main.offset), (8192, Some(4096)));
+        assert!(p.groups[0].truncated && !p.groups[0].folded);
+        assert_eq!(p.groups[0].lifetimes.within_first_collection, 1);
+        assert_eq!(p.groups[0].gc_history, [[4, 1], [5, 1], [7, 0]]);
+        // Written again, it is version 3 and reads back the same.
+        let mut bytes = Vec::new();
+        write(&p, &mut bytes).unwrap();
+        let back = parse(&bytes).unwrap();
+        assert_eq!(back.stacks, p.stacks);
+        assert_eq!(back.groups[0].gc_history, p.groups[0].gc_history);
+        assert_eq!(back.groups[0].lifetimes, p.groups[0].lifetimes);
+        assert_eq!(back.groups[1].stack, p.groups[1].stack);
+        // The version-2 bytes are refused as version 3: the checksum covers the header.
+        let v2 = file(2, V2);
+        let relabeled = [b"MEMPROF-PROFILE 3".as_slice(), &v2[17..]].concat();
+        assert!(
+            error(&relabeled).contains("checksum"),
+            "{}",
+            error(&relabeled)
+        );
+    }
+
+    #[test]
+    fn version_3_layout() {
+        let mut p = Profile::default();
+        let frame = |function: &str, address| Frame {
+            function: function.into(),
+            raw_name: function.into(),
+            module: "/bin/a".into(),
+            address,
+            ..Frame::default()
+        };
+        let stack = vec![frame("leaf", 1), frame("main", 2)];
+        let group = |kind: &str| Group {
+            kind: kind.into(),
+            folded: true,
+            gc_history: (10..70).map(|c| [c, 0]).collect(),
+            ..Group::default()
+        };
+        p.push(group("gc"), stack.clone());
+        p.push(group("gc_atomic"), stack);
+        let mut bytes = Vec::new();
+        write(&p, &mut bytes).unwrap();
+        let text = String::from_utf8(bytes.clone()).unwrap();
+        let body = text.lines().nth(1).unwrap();
+        // Both kinds name one stack; strings once; 60 points as one run;
+        // empty fields left out.
+        assert_eq!(p.groups[0].stack, p.groups[1].stack);
+        assert!(body.contains(r#""groups":[{"kind":"gc","live_count":0,"live_bytes":0,"total_count":0,"total_bytes":0,"stack":2,"folded":true,"gc_history":[[10,0,60]]},"#), "{body}");
+        assert!(body.contains(r#""stacks":{"strings":["/bin/a","leaf","main"],"locations":[{"address":1,"offset":null,"module":0,"frames":[{"function":1,"raw_name":1,"file":null,"line":null}]},{"address":2,"offset":null,"module":0,"frames":[{"function":2,"raw_name":2,"file":null,"line":null}]}],"nodes":[[1,0],[0,1]]}"#), "{body}");
+        let back = parse(&bytes).unwrap();
+        assert!(back.groups[1].folded);
+        assert_eq!(back.groups[1].gc_history, p.groups[1].gc_history);
+        assert_eq!(back.stacks, p.stacks);
+    }
+
+    #[test]
+    fn refuses_bad_stack_ids_in_one_line() {
+        let p = Profile::default();
+        let json = serde_json::to_string(&p).unwrap();
+        let bad = [
+            // A group naming a stack the table does not have.
+            json.replace(r#""groups":[]"#, r#""groups":[{"kind":"gc","live_count":0,"live_bytes":0,"total_count":0,"total_bytes":0,"stack":1}]"#),
+            // A node naming a location the table does not have.
+            json.replace(r#""nodes":[]"#, r#""nodes":[[0,0]]"#),
+            // Whole frames in a version-3 group.
+            json.replace(r#""groups":[]"#, r#""groups":[{"kind":"gc","live_count":0,"live_bytes":0,"total_count":0,"total_bytes":0,"frames":[{"function":"f","raw_name":"f","file":null,"line":null,"module":"m","address":1}]}]"#),
+            // A history run longer than any history.
+            json.replace(r#""groups":[]"#, r#""groups":[{"kind":"gc","live_count":0,"live_bytes":0,"total_count":0,"total_bytes":0,"gc_history":[[1,0,99999999999]]}]"#),
+        ];
+        for json in bad {
+            assert_ne!(json, serde_json::to_string(&p).unwrap());
+            let e = error(&file(VERSION, &json));
+            assert!(e.contains("profile is corrupt") && !e.contains('\n'), "{e}");
         }
     }
 
