@@ -168,6 +168,7 @@ pub fn symbolize(
                 stack,
                 truncated: g.truncated,
                 folded: g.folded,
+                overflow: g.overflow,
                 collected_count: g.collected_count,
                 collected_bytes: g.collected_bytes,
                 marked_count: g.marked_count,

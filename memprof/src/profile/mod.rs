@@ -297,6 +297,10 @@ pub struct Group {
     /// (unless `--keep-recursion`): the stack is shorter than the real one.
     #[serde(default, skip_serializing_if = "is_false")]
     pub folded: bool,
+    /// The site table was full (`--max-sites`): allocations of this kind
+    /// counted here without their stack, so totals stay exact.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub overflow: bool,
     /// The Crystal class (or buffer kind) these objects are, where the stack says so.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub type_name: Option<String>,

@@ -161,7 +161,9 @@ pub fn table(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
         if g.folded {
             context.push(format!("`{}`", super::FOLDED_NOTE));
         }
-        let context = if context.is_empty() {
+        let context = if g.overflow {
+            "(site table full: counted without a stack; raise --max-sites)".to_string()
+        } else if context.is_empty() {
             "(no stack)".to_string()
         } else {
             context.join("<br>")
