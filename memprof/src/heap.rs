@@ -96,6 +96,9 @@ pub fn collect(maps: &HeapMaps, gc: Option<&[(Site, SiteGc)]>) -> Result<Vec<Raw
         group.collected_bytes += s.collected_bytes;
         group.marked_count += s.marked_count;
         group.marked_bytes += s.marked_bytes;
+        // GC objects live in memprof's copy, not in the live table.
+        group.live_count += s.tracked_count;
+        group.live_bytes += s.tracked_bytes;
         group.lifetimes.add(&s.lifetimes);
         group.gc_history = if group.gc_history.is_empty() {
             s.history.clone()

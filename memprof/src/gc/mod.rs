@@ -37,6 +37,7 @@
 pub mod heap_stats;
 pub mod layout;
 pub mod lookup;
+pub mod copy;
 pub mod pass;
 mod symbolic;
 

@@ -10,7 +10,8 @@
 use anyhow::{anyhow, Result};
 use aya::maps::{HashMap, Map, MapData, PerCpuArray, PerCpuHashMap, StackTraceMap};
 use memprof_common::{
-    config, maps, AllocKind, AllocSite, DwarfStack, KernelCounters, LiveAlloc, SiteTotals, NO_STACK,
+    config, maps, AllocKind, AllocSite, DwarfStack, KernelCounters, KindLive, LiveAlloc, SiteTotals,
+    NO_STACK,
 };
 
 use super::Probes;
@@ -87,6 +88,7 @@ pub struct HeapMaps {
     /// Stacks were unwound with the CFI tables (`dwarf_stacks`), not frame pointers.
     dwarf: bool,
     counters: PerCpuArray<MapData, KernelCounters>,
+    live_by_kind: PerCpuArray<MapData, KindLive>,
 }
 
 impl HeapMaps {
@@ -132,6 +134,18 @@ impl HeapMaps {
         }
     }
 
+    /// `[blocks, bytes]` in the live table per kind (indexed by
+    /// [`AllocKind`]), in O(1): the kernel's per-kind totals, summed over CPUs.
+    pub fn live_by_kind(&self) -> Result<[[u64; 2]; 4]> {
+        let mut sum = KindLive::default();
+        for cpu in self.live_by_kind.get(&0, 0)?.iter() {
+            sum.add(cpu);
+        }
+        Ok(std::array::from_fn(|k| {
+            [sum.blocks[k].max(0) as u64, sum.bytes[k].max(0) as u64]
+        }))
+    }
+
     /// The counters, summed over CPUs.
     pub fn counters(&self) -> Result<Counters> {
         Ok(report_counters(sum_per_cpu(&self.counters)?))
@@ -165,6 +179,7 @@ impl Probes {
             dwarf_stacks: HashMap::try_from(open(maps::DWARF_STACKS)?)?,
             dwarf: self.config.get(config::UNWIND_DWARF)? == 1,
             counters: PerCpuArray::try_from(open(maps::COUNTERS)?)?,
+            live_by_kind: PerCpuArray::try_from(open(maps::LIVE_BY_KIND)?)?,
         })
     }
 }

@@ -177,7 +177,6 @@ impl Session {
         if let Some(status) = self.follow()? {
             return Ok(Step::Exited(Some(status)));
         }
-        self.gc.drain(&mut self.probes);
         // Without a tracer, an attached process's exit is seen in /proc.
         if self.mode == Mode::Attach && !crate::target::is_alive(self.pid()) {
             return Ok(Step::Exited(None));
@@ -238,8 +237,17 @@ impl Session {
     fn tick_live(&mut self) -> Result<Step> {
         let due = self.live.due();
         if due.sample {
+            let t0 = Instant::now();
+            let mut per_kind = self.tables.live_by_kind()?;
+            if let Some(gc) = self.gc.per_kind() {
+                for (sum, gc) in per_kind.iter_mut().zip(gc) {
+                    sum[0] += gc[0];
+                    sum[1] += gc[1];
+                }
+            }
             let gc_heap = self.gc.heap_size_now();
-            self.live.sample(&self.tables, self.gc.sites(), gc_heap)?;
+            self.live
+                .sample(t0, crate::live::PerKind::from_array(per_kind), gc_heap);
         }
         if due.print || due.snapshot {
             let profile = self.snapshot()?;
@@ -300,6 +308,7 @@ impl Session {
         // Closing the links takes the kernel a while: done meanwhile.
         self.probes.disable()?;
         let detaching = self.probes.detach();
+        // The copy of the GC objects gets the events still queued when read.
         let (counters, groups) =
             read_tables(&self.tables, &self.gc, &self.maps, &self.plan.modules, true)?;
         let duration_s = self.started.0.elapsed().as_secs_f64();
@@ -380,9 +389,17 @@ fn read_tables(
     modules: &ModuleCache,
     progress: bool,
 ) -> Result<(Counters, Vec<Group>)> {
-    let raw = heap::collect(tables, gc.sites())?;
+    let (raw, unknown_gc_frees) = {
+        let settled = gc.settled();
+        let copy = settled.as_ref().map(|fed| &fed.copy);
+        let raw = heap::collect(tables, copy.map(|c| c.sites()))?;
+        (raw, copy.map_or(0, |c| c.unknown_frees()))
+    };
     let groups = symbolize::symbolize(raw, maps, modules, progress);
-    Ok((tables.counters()?, groups))
+    let mut counters = tables.counters()?;
+    // GC_free of an address the copy did not track.
+    counters.unknown_frees += unknown_gc_frees;
+    Ok((counters, groups))
 }
 
 /// Re-reads the mappings of `pid`; with DWARF unwinding, gives the kernel
