@@ -6,16 +6,19 @@
 //! Built for millions of objects and millions of events a second:
 //!
 //! - an event costs an append: allocations and frees go, in arrival order,
-//!   to the end of one `Vec` of 28-byte records (sites numbered, sizes and
+//!   to the end of a `Vec` of 28-byte records (sites numbered, sizes and
 //!   epochs `u32`), a free as a marker record;
-//! - [`GcCopy::settle`] (at each mark-bit pass, snapshot and the end) sorts
-//!   by address — stably, so the records of one address stay in arrival
-//!   order — and walks the addresses once, in place: an allocation at an
-//!   address still tracked proves the older object collected (address
-//!   reuse), a free ends the object it follows (or is counted unknown), and
-//!   the survivor is judged by the pass's mark bits when there is a pass;
-//! - the tail is sorted in chunks as it arrives ([`GcCopy::sort_tail`], off
-//!   the hold), so a pass merges sorted runs instead of sorting.
+//! - the new records are sorted by address in chunks as they arrive
+//!   (stably: one address's records stay in arrival order) and merged into
+//!   one sorted run ([`GcCopy::sort_tail`], by the feeding thread, off the
+//!   hold);
+//! - [`GcCopy::settle`] (at each mark-bit pass, snapshot and the end)
+//!   merges that run into the settled objects in place, walking the
+//!   addresses once: an allocation at an address still tracked proves the
+//!   older object collected (address reuse), a free ends the object it
+//!   follows (or is counted unknown), and the survivor is judged by the
+//!   pass's mark bits when there is a pass. A pass's work is one merge,
+//!   no sort, and no memory beyond the arrays.
 //!
 //! ```
 //! use memprof::gc::copy::GcCopy;
@@ -42,8 +45,35 @@ use crate::probes::{LiveBlock, Site};
 
 /// Site number of a free's marker record.
 const FREED: u32 = u32::MAX;
-/// Unsorted records sorted at once by [`GcCopy::sort_tail`].
-const CHUNK: usize = 1 << 18;
+/// Records sorted and merged at once by [`GcCopy::sort_tail`].
+const CHUNK: usize = 1 << 16;
+
+/// A record no address has (the room a settle writes into).
+const EMPTY: Record = Record {
+    addr: 0,
+    time_ns: 0,
+    size: 0,
+    site: 0,
+    epoch: 0,
+};
+
+/// Merges `more` (sorted by address) into `into` (sorted), in place from
+/// the end; on equal addresses `into`'s records come first (they are older).
+fn merge_behind(into: &mut Vec<Record>, more: &[Record]) {
+    let (s, t) = (into.len(), more.len());
+    into.resize(s + t, EMPTY);
+    let (mut i, mut j, mut w) = (s, t, s + t);
+    while j > 0 {
+        w -= 1;
+        if i > 0 && into[i - 1].addr > more[j - 1].addr {
+            i -= 1;
+            into[w] = into[i];
+        } else {
+            j -= 1;
+            into[w] = more[j];
+        }
+    }
+}
 
 /// One GC object (or a free's marker), 28 bytes.
 #[repr(C, packed(4))]
@@ -80,11 +110,13 @@ pub struct Judged {
 /// The tracked GC objects and what was learned per site.
 #[derive(Default)]
 pub struct GcCopy {
-    /// `[..sorted]` in address order (one record per address); then the
-    /// records since, in arrival order (`[sorted..runs]` sorted in chunks).
-    records: Vec<Record>,
-    sorted: usize,
-    runs: usize,
+    /// At the last settle, in address order, one record per address.
+    settled: Vec<Record>,
+    /// Since, in address order (a stable sort: one address's records in
+    /// arrival order), merged chunk by chunk off the hold.
+    recent: Vec<Record>,
+    /// Since, in arrival order (less than a chunk).
+    incoming: Vec<Record>,
     site_numbers: HashMap<Site, u32>,
     sites: Vec<(Site, SiteGc)>,
     /// Sizes of objects of 4 GiB or more, by address.
@@ -111,7 +143,7 @@ impl GcCopy {
                 u32::MAX
             }
         };
-        self.records.push(Record {
+        self.incoming.push(Record {
             addr,
             time_ns: block.timestamp_ns,
             size,
@@ -125,7 +157,7 @@ impl GcCopy {
 
     /// The GC object at `addr` was freed (`GC_free`, `GC_realloc`) at `time_ns`.
     pub fn freed(&mut self, addr: u64, time_ns: u64) {
-        self.records.push(Record {
+        self.incoming.push(Record {
             addr,
             time_ns,
             size: 0,
@@ -134,36 +166,50 @@ impl GcCopy {
         });
     }
 
-    /// Sorts the unsorted tail chunk by chunk, so that a settle only merges.
+    /// Sorts the records that came in and merges them into the recent
+    /// ones, a chunk at a time (off the hold), so that a settle only merges.
     pub fn sort_tail(&mut self) {
-        if self.records.len() - self.runs >= CHUNK {
-            self.records[self.runs..].sort_by_key(|r| r.addr);
-            self.runs = self.records.len();
+        if self.incoming.len() >= CHUNK {
+            self.absorb_incoming();
         }
+    }
+
+    fn absorb_incoming(&mut self) {
+        // Stable: one address's records stay in arrival order.
+        self.incoming.sort_by_key(|r| r.addr);
+        merge_behind(&mut self.recent, &self.incoming);
+        self.incoming.clear();
     }
 
     /// Records (objects, frees not yet applied) held.
     pub fn len(&self) -> usize {
-        self.records.len()
+        self.settled.len() + self.recent.len() + self.incoming.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.records.is_empty()
+        self.len() == 0
     }
 
-    /// Bytes the copy holds (its record array and site table).
+    /// Bytes the copy holds (its record arrays and site table).
     pub fn memory_bytes(&self) -> usize {
-        self.records.capacity() * std::mem::size_of::<Record>()
+        (self.settled.capacity() + self.recent.capacity() + self.incoming.capacity())
+            * std::mem::size_of::<Record>()
             + self.sites.capacity() * std::mem::size_of::<(Site, SiteGc)>()
     }
 
     /// Applies address reuse and frees, and with `judging` the pass's
     /// mark bits: afterwards the copy holds one record per tracked object,
     /// and each site's tracked count and bytes are current.
+    ///
+    /// One walk over the addresses, from the highest down, merging the
+    /// recent records into the settled ones in place: the settled array
+    /// is extended by the number of recent records and written from its
+    /// end, so nothing is copied elsewhere (the write position never
+    /// passes the read one: it is behind by the records dropped so far).
     pub fn settle(&mut self, mut judging: Option<Judging>) -> Result<Judged> {
-        // Stable: the records of one address stay in arrival order. The
-        // sorted prefix and the sorted chunks are runs: this merges them.
-        self.records.sort_by_key(|r| r.addr);
+        // Stable: one address's records stay in arrival order.
+        self.incoming.sort_by_key(|r| r.addr);
+        let incoming = std::mem::take(&mut self.incoming);
         for (_, s) in &mut self.sites {
             (s.tracked_count, s.tracked_bytes) = (0, 0);
         }
@@ -173,34 +219,51 @@ impl GcCopy {
         };
         let mut judged = Judged::default();
         let mut failure = None;
-        let mut write = 0;
-        let mut read = 0;
-        let n = self.records.len();
-        while read < n {
-            let addr = self.records[read].addr;
-            // The address's records, oldest first: the survivor is the
-            // object of the last allocation not followed by a free.
+        let mut recent = std::mem::take(&mut self.recent);
+        let (s, t) = (self.settled.len(), recent.len() + incoming.len());
+        self.settled.resize(s + t, EMPTY);
+        let (mut i, mut j, mut k, mut w) = (s, recent.len(), incoming.len(), s + t);
+        let top = |v: &[Record], n: usize| if n > 0 { Some(v[n - 1].addr) } else { None };
+        while let Some(addr) = top(&self.settled, i)
+            .max(top(&recent, j))
+            .max(top(&incoming, k))
+        {
+            // The address's records, oldest first: settled `[i..si]`,
+            // recent `[j..rj]`, incoming `[k..ik]` (nearly always one in all).
+            let (si, rj, ik) = (i, j, k);
+            while i > 0 && self.settled[i - 1].addr == addr {
+                i -= 1;
+            }
+            while j > 0 && recent[j - 1].addr == addr {
+                j -= 1;
+            }
+            // The recent records are read from the end: give their memory
+            // back as they are, so the merge needs little more than the
+            // records themselves.
+            if recent.len() - rj >= CHUNK {
+                recent.truncate(rj);
+                recent.shrink_to(rj);
+            }
+            while k > 0 && incoming[k - 1].addr == addr {
+                k -= 1;
+            }
+            // The survivor is the object of the last allocation not
+            // followed by a free.
             let mut current: Option<Record> = None;
-            while read < n && self.records[read].addr == addr {
-                let r = self.records[read];
-                read += 1;
-                match (r.site, current) {
-                    (FREED, Some(old)) => {
-                        self.died(&old, r.time_ns, false);
-                        current = None;
-                    }
-                    (FREED, None) => self.unknown_frees += 1,
-                    (_, Some(old)) => {
-                        self.died(&old, r.time_ns, true);
-                        current = Some(r);
-                    }
-                    (_, None) => current = Some(r),
-                }
+            for x in i..si {
+                let r = self.settled[x];
+                self.step(&mut current, r);
+            }
+            for &r in &recent[j..rj] {
+                self.step(&mut current, r);
+            }
+            for &r in &incoming[k..ik] {
+                self.step(&mut current, r);
             }
             let Some(object) = current else { continue };
-            if let (Some(j), None) = (&mut judging, &failure) {
-                if (object.epoch as u64) < j.epoch {
-                    match (j.judge)(addr) {
+            if let (Some(jd), None) = (&mut judging, &failure) {
+                if (object.epoch as u64) < jd.epoch {
+                    match (jd.judge)(addr) {
                         Ok((Verdict::Marked, gc_size)) => {
                             let m = &mut per_site_marked[object.site as usize];
                             m.0 += 1;
@@ -209,7 +272,7 @@ impl GcCopy {
                             judged.marked_bytes += gc_size;
                         }
                         Ok(_) => {
-                            self.collected(&object, j.now_ns, j.epoch);
+                            self.collected(&object, jd.now_ns, jd.epoch);
                             continue;
                         }
                         // Kept, unjudged; the error ends the passes.
@@ -218,22 +281,27 @@ impl GcCopy {
                 }
             }
             let size = self.size(&object);
-            let s = &mut self.sites[object.site as usize].1;
-            s.tracked_count += 1;
-            s.tracked_bytes += size;
-            self.records[write] = object;
-            write += 1;
+            let site = &mut self.sites[object.site as usize].1;
+            site.tracked_count += 1;
+            site.tracked_bytes += size;
+            w -= 1;
+            self.settled[w] = object;
         }
-        self.records.truncate(write);
-        self.sorted = write;
-        self.runs = write;
-        // Keep the spare room for the allocations until the next pass, but
-        // give back what a burst left.
-        if self.records.capacity() > 2 * write + 2 * CHUNK {
-            self.records.shrink_to(write + write / 2 + CHUNK);
-        }
+        self.settled.copy_within(w.., 0);
+        self.settled.truncate(s + t - w);
+        recent.clear();
+        self.recent = recent;
+        self.incoming = incoming;
+        self.incoming.clear();
+        let kept = self.settled.len();
+        self.settled.shrink_to(kept + CHUNK);
         if !self.big.is_empty() {
-            let big: std::collections::HashSet<u64> = self.records.iter().filter(|r| r.size == u32::MAX).map(|r| r.addr).collect();
+            let big: std::collections::HashSet<u64> = self
+                .settled
+                .iter()
+                .filter(|r| r.size == u32::MAX)
+                .map(|r| r.addr)
+                .collect();
             self.big.retain(|addr, _| big.contains(addr));
         }
         self.per_kind = [[0; 2]; 4];
@@ -253,6 +321,24 @@ impl GcCopy {
         match failure {
             Some(e) => Err(e),
             None => Ok(judged),
+        }
+    }
+
+    /// The next record `r` of an address whose surviving object so far is
+    /// `current`.
+    #[inline]
+    fn step(&mut self, current: &mut Option<Record>, r: Record) {
+        match (r.site, *current) {
+            (FREED, Some(old)) => {
+                self.died(&old, r.time_ns, false);
+                *current = None;
+            }
+            (FREED, None) => self.unknown_frees += 1,
+            (_, Some(old)) => {
+                self.died(&old, r.time_ns, true);
+                *current = Some(r);
+            }
+            (_, None) => *current = Some(r),
         }
     }
 
@@ -339,6 +425,7 @@ mod tests {
         assert_eq!(s.lifetimes.total_ns, 3 + 3);
         assert_eq!(copy.unknown_frees(), 1);
         assert_eq!(copy.len(), 2);
+        assert!(copy.settled.windows(2).all(|w| w[0].addr < w[1].addr));
     }
 
     #[test]

@@ -144,8 +144,8 @@ impl Judge {
     /// the objects of `copy` allocated before it are judged, the dead
     /// forgotten and counted as collected. The copy is in address order, so
     /// each heap block's objects come together and its header is read once.
-    pub fn pass(&mut self, epoch: u64, copy: &mut GcCopy) -> Result<()> {
-        let started = Instant::now();
+    /// `started`: when the collector was found held (the pause counts from there).
+    pub fn pass(&mut self, epoch: u64, copy: &mut GcCopy, started: Instant) -> Result<()> {
         let bias = match self.bias {
             Some(b) => b,
             None => {

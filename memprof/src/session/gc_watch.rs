@@ -201,13 +201,14 @@ impl GcWatch {
     /// at a collection, judge the tracked objects now. Returns whether the
     /// signal was memprof's.
     pub(super) fn on_hold(&mut self, probes: &mut Probes, tid: u32) -> Result<bool> {
+        let started = std::time::Instant::now();
         let Some(epoch) = probes.take_held(tid)? else {
             return Ok(false);
         };
         let (Some(judge), Some(feeder)) = (&mut self.judge, &self.feeder) else {
             return Ok(true);
         };
-        let result = judge.pass(epoch, &mut feeder.current().copy);
+        let result = judge.pass(epoch, &mut feeder.current().copy, started);
         if let Err(e) = result {
             judge.not_judged(1);
             self.fall_back(format!("the mark-bit pass failed: {e:#}"));
