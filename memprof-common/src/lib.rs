@@ -152,7 +152,7 @@ pub struct LiveAlloc {
 /// A change to the set of GC objects, streamed to userspace through the
 /// `GC_EVENTS` ring buffer. While userspace keeps the copy of the GC
 /// objects (`config::GC_COPY`) that copy is the only one: GC objects are
-/// not in `LIVE`. Kept small (48 bytes): a busy GC program streams
+/// not in `LIVE`. Kept small (56 bytes): a busy GC program streams
 /// millions a second.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -166,6 +166,9 @@ pub struct GcEvent {
     pub size: u64,
     /// `bpf_ktime_get_ns()` at the allocation or the free.
     pub timestamp_ns: u64,
+    /// `GC_realloc`: the block this one replaces (its kind is this one's:
+    /// the kernel does not know it); else 0.
+    pub replaces: u64,
     /// `GC_EPOCH` at the allocation (truncated: a run sees fewer than 2^32
     /// collections).
     pub epoch: u32,

@@ -473,12 +473,13 @@ mod probes {
             }
             return 0;
         }
-        record(addr, &call);
+        let replaces = if call.op == op::REALLOC { call.arg_ptr } else { 0 };
+        record(addr, &call, replaces);
         0
     }
 
     #[inline(always)]
-    fn record(addr: u64, call: &PendingCall) {
+    fn record(addr: u64, call: &PendingCall, replaces: u64) {
         bump(|c| &mut c.allocs);
         let now = unsafe { bpf_ktime_get_ns() };
         let live = LiveAlloc {
@@ -490,7 +491,7 @@ mod probes {
         let in_live = if in_copy(live.site.kind) {
             // Userspace's copy is the only one (address reuse is seen there);
             // an event the ring had no room for is counted as such.
-            gc_event(addr, gc_event::ALLOC, &live);
+            gc_event(addr, gc_event::ALLOC, &live, replaces);
             true
         } else {
             // An address still live was freed without us seeing it: for a GC
@@ -557,13 +558,14 @@ mod probes {
 
     /// Tells userspace's copy of the GC objects.
     #[inline(always)]
-    fn gc_event(addr: u64, op: u8, object: &LiveAlloc) {
+    fn gc_event(addr: u64, op: u8, object: &LiveAlloc, replaces: u64) {
         let event = GcEvent {
             addr,
             caller: object.site.caller,
             stack_id: object.site.stack_id,
             size: object.size,
             timestamp_ns: object.timestamp_ns,
+            replaces,
             epoch: object.epoch as u32,
             kind: object.site.kind,
             op,
@@ -621,7 +623,7 @@ mod probes {
                 timestamp_ns: now,
                 epoch: 0,
             };
-            gc_event(addr, gc_event::GONE, &gone);
+            gc_event(addr, gc_event::GONE, &gone, 0);
             return None;
         }
         match LIVE.get_ptr(&addr) {

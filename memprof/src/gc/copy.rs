@@ -123,6 +123,9 @@ pub struct GcCopy {
     big: HashMap<u64, u64>,
     /// `GC_free`s of addresses the copy did not track.
     unknown_frees: u64,
+    /// `GC_realloc`s since the last settle: (replaced address, new
+    /// address, time of the new allocation).
+    reallocs: Vec<(u64, u64, u64)>,
     /// Objects and bytes tracked per kind: exact after a settle, plus the
     /// allocations since (frees and reuse are applied at the next settle).
     per_kind: [[u64; 2]; 4],
@@ -131,11 +134,7 @@ pub struct GcCopy {
 impl GcCopy {
     /// A GC object allocated at `addr`.
     pub fn allocated(&mut self, addr: u64, block: &LiveBlock) {
-        let sites = &mut self.sites;
-        let site = *self.site_numbers.entry(block.site).or_insert_with(|| {
-            sites.push((block.site, SiteGc::default()));
-            sites.len() as u32 - 1
-        });
+        let site = self.site_number(block.site);
         let size = match u32::try_from(block.size) {
             Ok(s) if s != u32::MAX => s,
             _ => {
@@ -153,6 +152,13 @@ impl GcCopy {
         let k = &mut self.per_kind[block.site.kind as usize & 3];
         k[0] += 1;
         k[1] += block.size;
+    }
+
+    /// The GC object allocated at `addr` at `time_ns` (just given to
+    /// [`Self::allocated`]) came from `GC_realloc` of `replaced`: it takes
+    /// the replaced object's kind (the kernel counted it as `gc`).
+    pub fn reallocated(&mut self, replaced: u64, addr: u64, time_ns: u64) {
+        self.reallocs.push((replaced, addr, time_ns));
     }
 
     /// The GC object at `addr` was freed (`GC_free`, `GC_realloc`) at `time_ns`.
@@ -209,6 +215,7 @@ impl GcCopy {
     pub fn settle(&mut self, mut judging: Option<Judging>) -> Result<Judged> {
         // Stable: one address's records stay in arrival order.
         self.incoming.sort_by_key(|r| r.addr);
+        self.retype_reallocs();
         let incoming = std::mem::take(&mut self.incoming);
         for (_, s) in &mut self.sites {
             (s.tracked_count, s.tracked_bytes) = (0, 0);
@@ -324,6 +331,79 @@ impl GcCopy {
         }
     }
 
+    /// Gives each object `GC_realloc` made since the last settle the kind
+    /// of the object it replaced (the latest allocation at that address
+    /// before it), and notes the move for the kernel's site totals. The
+    /// records since are sorted by now (binary searches).
+    fn retype_reallocs(&mut self) {
+        for (replaced, addr, time) in std::mem::take(&mut self.reallocs) {
+            let Some(kind) = self.kind_at(replaced, time) else {
+                continue;
+            };
+            let Some((in_recent, at)) = self.new_record(addr, time) else {
+                continue;
+            };
+            let rec = if in_recent { self.recent[at] } else { self.incoming[at] };
+            let from = rec.site;
+            let site = self.sites[from as usize].0;
+            if site.kind == kind {
+                continue;
+            }
+            let to = self.site_number(Site { kind, ..site });
+            if in_recent {
+                self.recent[at].site = to;
+            } else {
+                self.incoming[at].site = to;
+            }
+            let size = self.size(&rec);
+            let s = &mut self.sites[to as usize].1;
+            s.retyped_count += 1;
+            s.retyped_bytes += size;
+            let k = &mut self.per_kind;
+            k[site.kind as usize & 3][0] -= 1;
+            k[site.kind as usize & 3][1] -= size;
+            k[kind as usize & 3][0] += 1;
+            k[kind as usize & 3][1] += size;
+        }
+    }
+
+    /// The kind of the latest object allocated at `addr` at or before `time`.
+    fn kind_at(&self, addr: u64, time: u64) -> Option<memprof_common::AllocKind> {
+        [&self.incoming, &self.recent, &self.settled]
+            .into_iter()
+            .find_map(|records| {
+                let start = records.partition_point(|r| r.addr < addr);
+                let end = records.partition_point(|r| r.addr <= addr);
+                records[start..end]
+                    .iter()
+                    .rev()
+                    .find(|r| r.site != FREED && { r.time_ns } <= time)
+                    .map(|r| self.sites[r.site as usize].0.kind)
+            })
+    }
+
+    /// Where the record of the allocation at `addr` at `time` is: (in
+    /// `recent`, else `incoming`; index).
+    fn new_record(&self, addr: u64, time: u64) -> Option<(bool, usize)> {
+        [(false, &self.incoming), (true, &self.recent)]
+            .into_iter()
+            .find_map(|(in_recent, records)| {
+                let start = records.partition_point(|r| r.addr < addr);
+                let end = records.partition_point(|r| r.addr <= addr);
+                (start..end)
+                    .find(|&i| records[i].site != FREED && { records[i].time_ns } == time)
+                    .map(|i| (in_recent, i))
+            })
+    }
+
+    fn site_number(&mut self, site: Site) -> u32 {
+        let sites = &mut self.sites;
+        *self.site_numbers.entry(site).or_insert_with(|| {
+            sites.push((site, SiteGc::default()));
+            sites.len() as u32 - 1
+        })
+    }
+
     /// The next record `r` of an address whose surviving object so far is
     /// `current`.
     #[inline]
@@ -426,6 +506,39 @@ mod tests {
         assert_eq!(copy.unknown_frees(), 1);
         assert_eq!(copy.len(), 2);
         assert!(copy.settled.windows(2).all(|w| w[0].addr < w[1].addr));
+    }
+
+    #[test]
+    fn a_realloc_keeps_the_kind_of_the_block_it_replaces() {
+        let mut copy = GcCopy::default();
+        let atomic = LiveBlock {
+            site: Site {
+                kind: AllocKind::GcAtomic,
+                ..block(0, 0).site
+            },
+            ..block(1, 0)
+        };
+        copy.allocated(0x100, &atomic);
+        copy.settle(None).unwrap();
+        copy.freed(0x100, 2);
+        let moved = LiveBlock {
+            site: Site {
+                caller: 0x20,
+                ..block(0, 0).site
+            },
+            ..block(3, 0)
+        };
+        copy.allocated(0x200, &moved);
+        copy.reallocated(0x100, 0x200, 3);
+        copy.settle(None).unwrap();
+        let (site, s) = copy
+            .sites()
+            .iter()
+            .find(|(_, s)| s.tracked_count == 1)
+            .unwrap();
+        assert_eq!((site.caller, site.kind), (0x20, AllocKind::GcAtomic));
+        assert_eq!((s.retyped_count, s.retyped_bytes), (1, 16));
+        assert_eq!(copy.per_kind()[AllocKind::GcAtomic as usize], [1, 16]);
     }
 
     #[test]

@@ -61,6 +61,11 @@ pub struct SiteGc {
     /// since the last pass), and their requested bytes: the site's live GC objects.
     pub tracked_count: u64,
     pub tracked_bytes: u64,
+    /// Allocations of this site by `GC_realloc` that the kernel counted
+    /// under the same stack with kind `gc` (`GC_realloc`'s own): the block
+    /// they replaced was of this site's kind, which a realloc keeps.
+    pub retyped_count: u64,
+    pub retyped_bytes: u64,
     /// `[GC_gc_no, live objects]` after each pass.
     pub history: Vec<[u64; 2]>,
 }

@@ -35,8 +35,13 @@ use crate::modules::Module;
 /// A change to the set of GC objects, as the kernel streams it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GcChange {
-    /// A GC object was allocated at `addr`.
-    Allocated { addr: u64, block: LiveBlock },
+    /// A GC object was allocated at `addr`; by `GC_realloc` of
+    /// `replaces` when that is not 0 (its kind is the replaced block's).
+    Allocated {
+        addr: u64,
+        block: LiveBlock,
+        replaces: u64,
+    },
     /// The GC object at `addr` was freed (`GC_free`, `GC_realloc`) at `time_ns`.
     Freed { addr: u64, time_ns: u64 },
 }
@@ -59,6 +64,7 @@ impl TryFrom<&GcEvent> for GcChange {
                     timestamp_ns: event.timestamp_ns,
                     epoch: event.epoch as u64,
                 },
+                replaces: event.replaces,
             }),
             gc_event::GONE => Ok(GcChange::Freed {
                 addr: event.addr,

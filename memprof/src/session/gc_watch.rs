@@ -47,7 +47,16 @@ impl Fed {
     fn catch_up(&mut self) -> usize {
         let copy = &mut self.copy;
         self.events.drain(|change| match *change {
-            GcChange::Allocated { addr, block } => copy.allocated(addr, &block),
+            GcChange::Allocated {
+                addr,
+                block,
+                replaces,
+            } => {
+                copy.allocated(addr, &block);
+                if replaces != 0 {
+                    copy.reallocated(replaces, addr, block.timestamp_ns);
+                }
+            }
             GcChange::Freed { addr, time_ns } => copy.freed(addr, time_ns),
         })
     }
@@ -56,6 +65,8 @@ impl Fed {
 /// The thread that keeps the copy current.
 struct Feeder {
     fed: Arc<Mutex<Fed>>,
+    /// The copy's per-kind figures when last read.
+    per_kind: [[u64; 2]; 4],
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -89,6 +100,7 @@ impl Feeder {
             })?;
         Ok(Feeder {
             fed,
+            per_kind: [[0; 2]; 4],
             stop,
             thread: Some(thread),
         })
@@ -226,9 +238,15 @@ impl GcWatch {
         Some(fed)
     }
 
-    /// Tracked GC objects and bytes per kind, cheaply (for timeline samples).
-    pub(super) fn per_kind(&self) -> Option<[[u64; 2]; 4]> {
-        Some(self.feeder.as_ref()?.current().copy.per_kind())
+    /// Tracked GC objects and bytes per kind, cheaply (for timeline
+    /// samples): never waits for the copy's lock (the feeder may be
+    /// merging), the last figures read then.
+    pub(super) fn per_kind(&mut self) -> Option<[[u64; 2]; 4]> {
+        let feeder = self.feeder.as_mut()?;
+        if let Ok(fed) = feeder.fed.try_lock() {
+            feeder.per_kind = fed.copy.per_kind();
+        }
+        Some(feeder.per_kind)
     }
 
     /// The collector's heap figures, while the target's memory is readable.
