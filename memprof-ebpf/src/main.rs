@@ -36,8 +36,7 @@
 mod probes {
     use aya_ebpf::{
         bindings::{
-            BPF_F_USER_STACK, BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP,
-            BPF_RB_NO_WAKEUP,
+            BPF_F_USER_STACK, BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP,
         },
         helpers::{
             bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
@@ -51,8 +50,7 @@ mod probes {
     use memprof_common::{
         cfa, config, errno, gc_event, lifetime_bucket, module_table, op, AllocKind, AllocSite,
         DwarfStack, GcEvent, KernelCounters, KindLive, LiveAlloc, ModuleRange, PendingCall,
-        SiteTotals,
-        UnwindRow, HOLD_SIGNAL, LIBRARY_LOAD_SIGNAL, MAX_FRAMES, NO_STACK,
+        SiteTotals, UnwindRow, HOLD_SIGNAL, LIBRARY_LOAD_SIGNAL, MAX_FRAMES, NO_STACK,
     };
 
     // Sizes are defaults; userspace sets them from --max-live / --max-stacks.
@@ -473,7 +471,11 @@ mod probes {
             }
             return 0;
         }
-        let replaces = if call.op == op::REALLOC { call.arg_ptr } else { 0 };
+        let replaces = if call.op == op::REALLOC {
+            call.arg_ptr
+        } else {
+            0
+        };
         record(addr, &call, replaces);
         0
     }

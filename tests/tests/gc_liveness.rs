@@ -133,7 +133,11 @@ fn verdicts_with(name: &str, fixture: &str, options: &[&str]) {
         memprof_verdicts.as_os_str(),
     ];
     args.extend(options.iter().map(OsStr::new));
-    args.extend([OsStr::new("--"), OsStr::new(fixture), gc_verdicts.as_os_str()]);
+    args.extend([
+        OsStr::new("--"),
+        OsStr::new(fixture),
+        gc_verdicts.as_os_str(),
+    ]);
     let output = run_ok(args);
     assert!(
         String::from_utf8_lossy(&output.stdout).contains("done"),
@@ -289,7 +293,11 @@ fn verdicts_c_shared_libgc() {
 /// every verdict and count exact).
 #[test]
 fn verdicts_past_max_live() {
-    verdicts_with("past-max-live", fixture::GC_VERDICTS, &["--max-live", "1000"]);
+    verdicts_with(
+        "past-max-live",
+        fixture::GC_VERDICTS,
+        &["--max-live", "1000"],
+    );
 }
 
 #[test]

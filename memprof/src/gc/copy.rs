@@ -343,7 +343,11 @@ impl GcCopy {
             let Some((in_recent, at)) = self.new_record(addr, time) else {
                 continue;
             };
-            let rec = if in_recent { self.recent[at] } else { self.incoming[at] };
+            let rec = if in_recent {
+                self.recent[at]
+            } else {
+                self.incoming[at]
+            };
             let from = rec.site;
             let site = self.sites[from as usize].0;
             if site.kind == kind {
@@ -424,7 +428,11 @@ impl GcCopy {
 
     fn size(&self, r: &Record) -> u64 {
         match r.size {
-            u32::MAX => self.big.get(&{ r.addr }).copied().unwrap_or(u32::MAX as u64),
+            u32::MAX => self
+                .big
+                .get(&{ r.addr })
+                .copied()
+                .unwrap_or(u32::MAX as u64),
             s => s as u64,
         }
     }
@@ -549,7 +557,16 @@ mod tests {
             copy.sort_tail();
         }
         copy.allocated(0x9_0000, &block(1, 1)); // after the collection began
-        let mut judge = |addr: u64| Ok((if addr % 32 == 0 { Verdict::Marked } else { Verdict::Unmarked }, 16));
+        let mut judge = |addr: u64| {
+            Ok((
+                if addr.is_multiple_of(32) {
+                    Verdict::Marked
+                } else {
+                    Verdict::Unmarked
+                },
+                16,
+            ))
+        };
         let judged = copy
             .settle(Some(Judging {
                 epoch: 1,

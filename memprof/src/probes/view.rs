@@ -10,8 +10,8 @@
 use anyhow::{anyhow, Result};
 use aya::maps::{HashMap, Map, MapData, PerCpuArray, PerCpuHashMap, StackTraceMap};
 use memprof_common::{
-    config, maps, AllocKind, AllocSite, DwarfStack, KernelCounters, KindLive, LiveAlloc, SiteTotals,
-    NO_STACK,
+    config, maps, AllocKind, AllocSite, DwarfStack, KernelCounters, KindLive, LiveAlloc,
+    SiteTotals, NO_STACK,
 };
 
 use super::Probes;
