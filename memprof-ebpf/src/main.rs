@@ -17,9 +17,13 @@
 //! end of a collection's marking, world stopped) counts the collection in
 //! `GC_EPOCH` and stops the collecting thread with a signal memprof takes
 //! (it traces the target): memprof reads the mark bits while the world is
-//! still stopped and removes the dead from `LIVE` itself. Every allocation
-//! is tagged with the epoch it was made in (only older ones are judged); an
-//! allocation at an address still in `LIVE` proves the old object died.
+//! still stopped. While it does (`config::GC_COPY`), GC objects are not put
+//! in `LIVE`: allocations and `GC_free`s are streamed to `GC_EVENTS` and
+//! memprof's copy is the only record (their number is not bounded by
+//! `LIVE`'s size). Every allocation is tagged with the epoch it was made in
+//! (only older ones are judged); an allocation at an address still live
+//! proves the old object died (found here for `LIVE`, by memprof for the
+//! copy). `LIVE_BY_KIND` keeps `LIVE`'s blocks and bytes per kind.
 //!
 //! Userspace reads `LIVE`, `SITE_TOTALS` and `STACKS`/`DWARF_STACKS` at the
 //! end. Everything that could not be recorded is counted in `COUNTERS`.
