@@ -268,8 +268,6 @@ impl GcWatch {
                 let _ = judge.finish();
                 let mut s = judge.summary().clone();
                 s.collections_not_judged += probes.collections_not_held().unwrap_or(0);
-                let malformed = self.feeder.as_ref().map_or(0, |f| f.current().events.malformed());
-                s.events_lost = probes.gc_events_lost().unwrap_or(0) + malformed;
                 s
             }
             (None, Some(why)) => GcSummary {
@@ -278,6 +276,11 @@ impl GcWatch {
             },
             (None, None) => return None,
         };
+        // The copy outlives a failed pass: its losses count either way.
+        if let Some(feeder) = &self.feeder {
+            let malformed = feeder.current().events.malformed();
+            summary.events_lost = probes.gc_events_lost().unwrap_or(0) + malformed;
+        }
         if let Some(stats) = &self.heap_stats {
             summary.heap_size = Some(stats.heap_size);
             summary.free_bytes = Some(stats.free_bytes);
