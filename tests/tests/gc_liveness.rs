@@ -144,6 +144,13 @@ fn verdicts_with(name: &str, fixture: &str, options: &[&str]) {
         "the fixture did not finish\n{}",
         describe(&output)
     );
+    if options.contains(&"--snapshot-every") {
+        assert!(
+            String::from_utf8_lossy(&output.stderr).contains("snapshot written to"),
+            "no snapshot was written\n{}",
+            describe(&output)
+        );
+    }
     let objects = read_fixture(&gc_verdicts);
     assert_eq!(objects.len(), OBJECTS);
     let count = |maker: &str, live: bool| {
@@ -297,6 +304,17 @@ fn verdicts_past_max_live() {
         "past-max-live",
         fixture::GC_VERDICTS,
         &["--max-live", "1000"],
+    );
+}
+
+/// Snapshots and reprinted tables every 50 ms: published while the
+/// collections are held and judged, every verdict and count still exact.
+#[test]
+fn verdicts_while_snapshots_are_published() {
+    verdicts_with(
+        "snapshots",
+        fixture::GC_VERDICTS,
+        &["--snapshot-every", "0.05", "--interval", "0.05"],
     );
 }
 

@@ -148,6 +148,12 @@ impl Probes {
         self.config.set(config::SIGNAL_ON_DLOPEN, 0)
     }
 
+    /// Whether the kernel sent a library-load signal not taken yet
+    /// ([`Self::take_library_load_signal`]).
+    pub fn library_load_pending(&self) -> Result<bool> {
+        Ok(self.config.get(config::DLOPEN_SIGNALLED)? == 1)
+    }
+
     /// Whether the kernel sent the library-load signal since the last call.
     pub fn take_library_load_signal(&mut self) -> Result<bool> {
         let sent = self.config.get(config::DLOPEN_SIGNALLED)? == 1;

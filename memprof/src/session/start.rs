@@ -180,6 +180,7 @@ impl Session {
             tracer: None,
             maps: MapsCache::default(),
             output,
+            deferred: Vec::new(),
             started,
             last_refresh: Instant::now(),
         })
