@@ -222,26 +222,64 @@ pub struct LiveAlloc {
     pub epoch: u64,
 }
 
-/// A change to the set of live GC objects, streamed to userspace through
-/// the `GC_EVENTS` ring buffer, so the mark-bit pass has its own copy of
-/// the GC objects instead of reading the whole live table each collection.
+/// A change to the set of GC objects, streamed to userspace through the
+/// `GC_EVENTS` ring buffer. While userspace keeps the copy of the GC
+/// objects (`config::GC_COPY`) that copy is the only one: GC objects are
+/// not in `LIVE`. Kept small (56 bytes): a busy GC program streams
+/// millions a second.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct GcEvent {
     pub addr: u64,
+    /// The allocation site ([`gc_event::ALLOC`] only): [`AllocSite::caller`].
+    pub caller: u64,
+    /// [`AllocSite::stack_id`].
+    pub stack_id: u64,
+    /// Requested size in bytes.
+    pub size: u64,
+    /// `bpf_ktime_get_ns()` at the allocation or the free.
+    pub timestamp_ns: u64,
+    /// `GC_realloc`: the block this one replaces (its kind is this one's:
+    /// the kernel does not know it); else 0.
+    pub replaces: u64,
+    /// `GC_EPOCH` at the allocation (truncated: a run sees fewer than 2^32
+    /// collections).
+    pub epoch: u32,
+    /// [`AllocKind`] as `u8`.
+    pub kind: u8,
     /// One of [`gc_event`].
-    pub op: u64,
-    /// The object ([`gc_event::ALLOC`] only).
-    pub object: LiveAlloc,
+    pub op: u8,
+    pub _pad: [u8; 2],
+}
+
+/// Blocks and bytes in `LIVE` per [`AllocKind`], changed by this CPU's
+/// inserts and removes (value of the per-CPU `LIVE_BY_KIND` map; one CPU's
+/// figures can be negative, their sum is what `LIVE` holds). Read in O(1)
+/// for timeline samples instead of walking `LIVE`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KindLive {
+    pub blocks: [i64; 4],
+    pub bytes: [i64; 4],
+}
+
+impl KindLive {
+    /// Adds another CPU's figures.
+    pub fn add(&mut self, other: &KindLive) {
+        for i in 0..4 {
+            self.blocks[i] += other.blocks[i];
+            self.bytes[i] += other.bytes[i];
+        }
+    }
 }
 
 /// [`GcEvent::op`] values.
 pub mod gc_event {
     /// A GC object was allocated at `addr`.
-    pub const ALLOC: u64 = 0;
-    /// The GC object at `addr` is gone (GC_free, GC_realloc, or its address
-    /// was allocated again).
-    pub const GONE: u64 = 1;
+    pub const ALLOC: u8 = 0;
+    /// The GC object at `addr` was freed (`GC_free`, or the old block of
+    /// `GC_realloc`).
+    pub const GONE: u8 = 1;
 }
 
 /// Upper bounds of the lifetime histogram buckets, in nanoseconds: 100 µs,
@@ -390,8 +428,9 @@ counters! {
         /// Of those, collections whose collecting thread memprof could not hold
         /// for the mark-bit pass (not traced): not judged.
         pub gc_not_held: u64,
-        /// GC events the ring buffer had no room for: those objects are never
-        /// judged by mark bits (they stay live unless freed or reused).
+        /// GC events the ring buffer had no room for: an allocation missing
+        /// from userspace's copy of the GC objects (counted in its site's
+        /// totals only, never live nor judged), or a `GC_free` not seen.
         pub gc_events_lost: u64,
         /// Allocation calls whose DWARF stack had frames folded away
         /// (recursion: a function one of the last few kept frames had).
@@ -461,6 +500,8 @@ pub mod maps {
     pub const HELD: &str = "HELD";
     /// Ring buffer of [`GcEvent`](super::GcEvent)s.
     pub const GC_EVENTS: &str = "GC_EVENTS";
+    /// Per-CPU [`KindLive`](super::KindLive): what `LIVE` holds, per kind.
+    pub const LIVE_BY_KIND: &str = "LIVE_BY_KIND";
 }
 
 /// Names of the load-time constants of the eBPF object (`Global`s set with
@@ -492,7 +533,11 @@ pub mod config {
     /// 1: at the end of each collection's marking, stop the collecting
     /// thread (if traced) with [`HOLD_SIGNAL`](super::HOLD_SIGNAL) for the mark-bit pass.
     pub const GC_HOLD: u32 = 4;
-    pub const COUNT: u32 = 5;
+    /// 1: userspace keeps the copy of the GC objects: GC allocations and
+    /// frees go to the `GC_EVENTS` ring buffer only, not to `LIVE`. Set
+    /// before any probe is attached, never cleared during a session.
+    pub const GC_COPY: u32 = 5;
+    pub const COUNT: u32 = 6;
 }
 
 /// The signal that stops a collecting thread for the mark-bit pass: SIGURG,
@@ -643,6 +688,7 @@ mod pod {
     unsafe impl aya::Pod for super::PendingCall {}
     unsafe impl aya::Pod for super::LiveAlloc {}
     unsafe impl aya::Pod for super::GcEvent {}
+    unsafe impl aya::Pod for super::KindLive {}
     unsafe impl aya::Pod for super::SiteTotals {}
     unsafe impl aya::Pod for super::UnwindRow {}
     unsafe impl aya::Pod for super::ModuleRange {}

@@ -17,9 +17,13 @@
 //! end of a collection's marking, world stopped) counts the collection in
 //! `GC_EPOCH` and stops the collecting thread with a signal memprof takes
 //! (it traces the target): memprof reads the mark bits while the world is
-//! still stopped and removes the dead from `LIVE` itself. Every allocation
-//! is tagged with the epoch it was made in (only older ones are judged); an
-//! allocation at an address still in `LIVE` proves the old object died.
+//! still stopped. While it does (`config::GC_COPY`), GC objects are not put
+//! in `LIVE`: allocations and `GC_free`s are streamed to `GC_EVENTS` and
+//! memprof's copy is the only record (their number is not bounded by
+//! `LIVE`'s size). Every allocation is tagged with the epoch it was made in
+//! (only older ones are judged); an allocation at an address still live
+//! proves the old object died (found here for `LIVE`, by memprof for the
+//! copy). `LIVE_BY_KIND` keeps `LIVE`'s blocks and bytes per kind.
 //!
 //! Userspace reads `LIVE`, `SITE_TOTALS` and `STACKS`/`DWARF_STACKS` at the
 //! end. Everything that could not be recorded is counted in `COUNTERS`.
@@ -36,7 +40,9 @@
 mod probes {
     use aya_ebpf::Global;
     use aya_ebpf::{
-        bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
+        bindings::{
+            BPF_F_USER_STACK, BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP,
+        },
         helpers::{
             bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_ktime_get_ns,
             bpf_probe_read_user, bpf_send_signal_thread,
@@ -48,9 +54,10 @@ mod probes {
     };
     use memprof_common::{
         cfa, config, cookie, errno, gc_event, layout, lifetime_bucket, module_table, op, AllocKind,
-        AllocSite, DwarfStack, GcEvent, KernelCounters, LiveAlloc, ModuleRange, PendingCall,
-        SiteTotals, UnwindRow, CALLER_ONLY, FOLD_WINDOW, HOLD_SIGNAL, LIBRARY_LOAD_SIGNAL,
-        MAX_FRAMES, MAX_STEPS, NO_STACK, ROW_CACHE_SLOTS, SAMPLE_QUANTILES, SITES_OVERFLOW,
+        AllocSite, DwarfStack, GcEvent, KernelCounters, KindLive, LiveAlloc, ModuleRange,
+        PendingCall, SiteTotals, UnwindRow, CALLER_ONLY, FOLD_WINDOW, HOLD_SIGNAL,
+        LIBRARY_LOAD_SIGNAL, MAX_FRAMES, MAX_STEPS, NO_STACK, ROW_CACHE_SLOTS, SAMPLE_QUANTILES,
+        SITES_OVERFLOW,
     };
 
     /// 1: fold recursion in DWARF stacks (`--keep-recursion` sets 0). A
@@ -155,9 +162,16 @@ mod probes {
     #[map]
     static HELD: HashMap<u32, u64> = HashMap::with_max_entries(4096, 0);
 
-    /// GC objects allocated and gone, for userspace's copy (size set by userspace).
+    /// GC objects allocated and freed, for userspace's copy (size set by userspace).
     #[map]
     static GC_EVENTS: RingBuf = RingBuf::with_byte_size(1 << 12, 0);
+    /// Queued GC event bytes at which the reader is woken (see `gc_event`).
+    const GC_EVENTS_WAKE_BYTES: u64 = 2 << 20;
+
+    /// What `LIVE` holds per kind (one entry per CPU): timeline samples read
+    /// it instead of the table.
+    #[map]
+    static LIVE_BY_KIND: PerCpuArray<KindLive> = PerCpuArray::with_max_entries(1, 0);
 
     #[inline(always)]
     fn enabled() -> bool {
@@ -650,7 +664,7 @@ mod probes {
             // The new block has the kind of the old one (GC_realloc keeps
             // atomic objects atomic).
             // realloc succeeded (or was realloc(p, 0), which frees p): the old block is gone.
-            if let Some(kind) = release(call.arg_ptr) {
+            if let Some(kind) = release(call.arg_ptr, call.site.kind) {
                 call.site.kind = kind;
             }
         }
@@ -663,12 +677,17 @@ mod probes {
             }
             return 0;
         }
-        record(addr, &call);
+        let replaces = if call.op == op::REALLOC {
+            call.arg_ptr
+        } else {
+            0
+        };
+        record(addr, &call, replaces);
         0
     }
 
     #[inline(always)]
-    fn record(addr: u64, call: &PendingCall) {
+    fn record(addr: u64, call: &PendingCall, replaces: u64) {
         bump(|c| &mut c.allocs);
         let now = unsafe { bpf_ktime_get_ns() };
         // The site's totals first: when the site table is full, the block
@@ -688,16 +707,25 @@ mod probes {
             timestamp_ns: now,
             epoch: GC_EPOCH.get(0).copied().unwrap_or(0),
         };
-        // An address still live was freed without us seeing it: for a GC
-        // object, collected (its address was reused); else a missed free.
-        if let Some(old) = LIVE.get_ptr(&addr) {
-            let old = unsafe { *old };
-            retire(addr, &old, now, true);
-        }
-        let in_live = LIVE.insert(&addr, &live, 0).is_ok();
-        if in_live && is_gc(live.site.kind) {
-            gc_event(addr, gc_event::ALLOC, &live);
-        }
+        let in_live = if in_copy(live.site.kind) {
+            // Userspace's copy is the only one (address reuse is seen there);
+            // an event the ring had no room for is counted as such.
+            gc_event(addr, gc_event::ALLOC, &live, replaces);
+            true
+        } else {
+            // An address still live was freed without us seeing it: for a GC
+            // object, collected (its address was reused); else a missed free.
+            if let Some(old) = LIVE.get_ptr(&addr) {
+                let old = unsafe { *old };
+                retire(&old, now, true);
+                count_live(old.site.kind, old.size, -1);
+            }
+            let inserted = LIVE.insert(&addr, &live, 0).is_ok();
+            if inserted {
+                count_live(live.site.kind, live.size, 1);
+            }
+            inserted
+        };
         // Each allocation not fully recorded is counted once, in one category.
         match (in_live, in_totals) {
             (true, true) => {}
@@ -747,28 +775,56 @@ mod probes {
         kind == AllocKind::Gc as u8 || kind == AllocKind::GcAtomic as u8
     }
 
-    /// Tells userspace's copy of the GC objects (only while it judges them).
+    /// Whether blocks of `kind` live in userspace's copy, not in `LIVE`.
     #[inline(always)]
-    fn gc_event(addr: u64, op: u64, object: &LiveAlloc) {
-        if setting(config::GC_HOLD) != 1 {
-            return;
+    fn in_copy(kind: u8) -> bool {
+        is_gc(kind) && setting(config::GC_COPY) == 1
+    }
+
+    /// Adds `sign` blocks of `size` bytes to `LIVE_BY_KIND` (this CPU's slot).
+    #[inline(always)]
+    fn count_live(kind: u8, size: u64, sign: i64) {
+        let k = (kind & 3) as usize;
+        if let Some(slot) = LIVE_BY_KIND.get_ptr_mut(0) {
+            unsafe {
+                (*slot).blocks[k] += sign;
+                (*slot).bytes[k] += sign * size as i64;
+            }
         }
+    }
+
+    /// Tells userspace's copy of the GC objects.
+    #[inline(always)]
+    fn gc_event(addr: u64, op: u8, object: &LiveAlloc, replaces: u64) {
         let event = GcEvent {
             addr,
+            caller: object.site.caller,
+            stack_id: object.site.stack_id,
+            size: object.size,
+            timestamp_ns: object.timestamp_ns,
+            replaces,
+            epoch: object.epoch as u32,
+            kind: object.site.kind,
             op,
-            object: *object,
+            _pad: [0; 2],
         };
-        if GC_EVENTS.output::<GcEvent>(&event, 0).is_err() {
+        // Waking the reader for every event would cost a wakeup per
+        // allocation: it reads every few ms by itself, and is woken only
+        // when the queued events cross `GC_EVENTS_WAKE_BYTES`.
+        let queued = GC_EVENTS.query(BPF_RB_AVAIL_DATA as u64);
+        let flags = if (GC_EVENTS_WAKE_BYTES..GC_EVENTS_WAKE_BYTES + 4096).contains(&queued) {
+            BPF_RB_FORCE_WAKEUP
+        } else {
+            BPF_RB_NO_WAKEUP
+        };
+        if GC_EVENTS.output::<GcEvent>(&event, flags as u64).is_err() {
             bump(|c| &mut c.gc_events_lost);
         }
     }
 
     /// Adds a dead block's lifetime to its site's totals (this CPU's slot).
     #[inline(always)]
-    fn retire(addr: u64, old: &LiveAlloc, now: u64, reused: bool) {
-        if is_gc(old.site.kind) {
-            gc_event(addr, gc_event::GONE, old);
-        }
+    fn retire(old: &LiveAlloc, now: u64, reused: bool) {
         let totals = match SITE_TOTALS.get_ptr_mut(&old.site) {
             Some(totals) => totals,
             None if old.site.stack_id == SITES_OVERFLOW => match overflow_totals(old.site.kind) {
@@ -791,14 +847,34 @@ mod probes {
     }
 
     #[inline(always)]
-    /// Forgets a freed block; returns its kind if it was known.
-    fn release(addr: u64) -> Option<u8> {
+    /// Forgets a freed block; returns its kind if it was known. `kind`: the
+    /// freeing function's (its attach cookie, or the realloc's).
+    fn release(addr: u64, kind: u8) -> Option<u8> {
         bump(|c| &mut c.frees);
+        let now = unsafe { bpf_ktime_get_ns() };
+        if in_copy(kind) {
+            // The copy knows the object (or counts the free as unknown).
+            let gone = LiveAlloc {
+                site: AllocSite {
+                    caller: 0,
+                    stack_id: 0,
+                    kind,
+                    _pad: [0; 7],
+                },
+                size: 0,
+                timestamp_ns: now,
+                epoch: 0,
+            };
+            gc_event(addr, gc_event::GONE, &gone, 0);
+            return None;
+        }
         match LIVE.get_ptr(&addr) {
             Some(old) => {
                 let old = unsafe { *old };
-                retire(addr, &old, unsafe { bpf_ktime_get_ns() }, false);
-                let _ = LIVE.remove(&addr);
+                retire(&old, now, false);
+                if LIVE.remove(&addr).is_ok() {
+                    count_live(old.site.kind, old.size, -1);
+                }
                 Some(old.site.kind)
             }
             None => {
@@ -828,7 +904,8 @@ mod probes {
             bump(|c| &mut c.stale_calls);
             let _ = PENDING.remove(&thread);
         }
-        let _ = release(addr);
+        let kind = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u8;
+        let _ = release(addr, kind);
         0
     }
 
@@ -842,7 +919,7 @@ mod probes {
         let addr = arg(&ctx, 0);
         if let Some(live) = LIVE.get_ptr(&addr) {
             if unsafe { (*live).site.kind } == AllocKind::Mmap as u8 {
-                let _ = release(addr);
+                let _ = release(addr, AllocKind::Mmap as u8);
             }
         }
         0

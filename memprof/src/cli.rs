@@ -90,7 +90,9 @@ pub struct SessionArgs {
     /// Where to write the profile [default: NAME.mprof for run, NAME-PID.mprof for attach].
     #[arg(long, short)]
     pub output: Option<PathBuf>,
-    /// Capacity of the kernel's live-block table; blocks beyond it are counted as lost.
+    /// Capacity of the kernel's live-block table (libc and mmap blocks; GC
+    /// objects too with --gc-liveness reuse); blocks beyond it are counted
+    /// as lost. GC objects judged by mark bits are in memprof's own copy.
     #[arg(long, default_value_t = 1 << 20, value_name = "N")]
     pub max_live: u32,
     /// Capacity of the kernel's stack table (distinct call stacks, DWARF
@@ -155,11 +157,11 @@ pub struct SessionArgs {
     pub gc_verdicts: Option<PathBuf>,
     /// Timeline: this often, sample the live blocks and bytes per kind (and
     /// the GC heap size) into the profile (report --format timeline|html
-    /// draws them); 0 turns it off. Up to 4,096 live blocks a sample reads
-    /// the live table (exact); beyond, the per-site totals (cheap; bytes of
-    /// freed blocks estimated from their site's mean size, the sample says
-    /// "estimated"). The target is not stopped; sampling is kept under a
-    /// tenth of memprof's time (samples spaced out, and memprof says so).
+    /// draws them); 0 turns it off. A sample reads per-kind totals the
+    /// kernel and memprof keep as blocks come and go (exact, O(1)); GC
+    /// objects freed or collected count until the next mark-bit pass. The
+    /// target is not stopped; sampling is kept under a tenth of memprof's
+    /// time (samples spaced out, and memprof says so).
     #[arg(long, default_value_t = crate::live::DEFAULT_SAMPLE_MS, value_name = "MS")]
     pub sample_period: u64,
     /// Reprint the top table (--top rows) on stderr every SECS seconds while

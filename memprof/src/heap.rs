@@ -141,12 +141,27 @@ pub fn collect(maps: &HeapMaps, gc: Option<&[(Site, SiteGc)]>) -> Result<Vec<Raw
         group.collected_bytes += s.collected_bytes;
         group.marked_count += s.marked_count;
         group.marked_bytes += s.marked_bytes;
+        // GC objects live in memprof's copy, not in the live table.
+        group.live_count += s.tracked_count;
+        group.live_bytes += s.tracked_bytes;
+        // GC_realloc'd blocks the kernel counted as `gc` are of this kind.
+        group.total_count += s.retyped_count;
+        group.total_bytes += s.retyped_bytes;
+
         group.lifetimes.add(&s.lifetimes);
         group.gc_history = if group.gc_history.is_empty() {
             s.history.clone()
         } else {
             merge_histories(&group.gc_history, &s.history)
         };
+        if s.retyped_count > 0 {
+            let counted = grouper.group(Site {
+                kind: AllocKind::Gc,
+                ..site
+            });
+            counted.total_count = counted.total_count.saturating_sub(s.retyped_count);
+            counted.total_bytes = counted.total_bytes.saturating_sub(s.retyped_bytes);
+        }
     }
     for entry in maps.live() {
         let (_addr, live) = entry?;

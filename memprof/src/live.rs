@@ -1,15 +1,15 @@
 //! What happens while the target runs, between attaching and the end:
 //!
-//! - **timeline**: every `--sample-period` (default 100 ms) the live table
-//!   is read and summed per kind ([`Sample`]); the samples go into the
-//!   profile and `report --format timeline|html` draws them. Up to
-//!   [`EXACT_MAX_BLOCKS`] live blocks a sample reads the live table itself
-//!   (exact); beyond, the per-site totals (one entry per call site, cheap,
-//!   bytes of freed blocks estimated: see [`estimate`]), because reading a
-//!   huge live table holds its locks against the target's probes. Sampling
-//!   is kept under a tenth of memprof's time: when one sample takes long
-//!   (very many call sites), the next ones are spaced out, and memprof says
-//!   so.
+//! - **timeline**: every `--sample-period` (default 100 ms) the live
+//!   blocks and bytes per kind ([`Sample`]), read in O(1): the kernel keeps
+//!   per-kind totals of its live table (`LIVE_BY_KIND`) and memprof's copy
+//!   of the GC objects keeps its own ([`crate::gc::copy::GcCopy::per_kind`]);
+//!   the live table itself is never walked while the target runs (a
+//!   1,000,000-block table took 0.3 to 0.7 s to read, holding its locks
+//!   against the target's probes). The samples go into the profile and
+//!   `report --format timeline|html` draws them. Sampling is kept under a
+//!   tenth of memprof's time: should one sample take long, the next ones
+//!   are spaced out, and memprof says so.
 //! - **`--interval SECS`**: the top table, reprinted on stderr (the screen
 //!   cleared first when stderr is a terminal, appended otherwise).
 //! - **`--snapshot-every SECS`**: a complete profile written every SECS
@@ -36,24 +36,13 @@ use anyhow::{Context, Result};
 use memprof_common::AllocKind;
 
 use crate::outfile::OutFile;
-use crate::probes::HeapMaps;
 use crate::profile::{self, Group, Profile, Sample, Timeline};
 use crate::report::{self, markdown};
-
-/// What the GC mark-bit judge knows per site (collected, marked).
-pub type GcSites = [(crate::probes::Site, crate::gc::pass::SiteGc)];
 
 /// Default `--sample-period`, milliseconds.
 pub const DEFAULT_SAMPLE_MS: u64 = 100;
 /// Sampling may take at most 1/MAX_DUTY of memprof's time.
 const MAX_DUTY: u32 = 10;
-/// Up to this many live blocks, a timeline sample reads the live table
-/// (exact; ~1-2 µs a block, so at most ~8 ms). Reading takes the table's
-/// bucket locks against the target's probes (measured: a 1,000,000-block
-/// table took 0.3 to 0.7 s to read even in batches, and slowed a malloc/free
-/// loop by 15 % while read every 100 ms); beyond it samples come from the
-/// per-site totals.
-pub const EXACT_MAX_BLOCKS: u64 = 4_096;
 
 /// Settings from the command line.
 #[derive(Debug, Clone)]
@@ -172,34 +161,15 @@ impl Live {
         Ok(())
     }
 
-    /// One timeline sample, per kind: from the per-site totals (cheap:
-    /// one read per call site), then, when that says the live table is
-    /// small, from the live table itself (exact).
-    /// `gc_heap_bytes`: `GC_get_heap_size()` now, where readable.
-    pub fn sample(
-        &mut self,
-        tables: &HeapMaps,
-        gc_sites: Option<&GcSites>,
-        gc_heap_bytes: Option<u64>,
-    ) -> Result<()> {
-        let t0 = Instant::now();
-        let mut per_kind = estimate(tables, gc_sites)?;
-        let exact = per_kind.blocks() <= EXACT_MAX_BLOCKS;
-        if exact {
-            per_kind = PerKind::default();
-            for entry in tables.live() {
-                let Ok((_, block)) = entry else {
-                    // Freed between reading its key and its value.
-                    continue;
-                };
-                per_kind.add(block.site.kind, 1, block.size);
-            }
-        }
+    /// One timeline sample: `per_kind` live blocks and bytes (read in
+    /// O(1) by the session), and `GC_get_heap_size()` where readable.
+    /// `t0`: when the session started reading them.
+    pub fn sample(&mut self, t0: Instant, per_kind: PerKind, gc_heap_bytes: Option<u64>) {
         self.timeline.samples.push(Sample {
             t_s: t0.duration_since(self.started).as_secs_f64(),
             live: per_kind.into_map(),
             gc_heap_bytes,
-            estimated: !exact,
+            estimated: false,
         });
         let took = t0.elapsed();
         let period = self.options.sample_period.unwrap_or_default();
@@ -208,14 +178,13 @@ impl Live {
         if gap > period && gap >= self.reported_gap * 2 {
             self.reported_gap = gap;
             eprintln!(
-                "memprof: reading the tables for the timeline took {:.0} ms: samples every {:.1} s instead of {:.1} s",
+                "memprof: reading the live totals for the timeline took {:.0} ms: samples every {:.1} s instead of {:.1} s",
                 took.as_secs_f64() * 1e3,
                 gap.as_secs_f64(),
                 period.as_secs_f64()
             );
         }
         self.next_sample = Some(t0 + gap);
-        Ok(())
     }
 
     fn print(&self, profile: &Profile) -> Result<()> {
@@ -261,38 +230,6 @@ impl Live {
     }
 }
 
-/// Live blocks and bytes per kind (indexed by [`AllocKind`]) from the
-/// per-site totals: allocated minus died (freed, or proven collected by
-/// address reuse or by the mark bits). Counts are exact; bytes are exact
-/// but for blocks freed with `free`/`GC_free`, whose bytes are estimated
-/// as the site's mean allocation size (exact for sites that always
-/// allocate one size).
-pub fn estimate(maps: &HeapMaps, gc_sites: Option<&GcSites>) -> Result<PerKind> {
-    let mut per_kind = PerKind::default();
-    let gc: std::collections::HashMap<_, _> = gc_sites
-        .into_iter()
-        .flatten()
-        .map(|(site, s)| (*site, s))
-        .collect();
-    for entry in maps.sites() {
-        let (site, t) = entry?;
-        let (count, bytes, died, reused, reused_bytes) =
-            (t.count, t.bytes, t.died, t.reused, t.reused_bytes);
-        let (collected, collected_bytes) = gc
-            .get(&site)
-            .map_or((0, 0), |g| (g.collected_count, g.collected_bytes));
-        let mean = bytes.checked_div(count).unwrap_or(0);
-        let freed = died.saturating_sub(reused);
-        let dead_bytes = reused_bytes + collected_bytes + freed * mean;
-        per_kind.add(
-            site.kind,
-            count.saturating_sub(died + collected),
-            bytes.saturating_sub(dead_bytes),
-        );
-    }
-    Ok(per_kind)
-}
-
 /// What is due at one step of the session.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Due {
@@ -314,6 +251,11 @@ impl PerKind {
 
     pub fn blocks(&self) -> u64 {
         self.0.iter().map(|k| k[0]).sum()
+    }
+
+    /// From `[blocks, bytes]` per kind (indexed by [`AllocKind`]).
+    pub fn from_array(per_kind: [[u64; 2]; 4]) -> PerKind {
+        PerKind(per_kind)
     }
 
     /// By kind name, the kinds with live blocks only (a timeline sample).

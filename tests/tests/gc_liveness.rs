@@ -114,11 +114,16 @@ fn sum(groups: &[&Value], field: &str) -> u64 {
 /// Runs a gc_verdicts fixture under `memprof run --heap gc --gc-verdicts`
 /// and checks memprof's verdicts and report against the fixture's own.
 fn verdicts(name: &str, fixture: &str) {
+    verdicts_with(name, fixture, &[]);
+}
+
+/// [`verdicts`], with more options for memprof.
+fn verdicts_with(name: &str, fixture: &str, options: &[&str]) {
     let dir = TempDir::new(&format!("gc-verdicts-{name}"));
     let profile = dir.join("profile.mprof");
     let memprof_verdicts = dir.join("memprof-verdicts.txt");
     let gc_verdicts = dir.join("gc-verdicts.txt");
-    let output = run_ok([
+    let mut args = vec![
         OsStr::new("run"),
         OsStr::new("--heap"),
         OsStr::new("gc"),
@@ -126,15 +131,26 @@ fn verdicts(name: &str, fixture: &str) {
         profile.as_os_str(),
         OsStr::new("--gc-verdicts"),
         memprof_verdicts.as_os_str(),
+    ];
+    args.extend(options.iter().map(OsStr::new));
+    args.extend([
         OsStr::new("--"),
         OsStr::new(fixture),
         gc_verdicts.as_os_str(),
     ]);
+    let output = run_ok(args);
     assert!(
         String::from_utf8_lossy(&output.stdout).contains("done"),
         "the fixture did not finish\n{}",
         describe(&output)
     );
+    if options.contains(&"--snapshot-every") {
+        assert!(
+            String::from_utf8_lossy(&output.stderr).contains("snapshot written to"),
+            "no snapshot was written\n{}",
+            describe(&output)
+        );
+    }
     let objects = read_fixture(&gc_verdicts);
     assert_eq!(objects.len(), OBJECTS);
     let count = |maker: &str, live: bool| {
@@ -195,6 +211,11 @@ fn verdicts(name: &str, fixture: &str) {
     let gc = &json["gc"];
     assert_eq!(gc["liveness"], "mark bits", "{gc:#}");
     assert!(uint(gc, "/collections") >= 1, "{gc:#}");
+    // GC objects are in memprof's copy, not the kernel's live table:
+    // nothing lost, whatever its size.
+    assert_eq!(uint(gc, "/events_lost"), 0, "{gc:#}");
+    assert_eq!(uint(&json, "/lost_events"), 0, "{:#}", json["counters"]);
+    assert_eq!(uint(&json, "/counters/live_map_full"), 0);
     for field in [
         "last_collection",
         "marked_count",
@@ -272,6 +293,29 @@ fn verdicts(name: &str, fixture: &str) {
 #[test]
 fn verdicts_c_shared_libgc() {
     verdicts("c-shared", fixture::GC_VERDICTS);
+}
+
+/// 200,000 GC objects, a live table of 1,000 entries: the GC objects are
+/// in memprof's copy, so the table's size does not matter (nothing lost,
+/// every verdict and count exact).
+#[test]
+fn verdicts_past_max_live() {
+    verdicts_with(
+        "past-max-live",
+        fixture::GC_VERDICTS,
+        &["--max-live", "1000"],
+    );
+}
+
+/// Snapshots and reprinted tables every 50 ms: published while the
+/// collections are held and judged, every verdict and count still exact.
+#[test]
+fn verdicts_while_snapshots_are_published() {
+    verdicts_with(
+        "snapshots",
+        fixture::GC_VERDICTS,
+        &["--snapshot-every", "0.05", "--interval", "0.05"],
+    );
 }
 
 #[test]

@@ -595,7 +595,7 @@ fn crystal_folded_flamegraph_pprof_timeline_html() {
 }
 
 #[test]
-fn timeline_past_4096_blocks_comes_from_site_totals() {
+fn timeline_samples_come_from_the_kernels_per_kind_totals() {
     let dir = TempDir::new("timeline-big");
     let output = dir.join("grow.mprof");
     let mut grow = Grow::start();
@@ -616,7 +616,8 @@ fn timeline_past_4096_blocks_comes_from_site_totals() {
     let mut memprof = ChildGuard(child);
     let mut stderr = Lines::new("memprof attach stderr", memprof.0.stderr.take().unwrap());
     stderr.wait_for("attached", TIMEOUT);
-    // 45 steps: 11,250 live blocks, past the exact reading's 4,096.
+    // 45 steps: 11,250 live blocks; every sample is exact (the kernel's
+    // per-kind totals, never a walk of the live table).
     for _ in 0..45 {
         grow.step();
     }
@@ -631,16 +632,19 @@ fn timeline_past_4096_blocks_comes_from_site_totals() {
     let json = report_json(&output);
     let samples = json["timeline"]["samples"].as_array().unwrap();
     let want = serde_json::json!([11_250, 720_000]);
-    let estimated: Vec<&Value> = samples.iter().filter(|s| s["estimated"] == true).collect();
     assert!(
-        estimated.iter().any(|s| s["live"]["libc"] == want),
-        "no estimated sample with {want}: {samples:?}"
+        samples.iter().all(|s| s["estimated"] == false),
+        "an estimated sample: {samples:?}"
+    );
+    assert!(
+        samples.iter().any(|s| s["live"]["libc"] == want),
+        "no sample with {want}: {samples:?}"
     );
     assert!(
         samples
             .iter()
-            .any(|s| s["estimated"] == false && s["live"]["libc"][0].as_u64() < Some(4_096)),
-        "no exact sample below 4,096 blocks"
+            .any(|s| s["live"]["libc"][0].as_u64() < Some(4_096)),
+        "no sample below 4,096 blocks"
     );
     assert_eq!(samples.last().unwrap()["live"]["libc"], want);
 }

@@ -34,6 +34,7 @@
 //! assert_eq!((layout.top_index, layout.all_nils, layout.hb_marks), (0x289f0, 0xc0, 0x40));
 //! # Ok(()) }
 //! ```
+pub mod copy;
 pub mod heap_stats;
 pub mod layout;
 pub mod lookup;

@@ -5,16 +5,17 @@
 //! bits are final; the kernel holds the collecting thread (a signal memprof's
 //! tracer takes), so nothing can change them while the pass runs: no
 //! mutator runs and the next collection, which clears them, cannot start.
-//! The pass reads the live table, and for each GC object allocated before
-//! this collection (its epoch tag is older) repeats `GC_base(p) == p &&
-//! GC_is_marked(p)` ([`MarkLayout::judge`]); the unmarked are removed from
-//! the live table and counted as collected, with their lifetimes. Reads go
-//! through a page cache: neighbouring objects share block headers, so a pass
-//! reads each header page once.
+//! The pass walks memprof's copy of the GC objects ([`GcCopy`]) in address
+//! order, and for each GC object allocated before this collection (its
+//! epoch tag is older) repeats `GC_base(p) == p && GC_is_marked(p)`
+//! ([`MarkLayout::judge`]); the unmarked are forgotten and counted as
+//! collected, with their lifetimes. Reads go through a page cache:
+//! neighbouring objects share block headers, so a pass reads each header
+//! page once.
 //!
 //! Objects allocated after the collection started are not judged (their
 //! mark is 0 until the next one). Objects whose address is allocated again
-//! are retired by the kernel (address reuse) even if a pass was missed.
+//! are found collected by the copy (address reuse) even if a pass was missed.
 //!
 //! ```no_run
 //! # fn main() -> anyhow::Result<()> {
@@ -35,11 +36,11 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 
+use super::copy::{GcCopy, Judging};
 use super::lookup::Block;
 use super::{end_of_mark, heap_stats, layout, EndOfMark, HeapStats, HeapStatsLayout};
 use super::{MarkLayout, Verdict};
 use crate::modules::{Module, ModuleCache};
-use crate::probes::{GcChange, Site};
 use crate::profile::{GcSummary, Lifetimes};
 
 /// Most points kept in a stack's GC history (older points are thinned out).
@@ -56,18 +57,17 @@ pub struct SiteGc {
     /// At the last pass: objects found marked, and their size as the GC counts it.
     pub marked_count: u64,
     pub marked_bytes: u64,
+    /// Objects in memprof's copy at its last settle (marked, or allocated
+    /// since the last pass), and their requested bytes: the site's live GC objects.
+    pub tracked_count: u64,
+    pub tracked_bytes: u64,
+    /// Allocations of this site by `GC_realloc` that the kernel counted
+    /// under the same stack with kind `gc` (`GC_realloc`'s own): the block
+    /// they replaced was of this site's kind, which a realloc keeps.
+    pub retyped_count: u64,
+    pub retyped_bytes: u64,
     /// `[GC_gc_no, live objects]` after each pass.
     pub history: Vec<[u64; 2]>,
-}
-
-/// A tracked GC object.
-#[derive(Debug, Clone, Copy)]
-struct Tracked {
-    size: u64,
-    timestamp_ns: u64,
-    epoch: u64,
-    /// Index into [`Judge::sites`].
-    site: u32,
 }
 
 /// Judges tracked GC objects after each collection.
@@ -81,14 +81,6 @@ pub struct Judge {
     /// Run-time minus link-time address of `module` (found at the first pass).
     bias: Option<u64>,
     mem: File,
-    /// Sites seen, numbered in order of appearance (objects refer to them
-    /// by number, so a pass does not hash sites), and what was learned.
-    site_numbers: HashMap<Site, u32>,
-    sites: Vec<(Site, SiteGc)>,
-    /// The tracked GC objects (kept current from the kernel's GC events),
-    /// in address order: a pass then visits each heap block's objects
-    /// together and reads its header once, from the cache's warm end.
-    objects: BTreeMap<u64, Tracked>,
     summary: GcSummary,
     /// `--gc-verdicts`: one line per object judged.
     verdicts: Option<BufWriter<File>>,
@@ -124,9 +116,6 @@ impl Judge {
             end,
             bias: None,
             mem,
-            site_numbers: HashMap::new(),
-            sites: Vec::new(),
-            objects: BTreeMap::new(),
             summary: GcSummary {
                 liveness: "mark bits".into(),
                 ..GcSummary::default()
@@ -155,37 +144,13 @@ impl Judge {
         self.summary.collections_not_judged += collections;
     }
 
-    /// Applies one kernel event to the copy of the tracked GC objects.
-    pub fn apply(&mut self, change: &GcChange) {
-        match *change {
-            GcChange::Allocated { addr, block } => {
-                let sites = &mut self.sites;
-                let site = *self.site_numbers.entry(block.site).or_insert_with(|| {
-                    sites.push((block.site, SiteGc::default()));
-                    sites.len() as u32 - 1
-                });
-                self.objects.insert(
-                    addr,
-                    Tracked {
-                        size: block.size,
-                        timestamp_ns: block.timestamp_ns,
-                        epoch: block.epoch,
-                        site,
-                    },
-                );
-            }
-            GcChange::Gone { addr } => {
-                self.objects.remove(&addr);
-            }
-        }
-    }
-
     /// One pass, at the end of the marking of collection `epoch` (memprof's
-    /// count), with the collector held and every event applied. Returns the
-    /// addresses found dead (forgotten here), for the caller to remove from
-    /// the kernel's live table.
-    pub fn pass(&mut self, epoch: u64) -> Result<Vec<u64>> {
-        let started = Instant::now();
+    /// count), with the collector held and every event applied to `copy`:
+    /// the objects of `copy` allocated before it are judged, the dead
+    /// forgotten and counted as collected. The copy is in address order, so
+    /// each heap block's objects come together and its header is read once.
+    /// `started`: when the collector was found held (the pause counts from there).
+    pub fn pass(&mut self, epoch: u64, copy: &mut GcCopy, started: Instant) -> Result<()> {
         let bias = match self.bias {
             Some(b) => b,
             None => {
@@ -201,81 +166,40 @@ impl Judge {
         let block_mask = !(self.layout.hblksize() - 1);
         // The block of the previous object (objects come in address order).
         let mut block: Option<(u64, Block)> = None;
-        let now_ns = monotonic_ns();
-        let mut dead = Vec::new();
-        // Per site: (marked objects, their GC bytes, live objects).
-        let mut per_site = vec![(0u64, 0u64, 0u64); self.sites.len()];
-        let mut collected: Vec<Tracked> = Vec::new();
-        for (&addr, &object) in &self.objects {
-            let site = &mut per_site[object.site as usize];
-            if object.epoch >= epoch {
-                // Allocated after this collection began: its mark means nothing yet.
-                site.2 += 1;
-                continue;
-            }
+        let (layout, pid, verdicts) = (&self.layout, self.pid, &mut self.verdicts);
+        let mut judge = |addr: u64| -> Result<(Verdict, u64)> {
             let start = addr & block_mask;
             let header = match &block {
                 Some((at, header)) if *at == start => header,
                 _ => {
-                    let header =
-                        self.layout
-                            .block(start, arrays, &mut read)
-                            .with_context(|| {
-                                format!(
-                                    "reading the GC's mark bits of {addr:#x} in pid {}",
-                                    self.pid
-                                )
-                            })?;
+                    let header = layout.block(start, arrays, &mut read).with_context(|| {
+                        format!("reading the GC's mark bits of {addr:#x} in pid {pid}")
+                    })?;
                     &block.insert((start, header)).1
                 }
             };
-            let (verdict, size) = self.layout.verdict_in(addr, header);
-            if let Some(out) = &mut self.verdicts {
+            let (verdict, size) = layout.verdict_in(addr, header);
+            if let Some(out) = verdicts {
                 let word = if verdict.is_live() { "live" } else { "dead" };
                 writeln!(out, "{gc_no} {addr:#x} {word} {verdict:?}")?;
             }
-            if verdict == Verdict::Marked {
-                site.0 += 1;
-                site.1 += size;
-                site.2 += 1;
-            } else {
-                dead.push(addr);
-                collected.push(object);
-            }
-        }
-        for &addr in &dead {
-            self.objects.remove(&addr);
-        }
-        for object in collected {
-            let s = &mut self.sites[object.site as usize].1;
-            s.collected_count += 1;
-            s.collected_bytes += object.size;
-            s.lifetimes
-                .record(now_ns.saturating_sub(object.timestamp_ns));
-            let survived = epoch - 1 - object.epoch;
-            s.lifetimes.collections_survived += survived;
-            if survived == 0 {
-                s.lifetimes.within_first_collection += 1;
-            }
-        }
-        // Marked counts are "as of the last pass"; every site gets a point,
-        // so shrinking stacks show it.
-        let (mut count, mut bytes) = (0, 0);
-        for ((_, s), &(marked, marked_bytes, live)) in self.sites.iter_mut().zip(&per_site) {
-            (s.marked_count, s.marked_bytes) = (marked, marked_bytes);
-            count += marked;
-            bytes += marked_bytes;
-            push_point(&mut s.history, [gc_no, live]);
-        }
+            Ok((verdict, size))
+        };
+        let judged = copy.settle(Some(Judging {
+            epoch,
+            gc_no,
+            now_ns: monotonic_ns(),
+            judge: &mut judge,
+        }))?;
         let summary = &mut self.summary;
         summary.collections += 1;
         summary.last_collection = Some(gc_no);
-        summary.marked_count = count;
-        summary.marked_bytes = bytes;
+        summary.marked_count = judged.marked_count;
+        summary.marked_bytes = judged.marked_bytes;
         let took = started.elapsed().as_secs_f64();
         summary.pass_seconds += took;
         summary.longest_pass_seconds = summary.longest_pass_seconds.max(took);
-        Ok(dead)
+        Ok(())
     }
 
     /// `GC_gc_no`, through its GOT slot when the library has one (the
@@ -307,11 +231,6 @@ impl Judge {
             .ok()
     }
 
-    /// What the passes learned, per site.
-    pub fn sites(&self) -> &[(Site, SiteGc)] {
-        &self.sites
-    }
-
     pub fn summary(&self) -> &GcSummary {
         &self.summary
     }
@@ -326,7 +245,7 @@ impl Judge {
 }
 
 /// Appends a point; past twice the limit, keeps every other one.
-fn push_point(history: &mut Vec<[u64; 2]>, point: [u64; 2]) {
+pub(super) fn push_point(history: &mut Vec<[u64; 2]>, point: [u64; 2]) {
     history.push(point);
     if history.len() >= 2 * HISTORY_POINTS {
         let mut i = 0;

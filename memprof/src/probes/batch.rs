@@ -1,18 +1,14 @@
-//! Batched map operations, which aya 0.14 does not wrap: one `bpf(2)`
-//! syscall for thousands of entries instead of one each.
-//!
-//! `BPF_MAP_DELETE_BATCH`: the mark-bit pass removes every dead GC object
-//! from the live table while the collector is held, so the pause grows with
-//! each syscall. `BPF_MAP_UPDATE_BATCH`: the CFI rows (30,000 for libc
-//! alone) are written at load, before the target may run. Raw syscalls
-//! through `libc`, not a crate: the attribute struct is six fields.
-use std::os::fd::{AsFd, AsRawFd, RawFd};
+//! Batched map writes, which aya 0.14 does not wrap: one `bpf(2)` syscall
+//! for thousands of entries instead of one each. The CFI rows (30,000 for
+//! libc alone) are written at load, before the target may run: one syscall
+//! each took 1.4 s. A raw syscall through `libc`, not a crate: the
+//! attribute struct is six fields.
+use std::os::fd::{AsFd, AsRawFd};
 
 use anyhow::{anyhow, bail, Result};
 use aya::maps::Map;
 
 const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
-const BPF_MAP_DELETE_BATCH: libc::c_long = 27;
 /// Entries per call.
 const CHUNK: usize = 65536;
 
@@ -32,7 +28,7 @@ struct BatchAttr {
 
 fn bpf(cmd: libc::c_long, attr: &mut BatchAttr) -> std::io::Result<()> {
     // SAFETY: `attr` is a valid `bpf_attr` prefix of the size passed; the
-    // kernel reads the key array it points to (alive for the call).
+    // kernel reads the key and value arrays it points to (alive for the call).
     let r = unsafe {
         libc::syscall(
             libc::SYS_bpf,
@@ -46,44 +42,6 @@ fn bpf(cmd: libc::c_long, attr: &mut BatchAttr) -> std::io::Result<()> {
     } else {
         Ok(())
     }
-}
-
-/// The descriptor of a hash map.
-fn hash_map_fd(map: &Map) -> Result<RawFd> {
-    match map {
-        Map::HashMap(data) => Ok(data.fd().as_fd().as_raw_fd()),
-        _ => Err(anyhow!("expected a hash map")),
-    }
-}
-
-/// Deletes `keys` from the `u64`-keyed hash `map`. Keys already gone are
-/// not an error (a block freed meanwhile).
-pub fn delete(map: &Map, keys: &[u64]) -> Result<()> {
-    let fd = hash_map_fd(map)?;
-    for chunk in keys.chunks(CHUNK) {
-        let mut attr = BatchAttr {
-            keys: chunk.as_ptr() as u64,
-            count: chunk.len() as u32,
-            map_fd: fd as u32,
-            ..BatchAttr::default()
-        };
-        if let Err(e) = bpf(BPF_MAP_DELETE_BATCH, &mut attr) {
-            // ENOENT: a key already gone (freed meanwhile); delete the rest one by one.
-            if e.raw_os_error() != Some(libc::ENOENT) {
-                bail!("removing dead objects from the live table: {e}");
-            }
-            for key in &chunk[attr.count as usize..] {
-                let mut one = BatchAttr {
-                    keys: key as *const u64 as u64,
-                    count: 1,
-                    map_fd: fd as u32,
-                    ..BatchAttr::default()
-                };
-                let _ = bpf(BPF_MAP_DELETE_BATCH, &mut one);
-            }
-        }
-    }
-    Ok(())
 }
 
 /// Writes `values` at indices `0..values.len()` of the array `map`.

@@ -6,9 +6,9 @@
 //! [`HOLD_SIGNAL`](memprof_common::HOLD_SIGNAL) if memprof traces it
 //! ([`Probes::set_traced`]) and notes the collection's epoch in `HELD`.
 //! The tracer sees the signal, [`Probes::take_held`] says which collection,
-//! [`Probes::drain_gc_events`] brings the copy of the GC objects up to date,
-//! the mark-bit pass judges them, and [`Probes::forget_live`] removes the
-//! dead from the live table before the thread goes on.
+//! the reader of the GC event ring ([`GcEvents`]) brings memprof's copy of
+//! the GC objects up to date, and the mark-bit pass judges them before the
+//! thread goes on.
 //!
 //! **Library loads (`run`).** `_dl_debug_state` stops the traced main
 //! thread with [`LIBRARY_LOAD_SIGNAL`](memprof_common::LIBRARY_LOAD_SIGNAL)
@@ -24,20 +24,26 @@
 //! tracer detaches.
 use anyhow::Result;
 use aya::maps::{HashMap, Map, MapData, RingBuf};
-use memprof_common::{config, gc_event, maps, programs, GcEvent, KernelCounters};
+use std::os::fd::AsRawFd;
 
-use super::view::LiveBlock;
-use super::{batch, Probes};
+use memprof_common::{config, gc_event, maps, programs, AllocSite, GcEvent, KernelCounters};
+
+use super::view::{LiveBlock, Site};
+use super::Probes;
 use crate::modules::Module;
 
-/// A change to the set of live GC objects, as the kernel streams it.
+/// A change to the set of GC objects, as the kernel streams it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GcChange {
-    /// A GC object was allocated at `addr`.
-    Allocated { addr: u64, block: LiveBlock },
-    /// The GC object at `addr` is gone (`GC_free`, `GC_realloc`, or its
-    /// address was allocated again).
-    Gone { addr: u64 },
+    /// A GC object was allocated at `addr`; by `GC_realloc` of
+    /// `replaces` when that is not 0 (its kind is the replaced block's).
+    Allocated {
+        addr: u64,
+        block: LiveBlock,
+        replaces: u64,
+    },
+    /// The GC object at `addr` was freed (`GC_free`, `GC_realloc`) at `time_ns`.
+    Freed { addr: u64, time_ns: u64 },
 }
 
 impl TryFrom<&GcEvent> for GcChange {
@@ -47,16 +53,31 @@ impl TryFrom<&GcEvent> for GcChange {
         match event.op {
             gc_event::ALLOC => Ok(GcChange::Allocated {
                 addr: event.addr,
-                block: LiveBlock::try_from(&event.object)?,
+                block: LiveBlock {
+                    site: Site::try_from(&AllocSite {
+                        caller: event.caller,
+                        stack_id: event.stack_id,
+                        kind: event.kind,
+                        _pad: [0; 7],
+                    })?,
+                    size: event.size,
+                    timestamp_ns: event.timestamp_ns,
+                    epoch: event.epoch as u64,
+                },
+                replaces: event.replaces,
             }),
-            gc_event::GONE => Ok(GcChange::Gone { addr: event.addr }),
+            gc_event::GONE => Ok(GcChange::Freed {
+                addr: event.addr,
+                time_ns: event.timestamp_ns,
+            }),
             op => Err(anyhow::anyhow!("unknown GC event {op}")),
         }
     }
 }
 
-/// The `GC_EVENTS` ring buffer.
-pub(super) struct GcEvents {
+/// The `GC_EVENTS` ring buffer, taken from [`Probes`] by its one reader
+/// ([`Probes::take_gc_events`]).
+pub struct GcEvents {
     ring: RingBuf<MapData>,
     /// Events that did not decode (none, unless the kernel object and this
     /// binary disagree): counted with those the ring had no room for.
@@ -69,6 +90,36 @@ impl GcEvents {
             ring: RingBuf::try_from(map)?,
             malformed: 0,
         })
+    }
+
+    /// Hands every event the kernel queued to `apply`, in order. Returns
+    /// how many there were.
+    pub fn drain(&mut self, mut apply: impl FnMut(&GcChange)) -> usize {
+        let mut n = 0;
+        while let Some(item) = self.ring.next() {
+            n += 1;
+            if item.len() < std::mem::size_of::<GcEvent>() {
+                self.malformed += 1;
+                continue;
+            }
+            // SAFETY: the kernel wrote a GcEvent (plain data); unaligned read.
+            let event = unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<GcEvent>()) };
+            match GcChange::try_from(&event) {
+                Ok(change) => apply(&change),
+                Err(_) => self.malformed += 1,
+            }
+        }
+        n
+    }
+
+    /// Events that did not decode.
+    pub fn malformed(&self) -> u64 {
+        self.malformed
+    }
+
+    /// The ring's descriptor: readable (`poll`) when events are queued.
+    pub fn fd(&self) -> std::os::fd::RawFd {
+        self.ring.as_raw_fd()
     }
 }
 
@@ -95,6 +146,12 @@ impl Probes {
     /// No more library-load signals (before the tracer lets the threads go).
     pub fn stop_library_loads(&mut self) -> Result<()> {
         self.config.set(config::SIGNAL_ON_DLOPEN, 0)
+    }
+
+    /// Whether the kernel sent a library-load signal not taken yet
+    /// ([`Self::take_library_load_signal`]).
+    pub fn library_load_pending(&self) -> Result<bool> {
+        Ok(self.config.get(config::DLOPEN_SIGNALLED)? == 1)
     }
 
     /// Whether the kernel sent the library-load signal since the last call.
@@ -145,37 +202,25 @@ impl Probes {
         }
     }
 
-    /// Hands every GC event the kernel queued to `apply`, in order.
-    pub fn drain_gc_events(&mut self, mut apply: impl FnMut(&GcChange)) {
-        let events = &mut self.gc_events;
-        while let Some(item) = events.ring.next() {
-            if item.len() < std::mem::size_of::<GcEvent>() {
-                events.malformed += 1;
-                continue;
-            }
-            // SAFETY: the kernel wrote a GcEvent (plain data); unaligned read.
-            let event = unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<GcEvent>()) };
-            match GcChange::try_from(&event) {
-                Ok(change) => apply(&change),
-                Err(_) => events.malformed += 1,
-            }
-        }
+    /// The GC event ring buffer, for its one reader (once).
+    pub fn take_gc_events(&mut self) -> Option<GcEvents> {
+        self.gc_events.take()
     }
 
-    /// GC events lost: the ring buffer was full (summed over CPUs), or
-    /// they did not decode.
+    /// Has the kernel keep GC objects out of `LIVE` and stream them to
+    /// the ring buffer only ([`config::GC_COPY`]): before any probe is attached.
+    pub fn keep_gc_copy(&mut self) -> Result<()> {
+        self.config.set(config::GC_COPY, 1)
+    }
+
+    /// GC events the ring buffer had no room for (summed over CPUs).
     pub fn gc_events_lost(&self) -> Result<u64> {
-        Ok(self.kernel_counters()?.gc_events_lost + self.gc_events.malformed)
+        Ok(self.kernel_counters()?.gc_events_lost)
     }
 
     /// Collections the kernel saw and could not hold for (summed over CPUs).
     pub fn collections_not_held(&self) -> Result<u64> {
         Ok(self.kernel_counters()?.gc_not_held)
-    }
-
-    /// Removes dead blocks from the live table.
-    pub fn forget_live(&self, addresses: &[u64]) -> Result<()> {
-        batch::delete(self.map(maps::LIVE)?, addresses)
     }
 
     /// The kernel's counters now, summed over CPUs.

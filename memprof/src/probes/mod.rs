@@ -12,7 +12,6 @@
 //! | `unwind_tables` | writes the CFI rows and the module ranges the kernel unwinder searches |
 //! | `gc_hold` | the protocols with a traced target: holding a collector for the mark-bit pass, stopping the main thread after `dlopen` |
 //! | `view` | a read-only view of the kernel's tables, in userspace types ([`Site`], [`LiveBlock`]) |
-//! | `batch` | `BPF_MAP_DELETE_BATCH`, which aya 0.14 lacks |
 //!
 //! Dropping [`Probes`] (or memprof exiting, however it exits) closes the
 //! links: the kernel then removes the breakpoints.
@@ -30,10 +29,9 @@ mod multi;
 mod unwind_tables;
 mod view;
 
-pub use gc_hold::GcChange;
+pub use gc_hold::{GcChange, GcEvents};
 pub use view::{HeapMaps, LiveBlock, RecordedStack, Site};
 
-use gc_hold::GcEvents;
 use unwind_tables::ModuleTable;
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memprof-probes"));
@@ -87,8 +85,9 @@ pub struct Probes {
     links: Vec<(&'static str, std::os::fd::OwnedFd)>,
     /// How many probes (entry + return) are attached.
     pub attached: usize,
-    /// GC objects allocated and gone (see [`memprof_common::GcEvent`]).
-    gc_events: GcEvents,
+    /// GC objects allocated and freed (see [`memprof_common::GcEvent`]),
+    /// until its reader takes it.
+    gc_events: Option<GcEvents>,
     /// The module ranges the kernel unwinder has.
     modules: ModuleTable,
     /// Sampling's mean distance (`--sample-bytes`), 0 without.
@@ -127,7 +126,7 @@ impl Probes {
         let programs = multi::Programs::new(OBJECT, &ebpf)?;
         let mut probes = Probes {
             programs,
-            gc_events: GcEvents::new(take_map(&mut ebpf, maps::GC_EVENTS)?)?,
+            gc_events: Some(GcEvents::new(take_map(&mut ebpf, maps::GC_EVENTS)?)?),
             config: Settings(Array::try_from(take_map(&mut ebpf, maps::CONFIG)?)?),
             ebpf,
             empty: options.empty,

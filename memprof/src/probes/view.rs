@@ -10,8 +10,8 @@
 use anyhow::{anyhow, Result};
 use aya::maps::{HashMap, Map, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues, StackTraceMap};
 use memprof_common::{
-    maps, AllocKind, AllocSite, DwarfStack, KernelCounters, LiveAlloc, SiteTotals, CALLER_ONLY,
-    NO_STACK, SITES_OVERFLOW,
+    maps, AllocKind, AllocSite, DwarfStack, KernelCounters, KindLive, LiveAlloc, SiteTotals,
+    CALLER_ONLY, NO_STACK, SITES_OVERFLOW,
 };
 
 use super::Probes;
@@ -103,6 +103,7 @@ pub struct HeapMaps {
     /// Allocations were sampled with this mean distance (`--sample-bytes`); 0: all followed.
     pub sample_bytes: u64,
     counters: PerCpuArray<MapData, KernelCounters>,
+    live_by_kind: PerCpuArray<MapData, KindLive>,
 }
 
 impl HeapMaps {
@@ -172,6 +173,18 @@ impl HeapMaps {
         }
     }
 
+    /// `[blocks, bytes]` in the live table per kind (indexed by
+    /// [`AllocKind`]), in O(1): the kernel's per-kind totals, summed over CPUs.
+    pub fn live_by_kind(&self) -> Result<[[u64; 2]; 4]> {
+        let mut sum = KindLive::default();
+        for cpu in self.live_by_kind.get(&0, 0)?.iter() {
+            sum.add(cpu);
+        }
+        Ok(std::array::from_fn(|k| {
+            [sum.blocks[k].max(0) as u64, sum.bytes[k].max(0) as u64]
+        }))
+    }
+
     /// The counters, summed over CPUs.
     pub fn counters(&self) -> Result<Counters> {
         Ok(report_counters(sum_per_cpu(&self.counters)?))
@@ -207,6 +220,7 @@ impl Probes {
             dwarf: self.dwarf,
             sample_bytes: self.sample_bytes,
             counters: PerCpuArray::try_from(open(maps::COUNTERS)?)?,
+            live_by_kind: PerCpuArray::try_from(open(maps::LIVE_BY_KIND)?)?,
         })
     }
 }

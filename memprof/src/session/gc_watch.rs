@@ -1,29 +1,144 @@
 //! The mark-bit passes of a session with a GC heap ([`crate::gc::pass`]):
 //! starting them (collection probes, the tracer that holds collectors),
-//! judging at each held collection, and the GC summary of the profile; or,
-//! when mark bits cannot be read, why not (address reuse only).
+//! keeping memprof's copy of the GC objects ([`GcCopy`]) current, judging at
+//! each held collection, and the GC summary of the profile; or, when mark
+//! bits cannot be read, why not (address reuse only).
+//!
+//! The copy is fed by a thread of its own ([`Feeder`]): it waits on the
+//! kernel's ring buffer and applies the events as they come, so the ring
+//! never fills while the session's loop is busy (a snapshot, a sample),
+//! and sorts the new records in chunks, so a pass only merges. The loop
+//! takes the copy's lock at a held collection, applies what is left in the
+//! ring, and judges.
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
 use anyhow::Result;
 
 use super::{GcLiveness, Plan, SessionOptions};
+use crate::gc::copy::GcCopy;
 use crate::gc::pass::Judge;
 use crate::gc::HeapStats;
-use crate::probes::Probes;
+use crate::probes::{GcChange, GcEvents, Probes};
 use crate::profile::GcSummary;
 use crate::target::trace::Tracer;
 
 /// The mark-bit passes of a session with a GC heap, or why there are none.
 pub(super) struct GcWatch {
     judge: Option<Judge>,
+    /// The copy of the GC objects and its feeder (while there is a judge,
+    /// and after the passes stopped: address reuse is still seen there).
+    feeder: Option<Feeder>,
     /// Why dead GC objects are found by address reuse only (no GC heap: None).
     fallback: Option<String>,
     /// The collector's heap figures at the end.
     heap_stats: Option<HeapStats>,
 }
 
+/// The ring buffer and the copy it feeds, behind one lock.
+pub(super) struct Fed {
+    events: GcEvents,
+    pub(super) copy: GcCopy,
+}
+
+impl Fed {
+    /// Applies every event queued in the ring.
+    fn catch_up(&mut self) -> usize {
+        let copy = &mut self.copy;
+        self.events.drain(|change| match *change {
+            GcChange::Allocated {
+                addr,
+                block,
+                replaces,
+            } => {
+                copy.allocated(addr, &block);
+                if replaces != 0 {
+                    copy.reallocated(replaces, addr, block.timestamp_ns);
+                }
+            }
+            GcChange::Freed { addr, time_ns } => copy.freed(addr, time_ns),
+        })
+    }
+}
+
+/// The thread that keeps the copy current.
+struct Feeder {
+    fed: Arc<Mutex<Fed>>,
+    /// The copy's per-kind figures when last read.
+    per_kind: [[u64; 2]; 4],
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// How long the feeder waits on the ring (the kernel wakes it only when
+/// events pile up) before reading it anyway.
+const FEEDER_WAIT_MS: i32 = 10;
+
+impl Feeder {
+    fn start(events: GcEvents) -> Result<Feeder> {
+        let fed = Arc::new(Mutex::new(Fed {
+            events,
+            copy: GcCopy::default(),
+        }));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (f, s) = (fed.clone(), stop.clone());
+        // Valid while `fed` holds the ring (the thread holds `fed`).
+        let fd = f.lock().unwrap_or_else(|e| e.into_inner()).events.fd();
+        let thread = std::thread::Builder::new()
+            .name("gc-copy".into())
+            .spawn(move || {
+                while !s.load(Ordering::Relaxed) {
+                    {
+                        let mut fed = f.lock().unwrap_or_else(|e| e.into_inner());
+                        fed.catch_up();
+                        fed.copy.sort_tail();
+                    }
+                    // The lock is not held while waiting.
+                    wait_readable(fd, FEEDER_WAIT_MS);
+                }
+            })?;
+        Ok(Feeder {
+            fed,
+            per_kind: [[0; 2]; 4],
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// The copy, with every event queued so far applied.
+    fn current(&self) -> MutexGuard<'_, Fed> {
+        let mut fed = self.fed.lock().unwrap_or_else(|e| e.into_inner());
+        fed.catch_up();
+        fed
+    }
+}
+
+/// Waits until `fd` is readable (the kernel queued events), at most `timeout_ms`.
+fn wait_readable(fd: std::os::fd::RawFd, timeout_ms: i32) {
+    let mut poll = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    unsafe { libc::poll(&mut poll, 1, timeout_ms) };
+}
+
+impl Drop for Feeder {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 impl GcWatch {
     pub(super) fn new(plan: &Plan, options: &SessionOptions, pid: u32) -> GcWatch {
         let mut watch = GcWatch {
             judge: None,
+            feeder: None,
             fallback: None,
             heap_stats: None,
         };
@@ -43,7 +158,22 @@ impl GcWatch {
         watch
     }
 
-    /// Says once why mark bits are not read, and stops reading them.
+    /// With a judge, has the kernel stream the GC objects to memprof's copy
+    /// only (not to its live table) and starts feeding it: before any
+    /// probe is attached.
+    pub(super) fn keep_copy(&mut self, probes: &mut Probes) -> Result<()> {
+        if self.judge.is_none() {
+            return Ok(());
+        }
+        let Some(events) = probes.take_gc_events() else {
+            return Ok(());
+        };
+        self.feeder = Some(Feeder::start(events)?);
+        probes.keep_gc_copy()
+    }
+
+    /// Says once why mark bits are not read, and stops reading them. The
+    /// copy stays: address reuse and frees are still applied to it.
     pub(super) fn fall_back(&mut self, why: String) {
         eprintln!("memprof: GC mark bits not read ({why}); dead GC objects are found by address reuse only");
         self.judge = None;
@@ -83,14 +213,14 @@ impl GcWatch {
     /// at a collection, judge the tracked objects now. Returns whether the
     /// signal was memprof's.
     pub(super) fn on_hold(&mut self, probes: &mut Probes, tid: u32) -> Result<bool> {
+        let started = std::time::Instant::now();
         let Some(epoch) = probes.take_held(tid)? else {
             return Ok(false);
         };
-        let Some(judge) = &mut self.judge else {
+        let (Some(judge), Some(feeder)) = (&mut self.judge, &self.feeder) else {
             return Ok(true);
         };
-        probes.drain_gc_events(|event| judge.apply(event));
-        let result = judge.pass(epoch).and_then(|dead| probes.forget_live(&dead));
+        let result = judge.pass(epoch, &mut feeder.current().copy, started);
         if let Err(e) = result {
             judge.not_judged(1);
             self.fall_back(format!("the mark-bit pass failed: {e:#}"));
@@ -99,11 +229,24 @@ impl GcWatch {
         Ok(true)
     }
 
-    /// Keeps the copy of the GC objects current (the ring buffer must not fill).
-    pub(super) fn drain(&mut self, probes: &mut Probes) {
-        if let Some(judge) = &mut self.judge {
-            probes.drain_gc_events(|event| judge.apply(event));
+    /// The copy of the GC objects, every event applied and settled (frees
+    /// and address reuse), for a snapshot or the end; `None` without one.
+    pub(super) fn settled(&self) -> Option<MutexGuard<'_, Fed>> {
+        let mut fed = self.feeder.as_ref()?.current();
+        // Settling without a pass judges nothing: it cannot fail.
+        let _ = fed.copy.settle(None);
+        Some(fed)
+    }
+
+    /// Tracked GC objects and bytes per kind, cheaply (for timeline
+    /// samples): never waits for the copy's lock (the feeder may be
+    /// merging), the last figures read then.
+    pub(super) fn per_kind(&mut self) -> Option<[[u64; 2]; 4]> {
+        let feeder = self.feeder.as_mut()?;
+        if let Ok(fed) = feeder.fed.try_lock() {
+            feeder.per_kind = fed.copy.per_kind();
         }
+        Some(feeder.per_kind)
     }
 
     /// The collector's heap figures, while the target's memory is readable.
@@ -119,17 +262,12 @@ impl GcWatch {
         self.heap_stats.as_ref().map(|s| s.heap_size)
     }
 
-    pub(super) fn sites(&self) -> Option<&crate::live::GcSites> {
-        self.judge.as_ref().map(|j| j.sites())
-    }
-
     pub(super) fn summary(&mut self, probes: &Probes) -> Option<GcSummary> {
         let mut summary = match (&mut self.judge, &self.fallback) {
             (Some(judge), _) => {
                 let _ = judge.finish();
                 let mut s = judge.summary().clone();
                 s.collections_not_judged += probes.collections_not_held().unwrap_or(0);
-                s.events_lost = probes.gc_events_lost().unwrap_or(0);
                 s
             }
             (None, Some(why)) => GcSummary {
@@ -138,6 +276,11 @@ impl GcWatch {
             },
             (None, None) => return None,
         };
+        // The copy outlives a failed pass: its losses count either way.
+        if let Some(feeder) = &self.feeder {
+            let malformed = feeder.current().events.malformed();
+            summary.events_lost = probes.gc_events_lost().unwrap_or(0) + malformed;
+        }
         if let Some(stats) = &self.heap_stats {
             summary.heap_size = Some(stats.heap_size);
             summary.free_bytes = Some(stats.free_bytes);

@@ -156,6 +156,8 @@ pub struct Session {
     maps: MapsCache,
     live: Live,
     output: Output,
+    /// Events of the target that came while a snapshot was published.
+    deferred: Vec<Event>,
     started: (Instant, SystemTime),
     last_refresh: Instant,
 }
@@ -177,7 +179,6 @@ impl Session {
         if let Some(status) = self.follow()? {
             return Ok(Step::Exited(Some(status)));
         }
-        self.gc.drain(&mut self.probes);
         // Without a tracer, an attached process's exit is seen in /proc.
         if self.mode == Mode::Attach && !crate::target::is_alive(self.pid()) {
             return Ok(Step::Exited(None));
@@ -194,35 +195,55 @@ impl Session {
     /// load: new unwinding ranges; a collection held: the mark-bit pass),
     /// and its exit, returned.
     fn follow(&mut self) -> Result<Option<ExitStatus>> {
-        let Some(tracer) = &mut self.tracer else {
-            return Ok(None);
-        };
-        let pid = tracer.pid;
+        // Events left while a snapshot was published, in order.
+        for event in std::mem::take(&mut self.deferred) {
+            if let Some(status) = self.handle(event)? {
+                return Ok(Some(status));
+            }
+        }
+        loop {
+            let Some(tracer) = &mut self.tracer else {
+                return Ok(None);
+            };
+            let probes = &mut self.probes;
+            let Some(event) = tracer.poll(&mut |tid| {
+                let _ = probes.set_traced(tid);
+            })?
+            else {
+                return Ok(None);
+            };
+            if let Some(status) = self.handle(event)? {
+                return Ok(Some(status));
+            }
+        }
+    }
+
+    /// One event of the traced target (see [`Self::follow`]).
+    fn handle(&mut self, event: Event) -> Result<Option<ExitStatus>> {
+        let pid = self.pid();
         let probes = &mut self.probes;
-        while let Some(event) = tracer.poll(&mut |tid| {
-            let _ = probes.set_traced(tid);
-        })? {
-            match event {
-                Event::Exiting => {
-                    if let Some(now) = self.maps.refresh(pid) {
-                        self.plan.modules.keep(&now);
-                    }
-                    self.gc.read_heap_stats();
+        match event {
+            Event::Exiting => {
+                if let Some(now) = self.maps.refresh(pid) {
+                    self.plan.modules.keep(&now);
                 }
-                Event::Signal { tid, signal } => {
-                    // The library-load and hold signals are one signal
-                    // (SIGURG): the kernel's flags say whose it is, and
-                    // both may have been sent before this one stop.
-                    let load = tid == pid && probes.take_library_load_signal()?;
-                    if load {
-                        update_ranges(probes, &self.plan, &mut self.maps, pid)?;
-                    }
-                    let held = self.gc.on_hold(probes, tid)?;
-                    // Neither: the program's own SIGURG, delivered.
+                self.gc.read_heap_stats();
+            }
+            Event::Signal { tid, signal } => {
+                // The library-load and hold signals are one signal
+                // (SIGURG): the kernel's flags say whose it is, and
+                // both may have been sent before this one stop.
+                let load = tid == pid && probes.take_library_load_signal()?;
+                if load {
+                    update_ranges(probes, &self.plan, &mut self.maps, pid)?;
+                }
+                let held = self.gc.on_hold(probes, tid)?;
+                // Neither: the program's own SIGURG, delivered.
+                if let Some(tracer) = &mut self.tracer {
                     tracer.resume_signal(tid, signal, !(load || held));
                 }
-                Event::Exited(status) => return Ok(Some(status)),
             }
+            Event::Exited(status) => return Ok(Some(status)),
         }
         Ok(None)
     }
@@ -238,14 +259,89 @@ impl Session {
     fn tick_live(&mut self) -> Result<Step> {
         let due = self.live.due();
         if due.sample {
+            let t0 = Instant::now();
+            let mut per_kind = self.tables.live_by_kind()?;
+            if let Some(gc) = self.gc.per_kind() {
+                for (sum, gc) in per_kind.iter_mut().zip(gc) {
+                    sum[0] += gc[0];
+                    sum[1] += gc[1];
+                }
+            }
             let gc_heap = self.gc.heap_size_now();
-            self.live.sample(&self.tables, self.gc.sites(), gc_heap)?;
+            self.live
+                .sample(t0, crate::live::PerKind::from_array(per_kind), gc_heap);
         }
         if due.print || due.snapshot {
-            let profile = self.snapshot()?;
-            self.live.publish(&profile, due)?;
+            self.publish(due)?;
         }
         Ok(Step::Running)
+    }
+
+    /// `--interval` / `--snapshot-every`: the tables are read here, then
+    /// symbolized and published on a thread while this one keeps serving
+    /// held collections (a hold must not wait for a snapshot). Any other
+    /// event of the target waits until the snapshot is out (the thread
+    /// stays stopped), then goes through [`Self::follow`].
+    fn publish(&mut self, due: crate::live::Due) -> Result<()> {
+        let (counters, raw) = raw_tables(&self.tables, &self.gc)?;
+        let header = Profile {
+            duration_s: self.started.0.elapsed().as_secs_f64(),
+            counters,
+            timeline: self.live.timeline().clone(),
+            ..self.describe()
+        };
+        let pid = self.pid();
+        let Session {
+            maps,
+            plan,
+            live,
+            tracer,
+            probes,
+            gc,
+            deferred,
+            ..
+        } = self;
+        std::thread::scope(|scope| -> Result<()> {
+            let publishing = scope.spawn(|| -> Result<()> {
+                let (groups, stacks) = symbolize::symbolize(raw, maps, &plan.modules, false);
+                live.publish(
+                    &Profile {
+                        groups,
+                        stacks,
+                        ..header
+                    },
+                    due,
+                )
+            });
+            if let Some(tracer) = tracer {
+                while !publishing.is_finished() {
+                    if !deferred.is_empty() {
+                        std::thread::sleep(Duration::from_millis(1));
+                        continue;
+                    }
+                    let event = tracer.poll(&mut |tid| {
+                        let _ = probes.set_traced(tid);
+                    })?;
+                    match event {
+                        // A hold only (no library load pending on it): served now.
+                        Some(Event::Signal { tid, signal })
+                            if !(tid == pid && probes.library_load_pending()?) =>
+                        {
+                            if gc.on_hold(probes, tid)? {
+                                tracer.resume_signal(tid, 0, false);
+                            } else {
+                                deferred.push(Event::Signal { tid, signal });
+                            }
+                        }
+                        Some(event) => deferred.push(event),
+                        None => std::thread::sleep(Duration::from_millis(1)),
+                    }
+                }
+            }
+            publishing
+                .join()
+                .map_err(|_| anyhow::anyhow!("publishing a snapshot failed"))?
+        })
     }
 
     /// A profile of the kernel's tables as they are now, without the GC
@@ -301,6 +397,7 @@ impl Session {
         // Closing the links takes the kernel a while: done meanwhile.
         self.probes.disable()?;
         let detaching = self.probes.detach();
+        // The copy of the GC objects gets the events still queued when read.
         let (counters, groups, stacks) =
             read_tables(&self.tables, &self.gc, &self.maps, &self.plan.modules, true)?;
         let duration_s = self.started.0.elapsed().as_secs_f64();
@@ -383,9 +480,21 @@ fn read_tables(
     modules: &ModuleCache,
     progress: bool,
 ) -> Result<(Counters, Vec<Group>, Stacks)> {
-    let raw = heap::collect(tables, gc.sites())?;
+    let (counters, raw) = raw_tables(tables, gc)?;
     let (groups, stacks) = symbolize::symbolize(raw, maps, modules, progress);
-    Ok((tables.counters()?, groups, stacks))
+    Ok((counters, groups, stacks))
+}
+
+/// The counters and the groups per stack (addresses), from the kernel's
+/// tables and the copy of the GC objects.
+fn raw_tables(tables: &HeapMaps, gc: &GcWatch) -> Result<(Counters, Vec<heap::RawGroup>)> {
+    let settled = gc.settled();
+    let copy = settled.as_ref().map(|fed| &fed.copy);
+    let raw = heap::collect(tables, copy.map(|c| c.sites()))?;
+    let mut counters = tables.counters()?;
+    // GC_free of an address the copy did not track.
+    counters.unknown_frees += copy.map_or(0, |c| c.unknown_frees());
+    Ok((counters, raw))
 }
 
 /// Re-reads the mappings of `pid`; with DWARF unwinding, gives the kernel

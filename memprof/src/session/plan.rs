@@ -19,7 +19,7 @@ use crate::unwind::Tables;
 
 /// The GC event ring buffer: enough for ~1M allocations between two reads
 /// (the session reads it at least every 100 ms, and at each collection).
-const GC_EVENTS_BYTES: u32 = 64 << 20;
+const GC_EVENTS_BYTES: u32 = 16 << 20;
 
 /// The options a plan depends on.
 pub struct Choice {

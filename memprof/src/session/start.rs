@@ -165,10 +165,13 @@ impl Session {
         options: &SessionOptions,
     ) -> Result<Session> {
         let started = (Instant::now(), SystemTime::now());
+        let mut probes = probes;
+        let mut gc = GcWatch::new(&plan, options, target.pid);
+        gc.keep_copy(&mut probes)?;
         Ok(Session {
             mode,
             tables: probes.peek()?,
-            gc: GcWatch::new(&plan, options, target.pid),
+            gc,
             live: Live::new(options.live.clone(), started.0, output.path()),
             target,
             plan,
@@ -177,6 +180,7 @@ impl Session {
             tracer: None,
             maps: MapsCache::default(),
             output,
+            deferred: Vec::new(),
             started,
             last_refresh: Instant::now(),
         })
