@@ -12,7 +12,7 @@
 //! loaded structure pointer, a header field) and records what it learns.
 //! libgc's layout recognition ([`crate::gc`]) is such a caller.
 //!
-//! ```ignore
+//! ```text
 //! struct Returns(Vec<V<NoRole>>);
 //! impl Hooks for Returns {
 //!     type Role = NoRole;

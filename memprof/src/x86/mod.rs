@@ -7,7 +7,7 @@
 //! Probe placement ([`crate::placement`]) and libgc layout recognition
 //! ([`crate::gc`]) both build on these parts, and not on each other.
 //!
-//! ```ignore
+//! ```text
 //! // glibc's free: test %rdi,%rdi ; je … ; push %rbp
 //! let code = [0x48, 0x85, 0xff, 0x0f, 0x84, 0xbf, 0x00, 0x00, 0x00, 0x55];
 //! let insns = decode::function(&code, 0x98ef0);

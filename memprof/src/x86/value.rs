@@ -14,7 +14,7 @@
 //! | `Ptr { base: Role(r), … }` | a value the caller's hooks recognized (a loaded structure pointer, a field) |
 //! | [`WordSum`] | `±[word] ± [word] …`: global words read and added or subtracted (`GC_heapsize - GC_unmapped_bytes`) |
 //!
-//! ```ignore
+//! ```text
 //! // p - (p & ~0xfff) >> 4 == (p >> 4) & 0xff: the granule of p in its 4 KiB block.
 //! let block = and(p, V::imm(!0xfff));
 //! assert_eq!(shr(sub(p, block), 4), V::Bits(Bits { shift: 4, mask: 0xff }));
