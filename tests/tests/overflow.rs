@@ -108,7 +108,7 @@ fn each_allocation_is_counted_once_when_both_tables_overflow() {
         );
         assert!(
             text.contains(
-                "allocations in their kind's overflow group (site table full, --max-sites): 200"
+                "allocations in their kind's overflow group (site table full, --max-sites, or no kernel memory for a new entry): 200"
             ),
             "{text}"
         );

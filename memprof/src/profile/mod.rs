@@ -227,7 +227,9 @@ pub struct Counters {
     #[serde(default)]
     pub stacks_degraded: u64,
     /// Allocations recorded in their kind's overflow group because the site
-    /// table was full (`--max-sites`): totals exact, stack unknown.
+    /// table had no room (full at `--max-sites`, or the kernel could not
+    /// allocate an entry of the on-demand table during a burst of new
+    /// sites): totals exact, stack unknown.
     #[serde(default)]
     pub sites_overflowed: u64,
     /// Entries the kernel's stack table (DWARF) and site table hold at the

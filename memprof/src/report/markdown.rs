@@ -162,7 +162,7 @@ pub fn table(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
             context.push(format!("`{}`", super::FOLDED_NOTE));
         }
         let context = if g.overflow {
-            "(site table full: counted without a stack; raise --max-sites)".to_string()
+            "(no room in the site table: counted without a stack; see --max-sites)".to_string()
         } else if context.is_empty() {
             "(no stack)".to_string()
         } else {

@@ -320,7 +320,7 @@ pub fn loss_summary(profile: &Profile) -> String {
     }
     if c.sites_overflowed > 0 {
         line += &format!(
-            "; allocations in their kind's overflow group (site table full, --max-sites): {}",
+            "; allocations in their kind's overflow group (site table full, --max-sites, or no kernel memory for a new entry): {}",
             thousands(c.sites_overflowed)
         );
     }
