@@ -137,6 +137,12 @@ pub const NO_STACK: u64 = u64::MAX;
 /// Most frames a DWARF stack stores (a power of two: indexes are masked).
 pub const MAX_FRAMES: usize = 64;
 
+/// Frames kept of a stack the stack table has no room for: it goes to the
+/// short-stack table (`SHORT_STACKS`) cut to its innermost frames, which
+/// far fewer distinct stacks share (the Crystal compiler: 770,000 distinct
+/// stacks).
+pub const SHORT_FRAMES: usize = 8;
+
 /// Most frames the DWARF unwinder steps through. More than it stores: frames
 /// folded away (recursion) take a step but no room, so a deep recursion
 /// still reaches `main`.
@@ -436,7 +442,12 @@ counters! {
         /// (recursion: a function one of the last few kept frames had).
         pub folded_stacks: u64,
         /// Allocation calls whose stack had no room in the stack table
-        /// (`--max-stacks`): recorded under their caller alone
+        /// (`--max-stacks`): recorded under their innermost
+        /// [`SHORT_FRAMES`] frames in the short-stack table, marked
+        /// truncated. Not a loss: attribution is coarser.
+        pub stacks_shortened: u64,
+        /// Allocation calls whose stack had no room in the stack table nor
+        /// in the short-stack table: recorded under their caller alone
         /// ([`CALLER_ONLY`]). Not a loss: attribution is coarser.
         pub stacks_degraded: u64,
         /// Allocations whose site had no room in the site table
@@ -487,6 +498,9 @@ pub mod maps {
     /// (detaching uprobes takes a grace period each).
     pub const ENABLED: &str = "ENABLED";
     pub const DWARF_STACKS: &str = "DWARF_STACKS";
+    /// Stacks cut to their innermost `SHORT_FRAMES` frames, for when
+    /// `DWARF_STACKS` is full.
+    pub const SHORT_STACKS: &str = "SHORT_STACKS";
     pub const UNWIND_ROWS: &str = "UNWIND_ROWS";
     pub const MODULE_RANGES: &str = "MODULE_RANGES";
     /// `u32` settings indexed by [`config`](super::config).

@@ -57,7 +57,7 @@ mod probes {
         AllocSite, DwarfStack, GcEvent, KernelCounters, KindLive, LiveAlloc, ModuleRange,
         PendingCall, SiteTotals, UnwindRow, CALLER_ONLY, FOLD_WINDOW, HOLD_SIGNAL,
         LIBRARY_LOAD_SIGNAL, MAX_FRAMES, MAX_STEPS, NO_STACK, ROW_CACHE_SLOTS, SAMPLE_QUANTILES,
-        SITES_OVERFLOW,
+        SHORT_FRAMES, SITES_OVERFLOW,
     };
 
     /// 1: fold recursion in DWARF stacks (`--keep-recursion` sets 0). A
@@ -105,6 +105,10 @@ mod probes {
     /// Filled on demand (BPF_F_NO_PREALLOC): most runs use a fraction of it.
     #[map]
     static DWARF_STACKS: HashMap<u64, DwarfStack> =
+        HashMap::with_max_entries(1 << 16, aya_ebpf::bindings::BPF_F_NO_PREALLOC);
+    /// Where a stack goes, cut short, when `DWARF_STACKS` is full.
+    #[map]
+    static SHORT_STACKS: HashMap<u64, DwarfStack> =
         HashMap::with_max_entries(1 << 16, aya_ebpf::bindings::BPF_F_NO_PREALLOC);
     #[map]
     static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(1, 0);
@@ -437,11 +441,48 @@ mod probes {
                 Some(hash)
             }
             Err(e) if e == -errno::EEXIST => Some(hash), // stored meanwhile
-            Err(_) => {
-                // Full (or no memory): keep the innermost frame, the caller.
-                bump(|c| &mut c.stacks_degraded);
-                Some(CALLER_ONLY)
+            Err(_) => match shortened(stack) {
+                // Full (or no memory): keep the innermost frames.
+                Some(key) => {
+                    bump(|c| &mut c.stacks_shortened);
+                    Some(key)
+                }
+                // That table too: the innermost frame, the caller.
+                None => {
+                    bump(|c| &mut c.stacks_degraded);
+                    Some(CALLER_ONLY)
+                }
+            },
+        }
+    }
+
+    /// Stores `stack` cut to its innermost `SHORT_FRAMES` frames (marked
+    /// truncated) in `SHORT_STACKS`; returns its key, `None` if that table
+    /// has no room either.
+    #[inline(always)]
+    fn shortened(stack: &mut DwarfStack) -> Option<u64> {
+        let mut hash = FNV_OFFSET;
+        let mut kept: u32 = 0;
+        for i in 0..SHORT_FRAMES {
+            if i as u32 >= stack.len {
+                break;
             }
+            hash = (hash ^ stack.frames[i]).wrapping_mul(FNV_PRIME);
+            kept += 1;
+        }
+        stack.len = kept;
+        stack.truncated = 1;
+        hash ^= 1;
+        if stack.folded == 1 {
+            hash ^= 2;
+        }
+        if SHORT_STACKS.get_ptr(&hash).is_some() {
+            return Some(hash);
+        }
+        match SHORT_STACKS.insert(&hash, &*stack, BPF_NOEXIST as u64) {
+            Ok(()) => Some(hash),
+            Err(e) if e == -errno::EEXIST => Some(hash),
+            Err(_) => None,
         }
     }
 

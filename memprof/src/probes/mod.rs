@@ -118,6 +118,7 @@ impl Probes {
             .map_max_entries(maps::LIVE, options.max_live)
             .map_max_entries(maps::STACKS, fp_stacks)
             .map_max_entries(maps::DWARF_STACKS, dwarf_stacks)
+            .map_max_entries(maps::SHORT_STACKS, dwarf_stacks)
             .map_max_entries(maps::SITE_TOTALS, options.max_sites)
             .map_max_entries(maps::UNWIND_ROWS, rows)
             .map_max_entries(maps::GC_EVENTS, options.gc_events_bytes.max(4096))

@@ -98,6 +98,8 @@ pub struct HeapMaps {
     overflow: PerCpuArray<MapData, SiteTotals>,
     stacks: StackTraceMap<MapData>,
     dwarf_stacks: HashMap<MapData, u64, DwarfStack>,
+    /// Stacks cut to their innermost frames (`dwarf_stacks` was full).
+    short_stacks: HashMap<MapData, u64, DwarfStack>,
     /// Stacks were unwound with the CFI tables (`dwarf_stacks`), not frame pointers.
     dwarf: bool,
     /// Allocations were sampled with this mean distance (`--sample-bytes`); 0: all followed.
@@ -154,7 +156,12 @@ impl HeapMaps {
         } else if key == SITES_OVERFLOW {
             RecordedStack::Overflow
         } else if self.dwarf {
-            match self.dwarf_stacks.get(&key, 0) {
+            // A stack the table had no room for is in the short-stack table.
+            let found = self
+                .dwarf_stacks
+                .get(&key, 0)
+                .or_else(|_| self.short_stacks.get(&key, 0));
+            match found {
                 Ok(s) => RecordedStack::Unwound {
                     frames: s.frames[..(s.len as usize).min(s.frames.len())].to_vec(),
                     truncated: s.truncated != 0,
@@ -217,6 +224,7 @@ impl Probes {
             overflow: PerCpuArray::try_from(open(maps::OVERFLOW_TOTALS)?)?,
             stacks: StackTraceMap::try_from(open(maps::STACKS)?)?,
             dwarf_stacks: HashMap::try_from(open(maps::DWARF_STACKS)?)?,
+            short_stacks: HashMap::try_from(open(maps::SHORT_STACKS)?)?,
             dwarf: self.dwarf,
             sample_bytes: self.sample_bytes,
             counters: PerCpuArray::try_from(open(maps::COUNTERS)?)?,
@@ -257,6 +265,7 @@ fn report_counters(kernel: KernelCounters) -> Counters {
         failed_allocs,
         truncated_stacks,
         folded_stacks,
+        stacks_shortened,
         stacks_degraded,
         sites_overflowed,
         stacks_stored,
@@ -281,6 +290,7 @@ fn report_counters(kernel: KernelCounters) -> Counters {
         failed_allocs,
         truncated_stacks,
         folded_stacks,
+        stacks_shortened,
         stacks_degraded,
         sites_overflowed,
         stacks_stored,
@@ -313,6 +323,7 @@ mod tests {
             c.failed_allocs,
             c.truncated_stacks,
             c.folded_stacks,
+            c.stacks_shortened,
             c.stacks_degraded,
             c.sites_overflowed,
             c.stacks_stored,
@@ -334,6 +345,7 @@ mod tests {
                 kernel.failed_allocs,
                 kernel.truncated_stacks,
                 kernel.folded_stacks,
+                kernel.stacks_shortened,
                 kernel.stacks_degraded,
                 kernel.sites_overflowed,
                 kernel.stacks_stored,

@@ -226,6 +226,11 @@ pub struct Counters {
     /// table was full (`--max-stacks`): not a loss, a coarser stack.
     #[serde(default)]
     pub stacks_degraded: u64,
+    /// Allocation calls recorded under their innermost 8 frames because the
+    /// stack table was full (`--max-stacks`): not a loss, a shorter stack
+    /// (marked truncated).
+    #[serde(default)]
+    pub stacks_shortened: u64,
     /// Allocations recorded in their kind's overflow group because the site
     /// table had no room (full at `--max-sites`, or the kernel could not
     /// allocate an entry of the on-demand table during a burst of new

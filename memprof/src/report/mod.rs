@@ -312,9 +312,15 @@ pub fn loss_summary(profile: &Profile) -> String {
             thousands(folded)
         );
     }
+    if c.stacks_shortened > 0 {
+        line += &format!(
+            "; allocations under their innermost 8 frames (stack table full, --max-stacks): {}",
+            thousands(c.stacks_shortened)
+        );
+    }
     if c.stacks_degraded > 0 {
         line += &format!(
-            "; allocations under their caller alone (stack table full, --max-stacks): {}",
+            "; allocations under their caller alone (stack tables full, --max-stacks): {}",
             thousands(c.stacks_degraded)
         );
     }
