@@ -180,11 +180,11 @@ impl Probes {
         self.config.set(config::SIGNAL_ON_DLOPEN, 0)
     }
 
-    /// Closes every link. Closing a link waits for the kernel's grace
-    /// periods (~0.1 s, serialized between links), so each link is
-    /// closed on its own thread while the caller goes on;
-    /// [`Detaching::wait`] joins them. No probe is left in the target
-    /// after that.
+    /// Closes every link. Closing a multi-uprobe link waits for the
+    /// kernel's grace periods; closed on a thread each, the waits overlap
+    /// (`run -- /bin/true`: 0.53 s instead of 0.70 s closing its links in
+    /// turn), while the caller goes on; [`Detaching::wait`] joins them. No
+    /// probe is left in the target after that.
     pub fn detach(mut self) -> Detaching {
         let links = std::mem::take(&mut self.links);
         Detaching(std::thread::spawn(move || {
@@ -197,6 +197,22 @@ impl Probes {
             }
             drop(self);
         }))
+    }
+}
+
+/// The data of a map of any type memprof's object has (aya's `Map` is one
+/// variant per type, each holding the same `MapData`).
+fn map_data(map: &Map) -> Option<&MapData> {
+    match map {
+        Map::Array(d)
+        | Map::HashMap(d)
+        | Map::LruHashMap(d)
+        | Map::PerCpuArray(d)
+        | Map::PerCpuHashMap(d)
+        | Map::PerCpuLruHashMap(d)
+        | Map::RingBuf(d)
+        | Map::StackTraceMap(d) => Some(d),
+        _ => None,
     }
 }
 

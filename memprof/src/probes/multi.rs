@@ -82,18 +82,7 @@ impl Programs {
 
 /// The descriptor of a map, whatever its type.
 fn map_fd(map: &Map) -> Option<RawFd> {
-    let data = match map {
-        Map::Array(d)
-        | Map::HashMap(d)
-        | Map::LruHashMap(d)
-        | Map::PerCpuArray(d)
-        | Map::PerCpuHashMap(d)
-        | Map::PerCpuLruHashMap(d)
-        | Map::RingBuf(d)
-        | Map::StackTraceMap(d) => d,
-        _ => return None,
-    };
-    Some(data.fd().as_fd().as_raw_fd())
+    Some(super::map_data(map)?.fd().as_fd().as_raw_fd())
 }
 
 fn bpf(cmd: bpf_cmd, attr: &mut bpf_attr) -> std::io::Result<OwnedFd> {

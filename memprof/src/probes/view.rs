@@ -204,15 +204,8 @@ impl Probes {
     /// tables as the probes change them.
     pub fn peek(&self) -> Result<HeapMaps> {
         let open = |name: &str| -> Result<Map> {
-            let data = match self.map(name)? {
-                Map::HashMap(d)
-                | Map::LruHashMap(d)
-                | Map::PerCpuHashMap(d)
-                | Map::PerCpuArray(d)
-                | Map::Array(d)
-                | Map::StackTraceMap(d) => d,
-                _ => return Err(anyhow!("map {name} has an unexpected type")),
-            };
+            let data = super::map_data(self.map(name)?)
+                .ok_or_else(|| anyhow!("map {name} has an unexpected type"))?;
             // A duplicate of memprof's own descriptor (opening the map by
             // id would need CAP_SYS_ADMIN).
             let fd = std::os::fd::AsFd::as_fd(data.fd()).try_clone_to_owned()?;

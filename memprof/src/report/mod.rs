@@ -312,23 +312,25 @@ pub fn loss_summary(profile: &Profile) -> String {
             thousands(folded)
         );
     }
-    if c.stacks_shortened > 0 {
-        line += &format!(
-            "; allocations under their innermost 8 frames (stack table full, --max-stacks): {}",
-            thousands(c.stacks_shortened)
-        );
-    }
-    if c.stacks_degraded > 0 {
-        line += &format!(
-            "; allocations under their caller alone (stack tables full, --max-stacks): {}",
-            thousands(c.stacks_degraded)
-        );
-    }
-    if c.sites_overflowed > 0 {
-        line += &format!(
-            "; allocations in their kind's overflow group (site table full, --max-sites, or no kernel memory for a new entry): {}",
-            thousands(c.sites_overflowed)
-        );
+    // Coarser attribution, not losses: said only when it happened.
+    let coarser = [
+        (
+            c.stacks_shortened,
+            "allocations under their innermost 8 frames (stack table full, --max-stacks)",
+        ),
+        (
+            c.stacks_degraded,
+            "allocations under their caller alone (stack tables full, --max-stacks)",
+        ),
+        (
+            c.sites_overflowed,
+            "allocations in their kind's overflow group (site table full, --max-sites, or no kernel memory for a new entry)",
+        ),
+    ];
+    for (count, what) in coarser {
+        if count > 0 {
+            line += &format!("; {what}: {}", thousands(count));
+        }
     }
     line
 }
