@@ -9,16 +9,20 @@
 //!   to the end of a `Vec` of 28-byte records (sites numbered, sizes and
 //!   epochs `u32`), a free as a marker record;
 //! - the new records are sorted by address in chunks as they arrive
-//!   (stably: one address's records stay in arrival order) and merged into
-//!   one sorted run ([`GcCopy::sort_tail`], by the feeding thread, off the
-//!   hold);
+//!   (stably: one address's records stay in arrival order) into sorted
+//!   runs, each at least twice the size of the next, merged as a binary
+//!   counter carries ([`GcCopy::sort_tail`], by the feeding thread, off the
+//!   hold): a record is moved about log2(records / chunk) times, not once
+//!   per chunk, and a pass finds a handful of runs;
 //! - [`GcCopy::settle`] (at each mark-bit pass, snapshot and the end)
-//!   merges that run into the settled objects in place, walking the
+//!   merges those runs into the settled objects in place, walking the
 //!   addresses once: an allocation at an address still tracked proves the
 //!   older object collected (address reuse), a free ends the object it
 //!   follows (or is counted unknown), and the survivor is judged by the
 //!   pass's mark bits when there is a pass. A pass's work is one merge,
-//!   no sort, and no memory beyond the arrays.
+//!   no sort, and no memory beyond the arrays: the runs give their memory
+//!   back as the merge consumes them, while the settled array's new room
+//!   is written only as the merge reaches it.
 //!
 //! ```
 //! use memprof::gc::copy::GcCopy;
@@ -48,30 +52,36 @@ const FREED: u32 = u32::MAX;
 /// Records sorted and merged at once by [`GcCopy::sort_tail`].
 const CHUNK: usize = 1 << 16;
 
-/// A record no address has (the room a settle writes into).
-const EMPTY: Record = Record {
-    addr: 0,
-    time_ns: 0,
-    size: 0,
-    site: 0,
-    epoch: 0,
-};
-
 /// Merges `more` (sorted by address) into `into` (sorted), in place from
-/// the end; on equal addresses `into`'s records come first (they are older).
-fn merge_behind(into: &mut Vec<Record>, more: &[Record]) {
+/// the end; on equal addresses `into`'s records come first (they are
+/// older). Neither run is held twice: `into`'s new room becomes resident
+/// only as the merge writes it, and `more` gives its memory back as it is
+/// read.
+fn merge_behind(into: &mut Vec<Record>, mut more: Vec<Record>) {
     let (s, t) = (into.len(), more.len());
-    into.resize(s + t, EMPTY);
+    into.reserve_exact(t);
+    let at = into.as_mut_ptr();
     let (mut i, mut j, mut w) = (s, t, s + t);
-    while j > 0 {
-        w -= 1;
-        if i > 0 && into[i - 1].addr > more[j - 1].addr {
-            i -= 1;
-            into[w] = into[i];
-        } else {
-            j -= 1;
-            into[w] = more[j];
+    // SAFETY: records are `Copy`; `into` has room for `s + t`; reads are
+    // below `i` (initialized), writes at `w`, which stays at or above `i`
+    // (it is `i + j`), so no unread record is overwritten.
+    unsafe {
+        while j > 0 {
+            w -= 1;
+            if i > 0 && at.add(i - 1).read().addr > more[j - 1].addr {
+                i -= 1;
+                at.add(w).write(at.add(i).read());
+            } else {
+                j -= 1;
+                at.add(w).write(more[j]);
+                if more.len() - j >= CHUNK {
+                    more.truncate(j);
+                    more.shrink_to(j);
+                }
+            }
         }
+        // `[0, i)` never moved and `[w, s + t)` was written: `w == i`.
+        into.set_len(s + t);
     }
 }
 
@@ -112,9 +122,10 @@ pub struct Judged {
 pub struct GcCopy {
     /// At the last settle, in address order, one record per address.
     settled: Vec<Record>,
-    /// Since, in address order (a stable sort: one address's records in
-    /// arrival order), merged chunk by chunk off the hold.
-    recent: Vec<Record>,
+    /// Since, in sorted runs, oldest first, each at least twice as long as
+    /// the next (stable sorts and merges: one address's records stay in
+    /// arrival order within a run, and older runs hold older records).
+    runs: Vec<Vec<Record>>,
     /// Since, in arrival order (less than a chunk).
     incoming: Vec<Record>,
     site_numbers: HashMap<Site, u32>,
@@ -172,24 +183,54 @@ impl GcCopy {
         });
     }
 
-    /// Sorts the records that came in and merges them into the recent
-    /// ones, a chunk at a time (off the hold), so that a settle only merges.
+    /// Sorts the records that came in into runs, a chunk at a time (off
+    /// the hold), so that a settle only merges.
     pub fn sort_tail(&mut self) {
         if self.incoming.len() >= CHUNK {
             self.absorb_incoming();
         }
     }
 
+    /// The arrivals so far become the newest run; runs not at least twice
+    /// its size are merged into it.
     fn absorb_incoming(&mut self) {
+        let mut run = std::mem::take(&mut self.incoming);
         // Stable: one address's records stay in arrival order.
-        self.incoming.sort_by_key(|r| r.addr);
-        merge_behind(&mut self.recent, &self.incoming);
-        self.incoming.clear();
+        run.sort_by_key(|r| r.addr);
+        while let Some(older) = self.runs.pop_if(|older| older.len() < 2 * run.len()) {
+            let mut older = older;
+            merge_behind(&mut older, run);
+            run = older;
+        }
+        self.runs.push(run);
+    }
+
+    /// The heap blocks (addresses under `block_mask`) holding the objects
+    /// of the copy, ascending, each once.
+    pub fn blocks(&self, block_mask: u64) -> Vec<u64> {
+        let mut blocks = Vec::new();
+        for records in [&self.settled]
+            .into_iter()
+            .chain(&self.runs)
+            .chain([&self.incoming])
+        {
+            let mut last = None;
+            for r in records.iter().filter(|r| r.site != FREED) {
+                let block = r.addr & block_mask;
+                if last != Some(block) {
+                    blocks.push(block);
+                    last = Some(block);
+                }
+            }
+        }
+        blocks.sort_unstable();
+        blocks.dedup();
+        blocks
     }
 
     /// Records (objects, frees not yet applied) held.
     pub fn len(&self) -> usize {
-        self.settled.len() + self.recent.len() + self.incoming.len()
+        self.settled.len() + self.runs.iter().map(Vec::len).sum::<usize>() + self.incoming.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -198,8 +239,8 @@ impl GcCopy {
 
     /// Bytes the copy holds (its record arrays and site table).
     pub fn memory_bytes(&self) -> usize {
-        (self.settled.capacity() + self.recent.capacity() + self.incoming.capacity())
-            * std::mem::size_of::<Record>()
+        let runs: usize = self.runs.iter().map(Vec::capacity).sum();
+        (self.settled.capacity() + runs + self.incoming.capacity()) * std::mem::size_of::<Record>()
             + self.sites.capacity() * std::mem::size_of::<(Site, SiteGc)>()
     }
 
@@ -208,15 +249,28 @@ impl GcCopy {
     /// and each site's tracked count and bytes are current.
     ///
     /// One walk over the addresses, from the highest down, merging the
-    /// recent records into the settled ones in place: the settled array
-    /// is extended by the number of recent records and written from its
-    /// end, so nothing is copied elsewhere (the write position never
-    /// passes the read one: it is behind by the records dropped so far).
+    /// runs into the settled records in place: the settled array gets room
+    /// for every run's records and is written from its end, so nothing is
+    /// copied elsewhere (the write position never passes the read one: it
+    /// is behind by the records dropped so far). That room is not filled
+    /// beforehand, so its pages become resident only as the merge writes
+    /// them, while the runs give theirs back as they are read.
     pub fn settle(&mut self, mut judging: Option<Judging>) -> Result<Judged> {
-        // Stable: one address's records stay in arrival order.
-        self.incoming.sort_by_key(|r| r.addr);
+        if !self.incoming.is_empty() {
+            let mut run = std::mem::take(&mut self.incoming);
+            // Stable: one address's records stay in arrival order.
+            run.sort_by_key(|r| r.addr);
+            self.runs.push(run);
+        }
+        // One run: the walk below then compares two arrays per address,
+        // and merging runs of decreasing sizes moves each record about twice.
+        while self.runs.len() > 1 {
+            let newer = self.runs.pop().unwrap_or_default();
+            if let Some(older) = self.runs.last_mut() {
+                merge_behind(older, newer);
+            }
+        }
         self.retype_reallocs();
-        let incoming = std::mem::take(&mut self.incoming);
         for (_, s) in &mut self.sites {
             (s.tracked_count, s.tracked_bytes) = (0, 0);
         }
@@ -226,46 +280,57 @@ impl GcCopy {
         };
         let mut judged = Judged::default();
         let mut failure = None;
-        let mut recent = std::mem::take(&mut self.recent);
-        let (s, t) = (self.settled.len(), recent.len() + incoming.len());
-        self.settled.resize(s + t, EMPTY);
-        let (mut i, mut j, mut k, mut w) = (s, recent.len(), incoming.len(), s + t);
-        let top = |v: &[Record], n: usize| if n > 0 { Some(v[n - 1].addr) } else { None };
-        while let Some(addr) = top(&self.settled, i)
-            .max(top(&recent, j))
-            .max(top(&incoming, k))
-        {
-            // The address's records, oldest first: settled `[i..si]`,
-            // recent `[j..rj]`, incoming `[k..ik]` (nearly always one in all).
-            let (si, rj, ik) = (i, j, k);
-            while i > 0 && self.settled[i - 1].addr == addr {
+        let mut runs = std::mem::take(&mut self.runs);
+        let mut settled = std::mem::take(&mut self.settled);
+        let s = settled.len();
+        let t: usize = runs.iter().map(Vec::len).sum();
+        settled.reserve_exact(t);
+        // Records are `Copy`: reads and writes go through the pointer,
+        // `[0, s)` is initialized and `[s, s + t)` is written before it is
+        // read (at `w`, never below the read position `i`).
+        let at = settled.as_mut_ptr();
+        let read = |n: usize| unsafe { at.add(n).read() };
+        // Per run: the end of its unread records; the end before this address.
+        let mut ends: Vec<usize> = runs.iter().map(Vec::len).collect();
+        let mut before = ends.clone();
+        let (mut i, mut w) = (s, s + t);
+        loop {
+            let mut top = if i > 0 { Some(read(i - 1).addr) } else { None };
+            for (run, &end) in runs.iter().zip(&ends) {
+                if end > 0 {
+                    top = top.max(Some(run[end - 1].addr));
+                }
+            }
+            let Some(addr) = top else { break };
+            // The address's records, oldest first: settled `[i..si]`, then
+            // each run's `[ends[r]..before[r]]` (nearly always one in all).
+            let si = i;
+            while i > 0 && read(i - 1).addr == addr {
                 i -= 1;
             }
-            while j > 0 && recent[j - 1].addr == addr {
-                j -= 1;
-            }
-            // The recent records are read from the end: give their memory
-            // back as they are, so the merge needs little more than the
-            // records themselves.
-            if recent.len() - rj >= CHUNK {
-                recent.truncate(rj);
-                recent.shrink_to(rj);
-            }
-            while k > 0 && incoming[k - 1].addr == addr {
-                k -= 1;
+            before.copy_from_slice(&ends);
+            for ((run, end), &was) in runs.iter_mut().zip(&mut ends).zip(&before) {
+                while *end > 0 && run[*end - 1].addr == addr {
+                    *end -= 1;
+                }
+                // Runs are read from the end: give their memory back as
+                // they are, so the merge needs little more than the
+                // records themselves.
+                if run.len() - was >= CHUNK {
+                    run.truncate(was);
+                    run.shrink_to(was);
+                }
             }
             // The survivor is the object of the last allocation not
             // followed by a free.
             let mut current: Option<Record> = None;
             for x in i..si {
-                let r = self.settled[x];
-                self.step(&mut current, r);
+                self.step(&mut current, read(x));
             }
-            for &r in &recent[j..rj] {
-                self.step(&mut current, r);
-            }
-            for &r in &incoming[k..ik] {
-                self.step(&mut current, r);
+            for ((run, &end), &was) in runs.iter().zip(&ends).zip(&before) {
+                for &r in &run[end..was] {
+                    self.step(&mut current, r);
+                }
             }
             let Some(object) = current else { continue };
             if let (Some(jd), None) = (&mut judging, &failure) {
@@ -292,15 +357,18 @@ impl GcCopy {
             site.tracked_count += 1;
             site.tracked_bytes += size;
             w -= 1;
-            self.settled[w] = object;
+            // SAFETY: `w < s + t <= capacity`, and `w >= i`: no unread record is there.
+            unsafe { at.add(w).write(object) };
         }
-        self.settled.copy_within(w.., 0);
-        self.settled.truncate(s + t - w);
-        recent.clear();
-        self.recent = recent;
-        self.incoming = incoming;
-        self.incoming.clear();
-        let kept = self.settled.len();
+        let kept = s + t - w;
+        // SAFETY: `[w, s + t)` was written above; moved to the front, they
+        // are the initialized `[0, kept)`.
+        unsafe {
+            std::ptr::copy(at.add(w), at, kept);
+            settled.set_len(kept);
+        }
+        drop(runs);
+        self.settled = settled;
         self.settled.shrink_to(kept + CHUNK);
         if !self.big.is_empty() {
             let big: std::collections::HashSet<u64> = self
@@ -334,31 +402,22 @@ impl GcCopy {
     /// Gives each object `GC_realloc` made since the last settle the kind
     /// of the object it replaced (the latest allocation at that address
     /// before it), and notes the move for the kernel's site totals. The
-    /// records since are sorted by now (binary searches).
+    /// records since are in sorted runs by now (binary searches).
     fn retype_reallocs(&mut self) {
         for (replaced, addr, time) in std::mem::take(&mut self.reallocs) {
             let Some(kind) = self.kind_at(replaced, time) else {
                 continue;
             };
-            let Some((in_recent, at)) = self.new_record(addr, time) else {
+            let Some((run, at)) = self.new_record(addr, time) else {
                 continue;
             };
-            let rec = if in_recent {
-                self.recent[at]
-            } else {
-                self.incoming[at]
-            };
-            let from = rec.site;
-            let site = self.sites[from as usize].0;
+            let rec = self.runs[run][at];
+            let site = self.sites[rec.site as usize].0;
             if site.kind == kind {
                 continue;
             }
             let to = self.site_number(Site { kind, ..site });
-            if in_recent {
-                self.recent[at].site = to;
-            } else {
-                self.incoming[at].site = to;
-            }
+            self.runs[run][at].site = to;
             let size = self.size(&rec);
             let s = &mut self.sites[to as usize].1;
             s.retyped_count += 1;
@@ -371,10 +430,13 @@ impl GcCopy {
         }
     }
 
-    /// The kind of the latest object allocated at `addr` at or before `time`.
+    /// The kind of the latest object allocated at `addr` at or before
+    /// `time` (the newest run that has one, else the settled records).
     fn kind_at(&self, addr: u64, time: u64) -> Option<memprof_common::AllocKind> {
-        [&self.incoming, &self.recent, &self.settled]
-            .into_iter()
+        self.runs
+            .iter()
+            .rev()
+            .chain([&self.settled])
             .find_map(|records| {
                 let start = records.partition_point(|r| r.addr < addr);
                 let end = records.partition_point(|r| r.addr <= addr);
@@ -386,17 +448,18 @@ impl GcCopy {
             })
     }
 
-    /// Where the record of the allocation at `addr` at `time` is: (in
-    /// `recent`, else `incoming`; index).
-    fn new_record(&self, addr: u64, time: u64) -> Option<(bool, usize)> {
-        [(false, &self.incoming), (true, &self.recent)]
-            .into_iter()
-            .find_map(|(in_recent, records)| {
+    /// Where the record of the allocation at `addr` at `time` is: (run, index).
+    fn new_record(&self, addr: u64, time: u64) -> Option<(usize, usize)> {
+        self.runs
+            .iter()
+            .enumerate()
+            .rev()
+            .find_map(|(run, records)| {
                 let start = records.partition_point(|r| r.addr < addr);
                 let end = records.partition_point(|r| r.addr <= addr);
                 (start..end)
                     .find(|&i| records[i].site != FREED && { records[i].time_ns } == time)
-                    .map(|i| (in_recent, i))
+                    .map(|i| (run, i))
             })
     }
 
@@ -547,6 +610,50 @@ mod tests {
         assert_eq!((site.caller, site.kind), (0x20, AllocKind::GcAtomic));
         assert_eq!((s.retyped_count, s.retyped_bytes), (1, 16));
         assert_eq!(copy.per_kind()[AllocKind::GcAtomic as usize], [1, 16]);
+    }
+
+    /// Many runs of different sizes, reuse and frees across them, settled
+    /// twice: the same survivors, deaths and unknown frees as replaying
+    /// the events one by one.
+    #[test]
+    fn runs_settle_as_a_replay_does() {
+        let mut copy = GcCopy::default();
+        let mut replay: HashMap<u64, u64> = HashMap::new();
+        let (mut died, mut unknown) = (0u64, 0u64);
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for round in 0..2 {
+            for t in 0..(5 * CHUNK as u64 + 1234) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let addr = 0x10_0000 + 16 * (x % 200_000);
+                let time = round * (1 << 32) + t;
+                if x % 5 == 0 {
+                    copy.freed(addr, time);
+                    match replay.remove(&addr) {
+                        Some(_) => died += 1,
+                        None => unknown += 1,
+                    }
+                } else {
+                    copy.allocated(addr, &block(time, 0));
+                    died += replay.insert(addr, time).is_some() as u64;
+                }
+                copy.sort_tail();
+            }
+            assert!(copy.runs.len() > 1, "{} runs", copy.runs.len());
+            assert!(copy.runs.windows(2).all(|w| w[0].len() >= 2 * w[1].len()));
+            copy.settle(None).unwrap();
+            let s = &copy.sites()[0].1;
+            assert_eq!(s.tracked_count, replay.len() as u64);
+            assert_eq!(s.lifetimes.died, died);
+            assert_eq!(copy.unknown_frees(), unknown);
+            assert_eq!(copy.len(), replay.len());
+            assert!(copy.settled.windows(2).all(|w| w[0].addr < w[1].addr));
+            assert!(copy
+                .settled
+                .iter()
+                .all(|r| replay[&{ r.addr }] == r.time_ns));
+        }
     }
 
     #[test]

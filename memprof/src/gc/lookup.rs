@@ -126,10 +126,119 @@ impl MarkLayout {
             return Ok(Block::Not(Verdict::FreeBlock));
         }
         let size = load(read, hdr + self.hb_sz, 8)?;
-        // One mark byte per granule of the block (and the GC's end marker).
-        let mut marks = vec![0u8; (self.hblksize() >> self.granule_shift) as usize + 1];
-        read(hdr + self.hb_marks, &mut marks)?;
-        Ok(Block::Objects { size, marks })
+        // One mark byte per granule of the block (and the GC's end
+        // marker), kept as one bit each.
+        let mut bytes = [0u8; 4097];
+        let n = (self.hblksize() >> self.granule_shift) as usize + 1;
+        let bytes = bytes
+            .get_mut(..n)
+            .ok_or_else(|| io::Error::other("more granules per block than memprof reads"))?;
+        read(hdr + self.hb_marks, bytes)?;
+        Ok(Block::Objects {
+            size,
+            marks: mark_bits(bytes),
+        })
+    }
+
+    /// The headers of every block of `starts` (ascending), as raw memory:
+    /// each bottom index's entries are read once per region, and the pages
+    /// holding the headers in as few reads as they have contiguous runs.
+    /// What the headers say is decoded later ([`Self::block_in`]): this is
+    /// the part of a pass the collector is held for.
+    pub fn read_headers(
+        &self,
+        starts: &[u64],
+        arrays: u64,
+        read: &mut impl FnMut(u64, &mut [u8]) -> io::Result<()>,
+    ) -> io::Result<Headers> {
+        let nils = load(read, arrays + self.all_nils, 8)?;
+        let mut entries = vec![0u8; (self.bottom_mask + 1) as usize * 8];
+        // The region (`block >> key_shift`) whose entries are in `entries`.
+        let mut region = None;
+        let mut hdrs = Vec::with_capacity(starts.len());
+        for &block in starts {
+            let hi = block >> self.key_shift;
+            if region != Some(hi) {
+                let mut bi = load(read, arrays + self.top_index + (hi & self.top_mask) * 8, 8)?;
+                let mut steps = 0;
+                while bi != nils && load(read, bi + self.bi_key, 8)? != hi {
+                    bi = load(read, bi + self.bi_hash_link, 8)?;
+                    steps += 1;
+                    if steps > MAX_CHAIN {
+                        return Err(io::Error::other("bottom index chain does not end"));
+                    }
+                }
+                // GC_all_nils's entries are all 0 (no block).
+                read(bi + self.bi_index, &mut entries)?;
+                region = Some(hi);
+            }
+            let i = ((block >> self.log_hblksize) & self.bottom_mask) as usize;
+            hdrs.push(u64::from_le_bytes(
+                entries[i * 8..i * 8 + 8].try_into().unwrap(),
+            ));
+        }
+        // The pages the headers' fields are in, then runs of neighbours.
+        let (first, end) = self.header_span();
+        let mut pages: Vec<u64> = hdrs
+            .iter()
+            .filter(|&&h| h > self.max_forward)
+            .flat_map(|&h| ((h + first) / PAGE)..=((h + end - 1) / PAGE))
+            .collect();
+        pages.sort_unstable();
+        pages.dedup();
+        let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
+        let mut i = 0;
+        while i < pages.len() {
+            let mut j = i + 1;
+            while j < pages.len() && pages[j] == pages[j - 1] + 1 && j - i < MAX_RUN_PAGES {
+                j += 1;
+            }
+            let mut data = vec![0u8; (j - i) * PAGE as usize];
+            read(pages[i] * PAGE, &mut data)?;
+            runs.push((pages[i] * PAGE, data));
+            i = j;
+        }
+        Ok(Headers { hdrs, runs })
+    }
+
+    /// Where in a header its fields are: `[first, end)` from its start.
+    fn header_span(&self) -> (u64, u64) {
+        let granules = (self.hblksize() >> self.granule_shift) + 1;
+        let first = self.hb_flags.min(self.hb_sz).min(self.hb_marks);
+        let end = (self.hb_flags + 1)
+            .max(self.hb_sz + 8)
+            .max(self.hb_marks + granules);
+        (first, end)
+    }
+
+    /// What the `i`-th header of `headers` says ([`Self::block`]).
+    pub fn block_in(&self, headers: &Headers, i: usize) -> io::Result<Block> {
+        let hdr = headers.hdrs[i];
+        if hdr == 0 {
+            return Ok(Block::Not(Verdict::NoBlock));
+        }
+        if hdr <= self.max_forward {
+            return Ok(Block::Not(Verdict::Forwarded));
+        }
+        let (first, end) = self.header_span();
+        let run = headers.runs.partition_point(|(at, _)| *at <= hdr + first);
+        let bytes = run
+            .checked_sub(1)
+            .and_then(|r| {
+                let (at, data) = &headers.runs[r];
+                data.get((hdr + first - at) as usize..(hdr + end - at) as usize)
+            })
+            .ok_or_else(|| io::Error::other(format!("header {hdr:#x} was not read")))?;
+        let field = |off: u64| (off - first) as usize;
+        if bytes[field(self.hb_flags)] & self.free_blk as u8 != 0 {
+            return Ok(Block::Not(Verdict::FreeBlock));
+        }
+        let sz = field(self.hb_sz);
+        let size = u64::from_le_bytes(bytes[sz..sz + 8].try_into().unwrap());
+        Ok(Block::Objects {
+            size,
+            marks: mark_bits(&bytes[field(self.hb_marks)..]),
+        })
     }
 
     /// The verdict on object `p` in its block (see [`Self::block`]), and
@@ -148,20 +257,51 @@ impl MarkLayout {
         if size <= self.hblksize() && in_block + size > self.hblksize() {
             return (Verdict::NotAnObject, 0);
         }
-        match marks.get((in_block >> self.granule_shift) as usize) {
-            Some(&mark) if mark != 0 => (Verdict::Marked, size),
+        let granule = (in_block >> self.granule_shift) as usize;
+        match marks.get(granule / 64) {
+            Some(&word) if word >> (granule % 64) & 1 != 0 => (Verdict::Marked, size),
             _ => (Verdict::Unmarked, size),
         }
     }
 }
+
+/// Block headers as read at a hold ([`MarkLayout::read_headers`]).
+pub struct Headers {
+    /// Per block: its header's address (0: no block; up to the layout's
+    /// `max_forward`: a forwarding count).
+    hdrs: Vec<u64>,
+    /// The memory holding the headers: (address, bytes), ascending.
+    runs: Vec<(u64, Vec<u8>)>,
+}
+
+impl Headers {
+    /// Runs of pages read.
+    pub fn runs_len(&self) -> usize {
+        self.runs.len()
+    }
+}
+
+/// Bytes of the target's pages.
+const PAGE: u64 = 4096;
+/// Longest run of pages read at once.
+const MAX_RUN_PAGES: usize = 256;
 
 /// A heap block as its header describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Block {
     /// No live block of objects there: every object that was in it is dead.
     Not(Verdict),
-    /// A block of objects of `size` bytes, and its mark bytes.
-    Objects { size: u64, marks: Vec<u8> },
+    /// A block of objects of `size` bytes, and its mark bits (one per granule).
+    Objects { size: u64, marks: Box<[u64]> },
+}
+
+/// One bit per mark byte.
+fn mark_bits(bytes: &[u8]) -> Box<[u64]> {
+    let mut marks = vec![0u64; bytes.len().div_ceil(64)];
+    for (i, &b) in bytes.iter().enumerate() {
+        marks[i / 64] |= ((b != 0) as u64) << (i % 64);
+    }
+    marks.into_boxed_slice()
 }
 
 /// Little-endian unsigned of `len` bytes (8 or 1) at `addr`.

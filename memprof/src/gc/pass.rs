@@ -37,7 +37,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 
 use super::copy::{GcCopy, Judging};
-use super::lookup::Block;
+use super::lookup::{Block, Headers};
 use super::{end_of_mark, heap_stats, layout, EndOfMark, HeapStats, HeapStatsLayout};
 use super::{MarkLayout, Verdict};
 use crate::modules::{Module, ModuleCache};
@@ -84,6 +84,19 @@ pub struct Judge {
     summary: GcSummary,
     /// `--gc-verdicts`: one line per object judged.
     verdicts: Option<BufWriter<File>>,
+}
+
+/// The mark bits of the heap blocks holding tracked objects, read while
+/// the collector was held at collection `epoch`.
+pub struct Marks {
+    epoch: u64,
+    /// `GC_gc_no` then.
+    gc_no: u64,
+    /// When they were read (collected objects' lifetimes end there).
+    now_ns: u64,
+    /// Block addresses, ascending, and their headers.
+    starts: Vec<u64>,
+    headers: Headers,
 }
 
 impl Judge {
@@ -144,13 +157,14 @@ impl Judge {
         self.summary.collections_not_judged += collections;
     }
 
-    /// One pass, at the end of the marking of collection `epoch` (memprof's
-    /// count), with the collector held and every event applied to `copy`:
-    /// the objects of `copy` allocated before it are judged, the dead
-    /// forgotten and counted as collected. The copy is in address order, so
-    /// each heap block's objects come together and its header is read once.
+    /// The held part of a pass, at the end of the marking of collection
+    /// `epoch` (memprof's count), with every event up to the hold applied
+    /// to `copy`: reads the mark bits of every heap block holding one of
+    /// its objects (each header once, in address order). The objects are
+    /// judged against them by [`Self::judge`] once the collector runs
+    /// again, so the pause grows with the heap's blocks, not its objects.
     /// `started`: when the collector was found held (the pause counts from there).
-    pub fn pass(&mut self, epoch: u64, copy: &mut GcCopy, started: Instant) -> Result<()> {
+    pub fn read_marks(&mut self, epoch: u64, copy: &GcCopy, started: Instant) -> Result<Marks> {
         let bias = match self.bias {
             Some(b) => b,
             None => {
@@ -163,22 +177,67 @@ impl Judge {
         let gc_no = self.read_gc_no(bias, &mut pages)?;
         let mut read = |a: u64, buf: &mut [u8]| pages.read(a, buf);
         let arrays = self.layout.arrays_at(bias, &mut read)?;
+        let t0 = Instant::now();
+        let starts = copy.blocks(!(self.layout.hblksize() - 1));
+        let t_blocks = t0.elapsed();
+        let headers = self
+            .layout
+            .read_headers(&starts, arrays, &mut read)
+            .with_context(|| format!("reading the GC's block headers in pid {}", self.pid))?;
+        if std::env::var_os("MEMPROF_PASS_LOG").is_some() {
+            eprintln!(
+                "HOLD blocks {} in {:?}, headers {:?}, pages {}, since start {:?}",
+                starts.len(),
+                t_blocks,
+                t0.elapsed() - t_blocks,
+                pages.pages.len() + headers.runs_len(),
+                started.elapsed()
+            );
+        }
+        let summary = &mut self.summary;
+        summary.collections += 1;
+        summary.last_collection = Some(gc_no);
+        let took = started.elapsed().as_secs_f64();
+        summary.pass_seconds += took;
+        summary.longest_pass_seconds = summary.longest_pass_seconds.max(took);
+        Ok(Marks {
+            epoch,
+            gc_no,
+            now_ns: monotonic_ns(),
+            starts,
+            headers,
+        })
+    }
+
+    /// The rest of a pass, while the target runs: the objects of `copy`
+    /// allocated before the collection are judged by `marks`, the dead
+    /// forgotten and counted as collected. Events applied since the hold
+    /// are newer objects (not judged), or frees and address reuse, which
+    /// settle the objects they name as they would have at the next pass.
+    pub fn judge(&mut self, marks: Marks, copy: &mut GcCopy) -> Result<()> {
         let block_mask = !(self.layout.hblksize() - 1);
+        let (layout, verdicts) = (&self.layout, &mut self.verdicts);
+        let Marks {
+            epoch,
+            gc_no,
+            now_ns,
+            starts,
+            headers,
+        } = marks;
         // The block of the previous object (objects come in address order).
-        let mut block: Option<(u64, Block)> = None;
-        let (layout, pid, verdicts) = (&self.layout, self.pid, &mut self.verdicts);
+        let mut last: Option<(u64, Block)> = None;
         let mut judge = |addr: u64| -> Result<(Verdict, u64)> {
             let start = addr & block_mask;
-            let header = match &block {
-                Some((at, header)) if *at == start => header,
+            let block = match &last {
+                Some((at, block)) if *at == start => block,
                 _ => {
-                    let header = layout.block(start, arrays, &mut read).with_context(|| {
-                        format!("reading the GC's mark bits of {addr:#x} in pid {pid}")
+                    let i = starts.binary_search(&start).map_err(|_| {
+                        anyhow::anyhow!("no header was read for the block of {addr:#x}")
                     })?;
-                    &block.insert((start, header)).1
+                    &last.insert((start, layout.block_in(&headers, i)?)).1
                 }
             };
-            let (verdict, size) = layout.verdict_in(addr, header);
+            let (verdict, size) = layout.verdict_in(addr, block);
             if let Some(out) = verdicts {
                 let word = if verdict.is_live() { "live" } else { "dead" };
                 writeln!(out, "{gc_no} {addr:#x} {word} {verdict:?}")?;
@@ -188,17 +247,11 @@ impl Judge {
         let judged = copy.settle(Some(Judging {
             epoch,
             gc_no,
-            now_ns: monotonic_ns(),
+            now_ns,
             judge: &mut judge,
         }))?;
-        let summary = &mut self.summary;
-        summary.collections += 1;
-        summary.last_collection = Some(gc_no);
-        summary.marked_count = judged.marked_count;
-        summary.marked_bytes = judged.marked_bytes;
-        let took = started.elapsed().as_secs_f64();
-        summary.pass_seconds += took;
-        summary.longest_pass_seconds = summary.longest_pass_seconds.max(took);
+        self.summary.marked_count = judged.marked_count;
+        self.summary.marked_bytes = judged.marked_bytes;
         Ok(())
     }
 
@@ -278,10 +331,14 @@ impl Hasher for AddressHasher {
 type BuildAddressHasher = BuildHasherDefault<AddressHasher>;
 
 /// Pages of the target's memory read during one pass (the target is held:
-/// they cannot change meanwhile).
+/// they cannot change meanwhile). Neighbouring headers share pages: the
+/// page of the last read is checked first.
 struct PageCache<'a> {
     mem: &'a File,
-    pages: HashMap<u64, Box<[u8; PAGE]>, BuildAddressHasher>,
+    index: HashMap<u64, usize, BuildAddressHasher>,
+    pages: Vec<Box<[u8; PAGE]>>,
+    /// (page address, index) of the last read.
+    last: (u64, usize),
 }
 
 const PAGE: usize = 4096;
@@ -290,7 +347,9 @@ impl<'a> PageCache<'a> {
     fn new(mem: &'a File) -> PageCache<'a> {
         PageCache {
             mem,
-            pages: HashMap::default(),
+            index: HashMap::default(),
+            pages: Vec::new(),
+            last: (u64::MAX, 0),
         }
     }
 
@@ -301,12 +360,20 @@ impl<'a> PageCache<'a> {
             let page = at & !(PAGE as u64 - 1);
             let offset = (at - page) as usize;
             let n = (PAGE - offset).min(buf.len() - done);
-            if !self.pages.contains_key(&page) {
-                let mut data = Box::new([0u8; PAGE]);
-                self.mem.read_exact_at(&mut data[..], page)?;
-                self.pages.insert(page, data);
+            if self.last.0 != page {
+                let i = match self.index.get(&page) {
+                    Some(&i) => i,
+                    None => {
+                        let mut data = Box::new([0u8; PAGE]);
+                        self.mem.read_exact_at(&mut data[..], page)?;
+                        self.pages.push(data);
+                        self.index.insert(page, self.pages.len() - 1);
+                        self.pages.len() - 1
+                    }
+                };
+                self.last = (page, i);
             }
-            buf[done..done + n].copy_from_slice(&self.pages[&page][offset..offset + n]);
+            buf[done..done + n].copy_from_slice(&self.pages[self.last.1][offset..offset + n]);
             done += n;
         }
         Ok(())

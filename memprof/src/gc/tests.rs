@@ -195,6 +195,18 @@ fn live(exe: &Path, objects: usize) {
             mismatches.push((p, live, verdict));
         }
     }
+    // The pass's bulk read of every block gives the same verdicts.
+    let mask = !(layout.hblksize() - 1);
+    let mut starts: Vec<u64> = expected.iter().map(|&(p, _)| p & mask).collect();
+    starts.sort_unstable();
+    starts.dedup();
+    let headers = layout.read_headers(&starts, arrays_at, &mut read).unwrap();
+    for &(p, _) in &expected {
+        let i = starts.binary_search(&(p & mask)).unwrap();
+        let one = layout.verdict(p, bias, &mut read).unwrap();
+        let block = layout.block_in(&headers, i).unwrap();
+        assert_eq!(layout.verdict_in(p, &block).0, one, "{p:#x}");
+    }
     drop(child.stdin.take()); // lets the program exit
     child.wait().unwrap();
     let live_count = expected.iter().filter(|e| e.1).count();

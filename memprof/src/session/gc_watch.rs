@@ -7,9 +7,12 @@
 //! The copy is fed by a thread of its own ([`Feeder`]): it waits on the
 //! kernel's ring buffer and applies the events as they come, so the ring
 //! never fills while the session's loop is busy (a snapshot, a sample),
-//! and sorts the new records in chunks, so a pass only merges. The loop
-//! takes the copy's lock at a held collection, applies what is left in the
-//! ring, and judges.
+//! and sorts the new records in chunks, so a pass only merges. A pass has
+//! two parts: at a held collection the loop takes the copy's lock, applies
+//! what is left in the ring and reads the mark bits of the heap blocks
+//! ([`Judge::read_marks`]); once the collector runs again it judges the
+//! objects against them ([`Judge::judge`]). Meanwhile the feeder keeps
+//! the ring drained into a spill of its own, applied in order afterwards.
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -18,7 +21,7 @@ use anyhow::Result;
 
 use super::{GcLiveness, Plan, SessionOptions};
 use crate::gc::copy::GcCopy;
-use crate::gc::pass::Judge;
+use crate::gc::pass::{Judge, Marks};
 use crate::gc::HeapStats;
 use crate::probes::{GcChange, GcEvents, Probes};
 use crate::profile::GcSummary;
@@ -34,37 +37,57 @@ pub(super) struct GcWatch {
     fallback: Option<String>,
     /// The collector's heap figures at the end.
     heap_stats: Option<HeapStats>,
+    /// Mark bits read at a hold, for the objects to be judged against once
+    /// the collector runs again ([`GcWatch::after_hold`]).
+    marks: Option<Marks>,
+    /// That judging, on a thread of its own so the loop keeps serving the
+    /// target; the judge comes back with its result.
+    judging: Option<JoinHandle<(Judge, Result<()>)>>,
 }
 
-/// The ring buffer and the copy it feeds, behind one lock.
-pub(super) struct Fed {
+/// What the feeder takes from the kernel, behind a lock of its own: the
+/// ring buffer, and the events read while the copy was busy, in order.
+struct Intake {
     events: GcEvents,
-    pub(super) copy: GcCopy,
+    spill: Vec<GcChange>,
 }
 
-impl Fed {
-    /// Applies every event queued in the ring.
-    fn catch_up(&mut self) -> usize {
-        let copy = &mut self.copy;
-        self.events.drain(|change| match *change {
-            GcChange::Allocated {
-                addr,
-                block,
-                replaces,
-            } => {
-                copy.allocated(addr, &block);
-                if replaces != 0 {
-                    copy.reallocated(replaces, addr, block.timestamp_ns);
-                }
+impl Intake {
+    /// Applies the spilled events, then every event queued in the ring.
+    fn apply(&mut self, copy: &mut GcCopy) {
+        for change in self.spill.drain(..) {
+            apply(copy, &change);
+        }
+        self.events.drain(|change| apply(copy, change));
+    }
+
+    /// Keeps the ring drained while the copy is busy.
+    fn spill(&mut self) {
+        let spill = &mut self.spill;
+        self.events.drain(|change| spill.push(*change));
+    }
+}
+
+fn apply(copy: &mut GcCopy, change: &GcChange) {
+    match *change {
+        GcChange::Allocated {
+            addr,
+            block,
+            replaces,
+        } => {
+            copy.allocated(addr, &block);
+            if replaces != 0 {
+                copy.reallocated(replaces, addr, block.timestamp_ns);
             }
-            GcChange::Freed { addr, time_ns } => copy.freed(addr, time_ns),
-        })
+        }
+        GcChange::Freed { addr, time_ns } => copy.freed(addr, time_ns),
     }
 }
 
 /// The thread that keeps the copy current.
 struct Feeder {
-    fed: Arc<Mutex<Fed>>,
+    intake: Arc<Mutex<Intake>>,
+    copy: Arc<Mutex<GcCopy>>,
     /// The copy's per-kind figures when last read.
     per_kind: [[u64; 2]; 4],
     stop: Arc<AtomicBool>,
@@ -75,31 +98,44 @@ struct Feeder {
 /// events pile up) before reading it anyway.
 const FEEDER_WAIT_MS: i32 = 10;
 
+/// Takes a lock whether or not a thread holding it panicked.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 impl Feeder {
     fn start(events: GcEvents) -> Result<Feeder> {
-        let fed = Arc::new(Mutex::new(Fed {
+        let fd = events.fd();
+        let intake = Arc::new(Mutex::new(Intake {
             events,
-            copy: GcCopy::default(),
+            spill: Vec::new(),
         }));
+        let copy = Arc::new(Mutex::new(GcCopy::default()));
         let stop = Arc::new(AtomicBool::new(false));
-        let (f, s) = (fed.clone(), stop.clone());
-        // Valid while `fed` holds the ring (the thread holds `fed`).
-        let fd = f.lock().unwrap_or_else(|e| e.into_inner()).events.fd();
+        let (i, c, s) = (intake.clone(), copy.clone(), stop.clone());
+        // `fd` stays valid while the thread holds `intake`.
         let thread = std::thread::Builder::new()
             .name("gc-copy".into())
             .spawn(move || {
                 while !s.load(Ordering::Relaxed) {
-                    {
-                        let mut fed = f.lock().unwrap_or_else(|e| e.into_inner());
-                        fed.catch_up();
-                        fed.copy.sort_tail();
+                    let mut intake = lock(&i);
+                    // Never waits for the copy while holding the intake
+                    // (the loop takes them in the other order).
+                    match c.try_lock() {
+                        Ok(mut copy) => {
+                            intake.apply(&mut copy);
+                            drop(intake);
+                            copy.sort_tail();
+                        }
+                        Err(_) => intake.spill(),
                     }
-                    // The lock is not held while waiting.
+                    // No lock is held while waiting.
                     wait_readable(fd, FEEDER_WAIT_MS);
                 }
             })?;
         Ok(Feeder {
-            fed,
+            intake,
+            copy,
             per_kind: [[0; 2]; 4],
             stop,
             thread: Some(thread),
@@ -107,11 +143,17 @@ impl Feeder {
     }
 
     /// The copy, with every event queued so far applied.
-    fn current(&self) -> MutexGuard<'_, Fed> {
-        let mut fed = self.fed.lock().unwrap_or_else(|e| e.into_inner());
-        fed.catch_up();
-        fed
+    fn current(&self) -> MutexGuard<'_, GcCopy> {
+        current(&self.copy, &self.intake)
     }
+}
+
+/// The copy, with every event queued so far applied (the copy's lock is
+/// taken first, as everywhere).
+fn current<'a>(copy: &'a Mutex<GcCopy>, intake: &Mutex<Intake>) -> MutexGuard<'a, GcCopy> {
+    let mut copy = lock(copy);
+    lock(intake).apply(&mut copy);
+    copy
 }
 
 /// Waits until `fd` is readable (the kernel queued events), at most `timeout_ms`.
@@ -141,6 +183,8 @@ impl GcWatch {
             feeder: None,
             fallback: None,
             heap_stats: None,
+            marks: None,
+            judging: None,
         };
         let Some(module) = plan.gc_module() else {
             return watch;
@@ -210,32 +254,87 @@ impl GcWatch {
     }
 
     /// A thread stopped with the hold signal: if the kernel is holding it
-    /// at a collection, judge the tracked objects now. Returns whether the
-    /// signal was memprof's.
+    /// at a collection, read the mark bits now (the objects are judged by
+    /// [`Self::after_hold`], once the caller has let it go). Returns whether
+    /// the signal was memprof's. The pause counts from here, including
+    /// waiting for the previous collection's judging to end.
     pub(super) fn on_hold(&mut self, probes: &mut Probes, tid: u32) -> Result<bool> {
         let started = std::time::Instant::now();
         let Some(epoch) = probes.take_held(tid)? else {
             return Ok(false);
         };
+        // The previous collection's verdicts come first (in order).
+        self.after_hold(probes)?;
+        self.finish_judging(probes)?;
         let (Some(judge), Some(feeder)) = (&mut self.judge, &self.feeder) else {
             return Ok(true);
         };
-        let result = judge.pass(epoch, &mut feeder.current().copy, started);
-        if let Err(e) = result {
-            judge.not_judged(1);
-            self.fall_back(format!("the mark-bit pass failed: {e:#}"));
-            probes.stop_holding()?;
+        let result = judge.read_marks(epoch, &feeder.current(), started);
+        match result {
+            Ok(marks) => self.marks = Some(marks),
+            Err(e) => {
+                judge.not_judged(1);
+                self.fall_back(format!("the mark-bit pass failed: {e:#}"));
+                probes.stop_holding()?;
+            }
         }
         Ok(true)
     }
 
+    /// After a held collector was let go: judges the tracked objects
+    /// against the mark bits read at the hold, on a thread of its own.
+    pub(super) fn after_hold(&mut self, probes: &mut Probes) -> Result<()> {
+        self.finish_judging(probes)?;
+        let (Some(feeder), Some(marks)) = (&self.feeder, self.marks.take()) else {
+            return Ok(());
+        };
+        let Some(mut judge) = self.judge.take() else {
+            return Ok(());
+        };
+        let (copy, intake) = (feeder.copy.clone(), feeder.intake.clone());
+        self.judging = Some(std::thread::Builder::new().name("gc-judge".into()).spawn(
+            move || {
+                let result = judge.judge(marks, &mut current(&copy, &intake));
+                (judge, result)
+            },
+        )?);
+        Ok(())
+    }
+
+    /// Waits for a judging in flight and takes its judge back; a failed
+    /// one ends the passes (`probes`: to stop holding collectors).
+    fn finish_judging(&mut self, probes: &mut Probes) -> Result<()> {
+        if let Some(why) = self.join_judging() {
+            self.fall_back(why);
+            probes.stop_holding()?;
+        }
+        Ok(())
+    }
+
+    /// [`Self::finish_judging`] without stopping the holds: why the
+    /// judging failed, if it did (the passes are over either way then).
+    fn join_judging(&mut self) -> Option<String> {
+        let handle = self.judging.take()?;
+        match handle.join() {
+            Ok((judge, Ok(()))) => {
+                self.judge = Some(judge);
+                None
+            }
+            Ok((judge, Err(e))) => {
+                self.judge = Some(judge);
+                Some(format!("the mark-bit pass failed: {e:#}"))
+            }
+            Err(_) => Some("judging the GC objects panicked".into()),
+        }
+    }
+
     /// The copy of the GC objects, every event applied and settled (frees
     /// and address reuse), for a snapshot or the end; `None` without one.
-    pub(super) fn settled(&self) -> Option<MutexGuard<'_, Fed>> {
-        let mut fed = self.feeder.as_ref()?.current();
+    pub(super) fn settled(&self) -> Option<MutexGuard<'_, GcCopy>> {
+        let mut copy = self.feeder.as_ref()?.current();
         // Settling without a pass judges nothing: it cannot fail.
-        let _ = fed.copy.settle(None);
-        Some(fed)
+        let _ = copy.settle(None);
+        Some(copy)
     }
 
     /// Tracked GC objects and bytes per kind, cheaply (for timeline
@@ -243,14 +342,17 @@ impl GcWatch {
     /// merging), the last figures read then.
     pub(super) fn per_kind(&mut self) -> Option<[[u64; 2]; 4]> {
         let feeder = self.feeder.as_mut()?;
-        if let Ok(fed) = feeder.fed.try_lock() {
-            feeder.per_kind = fed.copy.per_kind();
+        if let Ok(copy) = feeder.copy.try_lock() {
+            feeder.per_kind = copy.per_kind();
         }
         Some(feeder.per_kind)
     }
 
     /// The collector's heap figures, while the target's memory is readable.
     pub(super) fn read_heap_stats(&mut self) {
+        if let Some(why) = self.join_judging() {
+            self.fall_back(why);
+        }
         if let Some(stats) = self.judge.as_mut().and_then(|j| j.heap_stats()) {
             self.heap_stats = Some(stats);
         }
@@ -258,11 +360,18 @@ impl GcWatch {
 
     /// `GC_get_heap_size()` now (for the timeline), where readable.
     pub(super) fn heap_size_now(&mut self) -> Option<u64> {
+        // The judge is busy judging: the last figures stand.
+        if self.judging.as_ref().is_some_and(|j| !j.is_finished()) {
+            return self.heap_stats.as_ref().map(|s| s.heap_size);
+        }
         self.read_heap_stats();
         self.heap_stats.as_ref().map(|s| s.heap_size)
     }
 
     pub(super) fn summary(&mut self, probes: &Probes) -> Option<GcSummary> {
+        if let Some(why) = self.join_judging() {
+            self.fall_back(why);
+        }
         let mut summary = match (&mut self.judge, &self.fallback) {
             (Some(judge), _) => {
                 let _ = judge.finish();
@@ -278,7 +387,7 @@ impl GcWatch {
         };
         // The copy outlives a failed pass: its losses count either way.
         if let Some(feeder) = &self.feeder {
-            let malformed = feeder.current().events.malformed();
+            let malformed = lock(&feeder.intake).events.malformed();
             summary.events_lost = probes.gc_events_lost().unwrap_or(0) + malformed;
         }
         if let Some(stats) = &self.heap_stats {

@@ -242,6 +242,8 @@ impl Session {
                 if let Some(tracer) = &mut self.tracer {
                     tracer.resume_signal(tid, signal, !(load || held));
                 }
+                // The collector runs again: its objects are judged now.
+                self.gc.after_hold(probes)?;
             }
             Event::Exited(status) => return Ok(Some(status)),
         }
@@ -329,6 +331,7 @@ impl Session {
                         {
                             if gc.on_hold(probes, tid)? {
                                 tracer.resume_signal(tid, 0, false);
+                                gc.after_hold(probes)?;
                             } else {
                                 deferred.push(Event::Signal { tid, signal });
                             }
@@ -489,7 +492,7 @@ fn read_tables(
 /// tables and the copy of the GC objects.
 fn raw_tables(tables: &HeapMaps, gc: &GcWatch) -> Result<(Counters, Vec<heap::RawGroup>)> {
     let settled = gc.settled();
-    let copy = settled.as_ref().map(|fed| &fed.copy);
+    let copy = settled.as_deref();
     let raw = heap::collect(tables, copy.map(|c| c.sites()))?;
     let mut counters = tables.counters()?;
     // GC_free of an address the copy did not track.

@@ -17,9 +17,11 @@ use crate::report;
 use crate::target::{self, maps, Target};
 use crate::unwind::Tables;
 
-/// The GC event ring buffer: enough for ~1M allocations between two reads
-/// (the session reads it at least every 100 ms, and at each collection).
-const GC_EVENTS_BYTES: u32 = 16 << 20;
+/// The GC event ring buffer: ~130k events. Its reader is woken when 2 MiB
+/// are queued and reads at least every 10 ms; the rest is room for the
+/// reader's own merges. Its pages are resident twice in memprof's RSS (the
+/// kernel maps the data twice, for records that wrap).
+const GC_EVENTS_BYTES: u32 = 8 << 20;
 
 /// The options a plan depends on.
 pub struct Choice {
