@@ -9,6 +9,7 @@
 //! caller itself. Here the two are joined: `[caller, walk[1..]]`, without
 //! repeating the caller when the kernel did add it.
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use anyhow::Result;
 use memprof_common::AllocKind;
@@ -22,8 +23,9 @@ use crate::sampling;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RawGroup {
     pub kind: AllocKind,
-    /// Return addresses, innermost (the allocator's caller) first.
-    pub frames: Vec<u64>,
+    /// Return addresses, innermost (the allocator's caller) first; shared
+    /// with the grouping's index (a big program has 100,000s of stacks).
+    pub frames: Arc<[u64]>,
     pub live_count: u64,
     pub live_bytes: u64,
     pub total_count: u64,
@@ -181,7 +183,7 @@ pub fn collect(maps: &HeapMaps, gc: Option<&[(Site, SiteGc)]>) -> Result<Vec<Raw
 /// A stack as a group shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Stack {
-    frames: Vec<u64>,
+    frames: Arc<[u64]>,
     truncated: bool,
     folded: bool,
     overflow: bool,
@@ -191,7 +193,7 @@ impl Stack {
     /// The allocator's caller alone, marked as cut short.
     fn caller_only(caller: u64) -> Stack {
         Stack {
-            frames: join_caller(caller, &[]),
+            frames: join_caller(caller, &[]).into(),
             truncated: true,
             folded: false,
             overflow: false,
@@ -199,12 +201,20 @@ impl Stack {
     }
 }
 
+/// A stack read from the kernel, for its sites.
+enum Known {
+    Stack(Stack),
+    /// What the site's caller completes (the frame-pointer walk, or no stack).
+    PerCaller(RecordedStack),
+}
+
 /// Assigns sites to groups; sites are few, live blocks many, so the group of
 /// each site is looked up once.
 struct Grouper<'a> {
     maps: &'a HeapMaps,
-    /// Stack key → the stack the kernel recorded (read once).
-    stacks: HashMap<u64, RecordedStack>,
+    /// Stack key → the stack the kernel recorded (read once), as groups
+    /// show it when that does not depend on the site's caller.
+    stacks: HashMap<u64, Known>,
     /// Same frames, truncated or folded or not: different stacks.
     by_stack: HashMap<(AllocKind, Stack), usize>,
     by_site: HashMap<Site, usize>,
@@ -217,36 +227,42 @@ impl Grouper<'_> {
             return &mut self.groups[i];
         }
         let maps = self.maps;
-        let recorded = match site.stack {
-            Some(key) => self.stacks.entry(key).or_insert_with(|| maps.stack(key)),
-            None => &RecordedStack::Missing,
+        let known = match site.stack {
+            Some(key) => self
+                .stacks
+                .entry(key)
+                .or_insert_with(|| match maps.stack(key) {
+                    // The DWARF unwinder starts at the caller already.
+                    RecordedStack::Unwound {
+                        frames,
+                        truncated,
+                        folded,
+                    } => Known::Stack(Stack {
+                        frames: frames.into(),
+                        truncated,
+                        folded,
+                        overflow: false,
+                    }),
+                    RecordedStack::Overflow => Known::Stack(Stack {
+                        frames: Arc::new([]),
+                        truncated: true,
+                        folded: false,
+                        overflow: true,
+                    }),
+                    other => Known::PerCaller(other),
+                }),
+            None => &Known::PerCaller(RecordedStack::Missing),
         };
-        let stack = match recorded {
+        let stack = match known {
+            Known::Stack(stack) => stack.clone(),
             // No stack, or no room for it: the caller alone.
-            RecordedStack::Missing | RecordedStack::CallerOnly => Stack::caller_only(site.caller),
-            // The DWARF unwinder starts at the caller already.
-            RecordedStack::Unwound {
-                frames,
-                truncated,
-                folded,
-            } => Stack {
-                frames: frames.clone(),
-                truncated: *truncated,
-                folded: *folded,
-                overflow: false,
-            },
-            RecordedStack::Overflow => Stack {
-                frames: Vec::new(),
-                truncated: true,
-                folded: false,
-                overflow: true,
-            },
-            RecordedStack::Walked(walk) => Stack {
-                frames: join_caller(site.caller, walk),
+            Known::PerCaller(RecordedStack::Walked(walk)) => Stack {
+                frames: join_caller(site.caller, walk).into(),
                 truncated: false,
                 folded: false,
                 overflow: false,
             },
+            Known::PerCaller(_) => Stack::caller_only(site.caller),
         };
         let groups = &mut self.groups;
         let i = *self

@@ -25,6 +25,7 @@ pub mod crystal;
 pub mod gc;
 pub mod heap;
 pub mod live;
+pub mod memory;
 pub mod modules;
 pub mod outfile;
 pub mod placement;

@@ -15,6 +15,7 @@ use memprof::session::{self, SessionOptions};
 use memprof::{allocators, profile, report};
 
 fn main() -> ExitCode {
+    memprof::memory::configure();
     let cli = Cli::parse();
     match run(cli) {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),

@@ -50,9 +50,11 @@ pub fn symbolize(
     modules: &ModuleCache,
     progress: bool,
 ) -> (Vec<Group>, Stacks) {
-    let mut addresses: Vec<u64> = raw.iter().flat_map(|g| g.frames.iter().copied()).collect();
+    // Distinct addresses only: stacks share most of their frames.
+    let distinct: std::collections::HashSet<u64> =
+        raw.iter().flat_map(|g| g.frames.iter().copied()).collect();
+    let mut addresses: Vec<u64> = distinct.into_iter().collect();
     addresses.sort_unstable();
-    addresses.dedup();
     let mut by_module: HashMap<PathBuf, Vec<u64>> = HashMap::new();
     let mut unknown: Vec<u64> = Vec::new();
     for &addr in &addresses {

@@ -51,6 +51,9 @@ use crate::probes::{LiveBlock, Site};
 const FREED: u32 = u32::MAX;
 /// Records sorted and merged at once by [`GcCopy::sort_tail`].
 const CHUNK: usize = 1 << 16;
+/// New records past which the feeder settles the copy itself, if they
+/// outnumber the settled ones too.
+const SETTLE_AFTER: usize = 1 << 22;
 
 /// Merges `more` (sorted by address) into `into` (sorted), in place from
 /// the end; on equal addresses `into`'s records come first (they are
@@ -188,6 +191,13 @@ impl GcCopy {
     pub fn sort_tail(&mut self) {
         if self.incoming.len() >= CHUNK {
             self.absorb_incoming();
+            // Passes settle the copy at every collection. Without them
+            // (mark bits not readable), it is settled when the new records
+            // outgrow the objects: address reuse and frees bound it then.
+            let new: usize = self.runs.iter().map(Vec::len).sum();
+            if new > self.settled.len().max(SETTLE_AFTER) {
+                let _ = self.settle(None);
+            }
         }
     }
 
@@ -528,6 +538,11 @@ impl GcCopy {
     /// What was learned per site.
     pub fn sites(&self) -> &[(Site, SiteGc)] {
         &self.sites
+    }
+
+    /// What was learned per site, the objects dropped.
+    pub fn into_sites(self) -> Vec<(Site, SiteGc)> {
+        self.sites
     }
 
     /// `GC_free`s of untracked addresses (applied at settles).

@@ -221,13 +221,8 @@ impl MarkLayout {
             return Ok(Block::Not(Verdict::Forwarded));
         }
         let (first, end) = self.header_span();
-        let run = headers.runs.partition_point(|(at, _)| *at <= hdr + first);
-        let bytes = run
-            .checked_sub(1)
-            .and_then(|r| {
-                let (at, data) = &headers.runs[r];
-                data.get((hdr + first - at) as usize..(hdr + end - at) as usize)
-            })
+        let bytes = headers
+            .bytes(hdr + first, (end - first) as usize)
             .ok_or_else(|| io::Error::other(format!("header {hdr:#x} was not read")))?;
         let field = |off: u64| (off - first) as usize;
         if bytes[field(self.hb_flags)] & self.free_blk as u8 != 0 {
@@ -279,6 +274,28 @@ impl Headers {
     pub fn runs_len(&self) -> usize {
         self.runs.len()
     }
+
+    /// The `len` bytes read at `addr` (copied when they straddle two runs).
+    fn bytes(&self, addr: u64, len: usize) -> Option<std::borrow::Cow<'_, [u8]>> {
+        let run = self
+            .runs
+            .partition_point(|(at, _)| *at <= addr)
+            .checked_sub(1)?;
+        let (at, data) = &self.runs[run];
+        let from = (addr - at) as usize;
+        if let Some(bytes) = data.get(from..from + len) {
+            return Some(bytes.into());
+        }
+        // The rest is in the next run, if it starts where this one ends.
+        let head = data.get(from..)?;
+        let (next_at, next) = self.runs.get(run + 1)?;
+        if *next_at != at + data.len() as u64 {
+            return None;
+        }
+        let mut bytes = head.to_vec();
+        bytes.extend_from_slice(next.get(..len - head.len())?);
+        Some(bytes.into())
+    }
 }
 
 /// Bytes of the target's pages.
@@ -313,4 +330,26 @@ fn load(
     let mut buf = [0u8; 8];
     read(addr, &mut buf[..len])?;
     Ok(u64::from_le_bytes(buf))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Headers;
+
+    #[test]
+    fn a_header_straddling_two_runs_is_joined() {
+        let headers = Headers {
+            hdrs: Vec::new(),
+            runs: vec![
+                (0x1000, vec![1; 0x1000]),
+                (0x2000, vec![2; 0x1000]),
+                (0x4000, vec![3; 0x1000]),
+            ],
+        };
+        assert_eq!(&*headers.bytes(0x1ffe, 4).unwrap(), &[1, 1, 2, 2]);
+        assert_eq!(&*headers.bytes(0x2000, 2).unwrap(), &[2, 2]);
+        // Not contiguous: 0x3000.. was not read.
+        assert!(headers.bytes(0x2ffe, 4).is_none());
+        assert!(headers.bytes(0x800, 4).is_none());
+    }
 }

@@ -77,6 +77,14 @@ pub struct ModuleCache {
 }
 
 impl ModuleCache {
+    /// [`Module::release_pages`] of every module parsed so far.
+    pub fn release_pages(&self) {
+        let modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+        for module in modules.values() {
+            module.release_pages();
+        }
+    }
+
     /// The cache of process `pid`'s files, opened as `pid` sees them.
     pub fn of_process(pid: u32) -> ModuleCache {
         ModuleCache {

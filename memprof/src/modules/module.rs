@@ -189,6 +189,18 @@ impl Module {
     }
 
     /// The whole file.
+    /// Drops the file's pages from memprof's resident memory (they are
+    /// read again from the file if needed): after the unwind tables are
+    /// built, a big library's sections need not stay resident.
+    pub fn release_pages(&self) {
+        // SAFETY: a read-only file mapping: dropped pages read back the
+        // same bytes from the file (the page cache) when touched again.
+        let _ = unsafe {
+            self.data
+                .unchecked_advise(memmap2::UncheckedAdvice::DontNeed)
+        };
+    }
+
     pub fn data(&self) -> &[u8] {
         &self.data
     }

@@ -21,9 +21,9 @@ use anyhow::Result;
 
 use super::{GcLiveness, Plan, SessionOptions};
 use crate::gc::copy::GcCopy;
-use crate::gc::pass::{Judge, Marks};
+use crate::gc::pass::{Judge, Marks, SiteGc};
 use crate::gc::HeapStats;
-use crate::probes::{GcChange, GcEvents, Probes};
+use crate::probes::{GcChange, GcEvents, Probes, Site};
 use crate::profile::GcSummary;
 use crate::target::trace::Tracer;
 
@@ -82,6 +82,13 @@ fn apply(copy: &mut GcCopy, change: &GcChange) {
         }
         GcChange::Freed { addr, time_ns } => copy.freed(addr, time_ns),
     }
+}
+
+/// What the copy of the GC objects learned, at the end.
+pub(super) struct GcSites {
+    pub(super) sites: Vec<(Site, SiteGc)>,
+    /// `GC_free` of addresses the copy did not track.
+    pub(super) unknown_frees: u64,
 }
 
 /// The thread that keeps the copy current.
@@ -335,6 +342,22 @@ impl GcWatch {
         // Settling without a pass judges nothing: it cannot fail.
         let _ = copy.settle(None);
         Some(copy)
+    }
+
+    /// The end: the copy of the GC objects, settled, reduced to what was
+    /// learned per site (the objects themselves are dropped).
+    pub(super) fn into_sites(&mut self) -> Option<GcSites> {
+        let _ = self.join_judging();
+        let copy = self.settled()?;
+        let unknown_frees = copy.unknown_frees();
+        drop(copy);
+        let feeder = self.feeder.take()?;
+        let copy = std::mem::take(&mut *feeder.current());
+        drop(feeder);
+        Some(GcSites {
+            sites: copy.into_sites(),
+            unknown_frees,
+        })
     }
 
     /// Tracked GC objects and bytes per kind, cheaply (for timeline

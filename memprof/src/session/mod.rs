@@ -400,9 +400,15 @@ impl Session {
         // Closing the links takes the kernel a while: done meanwhile.
         self.probes.disable()?;
         let detaching = self.probes.detach();
-        // The copy of the GC objects gets the events still queued when read.
-        let (counters, groups, stacks) =
-            read_tables(&self.tables, &self.gc, &self.maps, &self.plan.modules, true)?;
+        // The copy of the GC objects gets the events still queued; only its
+        // figures per site are needed past here: its objects are given
+        // back before the stacks are read.
+        let gc_sites = self.gc.into_sites();
+        crate::memory::trim();
+        let raw = heap::collect(&self.tables, gc_sites.as_ref().map(|s| &s.sites[..]))?;
+        let mut counters = self.tables.counters()?;
+        counters.unknown_frees += gc_sites.map_or(0, |s| s.unknown_frees);
+        let (groups, stacks) = symbolize::symbolize(raw, &self.maps, &self.plan.modules, true);
         let duration_s = self.started.0.elapsed().as_secs_f64();
         let timeline =
             self.live

@@ -40,6 +40,16 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// The probes are loaded (the kernel has the unwind rows): what was
+    /// read to build them is given back.
+    pub fn loaded(&mut self) {
+        if let Some(tables) = &mut self.tables {
+            tables.release_rows();
+        }
+        self.modules.release_pages();
+        crate::memory::trim();
+    }
+
     /// Finds the allocator functions of the chosen heaps in process
     /// `pid`'s `exe` and libraries `loaded` (paths as `pid` sees them,
     /// opened through it: [`ModuleCache::of_process`]), places their

@@ -40,8 +40,9 @@ impl Session {
             target::check_architecture(pid, &target.exe)?;
             let modules = ModuleCache::of_process(pid);
             run_to_libraries(pid, &modules)?;
-            let plan = Plan::new(modules, &target.exe, &mapped_files(pid)?, &options.choice())?;
+            let mut plan = Plan::new(modules, &target.exe, &mapped_files(pid)?, &options.choice())?;
             let probes = Probes::load(&plan.probe_options(options), plan.tables.as_ref())?;
+            plan.loaded();
             Ok((target, plan, probes))
         });
         let (mut target, plan, probes) = match started {
@@ -111,13 +112,14 @@ impl Session {
         target::check_architecture(pid, &target.exe)?;
         let loaded = mapped_files(pid)?;
         let output = Output::create(options.output.as_ref(), &target.exe, Some(pid))?;
-        let plan = Plan::new(
+        let mut plan = Plan::new(
             ModuleCache::of_process(pid),
             &target.exe,
             &loaded,
             &options.choice(),
         )?;
         let probes = Probes::load(&plan.probe_options(options), plan.tables.as_ref())?;
+        plan.loaded();
         let mut session = Session::new(Mode::Attach, target, plan, probes, output, options)?;
         session.refresh_maps()?;
         // Collections are watched before allocations are: every GC object

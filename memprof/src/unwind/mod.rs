@@ -187,6 +187,12 @@ impl Tables {
         tables
     }
 
+    /// The rows, once the kernel has them: only the module index is
+    /// needed afterwards ([`Self::ranges`]).
+    pub fn release_rows(&mut self) {
+        self.rows = Vec::new();
+    }
+
     fn add(&mut self, cache: &ModuleCache, path: &Path) -> Result<()> {
         if self.modules.contains_key(path) {
             return Ok(());
