@@ -24,16 +24,18 @@ pub mod html;
 pub mod json;
 pub mod leaks;
 pub mod markdown;
+pub mod plumbing;
 pub mod pprof;
+pub mod runtime;
 pub mod timeline;
 pub mod tsv;
 pub mod types;
 
+use std::collections::HashMap;
 use std::io::Write;
 
 use anyhow::Result;
 
-use crate::crystal;
 use crate::profile::{Frame, Group, Profile};
 
 /// Output formats.
@@ -89,7 +91,8 @@ pub struct Options {
     /// At most this many stacks.
     pub top: Option<usize>,
     /// Hide the allocator plumbing (`GC.malloc`, `__crystal_malloc64`,
-    /// `Pointer(T).malloc`, …) at the top of each stack, before `--skip`.
+    /// `Pointer(T).malloc`, C++'s `operator new` and the standard library
+    /// frames it was called through, …) at the top of each stack, before `--skip`.
     pub skip_runtime: bool,
     /// Folded and flamegraph: count bytes or objects.
     pub count: Count,
@@ -142,14 +145,49 @@ impl Options {
     }
 }
 
-/// How many innermost frames of `group` are allocator plumbing. Only that
+impl Options {
+    /// The frames a table shows for `group`: [`Options::frames`] before
+    /// `--depth`, with recursion folded (a run of frames of one function
+    /// shown once, its innermost), then `--depth` (`default_depth` when not
+    /// given). Also whether a frame was folded.
+    pub fn shown<'a>(
+        &self,
+        profile: &'a Profile,
+        group: &Group,
+        default_depth: usize,
+    ) -> (Vec<&'a Frame>, bool) {
+        let depth = self.depth.unwrap_or(default_depth);
+        let hidden = if self.skip_runtime {
+            runtime_frames(profile, group)
+        } else {
+            0
+        };
+        let mut frames: Vec<&'a Frame> = Vec::new();
+        let mut folded = false;
+        for f in profile.frames(group).skip(hidden + self.skip) {
+            if frames
+                .last()
+                .is_some_and(|last: &&Frame| last.function == f.function && !f.function.starts_with('['))
+            {
+                folded = true;
+                continue;
+            }
+            if frames.len() == depth {
+                break;
+            }
+            frames.push(f);
+        }
+        (frames, folded)
+    }
+}
+
+/// How many innermost frames of `group` are allocator plumbing
+/// ([`plumbing::count`]: Crystal's runtime, C++'s `operator new` and the
+/// standard library's allocator templates). Only that
 /// first run: plumbing deeper in a stack (a GC callback) stays. A stack of
 /// nothing but plumbing (cut short) is shown whole.
 pub fn runtime_frames(profile: &Profile, group: &Group) -> usize {
-    let n = profile
-        .frames(group)
-        .take_while(|f| crystal::is_runtime(f))
-        .count();
+    let n = plumbing::count(profile.frames(group));
     // Nothing after the plumbing: keep it all.
     if profile.frames(group).nth(n).is_none() {
         0
@@ -203,6 +241,134 @@ pub fn select<'a>(
     }
     rows.truncate(options.top.unwrap_or(usize::MAX));
     rows.into_iter().map(|(g, _)| g).collect()
+}
+
+/// One row of a table: the stacks whose shown frames are the same, merged.
+#[derive(Debug, Clone)]
+pub struct Row<'a> {
+    /// The merged figures (counts, bytes, lifetimes summed; the flags of
+    /// the first stack, which all share); `stack` is the first stack's.
+    pub group: Group,
+    /// The frames shown, innermost first: plumbing hidden, `--skip`,
+    /// recursion folded (a function calling itself shown once), `--depth`.
+    pub frames: Vec<&'a Frame>,
+    /// How many stacks of the profile the row merges.
+    pub stacks: u64,
+    /// Recursion was folded in the shown frames (or by the unwinder).
+    pub folded: bool,
+    /// The runtime's own allocations (fiber stacks, the collector's heap).
+    pub runtime: Option<runtime::Role>,
+}
+
+/// The rows of a table: the groups merged by the frames they show (as
+/// perf-tools' MemProf groups by its 5 frames), then `--min-bytes` and
+/// `--top` on the merged rows, the program's rows first (live bytes, live
+/// count, allocated bytes, descending), the runtime's after them.
+/// `live_only` drops rows with nothing live.
+pub fn rows<'a>(
+    profile: &'a Profile,
+    options: &Options,
+    default_min: u64,
+    default_depth: usize,
+    live_only: bool,
+) -> Vec<Row<'a>> {
+    let min = options.min_bytes.unwrap_or(default_min);
+    type Key = (Vec<u32>, String, bool, bool, bool, Option<runtime::Role>);
+    let mut index: HashMap<Key, usize> = HashMap::new();
+    // Frames read the same when their text does (two return addresses on
+    // one line): each frame of the stack table gets the id of its text, once.
+    let mut text_ids: HashMap<String, u32> = HashMap::new();
+    let mut frame_ids: HashMap<usize, u32> = HashMap::new();
+    let mut rows: Vec<Row<'a>> = Vec::new();
+    for g in &profile.groups {
+        if live_only && g.live_count == 0 {
+            continue;
+        }
+        let (frames, folded) = options.shown(profile, g, default_depth);
+        let role = runtime::role(profile, g);
+        let key = (
+            frames
+                .iter()
+                .map(|&f| {
+                    *frame_ids
+                        .entry(std::ptr::from_ref(f) as usize)
+                        .or_insert_with(|| {
+                            let n = text_ids.len() as u32;
+                            *text_ids.entry(frame_text(f)).or_insert(n)
+                        })
+                })
+                .collect(),
+            g.kind.clone(),
+            g.truncated,
+            g.overflow,
+            folded || g.folded,
+            role,
+        );
+        match index.get(&key) {
+            Some(&i) => {
+                let row = &mut rows[i];
+                merge(&mut row.group, g);
+                row.stacks += 1;
+            }
+            None => {
+                index.insert(key, rows.len());
+                rows.push(Row {
+                    group: g.clone(),
+                    frames,
+                    stacks: 1,
+                    folded: folded || g.folded,
+                    runtime: role,
+                });
+            }
+        }
+    }
+    rows.retain(|r| r.group.live_bytes >= min);
+    let text = |r: &Row<'_>| -> String {
+        r.frames
+            .iter()
+            .map(|f| f.function.as_str())
+            .collect::<Vec<_>>()
+            .join(";")
+    };
+    let mut keyed: Vec<(Row<'a>, String)> = rows.into_iter().map(|r| {
+        let t = text(&r);
+        (r, t)
+    }).collect();
+    keyed.sort_by(|(a, ka), (b, kb)| {
+        a.runtime
+            .is_some()
+            .cmp(&b.runtime.is_some())
+            .then(b.group.live_bytes.cmp(&a.group.live_bytes))
+            .then(b.group.live_count.cmp(&a.group.live_count))
+            .then(b.group.total_bytes.cmp(&a.group.total_bytes))
+            .then_with(|| ka.cmp(kb))
+    });
+    keyed.truncate(options.top.unwrap_or(usize::MAX));
+    keyed.into_iter().map(|(r, _)| r).collect()
+}
+
+/// Adds `other`'s figures to `into`.
+fn merge(into: &mut Group, other: &Group) {
+    into.live_count += other.live_count;
+    into.live_bytes += other.live_bytes;
+    into.total_count += other.total_count;
+    into.total_bytes += other.total_bytes;
+    into.collected_count += other.collected_count;
+    into.collected_bytes += other.collected_bytes;
+    into.marked_count += other.marked_count;
+    into.marked_bytes += other.marked_bytes;
+    into.lifetimes.add(&other.lifetimes);
+    if into.type_name != other.type_name {
+        into.type_name = None;
+    }
+    // Histories at the same collections add up; a stack first seen later
+    // adds from its first point on.
+    let mut history: std::collections::BTreeMap<u64, u64> =
+        into.gc_history.iter().map(|&[c, n]| (c, n)).collect();
+    for &[c, n] in &other.gc_history {
+        *history.entry(c).or_insert(0) += n;
+    }
+    into.gc_history = history.into_iter().map(|(c, n)| [c, n]).collect();
 }
 
 fn stack_key(profile: &Profile, group: &Group) -> String {
@@ -346,6 +512,10 @@ pub const FOLDED_NOTE: &str = "…(recursion folded)";
 /// The frame folded and flamegraph add above the innermost frame of such a
 /// stack, and the `stack` label of its pprof sample.
 pub const FOLDED_FRAME: &str = "[recursion folded]";
+/// The root frame folded, flamegraph (and html's) and pprof put below the
+/// outermost frame of a stack the unwinder could not follow to its end, so
+/// a cut stack never reads as if its last frame were the program's entry.
+pub const TRUNCATED_FRAME: &str = "[truncated]";
 
 /// Groups whose stack is marked truncated (cut short by the unwinder, or
 /// not captured at all): counted per stack, where `truncated_stacks`
