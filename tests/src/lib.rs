@@ -53,6 +53,9 @@ pub mod fixture {
     pub const GC_VERDICTS: &str = env!("FIXTURE_GC_VERDICTS");
     /// The same source with libgc.a linked in.
     pub const GC_VERDICTS_STATIC: &str = env!("FIXTURE_GC_VERDICTS_STATIC");
+    /// `fixtures/cpp/records.cc` built with g++ -O2: `new Record` and
+    /// `std::vector` buffers under known functions.
+    pub const CXX_RECORDS: &str = env!("FIXTURE_CXX_RECORDS");
 
     /// The Crystal fixture `fixtures/crystal/allocs.cr` (`allocs CASE`) in
     /// each build flavour (see `fixtures/compile.rs`).

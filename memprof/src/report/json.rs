@@ -109,6 +109,7 @@ fn group(profile: &Profile, options: &Options, g: &Group) -> Value {
         "truncated": g.truncated,
         "folded": g.folded,
         "overflow": g.overflow,
+        "runtime": super::runtime::role(profile, g).map(super::runtime::Role::name),
         "collected_count": g.collected_count,
         "collected_bytes": g.collected_bytes,
         "marked_count": g.marked_count,

@@ -169,7 +169,7 @@ pub fn table(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
         let bytes: u64 = runtime.iter().map(|r| r.group.live_bytes).sum();
         writeln!(
             out,
-            "Runtime ({} bytes live: fiber stacks and the collector's own heap, not the program's objects):",
+            "Runtime ({} bytes live: what the language runtime and libraries allocate for themselves, not the program's objects):",
             thousands(bytes)
         )?;
         writeln!(out)?;

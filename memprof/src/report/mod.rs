@@ -273,7 +273,9 @@ pub fn rows<'a>(
     live_only: bool,
 ) -> Vec<Row<'a>> {
     let min = options.min_bytes.unwrap_or(default_min);
-    type Key = (Vec<u32>, String, bool, bool, bool, Option<runtime::Role>);
+    // Not whether recursion was folded: a recursive function's first call
+    // (nothing folded) and its deeper ones read the same.
+    type Key = (Vec<u32>, String, bool, bool, Option<runtime::Role>);
     let mut index: HashMap<Key, usize> = HashMap::new();
     // Frames read the same when their text does (two return addresses on
     // one line): each frame of the stack table gets the id of its text, once.
@@ -301,7 +303,6 @@ pub fn rows<'a>(
             g.kind.clone(),
             g.truncated,
             g.overflow,
-            folded || g.folded,
             role,
         );
         match index.get(&key) {
@@ -309,6 +310,7 @@ pub fn rows<'a>(
                 let row = &mut rows[i];
                 merge(&mut row.group, g);
                 row.stacks += 1;
+                row.folded |= folded || g.folded;
             }
             None => {
                 index.insert(key, rows.len());

@@ -1,7 +1,9 @@
 //! Allocations the language runtime makes for itself, not for the program:
 //! Crystal's fiber stacks (8 MiB each, one per fiber, from
 //! `Fiber::StackPool#checkout`) and the Boehm collector's own heap
-//! sections (`mmap`/`malloc` calls made inside libgc, e.g. from `GC_init`).
+//! sections (`mmap`/`malloc` calls made inside libgc, e.g. from `GC_init`);
+//! and what shared libraries allocate in their initializers before `main`
+//! (libstdc++'s 72 KiB emergency exception pool).
 //! Tables name them for what they are and list them after the program's
 //! rows, so the first rows are the user's.
 //!
@@ -23,6 +25,9 @@ pub enum Role {
     FiberStack,
     /// A heap section of the Boehm collector, or its own bookkeeping.
     GcHeap,
+    /// Made by a shared library's initializer before `main` (libstdc++'s
+    /// emergency exception pool, …), from the dynamic linker's `_dl_init`.
+    LibraryInit,
 }
 
 impl Role {
@@ -31,6 +36,7 @@ impl Role {
         match self {
             Role::FiberStack => "fiber stack",
             Role::GcHeap => "GC heap section (the collector's own)",
+            Role::LibraryInit => "library initializer (before main)",
         }
     }
 
@@ -39,6 +45,7 @@ impl Role {
         match self {
             Role::FiberStack => "fiber_stack",
             Role::GcHeap => "gc_heap",
+            Role::LibraryInit => "library_init",
         }
     }
 }
@@ -54,8 +61,20 @@ pub fn role(profile: &Profile, group: &Group) -> Option<Role> {
     if matches!(group.kind.as_str(), "libc" | "mmap") && in_libgc(innermost) {
         return Some(Role::GcHeap);
     }
-    frames.any(is_fiber_stack).then_some(Role::FiberStack)
+    if frames.any(is_fiber_stack) {
+        return Some(Role::FiberStack);
+    }
+    // The dynamic linker running a library's constructors: the stack ends
+    // in `_dl_init` (a few frames of the library above it).
+    let from_dl_init = profile
+        .frames(group)
+        .take(INIT_LOOK)
+        .any(|f| f.raw_name == "_dl_init" || f.function == "_dl_init");
+    (from_dl_init && innermost.module != profile.target.exe).then_some(Role::LibraryInit)
 }
+
+/// Frames looked at for `_dl_init`: a library's constructor and what it calls.
+const INIT_LOOK: usize = 16;
 
 /// A frame of libgc: its module (shared) or a `GC_` function (linked in).
 fn in_libgc(frame: &Frame) -> bool {

@@ -1,0 +1,265 @@
+//! Reports a person can act on (issue #14): the first row names the
+//! program's own code, not the allocator or the runtime.
+//!
+//! - C++ at -O2 (`fixtures/cpp/records.cc`): `operator new` and the standard
+//!   library's allocator templates are plumbing, so the first frame shown is
+//!   `make_records`; libstdc++'s emergency exception pool (72,704 bytes,
+//!   allocated by its initializer before `main`) is a runtime row; pprof's
+//!   main binary is the program; its truncated stack (the unwinder stops in
+//!   the dynamic linker) is rooted at `[truncated]` in folded, flamegraph,
+//!   html and pprof.
+//! - Crystal release (`allocs foos`): the inlined `new` reads `Foo.new`;
+//!   fiber stacks are named and listed after the program's rows.
+//! - Recursion (`fixtures/c/recursion.c`, 262,143 nodes from one line): one
+//!   row, saying how many stacks it merges.
+use memprof_tests::fixture::crystal::*;
+use memprof_tests::*;
+use std::path::Path;
+use std::process::Command;
+
+const CXX_SOURCE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/cpp/records.cc");
+
+/// The line of `CXX_SOURCE` marked `// line:NAME`.
+fn cxx_line(name: &str) -> usize {
+    let text = std::fs::read_to_string(CXX_SOURCE).unwrap();
+    let mark = format!("// line:{name}");
+    let lines: Vec<usize> = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| l.trim_end().ends_with(&mark))
+        .map(|(i, _)| i + 1)
+        .collect();
+    assert_eq!(lines.len(), 1, "{mark}");
+    lines[0]
+}
+
+/// The table rows (`| count | bytes | context |`) of a markdown report, in
+/// order, as (count, bytes, context cells split at `<br>`).
+fn table_rows(markdown: &str) -> Vec<(String, String, Vec<String>)> {
+    markdown
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| Allocations"))
+        .map(|l| {
+            let cells: Vec<&str> = l.trim_matches('|').splitn(3, '|').collect();
+            let context = cells[2].trim().split("<br>").map(str::to_string).collect();
+            (cells[0].trim().into(), cells[1].trim().into(), context)
+        })
+        .collect()
+}
+
+/// The markdown report split at the runtime section: (program, runtime).
+fn sections(markdown: &str) -> (String, String) {
+    match markdown.split_once("\nRuntime (") {
+        Some((program, runtime)) => (program.to_string(), runtime.to_string()),
+        None => (markdown.to_string(), String::new()),
+    }
+}
+
+fn cxx_profile(dir: &TempDir) -> std::path::PathBuf {
+    let path = dir.join("records.mprof");
+    profile_run(&path, &[fixture::CXX_RECORDS]);
+    path
+}
+
+#[test]
+fn cxx_rows_start_at_the_programs_function() {
+    let dir = TempDir::new("actionable-cxx");
+    let path = cxx_profile(&dir);
+    let markdown = report(&path, "markdown", &[]);
+    let (program, runtime) = sections(&markdown);
+    let rows = table_rows(&program);
+    let frame = |line: usize, function: &str| format!("records.cc:{line} in '{function}'`");
+    let make_records = "make_records(int) [clone .constprop.0]";
+    // 1,000 × `new Record` (64 bytes), then the vector's reserved buffer.
+    let (count, bytes, context) = &rows[0];
+    assert_eq!((count.as_str(), bytes.as_str()), ("1,000", "64,000"), "{markdown}");
+    assert!(
+        context[0].ends_with(&frame(cxx_line("new_record"), make_records)),
+        "{markdown}"
+    );
+    assert!(context[1].ends_with("in 'main'`"), "{markdown}");
+    let (count, bytes, context) = &rows[1];
+    assert_eq!((count.as_str(), bytes.as_str()), ("1", "8,000"), "{markdown}");
+    assert!(
+        context[0].ends_with(&frame(cxx_line("reserve"), make_records)),
+        "{markdown}"
+    );
+    let (count, bytes, context) = &rows[2];
+    assert_eq!((count.as_str(), bytes.as_str()), ("1", "4,096"), "{markdown}");
+    assert!(
+        context[0].ends_with(&frame(cxx_line("push_back"), "fill_numbers(int) [clone .constprop.0]")),
+        "{markdown}"
+    );
+    assert!(!program.contains("operator new"), "{markdown}");
+    assert!(!program.contains("std::"), "{markdown}");
+
+    // libstdc++'s emergency exception pool: its initializer's, before main.
+    let rows = table_rows(&runtime);
+    assert_eq!(rows.len(), 1, "{markdown}");
+    let (count, bytes, context) = &rows[0];
+    assert_eq!((count.as_str(), bytes.as_str()), ("1", "72,704"), "{markdown}");
+    assert_eq!(context[0], "**library initializer (before main)**");
+    assert!(context[1].starts_with("`libstdc++.so.6"), "{markdown}");
+
+    // --skip-runtime=false shows the plumbing again.
+    let all = report(&path, "markdown", &["--skip-runtime=false"]);
+    let first = &table_rows(&all)[0].2[0];
+    assert!(first.ends_with("in 'operator new(unsigned long)'`"), "{all}");
+}
+
+/// `go tool pprof -top FILE` output.
+fn pprof_top(file: &Path) -> String {
+    let output = Command::new("go")
+        .args(["tool", "pprof", "-top", "-unit=B"])
+        .arg(file)
+        .output()
+        .expect("cannot run go tool pprof (cargo xtask setup installs golang-go)");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[test]
+fn cxx_pprof_and_graphs_name_the_program_and_mark_cut_stacks() {
+    let dir = TempDir::new("actionable-cxx-graphs");
+    let path = cxx_profile(&dir);
+
+    // pprof: the program is the main binary; its functions carry the bytes.
+    let file = dir.join("records.pb.gz");
+    run_ok([
+        OsStr::new("report"),
+        path.as_os_str(),
+        OsStr::new("--format"),
+        OsStr::new("pprof"),
+        OsStr::new("-o"),
+        file.as_os_str(),
+    ]);
+    let top = pprof_top(&file);
+    assert_eq!(top.lines().next(), Some("File: cxx_records"), "{top}");
+    let flat = |function: &str| -> String {
+        top.lines()
+            .find(|l| l.ends_with(&format!("  {function}")))
+            .unwrap_or_else(|| panic!("no {function} in:\n{top}"))
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(flat("make_records(int) [clone .constprop.0]"), "72000B");
+    assert_eq!(flat("fill_numbers(int) [clone .constprop.0]"), "4096B");
+    assert!(!top.contains("operator new"), "{top}");
+    // The pool's stack, cut short in the dynamic linker, hangs from `[truncated]`.
+    let line = top
+        .lines()
+        .find(|l| l.ends_with(" [truncated]"))
+        .unwrap_or_else(|| panic!("no [truncated] in:\n{top}"));
+    assert_eq!(line.split_whitespace().nth(3), Some("72704B"), "{line}");
+
+    // Folded: the truncated stack's root is `[truncated]`; whole stacks are not.
+    let folded = report(&path, "folded", &[]);
+    let cut: Vec<&str> = folded.lines().filter(|l| l.starts_with("[truncated];")).collect();
+    assert_eq!(cut.len(), 1, "{folded}");
+    assert!(cut[0].ends_with(";_dl_init;call_init;call_init;[unknown] 72704"), "{folded}");
+    assert!(
+        folded
+            .lines()
+            .any(|l| l.starts_with("_start;") && l.ends_with(";main;make_records(int) [clone .constprop.0] 72000")),
+        "{folded}"
+    );
+    // Flamegraph and html draw it.
+    let svg = report(&path, "flamegraph", &[]);
+    assert!(svg.contains("<title>[truncated] (72,704 bytes, "), "{svg}");
+    let html = report(&path, "html", &[]);
+    assert!(html.contains("[truncated] (72,704 bytes, "), "html");
+}
+
+#[test]
+fn crystal_release_names_the_inlined_new_and_puts_fiber_stacks_apart() {
+    let dir = TempDir::new("actionable-crystal");
+    let path = dir.join("allocs.mprof");
+    profile_run(&path, &[ALLOCS_RELEASE, "foos"]);
+    let markdown = report(&path, "markdown", &[]);
+    let (program, runtime) = sections(&markdown);
+    let rows = table_rows(&program);
+    let (count, bytes, context) = &rows[0];
+    assert_eq!((count.as_str(), bytes.as_str()), ("100,000", "3,200,000"), "{markdown}");
+    let initialize = marked_line(ALLOCS_SOURCE, "foo_initialize");
+    assert!(
+        context[0].ends_with(&format!("allocs.cr:{initialize} in 'Foo.new'`")),
+        "{markdown}"
+    );
+    assert!(context[1].ends_with("in 'make_foos'`"), "{markdown}");
+    // The main fiber's stack pool is the runtime's: named, after the program.
+    assert!(!program.contains("allocate_stack"), "{markdown}");
+    let fiber: Vec<_> = table_rows(&runtime)
+        .into_iter()
+        .filter(|r| r.2[0] == "**fiber stack**")
+        .collect();
+    assert!(!fiber.is_empty(), "{markdown}");
+    for (_, bytes, _) in &fiber {
+        assert!(bytes.ends_with(",388,608") || bytes == "16,777,216", "{markdown}");
+    }
+    // --format types: the class, and the runtime after the program's types.
+    let types = report(&path, "types", &[]);
+    let type_rows: Vec<&str> = types.lines().filter(|l| l.starts_with("| ")).skip(1).collect();
+    assert!(type_rows[0].ends_with("| Foo |"), "{types}");
+    assert!(type_rows[0].contains("| 100,000 | "), "{types}");
+    assert!(
+        types.lines().any(|l| l.ends_with("| fiber stack (runtime) |")),
+        "{types}"
+    );
+}
+
+const NODES: u64 = (1 << 18) - 1;
+
+/// recursion.c's 262,143 nodes come from one line of `build`: however the
+/// unwinder kept the recursion, the table shows one row.
+#[test]
+fn recursion_rows_merge_by_the_frames_shown() {
+    let dir = TempDir::new("actionable-recursion");
+    for (name, extra) in [
+        ("folded", &[][..]),
+        ("kept", &["--keep-recursion", "--max-stacks", "300000", "--max-sites", "300000"][..]),
+    ] {
+        let path = dir.join(&format!("{name}.mprof"));
+        let mut args: Vec<&OsStr> = vec![
+            OsStr::new("run"),
+            OsStr::new("-o"),
+            path.as_os_str(),
+            OsStr::new("--heap"),
+            OsStr::new("libc"),
+        ];
+        args.extend(extra.iter().map(OsStr::new));
+        args.extend([OsStr::new("--"), OsStr::new(fixture::RECURSION)]);
+        run_ok(args);
+        let json = report_json(&path);
+        let stacks = groups(&json).iter().filter(|g| Counts::of(g).live_count > 0).count() as u64;
+        let markdown = report(&path, "markdown", &[]);
+        let rows = table_rows(&markdown);
+        assert_eq!(rows.len(), 1, "{name}: {markdown}");
+        let (count, bytes, context) = &rows[0];
+        assert_eq!((count.as_str(), bytes.as_str()), ("262,143", "12,582,864"), "{name}: {markdown}");
+        assert!(context[0].ends_with("in 'build'`"), "{name}: {markdown}");
+        assert!(context[1].ends_with("in 'main'`"), "{name}: {markdown}");
+        let merged = format!("`…({} stacks merged)`", thousands(stacks));
+        assert_eq!(context.last(), Some(&merged), "{name}: {markdown}");
+        assert!(context.contains(&"`…(recursion folded)`".to_string()), "{name}: {markdown}");
+        if name == "kept" {
+            assert_eq!(stacks, NODES, "one stack per node");
+        } else {
+            assert_eq!(stacks, 2, "the root's and the folded one");
+        }
+    }
+}
+
+/// `1234567` → `1,234,567`.
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
