@@ -195,6 +195,12 @@ fn top_table(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
         if r.folded {
             frames.push(format!("<code>{}</code>", super::FOLDED_NOTE));
         }
+        if r.plumbing_only {
+            frames.push(format!(
+                "<code>{}</code>",
+                escape(super::plumbing_only_note(&profile.unwind))
+            ));
+        }
         if r.stacks > 1 {
             frames.push(format!("<code>…({} stacks merged)</code>", thousands(r.stacks)));
         }

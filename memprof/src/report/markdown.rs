@@ -160,7 +160,7 @@ pub fn table(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
         .unwrap_or(rows.len());
     let (program, runtime) = rows.split_at(split);
     if !program.is_empty() {
-        rows_table(program, out)?;
+        rows_table(program, &profile.unwind, out)?;
     }
     if !runtime.is_empty() {
         if !program.is_empty() {
@@ -173,13 +173,13 @@ pub fn table(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
             thousands(bytes)
         )?;
         writeln!(out)?;
-        rows_table(runtime, out)?;
+        rows_table(runtime, &profile.unwind, out)?;
     }
     Ok(())
 }
 
 /// One markdown table of `rows`.
-fn rows_table(rows: &[Row<'_>], out: &mut dyn Write) -> Result<()> {
+fn rows_table(rows: &[Row<'_>], unwind: &str, out: &mut dyn Write) -> Result<()> {
     writeln!(out, "| Allocations | Total size | Context |")?;
     writeln!(out, "|------------:|-----------:|---------|")?;
     for r in rows {
@@ -188,7 +188,7 @@ fn rows_table(rows: &[Row<'_>], out: &mut dyn Write) -> Result<()> {
             "| {:>11} | {:>10} | {} |",
             thousands(r.group.live_count),
             thousands(r.group.live_bytes),
-            context(r)
+            context(r, unwind)
         )?;
     }
     Ok(())
@@ -196,7 +196,7 @@ fn rows_table(rows: &[Row<'_>], out: &mut dyn Write) -> Result<()> {
 
 /// A row's context cell: what the runtime row is, the frames, then the
 /// notes (cut short, recursion folded, stacks merged).
-pub fn context(r: &Row<'_>) -> String {
+pub fn context(r: &Row<'_>, unwind: &str) -> String {
     let g = &r.group;
     if g.overflow {
         return "(no room in the site table: counted without a stack; see --max-sites)".to_string();
@@ -218,6 +218,9 @@ pub fn context(r: &Row<'_>) -> String {
     }
     if r.folded {
         context.push(format!("`{}`", super::FOLDED_NOTE));
+    }
+    if r.plumbing_only {
+        context.push(format!("`{}`", super::plumbing_only_note(unwind)));
     }
     if r.stacks > 1 {
         context.push(format!("`…({} stacks merged)`", thousands(r.stacks)));

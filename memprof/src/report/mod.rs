@@ -258,6 +258,19 @@ pub struct Row<'a> {
     pub folded: bool,
     /// The runtime's own allocations (fiber stacks, the collector's heap).
     pub runtime: Option<runtime::Role>,
+    /// The stack is nothing but allocator plumbing (`GC.malloc`): the
+    /// unwinder got no further, so the program's frames are unknown.
+    pub plumbing_only: bool,
+}
+
+/// What a table adds below a stack of nothing but allocator plumbing, for
+/// a profile unwound with `unwind` (`fp` or `dwarf`).
+pub fn plumbing_only_note(unwind: &str) -> &'static str {
+    if unwind == "fp" {
+        "…(the stack ends in the allocator: frame pointers got no further; record with --unwind dwarf)"
+    } else {
+        "…(the stack ends in the allocator: the unwinder got no further)"
+    }
 }
 
 /// The rows of a table: the groups merged by the frames they show (as
@@ -314,12 +327,14 @@ pub fn rows<'a>(
             }
             None => {
                 index.insert(key, rows.len());
+                let all = profile.frames(g).count();
                 rows.push(Row {
                     group: g.clone(),
                     frames,
                     stacks: 1,
                     folded: folded || g.folded,
                     runtime: role,
+                    plumbing_only: all > 0 && plumbing::count(profile.frames(g)) == all,
                 });
             }
         }

@@ -12,7 +12,7 @@
 //!
 //! The type is each group's [`Group::type_name`] (see
 //! [`crate::crystal::allocated_type`]); groups without one (libc and mmap
-//! blocks, release builds that inlined `Foo.new`) are summed per allocation
+//! blocks, buffers of release builds) are summed per allocation
 //! site: the first named frame that is not allocator plumbing, with its
 //! `file:line` where known (short DWARF names like `new` need it), or
 //! `(unknown)`. The runtime's own allocations (fiber stacks, the
@@ -134,6 +134,10 @@ fn type_of(profile: &Profile, group: &Group) -> String {
         .skip(plumbing)
         .find(|f| !crystal::is_runtime(f) && !f.raw_name.is_empty());
     let Some(frame) = site else {
+        if plumbing > 0 && plumbing == profile.frames(group).count() {
+            // Nothing but plumbing: the unwinder stopped in the allocator.
+            return "(unknown: the stack ends in the allocator)".to_string();
+        }
         return "(unknown)".to_string();
     };
     match (&frame.file, frame.line) {
