@@ -309,3 +309,59 @@ fn leaks_name_only_the_steady_growth() {
     let json: Value = serde_json::from_str(&report(&path, "json", &["--leaks"])).unwrap();
     assert_eq!(groups(&json).len(), 1, "{}", list_groups(&json));
 }
+
+/// Stripped executables: one note names the module without symbols (frames
+/// read `module+offset`, the same offsets as with symbols, so profiles still
+/// diff); with its debug info split off and linked (`.gnu_debuglink`, as
+/// distributions ship it), the names come back.
+#[test]
+fn stripped_binaries_say_so_and_debug_links_are_followed() {
+    let dir = TempDir::new("actionable-stripped");
+    let stripped = dir.join("basic_stripped");
+    let linked = dir.join("basic_linked");
+    let debug = dir.join("basic_linked.debug");
+    let tool = |program: &str, args: &[&OsStr]| {
+        let output = Command::new(program).args(args).output().unwrap();
+        assert!(output.status.success(), "{program}: {}", describe(&output));
+    };
+    let basic = OsStr::new(fixture::BASIC);
+    tool("strip", &[OsStr::new("-o"), stripped.as_os_str(), basic]);
+    tool("objcopy", &[OsStr::new("--only-keep-debug"), basic, debug.as_os_str()]);
+    tool("strip", &[OsStr::new("-o"), linked.as_os_str(), basic]);
+    let link = format!("--add-gnu-debuglink={}", debug.display());
+    tool("objcopy", &[OsStr::new(&link), linked.as_os_str()]);
+
+    let first_frame = |exe: &Path| -> (String, Value, String) {
+        let path = dir.join(&format!("{}.mprof", exe.file_name().unwrap().to_string_lossy()));
+        profile_run(&path, &[exe.to_str().unwrap()]);
+        let markdown = report(&path, "markdown", &[]);
+        let json = report_json(&path);
+        let group = groups(&json)
+            .iter()
+            .find(|g| Counts::of(g).live_bytes == 28_800)
+            .unwrap_or_else(|| panic!("no 28,800-byte group: {}", list_groups(&json)))
+            .clone();
+        let frame = group["frames"][0].clone();
+        (markdown, frame, list_groups(&json))
+    };
+
+    let (markdown, frame, _) = first_frame(&stripped);
+    assert_eq!(frame["function"], "[unknown]", "{frame}");
+    let offset = frame["offset"].as_str().unwrap().to_string();
+    let row = table_rows(&markdown).into_iter().next().unwrap();
+    assert_eq!((row.0.as_str(), row.1.as_str()), ("600", "28,800"), "{markdown}");
+    assert_eq!(row.2[0], format!("`basic_stripped+{offset} in '[unknown]'`"), "{markdown}");
+    let notes: Vec<&str> = markdown.lines().filter(|l| l.starts_with("Symbols: ")).collect();
+    assert_eq!(notes.len(), 1, "{markdown}");
+    assert!(
+        notes[0].starts_with("Symbols: basic\\_stripped: no symbols at all (stripped); its frames read basic\\_stripped+0xOFFSET."),
+        "{markdown}"
+    );
+
+    let (markdown, frame, groups) = first_frame(&linked);
+    assert_eq!(frame["function"], "make_foo", "{groups}");
+    assert!(frame["file"].as_str().unwrap().ends_with("fixtures/c/basic.c"), "{frame}");
+    // The same place in the same file: the same offset as stripped.
+    assert_eq!(frame["offset"].as_str(), Some(offset.as_str()), "{frame}");
+    assert!(!markdown.contains("Symbols: basic\\_linked"), "{markdown}");
+}

@@ -124,6 +124,14 @@ fn group(profile: &Profile, options: &Options, g: &Group) -> Value {
 fn top(profile: &Profile) -> Map<String, Value> {
     let c = &profile.counters;
     let doc = json!({
+        "modules_without_symbols": super::modules_without_symbols(profile)
+            .into_iter()
+            .map(|(module, unknown, all)| json!({
+                "module": module,
+                "addresses_without_symbol": unknown,
+                "addresses": all,
+            }))
+            .collect::<Vec<_>>(),
         "format": "memprof-report",
         "version": VERSION,
         "memprof_version": profile.memprof_version,

@@ -91,6 +91,10 @@ pub fn header(profile: &Profile, out: &mut dyn Write) -> Result<()> {
     }
     writeln!(out, "{}.", capitalize(&loss_summary(profile)))?;
     writeln!(out)?;
+    for note in super::symbol_notes(profile) {
+        writeln!(out, "Symbols: {}", escape_text(&note))?;
+        writeln!(out)?;
+    }
     if let Some(gc) = &profile.gc {
         gc_summary(gc, out)?;
     }

@@ -518,6 +518,57 @@ pub fn loss_summary(profile: &Profile) -> String {
     line
 }
 
+/// Modules with return addresses no symbol covers: (module path,
+/// addresses without a symbol, addresses in the module), most first. Their
+/// frames read `module+offset` (stable across runs, so profiles still diff).
+pub fn modules_without_symbols(profile: &Profile) -> Vec<(String, u64, u64)> {
+    let mut per_module: std::collections::BTreeMap<&str, (u64, u64)> = Default::default();
+    for location in profile.stacks.locations() {
+        // The outermost frame of a location is the symbol's (or `[unknown]`).
+        let Some(frame) = location.frames.last() else {
+            continue;
+        };
+        if frame.module.is_empty() || frame.module == "[unknown]" {
+            continue;
+        }
+        let entry = per_module.entry(frame.module.as_str()).or_default();
+        entry.1 += 1;
+        if frame.raw_name.is_empty() {
+            entry.0 += 1;
+        }
+    }
+    let mut out: Vec<(String, u64, u64)> = per_module
+        .into_iter()
+        .filter(|(_, (unknown, _))| *unknown > 0)
+        .map(|(m, (unknown, all))| (m.to_string(), unknown, all))
+        .collect();
+    out.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    out
+}
+
+/// One line per module without symbols for some of its addresses, saying
+/// what is missing and how to get it.
+pub fn symbol_notes(profile: &Profile) -> Vec<String> {
+    modules_without_symbols(profile)
+        .into_iter()
+        .map(|(module, unknown, all)| {
+            let name = crate::allocators::short(std::path::Path::new(&module));
+            let what = if unknown == all {
+                "no symbols at all (stripped)".to_string()
+            } else {
+                format!(
+                    "no symbol for {} of its {} addresses (functions missing from its symbol table)",
+                    thousands(unknown),
+                    thousands(all)
+                )
+            };
+            format!(
+                "{name}: {what}; its frames read {name}+0xOFFSET. For names, install its separate debug info (looked up through .gnu_debuglink and /usr/lib/debug/.build-id/, as Debian's -dbgsym packages install it) or profile a build that keeps its symbols ({module})."
+            )
+        })
+        .collect()
+}
+
 /// Groups whose stack had repeated frames of recursive functions folded
 /// into one.
 pub fn folded_groups(profile: &Profile) -> u64 {
@@ -613,6 +664,48 @@ mod tests {
         };
         assert_eq!(shown(&options)[..2], ["GC.malloc", "__crystal_malloc64"]);
         assert_eq!(Options::default().frames(&p, cut, 5).count(), 1);
+    }
+
+    #[test]
+    fn rows_merge_recursion_depths_and_put_the_runtime_last() {
+        let f = |name: &str, line: u32| Frame {
+            function: name.into(),
+            raw_name: name.into(),
+            file: Some("/src/t.c".into()),
+            line: Some(line),
+            module: "/bin/t".into(),
+            address: u64::from(line),
+            ..Frame::default()
+        };
+        let g = |live_bytes: u64| Group {
+            kind: "libc".into(),
+            live_bytes,
+            live_count: 1,
+            ..Group::default()
+        };
+        let mut p = Profile::default();
+        // build() at three depths: one row of three stacks.
+        p.push(g(2000), vec![f("build", 5), f("main", 9)]);
+        p.push(g(2000), vec![f("build", 5), f("build", 7), f("main", 9)]);
+        p.push(g(2000), vec![f("build", 5), f("build", 7), f("build", 7), f("main", 9)]);
+        let fiber = Frame {
+            raw_name: "*Fiber::StackPool#checkout:Tuple(Pointer(Void), Pointer(Void))".into(),
+            ..f("checkout", 1)
+        };
+        p.push(g(1 << 23), vec![fiber, f("main", 9)]);
+        let rows = rows(&p, &Options::default(), 1024, 5, true);
+        assert_eq!(rows.len(), 2);
+        assert_eq!((rows[0].stacks, rows[0].group.live_bytes), (3, 6000));
+        assert!(rows[0].folded && rows[0].runtime.is_none());
+        let shown: Vec<&str> = rows[0].frames.iter().map(|f| f.function.as_str()).collect();
+        assert_eq!(shown, ["build", "main"]);
+        assert_eq!(rows[1].runtime, Some(runtime::Role::FiberStack));
+        // --min-bytes applies to the merged row: 6,000 bytes pass 5,000.
+        let options = Options {
+            min_bytes: Some(5000),
+            ..Options::default()
+        };
+        assert_eq!(super::rows(&p, &options, 1024, 5, true)[0].stacks, 3);
     }
 
     #[test]
