@@ -63,8 +63,10 @@ pub mod fixture {
         /// A server-like program: a steady leak among held buffers, a warmed
         /// cache and a late phase (`fixtures/crystal/server_leak.cr`).
         pub const SERVER_LEAK_DEBUG: &str = env!("FIXTURE_CR_SERVER_LEAK_DEBUG");
-        pub const SERVER_LEAK_SOURCE: &str =
-            concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/crystal/server_leak.cr");
+        pub const SERVER_LEAK_SOURCE: &str = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/fixtures/crystal/server_leak.cr"
+        );
         pub const ALLOCS_SOURCE: &str =
             concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/crystal/allocs.cr");
         /// `crystal build`: libgc.so, nothing inlined.

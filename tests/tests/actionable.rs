@@ -72,22 +72,37 @@ fn cxx_rows_start_at_the_programs_function() {
     let make_records = "make_records(int) [clone .constprop.0]";
     // 1,000 × `new Record` (64 bytes), then the vector's reserved buffer.
     let (count, bytes, context) = &rows[0];
-    assert_eq!((count.as_str(), bytes.as_str()), ("1,000", "64,000"), "{markdown}");
+    assert_eq!(
+        (count.as_str(), bytes.as_str()),
+        ("1,000", "64,000"),
+        "{markdown}"
+    );
     assert!(
         context[0].ends_with(&frame(cxx_line("new_record"), make_records)),
         "{markdown}"
     );
     assert!(context[1].ends_with("in 'main'`"), "{markdown}");
     let (count, bytes, context) = &rows[1];
-    assert_eq!((count.as_str(), bytes.as_str()), ("1", "8,000"), "{markdown}");
+    assert_eq!(
+        (count.as_str(), bytes.as_str()),
+        ("1", "8,000"),
+        "{markdown}"
+    );
     assert!(
         context[0].ends_with(&frame(cxx_line("reserve"), make_records)),
         "{markdown}"
     );
     let (count, bytes, context) = &rows[2];
-    assert_eq!((count.as_str(), bytes.as_str()), ("1", "4,096"), "{markdown}");
+    assert_eq!(
+        (count.as_str(), bytes.as_str()),
+        ("1", "4,096"),
+        "{markdown}"
+    );
     assert!(
-        context[0].ends_with(&frame(cxx_line("push_back"), "fill_numbers(int) [clone .constprop.0]")),
+        context[0].ends_with(&frame(
+            cxx_line("push_back"),
+            "fill_numbers(int) [clone .constprop.0]"
+        )),
         "{markdown}"
     );
     assert!(!program.contains("operator new"), "{markdown}");
@@ -97,14 +112,21 @@ fn cxx_rows_start_at_the_programs_function() {
     let rows = table_rows(&runtime);
     assert_eq!(rows.len(), 1, "{markdown}");
     let (count, bytes, context) = &rows[0];
-    assert_eq!((count.as_str(), bytes.as_str()), ("1", "72,704"), "{markdown}");
+    assert_eq!(
+        (count.as_str(), bytes.as_str()),
+        ("1", "72,704"),
+        "{markdown}"
+    );
     assert_eq!(context[0], "**library initializer (before main)**");
     assert!(context[1].starts_with("`libstdc++.so.6"), "{markdown}");
 
     // --skip-runtime=false shows the plumbing again.
     let all = report(&path, "markdown", &["--skip-runtime=false"]);
     let first = &table_rows(&all)[0].2[0];
-    assert!(first.ends_with("in 'operator new(unsigned long)'`"), "{all}");
+    assert!(
+        first.ends_with("in 'operator new(unsigned long)'`"),
+        "{all}"
+    );
 }
 
 /// `go tool pprof -top FILE` output.
@@ -114,7 +136,11 @@ fn pprof_top(file: &Path) -> String {
         .arg(file)
         .output()
         .expect("cannot run go tool pprof (cargo xtask setup installs golang-go)");
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
@@ -156,13 +182,18 @@ fn cxx_pprof_and_graphs_name_the_program_and_mark_cut_stacks() {
 
     // Folded: the truncated stack's root is `[truncated]`; whole stacks are not.
     let folded = report(&path, "folded", &[]);
-    let cut: Vec<&str> = folded.lines().filter(|l| l.starts_with("[truncated];")).collect();
+    let cut: Vec<&str> = folded
+        .lines()
+        .filter(|l| l.starts_with("[truncated];"))
+        .collect();
     assert_eq!(cut.len(), 1, "{folded}");
-    assert!(cut[0].ends_with(";_dl_init;call_init;call_init;[unknown] 72704"), "{folded}");
     assert!(
-        folded
-            .lines()
-            .any(|l| l.starts_with("_start;") && l.ends_with(";main;make_records(int) [clone .constprop.0] 72000")),
+        cut[0].ends_with(";_dl_init;call_init;call_init;[unknown] 72704"),
+        "{folded}"
+    );
+    assert!(
+        folded.lines().any(|l| l.starts_with("_start;")
+            && l.ends_with(";main;make_records(int) [clone .constprop.0] 72000")),
         "{folded}"
     );
     // Flamegraph and html draw it.
@@ -181,7 +212,11 @@ fn crystal_release_names_the_inlined_new_and_puts_fiber_stacks_apart() {
     let (program, runtime) = sections(&markdown);
     let rows = table_rows(&program);
     let (count, bytes, context) = &rows[0];
-    assert_eq!((count.as_str(), bytes.as_str()), ("100,000", "3,200,000"), "{markdown}");
+    assert_eq!(
+        (count.as_str(), bytes.as_str()),
+        ("100,000", "3,200,000"),
+        "{markdown}"
+    );
     let initialize = marked_line(ALLOCS_SOURCE, "foo_initialize");
     assert!(
         context[0].ends_with(&format!("allocs.cr:{initialize} in 'Foo.new'`")),
@@ -196,15 +231,24 @@ fn crystal_release_names_the_inlined_new_and_puts_fiber_stacks_apart() {
         .collect();
     assert!(!fiber.is_empty(), "{markdown}");
     for (_, bytes, _) in &fiber {
-        assert!(bytes.ends_with(",388,608") || bytes == "16,777,216", "{markdown}");
+        assert!(
+            bytes.ends_with(",388,608") || bytes == "16,777,216",
+            "{markdown}"
+        );
     }
     // --format types: the class, and the runtime after the program's types.
     let types = report(&path, "types", &[]);
-    let type_rows: Vec<&str> = types.lines().filter(|l| l.starts_with("| ")).skip(1).collect();
+    let type_rows: Vec<&str> = types
+        .lines()
+        .filter(|l| l.starts_with("| "))
+        .skip(1)
+        .collect();
     assert!(type_rows[0].ends_with("| Foo |"), "{types}");
     assert!(type_rows[0].contains("| 100,000 | "), "{types}");
     assert!(
-        types.lines().any(|l| l.ends_with("| fiber stack (runtime) |")),
+        types
+            .lines()
+            .any(|l| l.ends_with("| fiber stack (runtime) |")),
         "{types}"
     );
 }
@@ -223,7 +267,16 @@ fn recursion_rows_merge_by_the_frames_shown() {
     // overflow row (counted, without a stack), the rest in the merged row.
     for (name, extra) in [
         ("folded", &[][..]),
-        ("kept", &["--keep-recursion", "--max-stacks", "300000", "--max-sites", "300000"][..]),
+        (
+            "kept",
+            &[
+                "--keep-recursion",
+                "--max-stacks",
+                "300000",
+                "--max-sites",
+                "300000",
+            ][..],
+        ),
     ] {
         let path = dir.join(&format!("{name}.mprof"));
         let mut args: Vec<&OsStr> = vec![
@@ -243,19 +296,33 @@ fn recursion_rows_merge_by_the_frames_shown() {
             .filter(|r| r.2[0].starts_with("(no room in the site table"))
             .map(|r| r.0.replace(',', "").parse::<u64>().unwrap())
             .sum();
-        let stacks = if name == "folded" { 2 } else { NODES - overflow };
-        assert_eq!(rows.len(), 1 + usize::from(overflow > 0), "{name}: {markdown}");
+        let stacks = if name == "folded" {
+            2
+        } else {
+            NODES - overflow
+        };
+        assert_eq!(
+            rows.len(),
+            1 + usize::from(overflow > 0),
+            "{name}: {markdown}"
+        );
         let (count, bytes, context) = &rows[0];
         assert_eq!(
             (count.clone(), bytes.clone()),
-            (thousands(NODES - overflow), thousands((NODES - overflow) * 48)),
+            (
+                thousands(NODES - overflow),
+                thousands((NODES - overflow) * 48)
+            ),
             "{name}: {markdown}"
         );
         assert!(context[0].ends_with("in 'build'`"), "{name}: {markdown}");
         assert!(context[1].ends_with("in 'main'`"), "{name}: {markdown}");
         let merged = format!("`…({} stacks merged)`", thousands(stacks));
         assert_eq!(context.last(), Some(&merged), "{name}: {markdown}");
-        assert!(context.contains(&"`…(recursion folded)`".to_string()), "{name}: {markdown}");
+        assert!(
+            context.contains(&"`…(recursion folded)`".to_string()),
+            "{name}: {markdown}"
+        );
         if name == "folded" {
             assert_eq!(overflow, 0, "{markdown}");
         }
@@ -290,10 +357,21 @@ fn leaks_name_only_the_steady_growth() {
         .filter(|l| l.starts_with("| ") && !l.starts_with("| Growth"))
         .collect();
     assert_eq!(rows.len(), 1, "{markdown}");
-    let cells: Vec<&str> = rows[0].trim_matches('|').split(" | ").map(str::trim).collect();
+    let cells: Vec<&str> = rows[0]
+        .trim_matches('|')
+        .split(" | ")
+        .map(str::trim)
+        .collect();
     // 50 sessions a round for 40 rounds: 50 after the first collection, 2,000 at the end.
-    assert_eq!(cells[..4], ["1,950", "46,800", "2,000", "48,000"], "{markdown}");
-    assert!(cells[4].starts_with("50 → 2,000 over 40 collections ("), "{markdown}");
+    assert_eq!(
+        cells[..4],
+        ["1,950", "46,800", "2,000", "48,000"],
+        "{markdown}"
+    );
+    assert!(
+        cells[4].starts_with("50 → 2,000 over 40 collections ("),
+        "{markdown}"
+    );
     let frames: Vec<&str> = cells[5].split("<br>").collect();
     let initialize = marked_line(SERVER_LEAK_SOURCE, "session_initialize");
     assert!(
@@ -326,13 +404,19 @@ fn stripped_binaries_say_so_and_debug_links_are_followed() {
     };
     let basic = OsStr::new(fixture::BASIC);
     tool("strip", &[OsStr::new("-o"), stripped.as_os_str(), basic]);
-    tool("objcopy", &[OsStr::new("--only-keep-debug"), basic, debug.as_os_str()]);
+    tool(
+        "objcopy",
+        &[OsStr::new("--only-keep-debug"), basic, debug.as_os_str()],
+    );
     tool("strip", &[OsStr::new("-o"), linked.as_os_str(), basic]);
     let link = format!("--add-gnu-debuglink={}", debug.display());
     tool("objcopy", &[OsStr::new(&link), linked.as_os_str()]);
 
     let first_frame = |exe: &Path| -> (String, Value, String) {
-        let path = dir.join(&format!("{}.mprof", exe.file_name().unwrap().to_string_lossy()));
+        let path = dir.join(&format!(
+            "{}.mprof",
+            exe.file_name().unwrap().to_string_lossy()
+        ));
         profile_run(&path, &[exe.to_str().unwrap()]);
         let markdown = report(&path, "markdown", &[]);
         let json = report_json(&path);
@@ -349,9 +433,20 @@ fn stripped_binaries_say_so_and_debug_links_are_followed() {
     assert_eq!(frame["function"], "[unknown]", "{frame}");
     let offset = frame["offset"].as_str().unwrap().to_string();
     let row = table_rows(&markdown).into_iter().next().unwrap();
-    assert_eq!((row.0.as_str(), row.1.as_str()), ("600", "28,800"), "{markdown}");
-    assert_eq!(row.2[0], format!("`basic_stripped+{offset} in '[unknown]'`"), "{markdown}");
-    let notes: Vec<&str> = markdown.lines().filter(|l| l.starts_with("Symbols: ")).collect();
+    assert_eq!(
+        (row.0.as_str(), row.1.as_str()),
+        ("600", "28,800"),
+        "{markdown}"
+    );
+    assert_eq!(
+        row.2[0],
+        format!("`basic_stripped+{offset} in '[unknown]'`"),
+        "{markdown}"
+    );
+    let notes: Vec<&str> = markdown
+        .lines()
+        .filter(|l| l.starts_with("Symbols: "))
+        .collect();
     assert_eq!(notes.len(), 1, "{markdown}");
     assert!(
         notes[0].starts_with("Symbols: basic\\_stripped: no symbols at all (stripped); its frames read basic\\_stripped+0xOFFSET."),
@@ -360,7 +455,13 @@ fn stripped_binaries_say_so_and_debug_links_are_followed() {
 
     let (markdown, frame, groups) = first_frame(&linked);
     assert_eq!(frame["function"], "make_foo", "{groups}");
-    assert!(frame["file"].as_str().unwrap().ends_with("fixtures/c/basic.c"), "{frame}");
+    assert!(
+        frame["file"]
+            .as_str()
+            .unwrap()
+            .ends_with("fixtures/c/basic.c"),
+        "{frame}"
+    );
     // The same place in the same file: the same offset as stripped.
     assert_eq!(frame["offset"].as_str(), Some(offset.as_str()), "{frame}");
     assert!(!markdown.contains("Symbols: basic\\_linked"), "{markdown}");

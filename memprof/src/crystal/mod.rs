@@ -190,7 +190,10 @@ fn inlined_new_owner(frame: &Frame) -> Option<&str> {
     if frame.raw_name != "new" {
         return None;
     }
-    frame.function.strip_suffix(".new").filter(|o| !o.is_empty())
+    frame
+        .function
+        .strip_suffix(".new")
+        .filter(|o| !o.is_empty())
 }
 
 fn is_pointer_frame(frame: &Frame) -> bool {

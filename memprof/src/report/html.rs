@@ -202,7 +202,10 @@ fn top_table(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
             ));
         }
         if r.stacks > 1 {
-            frames.push(format!("<code>…({} stacks merged)</code>", thousands(r.stacks)));
+            frames.push(format!(
+                "<code>…({} stacks merged)</code>",
+                thousands(r.stacks)
+            ));
         }
         writeln!(
             out,

@@ -135,14 +135,23 @@ pub fn sparkline(history: &[[u64; 2]], width: usize) -> String {
 pub fn leaking(mut profile: Profile) -> Profile {
     let judged = judged(&profile);
     let groups = std::mem::take(&mut profile.groups);
-    profile.groups = rank(groups.into_iter().filter_map(|g| Some((assess(&g, judged)?, g))));
+    profile.groups = rank(
+        groups
+            .into_iter()
+            .filter_map(|g| Some((assess(&g, judged)?, g))),
+    );
     profile
 }
 
 /// The leaking stacks of `profile`, most growth (bytes) first.
 pub fn ranked(profile: &Profile) -> Vec<&Group> {
     let judged = judged(profile);
-    rank(profile.groups.iter().filter_map(|g| Some((assess(g, judged)?, g))))
+    rank(
+        profile
+            .groups
+            .iter()
+            .filter_map(|g| Some((assess(g, judged)?, g))),
+    )
 }
 
 fn rank<G>(leaks: impl Iterator<Item = (Leak, G)>) -> Vec<G> {
@@ -184,7 +193,9 @@ pub fn write(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
     )?;
     let judged = judged(profile);
     for &group in leaking.iter().take(options.top.unwrap_or(usize::MAX)) {
-        let Some(leak) = assess(group, judged) else { continue };
+        let Some(leak) = assess(group, judged) else {
+            continue;
+        };
         let frames: Vec<String> = options
             .frames(profile, group, 5)
             .map(|f| format!("`{}`", escape(&frame_text(f))))
@@ -247,16 +258,24 @@ mod tests {
     #[test]
     fn held_levels_warmed_caches_late_phases_and_peaks_do_not() {
         // Buffers of open connections: a level with churn.
-        assert_eq!(assess(&group(&points(&[16, 18, 15, 20, 16, 19, 17, 20])), 8), None);
+        assert_eq!(
+            assess(&group(&points(&[16, 18, 15, 20, 16, 19, 17, 20])), 8),
+            None
+        );
         // A cache warmed up, then full.
-        let cache = points(&[200, 400, 600, 800, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000]);
+        let cache = points(&[
+            200, 400, 600, 800, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000,
+        ]);
         assert_eq!(assess(&group(&cache), 12), None);
         // A result built in the last collections of 40: too short a history.
         let late = points(&[100, 200, 300, 400, 500, 600]);
         assert_eq!(assess(&group(&late), 40), None);
         assert!(assess(&group(&late), 6).is_some());
         // A peak that passed, and growth given back.
-        assert_eq!(assess(&group(&points(&[10, 900, 1000, 500, 400, 300])), 6), None);
+        assert_eq!(
+            assess(&group(&points(&[10, 900, 1000, 500, 400, 300])), 6),
+            None
+        );
         assert_eq!(assess(&group(&points(&[10, 20, 30, 40, 50, 5])), 6), None);
         assert_eq!(assess(&group(&points(&[10, 20])), 0), None);
     }

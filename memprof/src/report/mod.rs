@@ -165,10 +165,9 @@ impl Options {
         let mut frames: Vec<&'a Frame> = Vec::new();
         let mut folded = false;
         for f in profile.frames(group).skip(hidden + self.skip) {
-            if frames
-                .last()
-                .is_some_and(|last: &&Frame| last.function == f.function && !f.function.starts_with('['))
-            {
+            if frames.last().is_some_and(|last: &&Frame| {
+                last.function == f.function && !f.function.starts_with('[')
+            }) {
                 folded = true;
                 continue;
             }
@@ -347,10 +346,13 @@ pub fn rows<'a>(
             .collect::<Vec<_>>()
             .join(";")
     };
-    let mut keyed: Vec<(Row<'a>, String)> = rows.into_iter().map(|r| {
-        let t = text(&r);
-        (r, t)
-    }).collect();
+    let mut keyed: Vec<(Row<'a>, String)> = rows
+        .into_iter()
+        .map(|r| {
+            let t = text(&r);
+            (r, t)
+        })
+        .collect();
     keyed.sort_by(|(a, ka), (b, kb)| {
         a.runtime
             .is_some()
@@ -687,7 +689,10 @@ mod tests {
         // build() at three depths: one row of three stacks.
         p.push(g(2000), vec![f("build", 5), f("main", 9)]);
         p.push(g(2000), vec![f("build", 5), f("build", 7), f("main", 9)]);
-        p.push(g(2000), vec![f("build", 5), f("build", 7), f("build", 7), f("main", 9)]);
+        p.push(
+            g(2000),
+            vec![f("build", 5), f("build", 7), f("build", 7), f("main", 9)],
+        );
         let fiber = Frame {
             raw_name: "*Fiber::StackPool#checkout:Tuple(Pointer(Void), Pointer(Void))".into(),
             ..f("checkout", 1)

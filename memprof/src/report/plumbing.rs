@@ -89,7 +89,11 @@ mod tests {
         let plain = ["_ZNSt6vectorIiSaIiEE9push_backERKi", "main"].map(frame);
         assert_eq!(count(plain.iter()), 0);
         assert!(!is_std_library("_ZN4llvm6Module4dumpEv"));
-        assert!(is_std_library("_ZNKSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEE4findEPKc"));
-        assert!(is_std_library("_ZN9__gnu_cxx13new_allocatorIiE8allocateEmPKv"));
+        assert!(is_std_library(
+            "_ZNKSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEE4findEPKc"
+        ));
+        assert!(is_std_library(
+            "_ZN9__gnu_cxx13new_allocatorIiE8allocateEmPKv"
+        ));
     }
 }

@@ -79,7 +79,9 @@ const INIT_LOOK: usize = 16;
 /// A frame of libgc: its module (shared) or a `GC_` function (linked in).
 fn in_libgc(frame: &Frame) -> bool {
     let module = crate::allocators::short(std::path::Path::new(&frame.module));
-    module.starts_with("libgc.") || module.starts_with("libgc-") || frame.raw_name.starts_with("GC_")
+    module.starts_with("libgc.")
+        || module.starts_with("libgc-")
+        || frame.raw_name.starts_with("GC_")
 }
 
 /// Crystal's fiber stack allocation: `Fiber::StackPool#checkout` and
@@ -120,10 +122,16 @@ mod tests {
                     "allocate_stack",
                     Some("/usr/lib/crystal/lib/crystal/system/unix/fiber.cr"),
                 ),
-                frame("*Fiber::StackPool#checkout:Tuple(Pointer(Void), Pointer(Void))", None),
+                frame(
+                    "*Fiber::StackPool#checkout:Tuple(Pointer(Void), Pointer(Void))",
+                    None,
+                ),
             ],
         );
-        profile.push(mmap, vec![frame("*make_foos:Array(Foo)", Some("/tmp/app.cr"))]);
+        profile.push(
+            mmap,
+            vec![frame("*make_foos:Array(Foo)", Some("/tmp/app.cr"))],
+        );
         assert_eq!(role(&profile, &profile.groups[0]), Some(Role::FiberStack));
         assert_eq!(role(&profile, &profile.groups[1]), None);
     }
