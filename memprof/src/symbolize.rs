@@ -260,12 +260,16 @@ fn sym_frames(
 
 /// Crystal release builds inline `Foo.new` and DWARF names the copy `new`
 /// alone: named `Foo.new` from the class its source line is in
-/// ([`crystal::source`]), `raw_name` kept as DWARF's.
+/// ([`crystal::source`]), `raw_name` kept as DWARF's. The same for
+/// `new:named_args` and for `initialize` (`Foo#initialize`).
 fn name_inlined_new(frames: &mut [Frame], sources: &mut crystal::source::Sources) {
     for f in frames {
-        if f.raw_name != "new" {
-            continue;
-        }
+        let separator = match f.raw_name.as_str() {
+            "new" => '.',
+            raw if raw.starts_with("new:") => '.',
+            "initialize" => '#',
+            _ => continue,
+        };
         let (Some(file), Some(line)) = (f.file.as_deref(), f.line) else {
             continue;
         };
@@ -273,7 +277,7 @@ fn name_inlined_new(frames: &mut [Frame], sources: &mut crystal::source::Sources
             continue;
         }
         if let Some(owner) = sources.enclosing_type(file, line) {
-            f.function = format!("{owner}.new");
+            f.function = format!("{owner}{separator}{}", f.raw_name);
         }
     }
 }

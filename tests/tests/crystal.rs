@@ -207,7 +207,7 @@ fn foos(build: Build) {
         "gc",
         "the Array(Foo) buffer",
         &[
-            &|f| function(f) == build.method("Array(Foo)#initialize", "initialize"),
+            &|f| function(f) == build.method("Array(Foo)#initialize", "Array(T)#initialize"),
             &|f| function(f) == build.method("Array(Foo).new", "Array(T).new"),
             &|f| is_call(build, f, "make_foos", "foos_array"),
         ],

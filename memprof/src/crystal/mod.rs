@@ -187,12 +187,14 @@ pub fn allocated_type(frames: &[Frame]) -> Option<String> {
 /// The class of an inlined `new` that [`crate::symbolize`] named
 /// `Class.new` from the source ([`source`]): DWARF's short name `new`.
 fn inlined_new_owner(frame: &Frame) -> Option<&str> {
-    if frame.raw_name != "new" {
+    let raw = frame.raw_name.as_str();
+    if raw != "new" && !raw.starts_with("new:") {
         return None;
     }
     frame
         .function
-        .strip_suffix(".new")
+        .strip_suffix(raw)?
+        .strip_suffix('.')
         .filter(|o| !o.is_empty())
 }
 
