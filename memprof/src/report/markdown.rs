@@ -314,6 +314,42 @@ mod tests {
         );
     }
 
+    /// binary-trees built without --release, recorded with `--unwind fp`:
+    /// the frame-pointer walk stops in `GC.malloc`.
+    #[test]
+    fn stacks_of_nothing_but_plumbing_say_so() {
+        let frame = Frame {
+            function: "GC.malloc".into(),
+            raw_name: "*GC::malloc<UInt64>:Pointer(Void)".into(),
+            file: Some("/usr/lib/crystal/lib/gc/boehm.cr".into()),
+            line: Some(129),
+            ..Frame::default()
+        };
+        let mut profile = Profile {
+            unwind: "fp".into(),
+            ..Profile::default()
+        };
+        let group = Group {
+            kind: "gc".into(),
+            live_count: 41_042,
+            live_bytes: 1_315_360,
+            ..Group::default()
+        };
+        profile.push(group, vec![frame]);
+        let text = render(&profile);
+        assert!(
+            text.contains("|      41,042 |  1,315,360 | `/usr/lib/crystal/lib/gc/boehm.cr:129 in 'GC.malloc'`<br>`…(the stack ends in the allocator: frame pointers got no further; record with --unwind dwarf)` |"),
+            "{text}"
+        );
+        let mut out = Vec::new();
+        crate::report::types::write(&profile, &Options::default(), &mut out).unwrap();
+        let types = String::from_utf8(out).unwrap();
+        assert!(
+            types.contains("|  41,042 | 1,315,360 | (unknown: the stack ends in the allocator) |"),
+            "{types}"
+        );
+    }
+
     #[test]
     fn truncated_rows_say_so() {
         let frame = Frame {
