@@ -2,7 +2,8 @@
 //! path as `FIXTURE_<NAME>` (e.g. `FIXTURE_BASIC`), and the Crystal fixtures
 //! (`fixtures/crystal/*.cr`) in each build flavour as
 //! `FIXTURE_CR_<NAME>_<FLAVOUR>` (e.g. `FIXTURE_CR_ALLOCS_RELEASE`), read with
-//! `env!` in `src/lib.rs`. Also builds crystal-samples' binary-trees.cr
+//! `env!` in `src/lib.rs`. The C++ fixtures (`fixtures/cpp/*.cc`, -O2) are
+//! `FIXTURE_CXX_<NAME>`. Also builds crystal-samples' binary-trees.cr
 //! (`FIXTURE_CR_BINARY_TREES_RELEASE`).
 
 #[path = "fixtures/compile.rs"]
@@ -19,6 +20,16 @@ fn main() {
     let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").expect("OUT_DIR is set by cargo"))
         .join("fixtures");
     let built = compile::compile_all(src_dir, &out_dir).unwrap_or_else(|e| panic!("{e}"));
+    for (name, exe) in built {
+        println!(
+            "cargo:rustc-env=FIXTURE_{}={}",
+            name.to_uppercase(),
+            exe.display()
+        );
+    }
+    // C++ fixtures (`fixtures/cpp/*.cc`, -O2): `FIXTURE_CXX_<NAME>`.
+    let built = compile::compile_cxx_all(Path::new("fixtures/cpp"), &out_dir)
+        .unwrap_or_else(|e| panic!("{e}"));
     for (name, exe) in built {
         println!(
             "cargo:rustc-env=FIXTURE_{}={}",

@@ -83,6 +83,7 @@ pub fn symbolize(
         .enable_demangling(false)
         .build();
     let mut stacks = Stacks::default();
+    let mut sources = crystal::source::Sources::default();
     let mut location_of: HashMap<u64, u32> = HashMap::with_capacity(total + unknown.len());
     // A bar on a terminal: thousands of addresses in big modules take seconds.
     let bar = crate::progress::bar(if progress { total as u64 } else { 0 }, "symbolizing");
@@ -126,6 +127,7 @@ pub fn symbolize(
                     }
                 }
                 let mut frames = sym_frames(symbol.as_ref(), found(&dwarf, i), &module_name, addr);
+                name_inlined_new(&mut frames, &mut sources);
                 // The return address itself as an offset in the file (stable across runs).
                 let offset = mapping(addr).map(|m| m.file_offset_of(addr));
                 for f in &mut frames {
@@ -256,6 +258,30 @@ fn sym_frames(
         dwarf.and_then(|d| d.code_info.as_deref()),
     ));
     frames
+}
+
+/// Crystal release builds inline `Foo.new` and DWARF names the copy `new`
+/// alone: named `Foo.new` from the class its source line is in
+/// ([`crystal::source`]), `raw_name` kept as DWARF's. The same for
+/// `new:named_args` and for `initialize` (`Foo#initialize`).
+fn name_inlined_new(frames: &mut [Frame], sources: &mut crystal::source::Sources) {
+    for f in frames {
+        let separator = match f.raw_name.as_str() {
+            "new" => '.',
+            raw if raw.starts_with("new:") => '.',
+            "initialize" => '#',
+            _ => continue,
+        };
+        let (Some(file), Some(line)) = (f.file.as_deref(), f.line) else {
+            continue;
+        };
+        if !file.ends_with(".cr") {
+            continue;
+        }
+        if let Some(owner) = sources.enclosing_type(file, line) {
+            f.function = format!("{owner}{separator}{}", f.raw_name);
+        }
+    }
 }
 
 fn unknown_frame(module: Option<&str>, addr: u64) -> Frame {

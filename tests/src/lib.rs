@@ -53,10 +53,20 @@ pub mod fixture {
     pub const GC_VERDICTS: &str = env!("FIXTURE_GC_VERDICTS");
     /// The same source with libgc.a linked in.
     pub const GC_VERDICTS_STATIC: &str = env!("FIXTURE_GC_VERDICTS_STATIC");
+    /// `fixtures/cpp/records.cc` built with g++ -O2: `new Record` and
+    /// `std::vector` buffers under known functions.
+    pub const CXX_RECORDS: &str = env!("FIXTURE_CXX_RECORDS");
 
     /// The Crystal fixture `fixtures/crystal/allocs.cr` (`allocs CASE`) in
     /// each build flavour (see `fixtures/compile.rs`).
     pub mod crystal {
+        /// A server-like program: a steady leak among held buffers, a warmed
+        /// cache and a late phase (`fixtures/crystal/server_leak.cr`).
+        pub const SERVER_LEAK_DEBUG: &str = env!("FIXTURE_CR_SERVER_LEAK_DEBUG");
+        pub const SERVER_LEAK_SOURCE: &str = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/fixtures/crystal/server_leak.cr"
+        );
         pub const ALLOCS_SOURCE: &str =
             concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/crystal/allocs.cr");
         /// `crystal build`: libgc.so, nothing inlined.

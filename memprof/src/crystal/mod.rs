@@ -22,6 +22,7 @@
 //! ```
 use crate::profile::Frame;
 
+pub mod source;
 mod symbol;
 #[cfg(test)]
 mod tests;
@@ -156,7 +157,20 @@ pub fn allocated_type(frames: &[Frame]) -> Option<String> {
     } else {
         Via::Gc
     };
-    let m = parse_method(&frames.get(plumbing)?.raw_name)?;
+    let first = frames.get(plumbing)?;
+    if let Some(owner) = inlined_new_owner(first) {
+        // Release builds: `new` inlined, its class found by symbolize in the
+        // source. A generic class's source says `Array(T)`, not which T:
+        // no type rather than a wrong one.
+        if owner.contains('(') {
+            return None;
+        }
+        return Some(match via {
+            Via::Gc => owner.to_string(),
+            Via::Pointer => format!("{owner} buffer"),
+        });
+    }
+    let m = parse_method(&first.raw_name)?;
     let owner = m.owner?;
     if owner == "String" || owner == "String::Builder" && !(m.class_method && m.name == "new") {
         // String allocates only its own bytes; a builder's buffer becomes the String.
@@ -168,6 +182,20 @@ pub fn allocated_type(frames: &[Frame]) -> Option<String> {
         }
         _ => Some(format!("{owner} buffer")),
     }
+}
+
+/// The class of an inlined `new` that [`crate::symbolize`] named
+/// `Class.new` from the source ([`source`]): DWARF's short name `new`.
+fn inlined_new_owner(frame: &Frame) -> Option<&str> {
+    let raw = frame.raw_name.as_str();
+    if raw != "new" && !raw.starts_with("new:") {
+        return None;
+    }
+    frame
+        .function
+        .strip_suffix(raw)?
+        .strip_suffix('.')
+        .filter(|o| !o.is_empty())
 }
 
 fn is_pointer_frame(frame: &Frame) -> bool {

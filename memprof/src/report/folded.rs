@@ -1,6 +1,8 @@
 //! Folded stacks, the input of `flamegraph.pl`, inferno, speedscope and
 //! friends: one line per stack, frames root first joined by `;`, then a
 //! space and the value (live bytes by default; `--count objects`, `--total`).
+//! A stack the unwinder could not follow to its end starts with the root
+//! frame `[truncated]`; one with recursion folded ends with `[recursion folded]`.
 //!
 //! ```
 //! use memprof::profile::{Frame, Group, Profile};
@@ -39,6 +41,10 @@ pub fn stacks(profile: &Profile, options: &Options) -> BTreeMap<String, u64> {
                 .or_insert_with(|| frame_name(f));
         }
         let mut stack = String::new();
+        if g.truncated {
+            // The root: the graph shows where the unwinder gave up.
+            stack += super::TRUNCATED_FRAME;
+        }
         for &f in frames.iter().rev() {
             if !stack.is_empty() {
                 stack.push(';');
@@ -46,6 +52,9 @@ pub fn stacks(profile: &Profile, options: &Options) -> BTreeMap<String, u64> {
             stack += &names[&(std::ptr::from_ref(f) as usize)];
         }
         if frames.is_empty() {
+            if !stack.is_empty() {
+                stack.push(';');
+            }
             stack += "[no stack]";
         }
         if g.folded {
@@ -114,6 +123,37 @@ mod tests {
             ..Options::default()
         };
         assert_eq!(super::stacks(&profile, &total)["main;x"], 2);
+    }
+
+    #[test]
+    fn truncated_stacks_get_a_root_frame() {
+        let f = |name: &str| Frame {
+            function: name.into(),
+            address: name.len() as u64,
+            ..Frame::default()
+        };
+        let mut profile = Profile::default();
+        let group = Group {
+            kind: "gc".into(),
+            live_count: 1,
+            live_bytes: 32,
+            truncated: true,
+            ..Group::default()
+        };
+        profile.push(group, vec![f("new"), f("bottom_up_tree")]);
+        let mut out = Vec::new();
+        write(&profile, &Options::default(), &mut out).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "[truncated];bottom_up_tree;new 32\n"
+        );
+        // pprof: the outermost location of the sample is `[truncated]`.
+        let proto = crate::report::pprof::build(&profile, &Options::default());
+        let root = *proto.sample[0].location_id.last().unwrap();
+        let location = &proto.location[root as usize - 1];
+        let function = &proto.function[location.line[0].function_id as usize - 1];
+        assert_eq!(proto.string_table[function.name as usize], "[truncated]");
+        assert_eq!(proto.sample[0].location_id.len(), 3);
     }
 
     #[test]

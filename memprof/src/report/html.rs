@@ -20,7 +20,7 @@ use std::io::Write;
 use anyhow::Result;
 use base64::Engine;
 
-use super::{flamegraph, frame_text, loss_summary, select, thousands, timeline, types, Options};
+use super::{flamegraph, frame_text, loss_summary, thousands, timeline, types, Options};
 use crate::profile::Profile;
 
 /// Stacks in the table when `--top` is not given.
@@ -161,7 +161,7 @@ fn top_table(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
         top: Some(options.top.unwrap_or(DEFAULT_TOP)),
         ..options.clone()
     };
-    let rows = select(profile, &options, 0, true);
+    let rows = super::rows(profile, &options, 0, super::markdown::DEFAULT_DEPTH, true);
     writeln!(
         out,
         "<section id=\"stacks\"><h2>Top stacks by live bytes</h2>"
@@ -178,16 +178,34 @@ fn top_table(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
         "<table><tr><th class=\"n\">Live blocks</th><th class=\"n\">Live bytes</th>\
          <th class=\"n\">Allocated blocks</th><th class=\"n\">Allocated bytes</th><th>Kind</th><th>Stack</th></tr>"
     )?;
-    for g in rows {
-        let mut frames: Vec<String> = options
-            .frames(profile, g, super::markdown::DEFAULT_DEPTH)
-            .map(|f| format!("<code>{}</code>", escape(&frame_text(f))))
-            .collect();
+    for r in rows {
+        let g = &r.group;
+        let mut frames: Vec<String> = Vec::new();
+        if let Some(role) = r.runtime {
+            frames.push(format!("<b>runtime: {}</b>", escape(role.label())));
+        }
+        frames.extend(
+            r.frames
+                .iter()
+                .map(|f| format!("<code>{}</code>", escape(&frame_text(f)))),
+        );
         if g.truncated {
             frames.push("<code>…(truncated)</code>".to_string());
         }
-        if g.folded {
+        if r.folded {
             frames.push(format!("<code>{}</code>", super::FOLDED_NOTE));
+        }
+        if r.plumbing_only {
+            frames.push(format!(
+                "<code>{}</code>",
+                escape(super::plumbing_only_note(&profile.unwind))
+            ));
+        }
+        if r.stacks > 1 {
+            frames.push(format!(
+                "<code>…({} stacks merged)</code>",
+                thousands(r.stacks)
+            ));
         }
         writeln!(
             out,

@@ -109,6 +109,7 @@ fn group(profile: &Profile, options: &Options, g: &Group) -> Value {
         "truncated": g.truncated,
         "folded": g.folded,
         "overflow": g.overflow,
+        "runtime": super::runtime::role(profile, g).map(super::runtime::Role::name),
         "collected_count": g.collected_count,
         "collected_bytes": g.collected_bytes,
         "marked_count": g.marked_count,
@@ -123,6 +124,14 @@ fn group(profile: &Profile, options: &Options, g: &Group) -> Value {
 fn top(profile: &Profile) -> Map<String, Value> {
     let c = &profile.counters;
     let doc = json!({
+        "modules_without_symbols": super::modules_without_symbols(profile)
+            .into_iter()
+            .map(|(module, unknown, all)| json!({
+                "module": module,
+                "addresses_without_symbol": unknown,
+                "addresses": all,
+            }))
+            .collect::<Vec<_>>(),
         "format": "memprof-report",
         "version": VERSION,
         "memprof_version": profile.memprof_version,

@@ -1,11 +1,19 @@
-//! `--leaks`: the GC stacks whose objects survive collections while their
-//! number keeps growing, most growth first.
+//! `--leaks`: the GC stacks whose objects keep accumulating over the whole
+//! run, most growth first, with the evidence: each row's live-count
+//! history.
 //!
-//! The rule, from each stack's GC history (its live objects after every
-//! collection memprof judged, see [`Group::gc_history`]): a stack leaks
-//! when it was seen at 3 or more collections, has more live objects at the
-//! last than at the first, rose at more collections than it fell, and ends
-//! within 10% of its highest count (still growing, not a peak that passed).
+//! A leak is growth that does not come back. From each stack's GC history
+//! (its live objects after every collection memprof judged, see
+//! [`Group::gc_history`]), a stack leaks when:
+//! - it was seen at 6 or more collections, over at least half of the
+//!   collections judged (a rise at the end of a phase, like a result built
+//!   last, is not enough history);
+//! - split in four quarters of its history, each quarter's mean count is
+//!   above the one before (steady growth, not a cache warmed up once and
+//!   then full, nor a level of buffers held by open connections);
+//! - the lowest count of the last quarter is above the highest of the first
+//!   (what was gained was never given back).
+//!
 //! Stacks are ranked by growth in bytes (objects gained × mean object size).
 //! libc and mmap blocks have no collections: for them, "still live at the
 //! end" is the leak signal (the plain table).
@@ -13,14 +21,15 @@
 //! ```
 //! use memprof::profile::{Group, Profile};
 //! use memprof::report::leaks;
-//! let growing = Group { kind: "gc".into(), total_count: 30, total_bytes: 960,
-//!     gc_history: vec![[1, 10], [2, 20], [3, 30]], ..Default::default() };
-//! let garbage = Group { kind: "gc".into(), total_count: 9000, total_bytes: 9000 * 32,
-//!     gc_history: vec![[1, 3], [2, 0], [3, 2]], ..Default::default() };
-//! let profile = Profile { groups: vec![garbage, growing], ..Default::default() };
+//! let history = |f: &dyn Fn(u64) -> u64| (1..=8).map(|c| [c, f(c)]).collect::<Vec<_>>();
+//! let growing = Group { kind: "gc".into(), total_count: 80, total_bytes: 80 * 32,
+//!     gc_history: history(&|c| 10 * c), ..Default::default() };
+//! let held = Group { kind: "gc".into(), total_count: 9000, total_bytes: 9000 * 32,
+//!     gc_history: history(&|c| 16 + c % 2), ..Default::default() };
+//! let profile = Profile { groups: vec![held, growing], ..Default::default() };
 //! let leaking = leaks::leaking(profile);
 //! assert_eq!(leaking.groups.len(), 1);
-//! assert_eq!(leaks::assess(&leaking.groups[0]).unwrap().growth, 20);
+//! assert_eq!(leaks::assess(&leaking.groups[0], 8).unwrap().growth, 70);
 //! ```
 use std::io::Write;
 
@@ -31,7 +40,7 @@ use super::{frame_text, thousands, Options};
 use crate::profile::{Group, Profile};
 
 /// Collections a stack must have been seen at.
-const MIN_POINTS: usize = 3;
+const MIN_POINTS: usize = 6;
 
 /// How a stack grew over the collections judged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,20 +57,35 @@ pub struct Leak {
     pub last: u64,
 }
 
-/// Whether `group` leaks by the rule above, and how much.
-pub fn assess(group: &Group) -> Option<Leak> {
+/// Whether `group` leaks by the rule above, and how much; `judged` is the
+/// number of collections judged in the whole profile (0: not known, the
+/// coverage is not checked).
+pub fn assess(group: &Group, judged: u64) -> Option<Leak> {
     let h = &group.gc_history;
     if h.len() < MIN_POINTS {
         return None;
     }
     let (first, last) = (h[0], h[h.len() - 1]);
-    let max = h.iter().map(|p| p[1]).max().unwrap_or(0);
-    let rises = h.windows(2).filter(|w| w[1][1] > w[0][1]).count();
-    let falls = h.windows(2).filter(|w| w[1][1] < w[0][1]).count();
-    if last[1] <= first[1] || rises <= falls || last[1] * 10 < max * 9 {
+    // Seen over at least half of the run's collections.
+    if (last[0].saturating_sub(first[0]) + 1) * 2 < judged {
+        return None;
+    }
+    let counts: Vec<u64> = h.iter().map(|p| p[1]).collect();
+    let quarters: Vec<&[u64]> = (0..4)
+        .map(|q| &counts[q * counts.len() / 4..(q + 1) * counts.len() / 4])
+        .collect();
+    // Means compared as sums scaled by the other quarter's length.
+    let steady = quarters.windows(2).all(|w| {
+        let (a, b) = (w[0], w[1]);
+        let sum = |q: &[u64]| q.iter().map(|&n| n as u128).sum::<u128>();
+        sum(b) * a.len() as u128 > sum(a) * b.len() as u128
+    });
+    let kept = quarters[3].iter().min() > quarters[0].iter().max();
+    if !steady || !kept || last[1] <= first[1] {
         return None;
     }
     let growth = last[1] - first[1];
+    let rises = h.windows(2).filter(|w| w[1][1] > w[0][1]).count();
     let mean = group
         .total_bytes
         .checked_div(group.total_count)
@@ -76,16 +100,58 @@ pub fn assess(group: &Group) -> Option<Leak> {
     })
 }
 
+/// Collections judged in `profile` (0 when unknown).
+fn judged(profile: &Profile) -> u64 {
+    profile.gc.as_ref().map_or(0, |g| g.collections)
+}
+
+/// The live-count history as a sparkline of at most `width` bars (each the
+/// count at evenly spaced points), lowest `▁` to highest `█`.
+pub fn sparkline(history: &[[u64; 2]], width: usize) -> String {
+    const BARS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
+    if history.is_empty() || width == 0 {
+        return String::new();
+    }
+    let n = history.len().min(width);
+    let points: Vec<u64> = (0..n)
+        .map(|i| history[i * (history.len() - 1) / (n - 1).max(1)][1])
+        .collect();
+    let (lo, hi) = (
+        *points.iter().min().unwrap_or(&0),
+        *points.iter().max().unwrap_or(&0),
+    );
+    points
+        .iter()
+        .map(|&v| {
+            let level = ((v - lo) as u128 * 7)
+                .checked_div((hi - lo) as u128)
+                .unwrap_or(0);
+            BARS[level as usize]
+        })
+        .collect()
+}
+
 /// `profile` with only its leaking stacks, most growth (bytes) first.
 pub fn leaking(mut profile: Profile) -> Profile {
+    let judged = judged(&profile);
     let groups = std::mem::take(&mut profile.groups);
-    profile.groups = rank(groups.into_iter().filter_map(|g| Some((assess(&g)?, g))));
+    profile.groups = rank(
+        groups
+            .into_iter()
+            .filter_map(|g| Some((assess(&g, judged)?, g))),
+    );
     profile
 }
 
 /// The leaking stacks of `profile`, most growth (bytes) first.
 pub fn ranked(profile: &Profile) -> Vec<&Group> {
-    rank(profile.groups.iter().filter_map(|g| Some((assess(g)?, g))))
+    let judged = judged(profile);
+    rank(
+        profile
+            .groups
+            .iter()
+            .filter_map(|g| Some((assess(g, judged)?, g))),
+    )
 }
 
 fn rank<G>(leaks: impl Iterator<Item = (Leak, G)>) -> Vec<G> {
@@ -119,27 +185,36 @@ pub fn write(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
     }
     writeln!(
         out,
-        "| Growth | Growth (bytes) | Live | Live size | Collections (rose at) | Context |"
+        "| Growth | Growth (bytes) | Live | Live size | Live objects after each collection (first → last) | Context |"
     )?;
     writeln!(
         out,
-        "|-------:|---------------:|-----:|----------:|----------------------:|---------|"
+        "|-------:|---------------:|-----:|----------:|---------------------------------------------------|---------|"
     )?;
+    let judged = judged(profile);
     for &group in leaking.iter().take(options.top.unwrap_or(usize::MAX)) {
-        let Some(leak) = assess(group) else { continue };
+        let Some(leak) = assess(group, judged) else {
+            continue;
+        };
         let frames: Vec<String> = options
             .frames(profile, group, 5)
             .map(|f| format!("`{}`", escape(&frame_text(f))))
             .collect();
+        let h = &group.gc_history;
         writeln!(
             out,
-            "| {} | {} | {} | {} | {} ({}) | {} |",
+            "| {} | {} | {} | {} | {} → {} over {} collections (#{}–#{}, rose at {}) {} | {} |",
             thousands(leak.growth),
             thousands(leak.growth_bytes),
             thousands(group.live_count),
             thousands(group.live_bytes),
+            thousands(h[0][1]),
+            thousands(h[h.len() - 1][1]),
             leak.collections,
+            leak.first,
+            leak.last,
             leak.rises,
+            sparkline(h, 16),
             frames.join("<br>")
         )?;
     }
@@ -160,27 +235,48 @@ mod tests {
         }
     }
 
-    #[test]
-    fn steady_growth_leaks() {
-        let leak = assess(&group(&[[5, 100], [6, 200], [7, 250], [8, 400]])).unwrap();
-        assert_eq!(
-            (leak.growth, leak.growth_bytes, leak.rises),
-            (300, 300 * 48, 3)
-        );
-        assert_eq!((leak.first, leak.last), (5, 8));
+    fn points(counts: &[u64]) -> Vec<[u64; 2]> {
+        counts
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| [i as u64 + 5, n])
+            .collect()
     }
 
     #[test]
-    fn churn_peaks_and_short_histories_do_not() {
+    fn steady_growth_leaks() {
+        let h = points(&[100, 200, 250, 400, 450, 500, 600, 640]);
+        let leak = assess(&group(&h), 8).unwrap();
         assert_eq!(
-            assess(&group(&[[1, 5], [2, 0], [3, 7], [4, 1], [5, 6]])),
+            (leak.growth, leak.growth_bytes, leak.rises),
+            (540, 540 * 48, 7)
+        );
+        assert_eq!((leak.first, leak.last), (5, 12));
+        assert_eq!(sparkline(&h, 16), "▁▂▂▄▅▆▇█");
+    }
+
+    #[test]
+    fn held_levels_warmed_caches_late_phases_and_peaks_do_not() {
+        // Buffers of open connections: a level with churn.
+        assert_eq!(
+            assess(&group(&points(&[16, 18, 15, 20, 16, 19, 17, 20])), 8),
             None
         );
-        assert_eq!(assess(&group(&[[1, 10], [2, 1000], [3, 20]])), None);
-        assert_eq!(assess(&group(&[[1, 10], [2, 20]])), None);
+        // A cache warmed up, then full.
+        let cache = points(&[
+            200, 400, 600, 800, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000,
+        ]);
+        assert_eq!(assess(&group(&cache), 12), None);
+        // A result built in the last collections of 40: too short a history.
+        let late = points(&[100, 200, 300, 400, 500, 600]);
+        assert_eq!(assess(&group(&late), 40), None);
+        assert!(assess(&group(&late), 6).is_some());
+        // A peak that passed, and growth given back.
         assert_eq!(
-            assess(&group(&[[1, 10], [2, 900], [3, 1000], [4, 500]])),
+            assess(&group(&points(&[10, 900, 1000, 500, 400, 300])), 6),
             None
         );
+        assert_eq!(assess(&group(&points(&[10, 20, 30, 40, 50, 5])), 6), None);
+        assert_eq!(assess(&group(&points(&[10, 20])), 0), None);
     }
 }

@@ -6,15 +6,19 @@
 //! |         600 |     28,800 | `basic.c:9 in 'make_foo'`<br>`basic.c:30 in 'main'` |
 //! ```
 //!
-//! One row per stack with live allocations: the live count and bytes, and
-//! the frames innermost first (a stack the unwinder could not follow to its
-//! end ends with `…(truncated)`). A header names the target, what was lost
+//! One row per shown context with live allocations: the live count and
+//! bytes, and the frames innermost first. Stacks that show the same frames
+//! (the same 5 innermost frames, recursion folded) are one row, which says
+//! how many stacks it merges; a stack the unwinder could not follow to its
+//! end ends with `…(truncated)`. The runtime's own allocations (fiber
+//! stacks, the collector's heap sections) come after the program's, in a
+//! table of their own, each named. A header names the target, what was lost
 //! and how dead GC objects are recognized.
 use std::io::Write;
 
 use anyhow::Result;
 
-use super::{frame_text, loss_summary, select, thousands, Options};
+use super::{frame_text, loss_summary, rows, thousands, Options, Row};
 use crate::profile::Profile;
 
 /// Default `--min-bytes` for this format.
@@ -87,6 +91,10 @@ pub fn header(profile: &Profile, out: &mut dyn Write) -> Result<()> {
     }
     writeln!(out, "{}.", capitalize(&loss_summary(profile)))?;
     writeln!(out)?;
+    for note in super::symbol_notes(profile) {
+        writeln!(out, "Symbols: {}", escape_text(&note))?;
+        writeln!(out)?;
+    }
     if let Some(gc) = &profile.gc {
         gc_summary(gc, out)?;
     }
@@ -136,9 +144,11 @@ fn gc_summary(gc: &crate::profile::GcSummary, out: &mut dyn Write) -> Result<()>
     Ok(())
 }
 
-/// The table alone (used for the summary at the end of `run`/`attach`).
+/// The table alone (used for the summary at the end of `run`/`attach`):
+/// the program's rows, then the runtime's own allocations (fiber stacks,
+/// the collector's heap) in a table of their own.
 pub fn table(profile: &Profile, options: &Options, out: &mut dyn Write) -> Result<()> {
-    let rows = select(profile, options, DEFAULT_MIN_BYTES, true);
+    let rows = rows(profile, options, DEFAULT_MIN_BYTES, DEFAULT_DEPTH, true);
     if rows.is_empty() {
         let min = options.min_bytes.unwrap_or(DEFAULT_MIN_BYTES);
         writeln!(
@@ -148,34 +158,78 @@ pub fn table(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
         )?;
         return Ok(());
     }
-    writeln!(out, "| Allocations | Total size | Context |")?;
-    writeln!(out, "|------------:|-----------:|---------|")?;
-    for g in rows {
-        let mut context: Vec<String> = options
-            .frames(profile, g, DEFAULT_DEPTH)
-            .map(|f| format!("`{}`", escape(&frame_text(f))))
-            .collect();
-        if g.truncated {
-            context.push("`…(truncated)`".to_string());
+    let split = rows
+        .iter()
+        .position(|r| r.runtime.is_some())
+        .unwrap_or(rows.len());
+    let (program, runtime) = rows.split_at(split);
+    if !program.is_empty() {
+        rows_table(program, &profile.unwind, out)?;
+    }
+    if !runtime.is_empty() {
+        if !program.is_empty() {
+            writeln!(out)?;
         }
-        if g.folded {
-            context.push(format!("`{}`", super::FOLDED_NOTE));
-        }
-        let context = if g.overflow {
-            "(no room in the site table: counted without a stack; see --max-sites)".to_string()
-        } else if context.is_empty() {
-            "(no stack)".to_string()
-        } else {
-            context.join("<br>")
-        };
+        let bytes: u64 = runtime.iter().map(|r| r.group.live_bytes).sum();
         writeln!(
             out,
-            "| {:>11} | {:>10} | {context} |",
-            thousands(g.live_count),
-            thousands(g.live_bytes)
+            "Runtime ({} bytes live: what the language runtime and libraries allocate for themselves, not the program's objects):",
+            thousands(bytes)
+        )?;
+        writeln!(out)?;
+        rows_table(runtime, &profile.unwind, out)?;
+    }
+    Ok(())
+}
+
+/// One markdown table of `rows`.
+fn rows_table(rows: &[Row<'_>], unwind: &str, out: &mut dyn Write) -> Result<()> {
+    writeln!(out, "| Allocations | Total size | Context |")?;
+    writeln!(out, "|------------:|-----------:|---------|")?;
+    for r in rows {
+        writeln!(
+            out,
+            "| {:>11} | {:>10} | {} |",
+            thousands(r.group.live_count),
+            thousands(r.group.live_bytes),
+            context(r, unwind)
         )?;
     }
     Ok(())
+}
+
+/// A row's context cell: what the runtime row is, the frames, then the
+/// notes (cut short, recursion folded, stacks merged).
+pub fn context(r: &Row<'_>, unwind: &str) -> String {
+    let g = &r.group;
+    if g.overflow {
+        return "(no room in the site table: counted without a stack; see --max-sites)".to_string();
+    }
+    let mut context: Vec<String> = Vec::new();
+    if let Some(role) = r.runtime {
+        context.push(format!("**{}**", role.label()));
+    }
+    context.extend(
+        r.frames
+            .iter()
+            .map(|f| format!("`{}`", escape(&frame_text(f)))),
+    );
+    if r.frames.is_empty() {
+        context.push("(no stack)".to_string());
+    }
+    if g.truncated {
+        context.push("`…(truncated)`".to_string());
+    }
+    if r.folded {
+        context.push(format!("`{}`", super::FOLDED_NOTE));
+    }
+    if r.plumbing_only {
+        context.push(format!("`{}`", super::plumbing_only_note(unwind)));
+    }
+    if r.stacks > 1 {
+        context.push(format!("`…({} stacks merged)`", thousands(r.stacks)));
+    }
+    context.join("<br>")
 }
 
 /// Text for a code span in a table cell: `|` would end the cell, a
@@ -257,6 +311,42 @@ mod tests {
         assert!(
             !text.contains("GC liveness") && !text.contains("truncated"),
             "{text}"
+        );
+    }
+
+    /// binary-trees built without --release, recorded with `--unwind fp`:
+    /// the frame-pointer walk stops in `GC.malloc`.
+    #[test]
+    fn stacks_of_nothing_but_plumbing_say_so() {
+        let frame = Frame {
+            function: "GC.malloc".into(),
+            raw_name: "*GC::malloc<UInt64>:Pointer(Void)".into(),
+            file: Some("/usr/lib/crystal/lib/gc/boehm.cr".into()),
+            line: Some(129),
+            ..Frame::default()
+        };
+        let mut profile = Profile {
+            unwind: "fp".into(),
+            ..Profile::default()
+        };
+        let group = Group {
+            kind: "gc".into(),
+            live_count: 41_042,
+            live_bytes: 1_315_360,
+            ..Group::default()
+        };
+        profile.push(group, vec![frame]);
+        let text = render(&profile);
+        assert!(
+            text.contains("|      41,042 |  1,315,360 | `/usr/lib/crystal/lib/gc/boehm.cr:129 in 'GC.malloc'`<br>`…(the stack ends in the allocator: frame pointers got no further; record with --unwind dwarf)` |"),
+            "{text}"
+        );
+        let mut out = Vec::new();
+        crate::report::types::write(&profile, &Options::default(), &mut out).unwrap();
+        let types = String::from_utf8(out).unwrap();
+        assert!(
+            types.contains("|  41,042 | 1,315,360 | (unknown: the stack ends in the allocator) |"),
+            "{types}"
         );
     }
 

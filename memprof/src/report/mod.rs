@@ -24,16 +24,18 @@ pub mod html;
 pub mod json;
 pub mod leaks;
 pub mod markdown;
+pub mod plumbing;
 pub mod pprof;
+pub mod runtime;
 pub mod timeline;
 pub mod tsv;
 pub mod types;
 
+use std::collections::HashMap;
 use std::io::Write;
 
 use anyhow::Result;
 
-use crate::crystal;
 use crate::profile::{Frame, Group, Profile};
 
 /// Output formats.
@@ -89,7 +91,8 @@ pub struct Options {
     /// At most this many stacks.
     pub top: Option<usize>,
     /// Hide the allocator plumbing (`GC.malloc`, `__crystal_malloc64`,
-    /// `Pointer(T).malloc`, …) at the top of each stack, before `--skip`.
+    /// `Pointer(T).malloc`, C++'s `operator new` and the standard library
+    /// frames it was called through, …) at the top of each stack, before `--skip`.
     pub skip_runtime: bool,
     /// Folded and flamegraph: count bytes or objects.
     pub count: Count,
@@ -142,14 +145,48 @@ impl Options {
     }
 }
 
-/// How many innermost frames of `group` are allocator plumbing. Only that
+impl Options {
+    /// The frames a table shows for `group`: [`Options::frames`] before
+    /// `--depth`, with recursion folded (a run of frames of one function
+    /// shown once, its innermost), then `--depth` (`default_depth` when not
+    /// given). Also whether a frame was folded.
+    pub fn shown<'a>(
+        &self,
+        profile: &'a Profile,
+        group: &Group,
+        default_depth: usize,
+    ) -> (Vec<&'a Frame>, bool) {
+        let depth = self.depth.unwrap_or(default_depth);
+        let hidden = if self.skip_runtime {
+            runtime_frames(profile, group)
+        } else {
+            0
+        };
+        let mut frames: Vec<&'a Frame> = Vec::new();
+        let mut folded = false;
+        for f in profile.frames(group).skip(hidden + self.skip) {
+            if frames.last().is_some_and(|last: &&Frame| {
+                last.function == f.function && !f.function.starts_with('[')
+            }) {
+                folded = true;
+                continue;
+            }
+            if frames.len() == depth {
+                break;
+            }
+            frames.push(f);
+        }
+        (frames, folded)
+    }
+}
+
+/// How many innermost frames of `group` are allocator plumbing
+/// ([`plumbing::count`]: Crystal's runtime, C++'s `operator new` and the
+/// standard library's allocator templates). Only that
 /// first run: plumbing deeper in a stack (a GC callback) stays. A stack of
 /// nothing but plumbing (cut short) is shown whole.
 pub fn runtime_frames(profile: &Profile, group: &Group) -> usize {
-    let n = profile
-        .frames(group)
-        .take_while(|f| crystal::is_runtime(f))
-        .count();
+    let n = plumbing::count(profile.frames(group));
     // Nothing after the plumbing: keep it all.
     if profile.frames(group).nth(n).is_none() {
         0
@@ -203,6 +240,154 @@ pub fn select<'a>(
     }
     rows.truncate(options.top.unwrap_or(usize::MAX));
     rows.into_iter().map(|(g, _)| g).collect()
+}
+
+/// One row of a table: the stacks whose shown frames are the same, merged.
+#[derive(Debug, Clone)]
+pub struct Row<'a> {
+    /// The merged figures (counts, bytes, lifetimes summed; the flags of
+    /// the first stack, which all share); `stack` is the first stack's.
+    pub group: Group,
+    /// The frames shown, innermost first: plumbing hidden, `--skip`,
+    /// recursion folded (a function calling itself shown once), `--depth`.
+    pub frames: Vec<&'a Frame>,
+    /// How many stacks of the profile the row merges.
+    pub stacks: u64,
+    /// Recursion was folded in the shown frames (or by the unwinder).
+    pub folded: bool,
+    /// The runtime's own allocations (fiber stacks, the collector's heap).
+    pub runtime: Option<runtime::Role>,
+    /// The stack is nothing but allocator plumbing (`GC.malloc`): the
+    /// unwinder got no further, so the program's frames are unknown.
+    pub plumbing_only: bool,
+}
+
+/// What a table adds below a stack of nothing but allocator plumbing, for
+/// a profile unwound with `unwind` (`fp` or `dwarf`).
+pub fn plumbing_only_note(unwind: &str) -> &'static str {
+    if unwind == "fp" {
+        "…(the stack ends in the allocator: frame pointers got no further; record with --unwind dwarf)"
+    } else {
+        "…(the stack ends in the allocator: the unwinder got no further)"
+    }
+}
+
+/// The rows of a table: the groups merged by the frames they show (as
+/// perf-tools' MemProf groups by its 5 frames), then `--min-bytes` and
+/// `--top` on the merged rows, the program's rows first (live bytes, live
+/// count, allocated bytes, descending), the runtime's after them.
+/// `live_only` drops rows with nothing live.
+pub fn rows<'a>(
+    profile: &'a Profile,
+    options: &Options,
+    default_min: u64,
+    default_depth: usize,
+    live_only: bool,
+) -> Vec<Row<'a>> {
+    let min = options.min_bytes.unwrap_or(default_min);
+    // Not whether recursion was folded: a recursive function's first call
+    // (nothing folded) and its deeper ones read the same.
+    type Key = (Vec<u32>, String, bool, bool, Option<runtime::Role>);
+    let mut index: HashMap<Key, usize> = HashMap::new();
+    // Frames read the same when their text does (two return addresses on
+    // one line): each frame of the stack table gets the id of its text, once.
+    let mut text_ids: HashMap<String, u32> = HashMap::new();
+    let mut frame_ids: HashMap<usize, u32> = HashMap::new();
+    let mut rows: Vec<Row<'a>> = Vec::new();
+    for g in &profile.groups {
+        if live_only && g.live_count == 0 {
+            continue;
+        }
+        let (frames, folded) = options.shown(profile, g, default_depth);
+        let role = runtime::role(profile, g);
+        let key = (
+            frames
+                .iter()
+                .map(|&f| {
+                    *frame_ids
+                        .entry(std::ptr::from_ref(f) as usize)
+                        .or_insert_with(|| {
+                            let n = text_ids.len() as u32;
+                            *text_ids.entry(frame_text(f)).or_insert(n)
+                        })
+                })
+                .collect(),
+            g.kind.clone(),
+            g.truncated,
+            g.overflow,
+            role,
+        );
+        match index.get(&key) {
+            Some(&i) => {
+                let row = &mut rows[i];
+                merge(&mut row.group, g);
+                row.stacks += 1;
+                row.folded |= folded || g.folded;
+            }
+            None => {
+                index.insert(key, rows.len());
+                let all = profile.frames(g).count();
+                rows.push(Row {
+                    group: g.clone(),
+                    frames,
+                    stacks: 1,
+                    folded: folded || g.folded,
+                    runtime: role,
+                    plumbing_only: all > 0 && plumbing::count(profile.frames(g)) == all,
+                });
+            }
+        }
+    }
+    rows.retain(|r| r.group.live_bytes >= min);
+    let text = |r: &Row<'_>| -> String {
+        r.frames
+            .iter()
+            .map(|f| f.function.as_str())
+            .collect::<Vec<_>>()
+            .join(";")
+    };
+    let mut keyed: Vec<(Row<'a>, String)> = rows
+        .into_iter()
+        .map(|r| {
+            let t = text(&r);
+            (r, t)
+        })
+        .collect();
+    keyed.sort_by(|(a, ka), (b, kb)| {
+        a.runtime
+            .is_some()
+            .cmp(&b.runtime.is_some())
+            .then(b.group.live_bytes.cmp(&a.group.live_bytes))
+            .then(b.group.live_count.cmp(&a.group.live_count))
+            .then(b.group.total_bytes.cmp(&a.group.total_bytes))
+            .then_with(|| ka.cmp(kb))
+    });
+    keyed.truncate(options.top.unwrap_or(usize::MAX));
+    keyed.into_iter().map(|(r, _)| r).collect()
+}
+
+/// Adds `other`'s figures to `into`.
+fn merge(into: &mut Group, other: &Group) {
+    into.live_count += other.live_count;
+    into.live_bytes += other.live_bytes;
+    into.total_count += other.total_count;
+    into.total_bytes += other.total_bytes;
+    into.collected_count += other.collected_count;
+    into.collected_bytes += other.collected_bytes;
+    into.marked_count += other.marked_count;
+    into.marked_bytes += other.marked_bytes;
+    into.lifetimes.add(&other.lifetimes);
+    if into.type_name != other.type_name {
+        into.type_name = None;
+    }
+    // Histories at the same collections add up; a stack first seen later
+    // adds from its first point on.
+    let mut history: std::collections::BTreeMap<u64, u64> =
+        into.gc_history.iter().map(|&[c, n]| (c, n)).collect();
+    for &[c, n] in &other.gc_history {
+        *history.entry(c).or_insert(0) += n;
+    }
+    into.gc_history = history.into_iter().map(|(c, n)| [c, n]).collect();
 }
 
 fn stack_key(profile: &Profile, group: &Group) -> String {
@@ -335,6 +520,57 @@ pub fn loss_summary(profile: &Profile) -> String {
     line
 }
 
+/// Modules with return addresses no symbol covers: (module path,
+/// addresses without a symbol, addresses in the module), most first. Their
+/// frames read `module+offset` (stable across runs, so profiles still diff).
+pub fn modules_without_symbols(profile: &Profile) -> Vec<(String, u64, u64)> {
+    let mut per_module: std::collections::BTreeMap<&str, (u64, u64)> = Default::default();
+    for location in profile.stacks.locations() {
+        // The outermost frame of a location is the symbol's (or `[unknown]`).
+        let Some(frame) = location.frames.last() else {
+            continue;
+        };
+        if frame.module.is_empty() || frame.module == "[unknown]" {
+            continue;
+        }
+        let entry = per_module.entry(frame.module.as_str()).or_default();
+        entry.1 += 1;
+        if frame.raw_name.is_empty() {
+            entry.0 += 1;
+        }
+    }
+    let mut out: Vec<(String, u64, u64)> = per_module
+        .into_iter()
+        .filter(|(_, (unknown, _))| *unknown > 0)
+        .map(|(m, (unknown, all))| (m.to_string(), unknown, all))
+        .collect();
+    out.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    out
+}
+
+/// One line per module without symbols for some of its addresses, saying
+/// what is missing and how to get it.
+pub fn symbol_notes(profile: &Profile) -> Vec<String> {
+    modules_without_symbols(profile)
+        .into_iter()
+        .map(|(module, unknown, all)| {
+            let name = crate::allocators::short(std::path::Path::new(&module));
+            let what = if unknown == all {
+                "no symbols at all (stripped)".to_string()
+            } else {
+                format!(
+                    "no symbol for {} of its {} addresses (functions missing from its symbol table)",
+                    thousands(unknown),
+                    thousands(all)
+                )
+            };
+            format!(
+                "{name}: {what}; its frames read {name}+0xOFFSET. For names, install its separate debug info (looked up through .gnu_debuglink and /usr/lib/debug/.build-id/, as Debian's -dbgsym packages install it) or profile a build that keeps its symbols ({module})."
+            )
+        })
+        .collect()
+}
+
 /// Groups whose stack had repeated frames of recursive functions folded
 /// into one.
 pub fn folded_groups(profile: &Profile) -> u64 {
@@ -346,6 +582,10 @@ pub const FOLDED_NOTE: &str = "…(recursion folded)";
 /// The frame folded and flamegraph add above the innermost frame of such a
 /// stack, and the `stack` label of its pprof sample.
 pub const FOLDED_FRAME: &str = "[recursion folded]";
+/// The root frame folded, flamegraph (and html's) and pprof put below the
+/// outermost frame of a stack the unwinder could not follow to its end, so
+/// a cut stack never reads as if its last frame were the program's entry.
+pub const TRUNCATED_FRAME: &str = "[truncated]";
 
 /// Groups whose stack is marked truncated (cut short by the unwinder, or
 /// not captured at all): counted per stack, where `truncated_stacks`
@@ -426,6 +666,51 @@ mod tests {
         };
         assert_eq!(shown(&options)[..2], ["GC.malloc", "__crystal_malloc64"]);
         assert_eq!(Options::default().frames(&p, cut, 5).count(), 1);
+    }
+
+    #[test]
+    fn rows_merge_recursion_depths_and_put_the_runtime_last() {
+        let f = |name: &str, line: u32| Frame {
+            function: name.into(),
+            raw_name: name.into(),
+            file: Some("/src/t.c".into()),
+            line: Some(line),
+            module: "/bin/t".into(),
+            address: u64::from(line),
+            ..Frame::default()
+        };
+        let g = |live_bytes: u64| Group {
+            kind: "libc".into(),
+            live_bytes,
+            live_count: 1,
+            ..Group::default()
+        };
+        let mut p = Profile::default();
+        // build() at three depths: one row of three stacks.
+        p.push(g(2000), vec![f("build", 5), f("main", 9)]);
+        p.push(g(2000), vec![f("build", 5), f("build", 7), f("main", 9)]);
+        p.push(
+            g(2000),
+            vec![f("build", 5), f("build", 7), f("build", 7), f("main", 9)],
+        );
+        let fiber = Frame {
+            raw_name: "*Fiber::StackPool#checkout:Tuple(Pointer(Void), Pointer(Void))".into(),
+            ..f("checkout", 1)
+        };
+        p.push(g(1 << 23), vec![fiber, f("main", 9)]);
+        let rows = rows(&p, &Options::default(), 1024, 5, true);
+        assert_eq!(rows.len(), 2);
+        assert_eq!((rows[0].stacks, rows[0].group.live_bytes), (3, 6000));
+        assert!(rows[0].folded && rows[0].runtime.is_none());
+        let shown: Vec<&str> = rows[0].frames.iter().map(|f| f.function.as_str()).collect();
+        assert_eq!(shown, ["build", "main"]);
+        assert_eq!(rows[1].runtime, Some(runtime::Role::FiberStack));
+        // --min-bytes applies to the merged row: 6,000 bytes pass 5,000.
+        let options = Options {
+            min_bytes: Some(5000),
+            ..Options::default()
+        };
+        assert_eq!(super::rows(&p, &options, 1024, 5, true)[0].stacks, 3);
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //! `inuse_objects`/`inuse_space` (live at the end, the default view); each
 //! sample carries a `kind` label. Frames become functions with file and
 //! line; inlined frames share their caller's location, as in pprof's own
-//! profiles; each module is a mapping.
+//! profiles; each module is a mapping, the executable's first (pprof's
+//! main binary). A stack the unwinder could not
+//! follow to its end has the root frame `[truncated]`.
 //!
 //! The messages are the subset of
 //! [profile.proto](https://github.com/google/pprof/blob/main/proto/profile.proto)
@@ -202,6 +204,10 @@ pub fn build(profile: &Profile, options: &Options) -> proto::Profile {
             location_id.push(id);
             i = j;
         }
+        if g.truncated {
+            // The root, as in folded: where the unwinder gave up.
+            location_id.push(b.truncated_location());
+        }
         let mut label = vec![proto::Label {
             key: kind_key,
             str: b.string(&g.kind),
@@ -233,6 +239,7 @@ pub fn build(profile: &Profile, options: &Options) -> proto::Profile {
         unit: b.string("bytes"),
     });
     let default_sample_type = b.string("inuse_space");
+    b.main_mapping_first(&profile.target.exe);
     proto::Profile {
         sample_type,
         sample: samples,
@@ -274,6 +281,8 @@ struct Builder {
     seen: HashMap<(usize, usize), u64>,
     mappings: Vec<proto::Mapping>,
     mapping_ids: HashMap<String, u64>,
+    /// The `[truncated]` root's location, once made.
+    truncated: Option<u64>,
 }
 
 impl Builder {
@@ -329,6 +338,62 @@ impl Builder {
         };
         self.mappings.push(mapping);
         self.mapping_ids.insert(f.module.clone(), id);
+        id
+    }
+
+    /// pprof takes the first mapping for the program (its `File:` line, the
+    /// binary it looks symbols up in): the executable's, wherever its first
+    /// frame came in the stacks (a library's `operator new` is innermost).
+    fn main_mapping_first(&mut self, exe: &str) {
+        let Some(&id) = self.mapping_ids.get(exe) else {
+            return;
+        };
+        if id == 1 {
+            return;
+        }
+        // Swap ids 1 and `id` in the mappings and the locations naming them.
+        let swap = |m: u64| match m {
+            1 => id,
+            m if m == id => 1,
+            m => m,
+        };
+        self.mappings.swap(0, id as usize - 1);
+        for m in &mut self.mappings {
+            m.id = swap(m.id);
+        }
+        for l in &mut self.locations {
+            if l.mapping_id != 0 {
+                l.mapping_id = swap(l.mapping_id);
+            }
+        }
+    }
+
+    /// The location of the `[truncated]` root frame: no mapping, no address.
+    fn truncated_location(&mut self) -> u64 {
+        if let Some(id) = self.truncated {
+            return id;
+        }
+        let name = self.string(super::TRUNCATED_FRAME);
+        let function_id = self.functions.len() as u64 + 1;
+        self.functions.push(proto::Function {
+            id: function_id,
+            name,
+            system_name: name,
+            filename: 0,
+            start_line: 0,
+        });
+        let id = self.locations.len() as u64 + 1;
+        self.locations.push(proto::Location {
+            id,
+            mapping_id: 0,
+            address: 0,
+            line: vec![proto::Line {
+                function_id,
+                line: 0,
+            }],
+            is_folded: false,
+        });
+        self.truncated = Some(id);
         id
     }
 

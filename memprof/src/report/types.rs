@@ -6,16 +6,18 @@
 //! |--------:|----------:|------|
 //! | 100,000 | 3,200,000 | Foo |
 //! |       1 |   800,000 | Array(Foo) buffer |
-//! |       4 |   262,144 | in GC.init (boehm.cr:146) |
 //! |       1 |     4,096 | in free_block (allocs.cr:62) |
+//! |       2 | 16,777,216 | fiber stack (runtime) |
 //! ```
 //!
 //! The type is each group's [`Group::type_name`] (see
 //! [`crate::crystal::allocated_type`]); groups without one (libc and mmap
-//! blocks, release builds that inlined `Foo.new`) are summed per allocation
+//! blocks, buffers of release builds) are summed per allocation
 //! site: the first named frame that is not allocator plumbing, with its
 //! `file:line` where known (short DWARF names like `new` need it), or
-//! `(unknown)`. Rows are sorted by bytes, then objects, then name;
+//! `(unknown)`. The runtime's own allocations (fiber stacks, the
+//! collector's heap sections, [`super::runtime`]) are rows of their own,
+//! after the program's. Rows are sorted by bytes, then objects, then name;
 //! `--min-bytes` (default 0) and `--top` apply to rows.
 //!
 //! ```
@@ -41,6 +43,9 @@ pub struct TypeRow {
     pub name: String,
     pub objects: u64,
     pub bytes: u64,
+    /// The runtime's own allocations (fiber stacks, the collector's heap):
+    /// listed after the program's types.
+    pub runtime: bool,
 }
 
 pub fn write(profile: &Profile, options: &Options, out: &mut dyn Write) -> Result<()> {
@@ -86,9 +91,13 @@ pub fn write(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
 
 /// The live objects per type, sorted, `--min-bytes` and `--top` applied.
 pub fn rows(profile: &Profile, options: &Options) -> Vec<TypeRow> {
-    let mut sums: HashMap<String, (u64, u64)> = HashMap::new();
+    let mut sums: HashMap<(bool, String), (u64, u64)> = HashMap::new();
     for g in profile.groups.iter().filter(|g| g.live_count > 0) {
-        let sum = sums.entry(type_of(profile, g)).or_default();
+        let key = match super::runtime::role(profile, g) {
+            Some(role) => (true, format!("{} (runtime)", role.label())),
+            None => (false, type_of(profile, g)),
+        };
+        let sum = sums.entry(key).or_default();
         sum.0 += g.live_count;
         sum.1 += g.live_bytes;
     }
@@ -96,15 +105,17 @@ pub fn rows(profile: &Profile, options: &Options) -> Vec<TypeRow> {
     let mut rows: Vec<TypeRow> = sums
         .into_iter()
         .filter(|&(_, (_, bytes))| bytes >= min)
-        .map(|(name, (objects, bytes))| TypeRow {
+        .map(|((runtime, name), (objects, bytes))| TypeRow {
             name,
             objects,
             bytes,
+            runtime,
         })
         .collect();
     rows.sort_by(|a, b| {
-        b.bytes
-            .cmp(&a.bytes)
+        a.runtime
+            .cmp(&b.runtime)
+            .then(b.bytes.cmp(&a.bytes))
             .then(b.objects.cmp(&a.objects))
             .then_with(|| a.name.cmp(&b.name))
     });
@@ -117,10 +128,16 @@ fn type_of(profile: &Profile, group: &Group) -> String {
     if let Some(name) = &group.type_name {
         return name.clone();
     }
+    let plumbing = super::plumbing::count(profile.frames(group));
     let site = profile
         .frames(group)
+        .skip(plumbing)
         .find(|f| !crystal::is_runtime(f) && !f.raw_name.is_empty());
     let Some(frame) = site else {
+        if plumbing > 0 && plumbing == profile.frames(group).count() {
+            // Nothing but plumbing: the unwinder stopped in the allocator.
+            return "(unknown: the stack ends in the allocator)".to_string();
+        }
         return "(unknown)".to_string();
     };
     match (&frame.file, frame.line) {

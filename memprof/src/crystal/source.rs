@@ -1,0 +1,118 @@
+//! The class an inlined `new` belongs to, from the program's source.
+//!
+//! Release builds inline `Node.new` into its caller, and the DWARF of the
+//! inlined copy names it only `new` (Crystal writes no scope, no linkage
+//! name and no class for it: `DW_AT_name ("new")` at the top of the unit).
+//! Its `file:line` is inside the class body, though (the `def initialize`
+//! that `new` is generated from, or the `def self.new`), so the class is the
+//! innermost `class`/`struct`/`module` that encloses that line, read from
+//! the source file as Crystal's formatter indents it.
+//!
+//! ```
+//! use memprof::crystal::source::enclosing_type;
+//! let src = "class Tree\n  class Node\n    def initialize(@key : Int32)\n    end\n  end\nend\n";
+//! let lines: Vec<&str> = src.lines().collect();
+//! assert_eq!(enclosing_type(&lines, 3).as_deref(), Some("Tree::Node"));
+//! assert_eq!(enclosing_type(&lines, 1), None);
+//! ```
+use std::collections::HashMap;
+
+/// The type whose body holds line `line` (1-based) of `lines`: the
+/// enclosing `class`, `struct` (and `module`) names joined by `::`; `None`
+/// when the line is at the top level (or out of range).
+pub fn enclosing_type<S: AsRef<str>>(lines: &[S], line: usize) -> Option<String> {
+    let start = lines.get(line.checked_sub(1)?)?.as_ref();
+    let mut limit = indent(start);
+    let mut names: Vec<&str> = Vec::new();
+    let mut is_type = false;
+    for text in lines[..line - 1].iter().rev().map(AsRef::as_ref) {
+        if text.trim().is_empty() || indent(text) >= limit {
+            continue;
+        }
+        // A line less indented than the block we are in opens that block.
+        limit = indent(text);
+        if let Some((keyword, name)) = opener(text) {
+            is_type |= keyword != "module";
+            names.push(name);
+        }
+        if limit == 0 {
+            break;
+        }
+    }
+    // A method of a module (`def self.new` in `module Foo`) is not a class's.
+    if names.is_empty() || !is_type {
+        return None;
+    }
+    names.reverse();
+    Some(names.join("::"))
+}
+
+fn indent(line: &str) -> usize {
+    line.len() - line.trim_start().len()
+}
+
+/// `class Node < Base`, `abstract struct Foo(T)`, `private module M` →
+/// (keyword, name).
+fn opener(line: &str) -> Option<(&str, &str)> {
+    let mut words = line.split_whitespace();
+    let mut word = words.next()?;
+    while matches!(word, "private" | "abstract") {
+        word = words.next()?;
+    }
+    if !matches!(word, "class" | "struct" | "module") {
+        return None;
+    }
+    let name = words.next()?;
+    // `class Foo<Bar` has no space before `<`; `Foo;` ends a one-liner.
+    let end = name.find(['<', ';']).unwrap_or(name.len());
+    Some((word, &name[..end])).filter(|(_, n)| !n.is_empty())
+}
+
+/// Source files read once per symbolization (`None`: unreadable).
+#[derive(Default)]
+pub struct Sources {
+    files: HashMap<String, Option<Vec<String>>>,
+}
+
+impl Sources {
+    /// The type enclosing `file:line`, if the file can be read.
+    pub fn enclosing_type(&mut self, file: &str, line: u32) -> Option<String> {
+        let lines = self.files.entry(file.to_string()).or_insert_with(|| {
+            // Sources are small; a huge file is not a Crystal source.
+            let meta = std::fs::metadata(file).ok()?;
+            if !meta.is_file() || meta.len() > 16 << 20 {
+                return None;
+            }
+            let text = std::fs::read_to_string(file).ok()?;
+            Some(text.lines().map(str::to_string).collect())
+        });
+        enclosing_type(lines.as_deref()?, line as usize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nested_generic_and_module_scopes() {
+        let src = "\
+module App
+  abstract class Shape(T) < Base
+    def self.new(x : T)
+      new(x, 0)
+    end
+  end
+
+  def self.new
+  end
+end
+";
+        let lines: Vec<&str> = src.lines().collect();
+        assert_eq!(enclosing_type(&lines, 4).as_deref(), Some("App::Shape(T)"));
+        assert_eq!(enclosing_type(&lines, 3).as_deref(), Some("App::Shape(T)"));
+        // A module's own method: no class.
+        assert_eq!(enclosing_type(&lines, 8), None);
+        assert_eq!(enclosing_type(&lines, 99), None);
+    }
+}
