@@ -13,8 +13,8 @@ use std::process::Command;
 
 /// Debian packages: Crystal and Boehm GC (Crystal targets and fixtures),
 /// Crystal sample programs (real workloads), Go (`go tool pprof` reads the
-/// pprof reports back), Chromium (renders the HTML report headless) and a C
-/// toolchain (fixtures).
+/// pprof reports back), Chromium (renders the HTML report headless) and C
+/// and C++ toolchains (fixtures).
 const APT_PACKAGES: &[&str] = &[
     "crystal",
     "libgc-dev",
@@ -22,6 +22,7 @@ const APT_PACKAGES: &[&str] = &[
     "golang-go",
     "chromium",
     "gcc",
+    "g++",
     "make",
 ];
 
