@@ -71,7 +71,7 @@ fn merge_behind(into: &mut Vec<Record>, mut more: Vec<Record>) {
     unsafe {
         while j > 0 {
             w -= 1;
-            if i > 0 && at.add(i - 1).read().addr > more[j - 1].addr {
+            if i > 0 && at.add(i - 1).read().addr() > more[j - 1].addr() {
                 i -= 1;
                 at.add(w).write(at.add(i).read());
             } else {
@@ -88,19 +88,54 @@ fn merge_behind(into: &mut Vec<Record>, mut more: Vec<Record>) {
     }
 }
 
-/// One GC object (or a free's marker), 28 bytes.
+/// One GC object (or a free's marker), 24 bytes: millions are held
+/// between two collections.
 #[repr(C, packed(4))]
 #[derive(Clone, Copy, Debug)]
 struct Record {
-    addr: u64,
+    /// The address over 16 (GC objects are granule-aligned and below
+    /// 2^48) in the high 44 bits; the requested bytes in the low 20
+    /// ([`BIG`]: see [`GcCopy::big`]).
+    key: u64,
     /// `bpf_ktime_get_ns()` of the allocation (of the free, for a marker).
     time_ns: u64,
-    /// Requested bytes (`u32::MAX`: see [`GcCopy::big`]).
-    size: u32,
     /// Index into [`GcCopy::sites`], or [`FREED`].
     site: u32,
     /// Collections seen when it was allocated.
     epoch: u32,
+}
+
+/// Bits of [`Record::key`] holding the size.
+const SIZE_BITS: u32 = 20;
+/// The size of an object of this size or more is in [`GcCopy::big`].
+const BIG: u64 = (1 << SIZE_BITS) - 1;
+
+impl Record {
+    fn new(addr: u64, size: u64, time_ns: u64, site: u32, epoch: u32) -> Record {
+        Record {
+            key: (addr >> 4) << SIZE_BITS | size.min(BIG),
+            time_ns,
+            site,
+            epoch,
+        }
+    }
+
+    #[inline]
+    fn addr(&self) -> u64 {
+        ({ self.key } >> SIZE_BITS) << 4
+    }
+
+    /// Requested bytes, or [`BIG`].
+    #[inline]
+    fn small_size(&self) -> u64 {
+        let key = self.key;
+        key & BIG
+    }
+
+    /// Whether a record can hold `addr`.
+    fn holds(addr: u64) -> bool {
+        addr.is_multiple_of(16) && addr >> 48 == 0
+    }
 }
 
 /// The mark-bit pass a settle judges for: the survivors allocated before
@@ -133,10 +168,13 @@ pub struct GcCopy {
     incoming: Vec<Record>,
     site_numbers: HashMap<Site, u32>,
     sites: Vec<(Site, SiteGc)>,
-    /// Sizes of objects of 4 GiB or more, by address.
+    /// Sizes of objects of [`BIG`] bytes or more, by address.
     big: HashMap<u64, u64>,
     /// `GC_free`s of addresses the copy did not track.
     unknown_frees: u64,
+    /// Events for addresses a record cannot hold (never, for libgc's
+    /// objects): counted with the events lost.
+    unrepresentable: u64,
     /// `GC_realloc`s since the last settle: (replaced address, new
     /// address, time of the new allocation).
     reallocs: Vec<(u64, u64, u64)>,
@@ -148,21 +186,21 @@ pub struct GcCopy {
 impl GcCopy {
     /// A GC object allocated at `addr`.
     pub fn allocated(&mut self, addr: u64, block: &LiveBlock) {
+        if !Record::holds(addr) {
+            self.unrepresentable += 1;
+            return;
+        }
         let site = self.site_number(block.site);
-        let size = match u32::try_from(block.size) {
-            Ok(s) if s != u32::MAX => s,
-            _ => {
-                self.big.insert(addr, block.size);
-                u32::MAX
-            }
-        };
-        self.incoming.push(Record {
+        if block.size >= BIG {
+            self.big.insert(addr, block.size);
+        }
+        self.incoming.push(Record::new(
             addr,
-            time_ns: block.timestamp_ns,
-            size,
+            block.size,
+            block.timestamp_ns,
             site,
-            epoch: block.epoch as u32,
-        });
+            block.epoch as u32,
+        ));
         let k = &mut self.per_kind[block.site.kind as usize & 3];
         k[0] += 1;
         k[1] += block.size;
@@ -177,13 +215,11 @@ impl GcCopy {
 
     /// The GC object at `addr` was freed (`GC_free`, `GC_realloc`) at `time_ns`.
     pub fn freed(&mut self, addr: u64, time_ns: u64) {
-        self.incoming.push(Record {
-            addr,
-            time_ns,
-            size: 0,
-            site: FREED,
-            epoch: 0,
-        });
+        if !Record::holds(addr) {
+            self.unrepresentable += 1;
+            return;
+        }
+        self.incoming.push(Record::new(addr, 0, time_ns, FREED, 0));
     }
 
     /// Sorts the records that came in into runs, a chunk at a time (off
@@ -206,7 +242,7 @@ impl GcCopy {
     fn absorb_incoming(&mut self) {
         let mut run = std::mem::take(&mut self.incoming);
         // Stable: one address's records stay in arrival order.
-        run.sort_by_key(|r| r.addr);
+        run.sort_by_key(|r| r.addr());
         while let Some(older) = self.runs.pop_if(|older| older.len() < 2 * run.len()) {
             let mut older = older;
             merge_behind(&mut older, run);
@@ -226,7 +262,7 @@ impl GcCopy {
         {
             let mut last = None;
             for r in records.iter().filter(|r| r.site != FREED) {
-                let block = r.addr & block_mask;
+                let block = r.addr() & block_mask;
                 if last != Some(block) {
                     blocks.push(block);
                     last = Some(block);
@@ -269,7 +305,7 @@ impl GcCopy {
         if !self.incoming.is_empty() {
             let mut run = std::mem::take(&mut self.incoming);
             // Stable: one address's records stay in arrival order.
-            run.sort_by_key(|r| r.addr);
+            run.sort_by_key(|r| r.addr());
             self.runs.push(run);
         }
         // One run: the walk below then compares two arrays per address,
@@ -305,22 +341,26 @@ impl GcCopy {
         let mut before = ends.clone();
         let (mut i, mut w) = (s, s + t);
         loop {
-            let mut top = if i > 0 { Some(read(i - 1).addr) } else { None };
+            let mut top = if i > 0 {
+                Some(read(i - 1).addr())
+            } else {
+                None
+            };
             for (run, &end) in runs.iter().zip(&ends) {
                 if end > 0 {
-                    top = top.max(Some(run[end - 1].addr));
+                    top = top.max(Some(run[end - 1].addr()));
                 }
             }
             let Some(addr) = top else { break };
             // The address's records, oldest first: settled `[i..si]`, then
             // each run's `[ends[r]..before[r]]` (nearly always one in all).
             let si = i;
-            while i > 0 && read(i - 1).addr == addr {
+            while i > 0 && read(i - 1).addr() == addr {
                 i -= 1;
             }
             before.copy_from_slice(&ends);
             for ((run, end), &was) in runs.iter_mut().zip(&mut ends).zip(&before) {
-                while *end > 0 && run[*end - 1].addr == addr {
+                while *end > 0 && run[*end - 1].addr() == addr {
                     *end -= 1;
                 }
                 // Runs are read from the end: give their memory back as
@@ -384,8 +424,8 @@ impl GcCopy {
             let big: std::collections::HashSet<u64> = self
                 .settled
                 .iter()
-                .filter(|r| r.size == u32::MAX)
-                .map(|r| r.addr)
+                .filter(|r| r.small_size() == BIG)
+                .map(|r| r.addr())
                 .collect();
             self.big.retain(|addr, _| big.contains(addr));
         }
@@ -448,8 +488,8 @@ impl GcCopy {
             .rev()
             .chain([&self.settled])
             .find_map(|records| {
-                let start = records.partition_point(|r| r.addr < addr);
-                let end = records.partition_point(|r| r.addr <= addr);
+                let start = records.partition_point(|r| r.addr() < addr);
+                let end = records.partition_point(|r| r.addr() <= addr);
                 records[start..end]
                     .iter()
                     .rev()
@@ -465,8 +505,8 @@ impl GcCopy {
             .enumerate()
             .rev()
             .find_map(|(run, records)| {
-                let start = records.partition_point(|r| r.addr < addr);
-                let end = records.partition_point(|r| r.addr <= addr);
+                let start = records.partition_point(|r| r.addr() < addr);
+                let end = records.partition_point(|r| r.addr() <= addr);
                 (start..end)
                     .find(|&i| records[i].site != FREED && { records[i].time_ns } == time)
                     .map(|i| (run, i))
@@ -500,13 +540,9 @@ impl GcCopy {
     }
 
     fn size(&self, r: &Record) -> u64 {
-        match r.size {
-            u32::MAX => self
-                .big
-                .get(&{ r.addr })
-                .copied()
-                .unwrap_or(u32::MAX as u64),
-            s => s as u64,
+        match r.small_size() {
+            BIG => self.big.get(&r.addr()).copied().unwrap_or(BIG),
+            s => s,
         }
     }
 
@@ -543,6 +579,11 @@ impl GcCopy {
     /// What was learned per site, the objects dropped.
     pub fn into_sites(self) -> Vec<(Site, SiteGc)> {
         self.sites
+    }
+
+    /// Events dropped: their address was not an object's.
+    pub fn unrepresentable(&self) -> u64 {
+        self.unrepresentable
     }
 
     /// `GC_free`s of untracked addresses (applied at settles).
@@ -591,7 +632,7 @@ mod tests {
         assert_eq!(s.lifetimes.total_ns, 3 + 3);
         assert_eq!(copy.unknown_frees(), 1);
         assert_eq!(copy.len(), 2);
-        assert!(copy.settled.windows(2).all(|w| w[0].addr < w[1].addr));
+        assert!(copy.settled.windows(2).all(|w| w[0].addr() < w[1].addr()));
     }
 
     #[test]
@@ -663,11 +704,8 @@ mod tests {
             assert_eq!(s.lifetimes.died, died);
             assert_eq!(copy.unknown_frees(), unknown);
             assert_eq!(copy.len(), replay.len());
-            assert!(copy.settled.windows(2).all(|w| w[0].addr < w[1].addr));
-            assert!(copy
-                .settled
-                .iter()
-                .all(|r| replay[&{ r.addr }] == r.time_ns));
+            assert!(copy.settled.windows(2).all(|w| w[0].addr() < w[1].addr()));
+            assert!(copy.settled.iter().all(|r| replay[&r.addr()] == r.time_ns));
         }
     }
 

@@ -410,7 +410,8 @@ impl GcWatch {
         };
         // The copy outlives a failed pass: its losses count either way.
         if let Some(feeder) = &self.feeder {
-            let malformed = lock(&feeder.intake).events.malformed();
+            let malformed =
+                lock(&feeder.intake).events.malformed() + feeder.current().unrepresentable();
             summary.events_lost = probes.gc_events_lost().unwrap_or(0) + malformed;
         }
         if let Some(stats) = &self.heap_stats {
