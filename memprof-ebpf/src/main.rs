@@ -44,7 +44,7 @@ mod probes {
             BPF_F_USER_STACK, BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP,
         },
         helpers::{
-            bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_ktime_get_ns,
+            bpf_get_attach_cookie, generated as gen, bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_ktime_get_ns,
             bpf_probe_read_user, bpf_send_signal_thread,
         },
         macros::{map, uprobe, uretprobe},
@@ -141,6 +141,63 @@ mod probes {
     struct Scratch {
         stack: DwarfStack,
         spill: [u64; MAX_STEPS - MAX_FRAMES],
+        /// The copy of the target's stack [`Window`] reads from.
+        window: [u64; WINDOW_WORDS],
+    }
+
+    /// Bytes of the target's stack copied at once (a page: a window that
+    /// fails to copy crosses into an unmapped page, the top of the stack).
+    const WINDOW_BYTES: u64 = 4096;
+    const WINDOW_WORDS: usize = WINDOW_BYTES as usize / 8;
+    const PAGE: u64 = 4096;
+
+    /// The part of the target's stack copied into `Scratch::window`: `len`
+    /// bytes from `start`. Each `bpf_probe_read_user` costs ~0.1 µs
+    /// whatever its size (the fault-safe copy and its checks), and the
+    /// unwinder reads one or two words a frame, all upward from `%rsp`:
+    /// copying a page at a time makes one copy serve many frames.
+    struct Window {
+        start: u64,
+        len: u64,
+    }
+
+    impl Window {
+        /// The word at `addr` in the target's stack: from the copy, or
+        /// copying anew from `addr` on.
+        #[inline(always)]
+        fn word(&mut self, copy: &mut [u64; WINDOW_WORDS], addr: u64) -> Option<u64> {
+            let mut offset = addr.wrapping_sub(self.start);
+            // An offset not a multiple of 8 (a word the copy does not align
+            // with) is copied anew.
+            if offset >= self.len || offset & 7 != 0 {
+                self.fill(copy, addr)?;
+                offset = 0;
+            }
+            Some(copy[(offset >> 3) as usize & (WINDOW_WORDS - 1)])
+        }
+
+        /// Copies the stack from `addr` on: a window, or when the page
+        /// after `addr`'s is not mapped (the top of the stack), up to the
+        /// end of `addr`'s page.
+        #[inline(always)]
+        fn fill(&mut self, copy: &mut [u64; WINDOW_WORDS], addr: u64) -> Option<()> {
+            let dst = copy.as_mut_ptr() as *mut core::ffi::c_void;
+            let src = addr as *const core::ffi::c_void;
+            let mut len = WINDOW_BYTES;
+            if unsafe { gen::bpf_probe_read_user(dst, len as u32, src) } != 0 {
+                len = PAGE - (addr & (PAGE - 1));
+                if len < 8
+                    || len > WINDOW_BYTES
+                    || unsafe { gen::bpf_probe_read_user(dst, len as u32, src) } != 0
+                {
+                    self.len = 0;
+                    return None;
+                }
+            }
+            self.start = addr;
+            self.len = len;
+            Some(())
+        }
     }
 
     impl Scratch {
@@ -199,7 +256,7 @@ mod probes {
     /// Records a call on entry. `size` is the requested size, `arg_ptr` the
     /// realloc'd block or the posix_memalign out-parameter.
     #[inline(always)]
-    fn enter(ctx: &ProbeContext, size: u64, arg_ptr: u64, op: u8) {
+    fn enter(ctx: &ProbeContext, kind: u8, size: u64, arg_ptr: u64, op: u8) {
         if !enabled() {
             return;
         }
@@ -233,16 +290,17 @@ mod probes {
             }
             unsampled = 1;
         }
-        let kind = cookie::kind(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) });
-        let caller = unsafe { bpf_probe_read_user(sp as *const u64) }.unwrap_or(0);
-        let stack = if unsampled == 1 {
-            Some(NO_STACK) // never recorded
+        let read_caller = || unsafe { bpf_probe_read_user(sp as *const u64) }.unwrap_or(0);
+        let (caller, stack) = if unsampled == 1 {
+            (read_caller(), Some(NO_STACK)) // never recorded
         } else if UNWIND_DWARF.load() == 1 {
-            dwarf_unwind(ctx, caller)
+            dwarf_unwind(ctx)
         } else {
-            ctx.get_stackid(&STACKS, BPF_F_USER_STACK as u64)
+            let id = ctx
+                .get_stackid(&STACKS, BPF_F_USER_STACK as u64)
                 .map(|id| id as u64)
-                .ok()
+                .ok();
+            (read_caller(), id)
         };
         let stack_id = match stack {
             Some(id) => id,
@@ -337,11 +395,28 @@ mod probes {
     /// occurrence, and the walk goes on to the callers (up to `MAX_STEPS`
     /// frames walked, `MAX_FRAMES` kept).
     #[inline(always)]
-    fn dwarf_unwind(ctx: &ProbeContext, caller: u64) -> Option<u64> {
-        let scratch = unsafe { &mut *SCRATCH.get_ptr_mut(0)? };
+    fn dwarf_unwind(ctx: &ProbeContext) -> (u64, Option<u64>) {
         let regs = unsafe { &*ctx.regs };
+        let Some(scratch) = SCRATCH.get_ptr_mut(0) else {
+            let caller = unsafe { bpf_probe_read_user(regs.rsp as *const u64) }.unwrap_or(0);
+            return (caller, None);
+        };
+        let scratch = unsafe { &mut *scratch };
         // At entry the CFA is %rsp + 8 and the return address, the
-        // caller `enter` read, is at %rsp.
+        // caller, is at %rsp. The stack is read a window at a time.
+        let mut window = Window { start: 0, len: 0 };
+        let caller = window.word(&mut scratch.window, regs.rsp).unwrap_or(0);
+        (caller, unwind_from(scratch, &mut window, regs, caller))
+    }
+
+    /// [`dwarf_unwind`] from the caller's frame (`caller`: its pc).
+    #[inline(always)]
+    fn unwind_from(
+        scratch: &mut Scratch,
+        window: &mut Window,
+        regs: &aya_ebpf::bindings::pt_regs,
+        caller: u64,
+    ) -> Option<u64> {
         let mut sp = regs.rsp + 8;
         let mut bp = regs.rbp;
         let mut pc = caller;
@@ -407,14 +482,14 @@ mod probes {
             let frame = base.wrapping_add(row.cfa_offset as i64 as u64);
             if row.rbp_saved == 1 {
                 let at = frame.wrapping_add(row.rbp_offset as i64 as u64);
-                match unsafe { bpf_probe_read_user(at as *const u64) } {
-                    Ok(saved) => bp = saved,
-                    Err(_) => break,
+                match window.word(&mut scratch.window, at) {
+                    Some(saved) => bp = saved,
+                    None => break,
                 }
             }
-            match unsafe { bpf_probe_read_user((frame - 8) as *const u64) } {
-                Ok(ret) => pc = ret,
-                Err(_) => break,
+            match window.word(&mut scratch.window, frame - 8) {
+                Some(ret) => pc = ret,
+                None => break,
             }
             sp = frame;
         }
@@ -642,7 +717,8 @@ mod probes {
     /// once at load, not once per layout.
     #[uprobe]
     pub fn alloc_enter(ctx: ProbeContext) -> u32 {
-        let layout = cookie::layout(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) });
+        let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+        let layout = cookie::layout(cookie);
         let (size, arg_ptr, op) = match layout {
             layout::MMAP => (arg(&ctx, 1), 0, op::ALLOC),
             layout::CALLOC => (arg(&ctx, 0).wrapping_mul(arg(&ctx, 1)), 0, op::ALLOC),
@@ -656,7 +732,7 @@ mod probes {
             layout::POSIX_MEMALIGN => (arg(&ctx, 2), arg(&ctx, 0), op::OUT_PTR),
             _ => (arg(&ctx, 0), 0, op::ALLOC),
         };
-        enter(&ctx, size, arg_ptr, op);
+        enter(&ctx, cookie::kind(cookie), size, arg_ptr, op);
         0
     }
 
