@@ -145,61 +145,6 @@ mod probes {
         window: [u64; WINDOW_WORDS],
     }
 
-    /// Bytes of the target's stack copied at once (a page: a window that
-    /// fails to copy crosses into an unmapped page, the top of the stack).
-    const WINDOW_BYTES: u64 = 4096;
-    const WINDOW_WORDS: usize = WINDOW_BYTES as usize / 8;
-    const PAGE: u64 = 4096;
-
-    /// The part of the target's stack copied into `Scratch::window`: `len`
-    /// bytes from `start`. Each `bpf_probe_read_user` costs ~0.1 µs
-    /// whatever its size (the fault-safe copy and its checks), and the
-    /// unwinder reads one or two words a frame, all upward from `%rsp`:
-    /// copying a page at a time makes one copy serve many frames.
-    struct Window {
-        start: u64,
-        len: u64,
-    }
-
-    impl Window {
-        /// The word at `addr` in the target's stack: from the copy, or
-        /// copying anew from `addr` on.
-        #[inline(always)]
-        fn word(&mut self, copy: &mut [u64; WINDOW_WORDS], addr: u64) -> Option<u64> {
-            let mut offset = addr.wrapping_sub(self.start);
-            // An offset not a multiple of 8 (a word the copy does not align
-            // with) is copied anew.
-            if offset >= self.len || offset & 7 != 0 {
-                self.fill(copy, addr)?;
-                offset = 0;
-            }
-            Some(copy[(offset >> 3) as usize & (WINDOW_WORDS - 1)])
-        }
-
-        /// Copies the stack from `addr` on: a window, or when the page
-        /// after `addr`'s is not mapped (the top of the stack), up to the
-        /// end of `addr`'s page.
-        #[inline(always)]
-        fn fill(&mut self, copy: &mut [u64; WINDOW_WORDS], addr: u64) -> Option<()> {
-            let dst = copy.as_mut_ptr() as *mut core::ffi::c_void;
-            let src = addr as *const core::ffi::c_void;
-            let mut len = WINDOW_BYTES;
-            if unsafe { gen::bpf_probe_read_user(dst, len as u32, src) } != 0 {
-                len = PAGE - (addr & (PAGE - 1));
-                if len < 8
-                    || len > WINDOW_BYTES
-                    || unsafe { gen::bpf_probe_read_user(dst, len as u32, src) } != 0
-                {
-                    self.len = 0;
-                    return None;
-                }
-            }
-            self.start = addr;
-            self.len = len;
-            Some(())
-        }
-    }
-
     impl Scratch {
         /// Frame slot `i` (of `MAX_STEPS`: past `MAX_FRAMES`, the spill).
         #[inline(always)]
@@ -210,6 +155,45 @@ mod probes {
                 let first = (self as *mut Scratch as *mut u8).add(frames) as *mut u64;
                 &mut *first.add(i & (MAX_STEPS - 1))
             }
+        }
+    }
+
+    /// Bytes of the target's stack copied at once: an aligned block, so
+    /// a copy never crosses a page boundary (the top of a stack is the end
+    /// of its mapping: a copy past it would fail).
+    const WINDOW_BYTES: u64 = 1024;
+    const WINDOW_WORDS: usize = WINDOW_BYTES as usize / 8;
+    const _: () = assert!(WINDOW_BYTES.is_power_of_two() && 4096 % WINDOW_BYTES == 0);
+
+    /// The block of the target's stack copied into `Scratch::window`
+    /// (its address; 0: none yet). Each `bpf_probe_read_user` costs
+    /// ~0.1 µs whatever its size (the fault-safe copy and its checks) and
+    /// the unwinder reads one or two words a frame, all upward from
+    /// `%rsp`: one copy serves the frames of a block.
+    struct Window {
+        block: u64,
+    }
+
+    impl Window {
+        /// The word at `addr` in the target's stack: from the copy, or
+        /// copying `addr`'s block first. A misaligned slot (no compiler
+        /// makes one: `%rsp` and `%rbp` stay 8-aligned) is not followed.
+        #[inline(always)]
+        fn word(&mut self, copy: &mut [u64; WINDOW_WORDS], addr: u64) -> Option<u64> {
+            if addr & 7 != 0 {
+                return None;
+            }
+            let block = addr & !(WINDOW_BYTES - 1);
+            if block != self.block {
+                let dst = copy.as_mut_ptr() as *mut core::ffi::c_void;
+                let src = block as *const core::ffi::c_void;
+                if unsafe { gen::bpf_probe_read_user(dst, WINDOW_BYTES as u32, src) } != 0 {
+                    self.block = 0;
+                    return None;
+                }
+                self.block = block;
+            }
+            Some(copy[(addr >> 3) as usize & (WINDOW_WORDS - 1)])
         }
     }
 
@@ -404,7 +388,7 @@ mod probes {
         let scratch = unsafe { &mut *scratch };
         // At entry the CFA is %rsp + 8 and the return address, the
         // caller, is at %rsp. The stack is read a window at a time.
-        let mut window = Window { start: 0, len: 0 };
+        let mut window = Window { block: 0 };
         let caller = window.word(&mut scratch.window, regs.rsp).unwrap_or(0);
         (caller, unwind_from(scratch, &mut window, regs, caller))
     }
