@@ -47,9 +47,9 @@ mod probes {
             bpf_get_attach_cookie, generated as gen, bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_ktime_get_ns,
             bpf_probe_read_user, bpf_send_signal_thread,
         },
-        macros::{map, uprobe, uretprobe},
+        macros::{map, raw_tracepoint, uprobe, uretprobe},
         maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf, StackTrace},
-        programs::{tracing::StackIdContext, ProbeContext, RetProbeContext},
+        programs::{tracing::StackIdContext, ProbeContext, RawTracePointContext, RetProbeContext},
         EbpfContext,
     };
     use memprof_common::{
@@ -250,7 +250,10 @@ mod probes {
         // the stack and the caller's frame is intact.
         let sp = unsafe { (*ctx.regs).rsp };
         let mut stale = false;
-        if let Some(outer) = PENDING.get_ptr_mut(&thread) {
+        // The thread's slot, kept between calls (`thread_exit` removes it):
+        // a call is written into it in place, with no insert or delete.
+        let slot = PENDING.get_ptr_mut(&thread);
+        if let Some(outer) = slot.filter(|&p| unsafe { (*p).active } == 1) {
             if !is_stale(unsafe { &*outer }, sp) {
                 // Inside another allocator call of this thread: the outer call counts.
                 unsafe { (*outer).nested += 1 };
@@ -267,8 +270,8 @@ mod probes {
             // realloc of a tracked block: its return must still release it.
             let tracked = op == op::REALLOC && arg_ptr != 0 && LIVE.get_ptr(&arg_ptr).is_some();
             if !tracked {
-                if stale {
-                    let _ = PENDING.remove(&thread);
+                if let Some(outer) = slot.filter(|_| stale) {
+                    unsafe { (*outer).active = 0 };
                 }
                 return;
             }
@@ -305,11 +308,20 @@ mod probes {
             nested: 0,
             op,
             unsampled,
-            _pad: [0; 2],
+            active: 1,
+            _pad: 0,
             sp,
         };
-        if PENDING.insert(&thread, &call, 0).is_err() {
-            bump(|c| &mut c.pending_full);
+        // Looked up again: a pointer kept across the unwinder would double
+        // the states the verifier walks there (null or not).
+        match PENDING.get_ptr_mut(&thread) {
+            // Only this thread writes its slot.
+            Some(slot) => unsafe { *slot = call },
+            None => {
+                if PENDING.insert(&thread, &call, 0).is_err() {
+                    bump(|c| &mut c.pending_full);
+                }
+            }
         }
     }
 
@@ -730,13 +742,16 @@ mod probes {
         let Some(pending) = PENDING.get_ptr_mut(&thread) else {
             return 0;
         };
+        if unsafe { (*pending).active } == 0 {
+            return 0;
+        }
         let call = unsafe { *pending };
         // After `ret`: %rsp is the entry's + 8.
         let entry_sp = unsafe { (*ctx.regs).rsp }.wrapping_sub(8);
         if entry_sp > call.sp {
             // A call above the pending one returns: that one's return was missed.
             bump(|c| &mut c.stale_calls);
-            let _ = PENDING.remove(&thread);
+            unsafe { (*pending).active = 0 };
             return 0;
         }
         if call.nested > 0 {
@@ -746,7 +761,7 @@ mod probes {
         if entry_sp < call.sp {
             return 0; // a call inside the pending one, whose entry was not seen
         }
-        let _ = PENDING.remove(&thread);
+        unsafe { (*pending).active = 0 };
 
         let ret: u64 = ctx.ret();
         let addr = if call.op == op::OUT_PTR {
@@ -997,13 +1012,15 @@ mod probes {
         // A free inside an allocator call (GC_realloc freeing the old block)
         // is accounted by that call's return probe; a stale call is not one.
         let thread = bpf_get_current_pid_tgid();
-        if let Some(pending) = PENDING.get_ptr(&thread) {
-            let sp = unsafe { (*ctx.regs).rsp };
-            if !is_stale(unsafe { &*pending }, sp) {
-                return 0;
+        if let Some(pending) = PENDING.get_ptr_mut(&thread) {
+            if unsafe { (*pending).active } == 1 {
+                let sp = unsafe { (*ctx.regs).rsp };
+                if !is_stale(unsafe { &*pending }, sp) {
+                    return 0;
+                }
+                bump(|c| &mut c.stale_calls);
+                unsafe { (*pending).active = 0 };
             }
-            bump(|c| &mut c.stale_calls);
-            let _ = PENDING.remove(&thread);
         }
         let kind = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u8;
         let _ = release(addr, kind);
@@ -1022,6 +1039,19 @@ mod probes {
             if unsafe { (*live).site.kind } == AllocKind::Mmap as u8 {
                 let _ = release(addr, AllocKind::Mmap as u8);
             }
+        }
+        0
+    }
+
+    /// A thread exits (any thread of the system: `sched_process_exit`
+    /// fires for each): its `PENDING` slot goes, so the table holds the
+    /// threads alive, not every thread the target ever had.
+    #[raw_tracepoint(tracepoint = "sched_process_exit")]
+    pub fn thread_exit(_ctx: RawTracePointContext) -> i32 {
+        let thread = bpf_get_current_pid_tgid();
+        // Looked up first: a lookup takes no lock, a remove does.
+        if PENDING.get_ptr(&thread).is_some() {
+            let _ = PENDING.remove(&thread);
         }
         0
     }
