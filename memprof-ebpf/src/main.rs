@@ -35,6 +35,7 @@
 //! stored once in `DWARF_STACKS`, keyed by a hash of its frames.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
+#![cfg_attr(target_arch = "bpf", feature(asm_experimental_arch))]
 
 #[cfg(target_arch = "bpf")]
 mod probes {
@@ -644,9 +645,12 @@ mod probes {
     /// `x`, hidden from LLVM: it recognizes `equal` and `select` as a
     /// comparison and a choice and compiles them back into branches (BPF
     /// has no conditional move), which is what they are here to avoid.
+    /// An empty `asm!` (LLVM cannot see through it) rather than
+    /// `black_box`, which spills the value to the stack and reloads it.
     #[inline(always)]
-    fn opaque(x: u64) -> u64 {
-        core::hint::black_box(x)
+    fn opaque(mut x: u64) -> u64 {
+        unsafe { core::arch::asm!("{0} = {0}", inout(reg) x, options(pure, nomem, nostack)) };
+        x
     }
 
     /// 1 if `a <= b`, else 0, without a branch (both below 2^63).
