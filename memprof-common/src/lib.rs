@@ -652,7 +652,7 @@ pub mod cfa {
     pub const UNKNOWN: u8 = 3;
 }
 
-/// Slots of the unwinder's per-CPU cache of rows by return address (a
+/// Slots of the unwinder's cache of rows by return address (a
 /// power of two).
 pub const ROW_CACHE_SLOTS: u32 = 1024;
 

@@ -117,19 +117,50 @@ mod probes {
     /// switches (`config::MODULE_COUNT`), so no probe sees a half-written one.
     #[map]
     static MODULE_RANGES: Array<ModuleRange> = Array::with_max_entries(module_table::ENTRIES, 0);
-    /// Per CPU, rows found by pc (see `cached_row`).
+    /// Per CPU, rows found by pc (see `cached_row`): one value holding
+    /// every slot, looked up once per stack, not once per frame.
     #[map]
-    static ROW_CACHE: PerCpuArray<CachedRow> = PerCpuArray::with_max_entries(ROW_CACHE_SLOTS, 0);
+    static ROW_CACHE: PerCpuArray<RowCache> = PerCpuArray::with_max_entries(1, 0);
 
+    /// 32 KiB: the most a per-CPU value can hold.
+    #[repr(C)]
+    struct RowCache {
+        rows: [CachedRow; ROW_CACHE_SLOTS as usize],
+    }
+
+    /// A row of `ROW_CACHE`: 32 bytes, half a cache line.
     #[repr(C)]
     #[derive(Clone, Copy)]
     struct CachedRow {
         pc: u64,
-        /// `config::MODULE_COUNT` when it was found.
-        packed: u32,
-        _pad: u32,
+        /// The row's rule (see [`rule_of`]).
+        rule: u64,
+        /// The function the row belongs to (its address in the target).
         func: u64,
-        row: UnwindRow,
+        /// `config::MODULE_COUNT` when it was found.
+        packed: u64,
+    }
+
+    /// The part of a row the unwinder uses, in one word.
+    #[inline(always)]
+    fn rule_of(row: &UnwindRow) -> u64 {
+        (row.cfa_offset as u32 as u64)
+            | (row.rbp_offset as u16 as u64) << 32
+            | (row.cfa_reg as u64) << 48
+            | (row.rbp_saved as u64) << 56
+    }
+
+    /// The row back from [`rule_of`] (its `pc` and `func` left 0).
+    #[inline(always)]
+    fn row_of(rule: u64) -> UnwindRow {
+        UnwindRow {
+            pc: 0,
+            cfa_offset: rule as u32 as i32,
+            rbp_offset: (rule >> 32) as u16 as i16,
+            cfa_reg: (rule >> 48) as u8,
+            rbp_saved: (rule >> 56) as u8,
+            func: 0,
+        }
     }
 
     /// The stack being unwound (too big for the 512-byte BPF stack).
@@ -399,17 +430,23 @@ mod probes {
             return (caller, None);
         };
         let scratch = unsafe { &mut *scratch };
+        let Some(cache) = ROW_CACHE.get_ptr_mut(0) else {
+            let caller = unsafe { bpf_probe_read_user(regs.rsp as *const u64) }.unwrap_or(0);
+            return (caller, None);
+        };
+        let cache = unsafe { &mut *cache };
         // At entry the CFA is %rsp + 8 and the return address, the
         // caller, is at %rsp. The stack is read a window at a time.
         let mut window = Window { block: 0 };
         let caller = window.word(&mut scratch.window, regs.rsp).unwrap_or(0);
-        (caller, unwind_from(scratch, &mut window, regs, caller))
+        (caller, unwind_from(scratch, cache, &mut window, regs, caller))
     }
 
     /// [`dwarf_unwind`] from the caller's frame (`caller`: its pc).
     #[inline(always)]
     fn unwind_from(
         scratch: &mut Scratch,
+        cache: &mut RowCache,
         window: &mut Window,
         regs: &aya_ebpf::bindings::pt_regs,
         caller: u64,
@@ -438,7 +475,7 @@ mod probes {
                 break;
             }
             // A return address points after the call: look up the call itself.
-            let Some((row, func)) = cached_row(pc - 1, packed) else {
+            let Some((row, func)) = cached_row(cache, pc - 1, packed) else {
                 // No rule for it: the last frame.
                 if len < MAX_FRAMES {
                     *scratch.frame(len) = pc;
@@ -560,28 +597,30 @@ mod probes {
 
     /// [`find_row`] through this CPU's cache of rows by pc: most
     /// allocations come from a few call paths, whose return addresses hit
-    /// (one lookup instead of a binary search of 33 steps). An entry is
+    /// (one load instead of a binary search of 33 steps). An entry is
     /// valid for the module table it was found in (`packed`, which counts
     /// the tables written). Both ways end reading the entry, so the
-    /// verifier sees one state after it, not two.
+    /// verifier sees one state after it, not two. (One slot per map entry
+    /// cost a second dependent load per frame, the per-CPU pointer, and
+    /// both missed the CPU's caches: a quarter of the entry program's
+    /// time on binary-trees.)
     #[inline(always)]
-    fn cached_row(pc: u64, packed: u32) -> Option<(UnwindRow, u64)> {
-        let slot = ((pc ^ (pc >> 12)) as u32) & (ROW_CACHE_SLOTS - 1);
-        let entry = unsafe { &mut *ROW_CACHE.get_ptr_mut(slot)? };
-        if entry.pc != pc || entry.packed != packed {
+    fn cached_row(cache: &mut RowCache, pc: u64, packed: u32) -> Option<(UnwindRow, u64)> {
+        let slot = ((pc ^ (pc >> 12)) as usize) & (ROW_CACHE_SLOTS as usize - 1);
+        let entry = &mut cache.rows[slot];
+        if entry.pc != pc || entry.packed != packed as u64 {
             // `count` is a mask, not min(): the searches stay prunable.
             let modules = module_table::count(packed);
             let table = module_table::first_slot(packed);
             let (row, func) = find_row(pc, table, modules)?;
             *entry = CachedRow {
                 pc,
-                packed,
-                _pad: 0,
+                rule: rule_of(&row),
                 func,
-                row,
+                packed: packed as u64,
             };
         }
-        Some((entry.row, entry.func))
+        Some((row_of(entry.rule), entry.func))
     }
 
     /// The CFI row covering `pc` and the function it belongs to (its start,
