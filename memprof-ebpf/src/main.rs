@@ -175,7 +175,14 @@ mod probes {
         spill: [u64; MAX_STEPS - MAX_FRAMES],
         /// The copy of the target's stack [`Window`] reads from.
         window: [u64; WINDOW_WORDS],
+        /// Keys this CPU found in `DWARF_STACKS`, by their low bits:
+        /// nothing is ever removed from it while recording, so a key seen
+        /// there once needs no lookup again.
+        known: [u64; KNOWN_STACKS],
     }
+
+    /// Slots of `Scratch::known` (a power of two).
+    const KNOWN_STACKS: usize = 256;
 
     impl Scratch {
         /// Frame slot `i` (of `MAX_STEPS`: past `MAX_FRAMES`, the spill).
@@ -309,6 +316,19 @@ mod probes {
             }
             unsampled = 1;
         }
+        // A thread's first call adds its slot (idle). From here on `slot`
+        // is a valid pointer on every path: the verifier walks the
+        // unwinder with one state for it, not two (null or not).
+        let slot = match slot {
+            Some(slot) => slot,
+            None => match new_slot(thread) {
+                Some(slot) => slot,
+                None => {
+                    bump(|c| &mut c.pending_full);
+                    return;
+                }
+            },
+        };
         let read_caller = || unsafe { bpf_probe_read_user(sp as *const u64) }.unwrap_or(0);
         let (caller, stack) = if unsampled == 1 {
             (read_caller(), Some(NO_STACK)) // never recorded
@@ -344,17 +364,31 @@ mod probes {
             _pad: 0,
             sp,
         };
-        // Looked up again: a pointer kept across the unwinder would double
-        // the states the verifier walks there (null or not).
-        match PENDING.get_ptr_mut(&thread) {
-            // Only this thread writes its slot.
-            Some(slot) => unsafe { *slot = call },
-            None => {
-                if PENDING.insert(&thread, &call, 0).is_err() {
-                    bump(|c| &mut c.pending_full);
-                }
-            }
-        }
+        // Only this thread writes its slot.
+        unsafe { *slot = call };
+    }
+
+    /// Adds `thread`'s slot to `PENDING`, idle; `None` if the table is full.
+    #[inline(always)]
+    fn new_slot(thread: u64) -> Option<*mut PendingCall> {
+        let idle = PendingCall {
+            site: AllocSite {
+                caller: 0,
+                stack_id: NO_STACK,
+                kind: 0,
+                _pad: [0; 7],
+            },
+            size: 0,
+            arg_ptr: 0,
+            nested: 0,
+            op: 0,
+            unsampled: 0,
+            active: 0,
+            _pad: 0,
+            sp: 0,
+        };
+        let _ = PENDING.insert(&thread, &idle, BPF_NOEXIST as u64);
+        PENDING.get_ptr_mut(&thread)
     }
 
     /// Whether the pending call `call` is over although its return probe
@@ -528,10 +562,9 @@ mod probes {
             sp = frame;
         }
         let folded = folded as u32;
-        let stack = &mut scratch.stack;
-        stack.len = len as u32;
-        stack.truncated = truncated;
-        stack.folded = folded;
+        scratch.stack.len = len as u32;
+        scratch.stack.truncated = truncated;
+        scratch.stack.folded = folded;
         if truncated == 1 {
             bump(|c| &mut c.truncated_stacks);
             hash ^= 1; // same frames, but a truncated stack is another stack
@@ -540,17 +573,23 @@ mod probes {
             bump(|c| &mut c.folded_stacks);
             hash ^= 2; // and so is a folded one
         }
-        // A known stack (the usual case) takes no lock.
-        if DWARF_STACKS.get_ptr(&hash).is_some() {
+        // A known stack (the usual case) takes no lock, and one this CPU
+        // saw no lookup (0 is an empty slot, never a key seen).
+        let known = &mut scratch.known[hash as usize & (KNOWN_STACKS - 1)];
+        if *known == hash && hash != 0 {
             return Some(hash);
         }
-        match DWARF_STACKS.insert(&hash, &*stack, BPF_NOEXIST as u64) {
+        if DWARF_STACKS.get_ptr(&hash).is_some() {
+            *known = hash;
+            return Some(hash);
+        }
+        match DWARF_STACKS.insert(&hash, &scratch.stack, BPF_NOEXIST as u64) {
             Ok(()) => {
                 bump(|c| &mut c.stacks_stored);
                 Some(hash)
             }
             Err(e) if e == -errno::EEXIST => Some(hash), // stored meanwhile
-            Err(_) => match shortened(stack) {
+            Err(_) => match shortened(&mut scratch.stack) {
                 // Full (or no memory): keep the innermost frames.
                 Some(key) => {
                     bump(|c| &mut c.stacks_shortened);
@@ -872,14 +911,21 @@ mod probes {
             gc_event(addr, gc_event::ALLOC, &live, replaces);
             true
         } else {
-            // An address still live was freed without us seeing it: for a GC
-            // object, collected (its address was reused); else a missed free.
-            if let Some(old) = LIVE.get_ptr(&addr) {
-                let old = unsafe { *old };
-                retire(&old, now, true);
-                count_live(old.site.kind, old.size, -1);
-            }
-            let inserted = LIVE.insert(&addr, &live, 0).is_ok();
+            // Added if new (one hash operation, the usual case). An address
+            // still live was freed without us seeing it: for a GC object,
+            // collected (its address was reused); else a missed free.
+            let inserted = match LIVE.insert(&addr, &live, BPF_NOEXIST as u64) {
+                Ok(()) => true,
+                Err(e) if e == -errno::EEXIST => {
+                    if let Some(old) = LIVE.get_ptr(&addr) {
+                        let old = unsafe { *old };
+                        retire(&old, now, true);
+                        count_live(old.site.kind, old.size, -1);
+                    }
+                    LIVE.insert(&addr, &live, 0).is_ok()
+                }
+                Err(_) => false,
+            };
             if inserted {
                 count_live(live.site.kind, live.size, 1);
             }
