@@ -45,8 +45,8 @@ mod probes {
             BPF_F_USER_STACK, BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP,
         },
         helpers::{
-            bpf_get_attach_cookie, generated as gen, bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_ktime_get_ns,
-            bpf_probe_read_user, bpf_send_signal_thread,
+            bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_ktime_get_ns,
+            bpf_probe_read_user, bpf_send_signal_thread, generated as gen,
         },
         macros::{map, raw_tracepoint, uprobe, uretprobe},
         maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf, StackTrace},
@@ -473,7 +473,10 @@ mod probes {
         // caller, is at %rsp. The stack is read a window at a time.
         let mut window = Window { block: 0 };
         let caller = window.word(&mut scratch.window, regs.rsp).unwrap_or(0);
-        (caller, unwind_from(scratch, cache, &mut window, regs, caller))
+        (
+            caller,
+            unwind_from(scratch, cache, &mut window, regs, caller),
+        )
     }
 
     /// [`dwarf_unwind`] from the caller's frame (`caller`: its pc).
