@@ -189,7 +189,7 @@ pub struct AllocSite {
 }
 
 /// A call in flight: written by the entry probe, consumed by the return probe.
-/// Keyed by thread (`pid_tgid`).
+/// Keyed by thread (`pid_tgid`); the entry stays while the thread lives.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct PendingCall {
@@ -207,7 +207,10 @@ pub struct PendingCall {
     /// realloc of a tracked block: its return releases that block and
     /// records nothing.
     pub unsampled: u8,
-    pub _pad: [u8; 2],
+    /// 1: a call in flight; 0: the thread's slot, kept between its calls
+    /// (written in place: no insert or delete per call).
+    pub active: u8,
+    pub _pad: u8,
     /// `%rsp` at the entry (it points at the return address). Stacks grow
     /// down: a call made inside this one enters at or below it, and the
     /// return probe of this call sees `sp + 8`. An entry above it means this
@@ -481,6 +484,8 @@ pub mod programs {
     pub const DL_DEBUG_STATE: &str = "dl_debug_state";
     /// On every `GC_gc_no++` of the Boehm GC: a collection finished marking.
     pub const GC_COLLECTION: &str = "gc_collection";
+    /// Raw tracepoint `sched_process_exit`: a thread's `PENDING` slot goes.
+    pub const THREAD_EXIT: &str = "thread_exit";
 }
 
 /// Map names in the eBPF object.
@@ -647,7 +652,7 @@ pub mod cfa {
     pub const UNKNOWN: u8 = 3;
 }
 
-/// Slots of the unwinder's per-CPU cache of rows by return address (a
+/// Slots of the unwinder's cache of rows by return address (a
 /// power of two).
 pub const ROW_CACHE_SLOTS: u32 = 1024;
 

@@ -35,6 +35,7 @@
 //! stored once in `DWARF_STACKS`, keyed by a hash of its frames.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
+#![cfg_attr(target_arch = "bpf", feature(asm_experimental_arch))]
 
 #[cfg(target_arch = "bpf")]
 mod probes {
@@ -45,11 +46,11 @@ mod probes {
         },
         helpers::{
             bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_ktime_get_ns,
-            bpf_probe_read_user, bpf_send_signal_thread,
+            bpf_probe_read_user, bpf_send_signal_thread, generated as gen,
         },
-        macros::{map, uprobe, uretprobe},
+        macros::{map, raw_tracepoint, uprobe, uretprobe},
         maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf, StackTrace},
-        programs::{tracing::StackIdContext, ProbeContext, RetProbeContext},
+        programs::{tracing::StackIdContext, ProbeContext, RawTracePointContext, RetProbeContext},
         EbpfContext,
     };
     use memprof_common::{
@@ -116,19 +117,50 @@ mod probes {
     /// switches (`config::MODULE_COUNT`), so no probe sees a half-written one.
     #[map]
     static MODULE_RANGES: Array<ModuleRange> = Array::with_max_entries(module_table::ENTRIES, 0);
-    /// Per CPU, rows found by pc (see `cached_row`).
+    /// Per CPU, rows found by pc (see `cached_row`): one value holding
+    /// every slot, looked up once per stack, not once per frame.
     #[map]
-    static ROW_CACHE: PerCpuArray<CachedRow> = PerCpuArray::with_max_entries(ROW_CACHE_SLOTS, 0);
+    static ROW_CACHE: PerCpuArray<RowCache> = PerCpuArray::with_max_entries(1, 0);
 
+    /// 32 KiB: the most a per-CPU value can hold.
+    #[repr(C)]
+    struct RowCache {
+        rows: [CachedRow; ROW_CACHE_SLOTS as usize],
+    }
+
+    /// A row of `ROW_CACHE`: 32 bytes, half a cache line.
     #[repr(C)]
     #[derive(Clone, Copy)]
     struct CachedRow {
         pc: u64,
-        /// `config::MODULE_COUNT` when it was found.
-        packed: u32,
-        _pad: u32,
+        /// The row's rule (see [`rule_of`]).
+        rule: u64,
+        /// The function the row belongs to (its address in the target).
         func: u64,
-        row: UnwindRow,
+        /// `config::MODULE_COUNT` when it was found.
+        packed: u64,
+    }
+
+    /// The part of a row the unwinder uses, in one word.
+    #[inline(always)]
+    fn rule_of(row: &UnwindRow) -> u64 {
+        (row.cfa_offset as u32 as u64)
+            | (row.rbp_offset as u16 as u64) << 32
+            | (row.cfa_reg as u64) << 48
+            | (row.rbp_saved as u64) << 56
+    }
+
+    /// The row back from [`rule_of`] (its `pc` and `func` left 0).
+    #[inline(always)]
+    fn row_of(rule: u64) -> UnwindRow {
+        UnwindRow {
+            pc: 0,
+            cfa_offset: rule as u32 as i32,
+            rbp_offset: (rule >> 32) as u16 as i16,
+            cfa_reg: (rule >> 48) as u8,
+            rbp_saved: (rule >> 56) as u8,
+            func: 0,
+        }
     }
 
     /// The stack being unwound (too big for the 512-byte BPF stack).
@@ -141,7 +173,16 @@ mod probes {
     struct Scratch {
         stack: DwarfStack,
         spill: [u64; MAX_STEPS - MAX_FRAMES],
+        /// The copy of the target's stack [`Window`] reads from.
+        window: [u64; WINDOW_WORDS],
+        /// Keys this CPU found in `DWARF_STACKS`, by their low bits:
+        /// nothing is ever removed from it while recording, so a key seen
+        /// there once needs no lookup again.
+        known: [u64; KNOWN_STACKS],
     }
+
+    /// Slots of `Scratch::known` (a power of two).
+    const KNOWN_STACKS: usize = 256;
 
     impl Scratch {
         /// Frame slot `i` (of `MAX_STEPS`: past `MAX_FRAMES`, the spill).
@@ -153,6 +194,45 @@ mod probes {
                 let first = (self as *mut Scratch as *mut u8).add(frames) as *mut u64;
                 &mut *first.add(i & (MAX_STEPS - 1))
             }
+        }
+    }
+
+    /// Bytes of the target's stack copied at once: an aligned block, so
+    /// a copy never crosses a page boundary (the top of a stack is the end
+    /// of its mapping: a copy past it would fail).
+    const WINDOW_BYTES: u64 = 1024;
+    const WINDOW_WORDS: usize = WINDOW_BYTES as usize / 8;
+    const _: () = assert!(WINDOW_BYTES.is_power_of_two() && 4096 % WINDOW_BYTES == 0);
+
+    /// The block of the target's stack copied into `Scratch::window`
+    /// (its address; 0: none yet). Each `bpf_probe_read_user` costs
+    /// ~0.1 µs whatever its size (the fault-safe copy and its checks) and
+    /// the unwinder reads one or two words a frame, all upward from
+    /// `%rsp`: one copy serves the frames of a block.
+    struct Window {
+        block: u64,
+    }
+
+    impl Window {
+        /// The word at `addr` in the target's stack: from the copy, or
+        /// copying `addr`'s block first. A misaligned slot (no compiler
+        /// makes one: `%rsp` and `%rbp` stay 8-aligned) is not followed.
+        #[inline(always)]
+        fn word(&mut self, copy: &mut [u64; WINDOW_WORDS], addr: u64) -> Option<u64> {
+            if addr & 7 != 0 {
+                return None;
+            }
+            let block = addr & !(WINDOW_BYTES - 1);
+            if block != self.block {
+                let dst = copy.as_mut_ptr() as *mut core::ffi::c_void;
+                let src = block as *const core::ffi::c_void;
+                if unsafe { gen::bpf_probe_read_user(dst, WINDOW_BYTES as u32, src) } != 0 {
+                    self.block = 0;
+                    return None;
+                }
+                self.block = block;
+            }
+            Some(copy[(addr >> 3) as usize & (WINDOW_WORDS - 1)])
         }
     }
 
@@ -199,7 +279,7 @@ mod probes {
     /// Records a call on entry. `size` is the requested size, `arg_ptr` the
     /// realloc'd block or the posix_memalign out-parameter.
     #[inline(always)]
-    fn enter(ctx: &ProbeContext, size: u64, arg_ptr: u64, op: u8) {
+    fn enter(ctx: &ProbeContext, kind: u8, size: u64, arg_ptr: u64, op: u8) {
         if !enabled() {
             return;
         }
@@ -209,7 +289,10 @@ mod probes {
         // the stack and the caller's frame is intact.
         let sp = unsafe { (*ctx.regs).rsp };
         let mut stale = false;
-        if let Some(outer) = PENDING.get_ptr_mut(&thread) {
+        // The thread's slot, kept between calls (`thread_exit` removes it):
+        // a call is written into it in place, with no insert or delete.
+        let slot = PENDING.get_ptr_mut(&thread);
+        if let Some(outer) = slot.filter(|&p| unsafe { (*p).active } == 1) {
             if !is_stale(unsafe { &*outer }, sp) {
                 // Inside another allocator call of this thread: the outer call counts.
                 unsafe { (*outer).nested += 1 };
@@ -226,23 +309,37 @@ mod probes {
             // realloc of a tracked block: its return must still release it.
             let tracked = op == op::REALLOC && arg_ptr != 0 && LIVE.get_ptr(&arg_ptr).is_some();
             if !tracked {
-                if stale {
-                    let _ = PENDING.remove(&thread);
+                if let Some(outer) = slot.filter(|_| stale) {
+                    unsafe { (*outer).active = 0 };
                 }
                 return;
             }
             unsampled = 1;
         }
-        let kind = cookie::kind(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) });
-        let caller = unsafe { bpf_probe_read_user(sp as *const u64) }.unwrap_or(0);
-        let stack = if unsampled == 1 {
-            Some(NO_STACK) // never recorded
+        // A thread's first call adds its slot (idle). From here on `slot`
+        // is a valid pointer on every path: the verifier walks the
+        // unwinder with one state for it, not two (null or not).
+        let slot = match slot {
+            Some(slot) => slot,
+            None => match new_slot(thread) {
+                Some(slot) => slot,
+                None => {
+                    bump(|c| &mut c.pending_full);
+                    return;
+                }
+            },
+        };
+        let read_caller = || unsafe { bpf_probe_read_user(sp as *const u64) }.unwrap_or(0);
+        let (caller, stack) = if unsampled == 1 {
+            (read_caller(), Some(NO_STACK)) // never recorded
         } else if UNWIND_DWARF.load() == 1 {
-            dwarf_unwind(ctx, caller)
+            dwarf_unwind(ctx)
         } else {
-            ctx.get_stackid(&STACKS, BPF_F_USER_STACK as u64)
+            let id = ctx
+                .get_stackid(&STACKS, BPF_F_USER_STACK as u64)
                 .map(|id| id as u64)
-                .ok()
+                .ok();
+            (read_caller(), id)
         };
         let stack_id = match stack {
             Some(id) => id,
@@ -263,12 +360,35 @@ mod probes {
             nested: 0,
             op,
             unsampled,
-            _pad: [0; 2],
+            active: 1,
+            _pad: 0,
             sp,
         };
-        if PENDING.insert(&thread, &call, 0).is_err() {
-            bump(|c| &mut c.pending_full);
-        }
+        // Only this thread writes its slot.
+        unsafe { *slot = call };
+    }
+
+    /// Adds `thread`'s slot to `PENDING`, idle; `None` if the table is full.
+    #[inline(always)]
+    fn new_slot(thread: u64) -> Option<*mut PendingCall> {
+        let idle = PendingCall {
+            site: AllocSite {
+                caller: 0,
+                stack_id: NO_STACK,
+                kind: 0,
+                _pad: [0; 7],
+            },
+            size: 0,
+            arg_ptr: 0,
+            nested: 0,
+            op: 0,
+            unsampled: 0,
+            active: 0,
+            _pad: 0,
+            sp: 0,
+        };
+        let _ = PENDING.insert(&thread, &idle, BPF_NOEXIST as u64);
+        PENDING.get_ptr_mut(&thread)
     }
 
     /// Whether the pending call `call` is over although its return probe
@@ -337,11 +457,37 @@ mod probes {
     /// occurrence, and the walk goes on to the callers (up to `MAX_STEPS`
     /// frames walked, `MAX_FRAMES` kept).
     #[inline(always)]
-    fn dwarf_unwind(ctx: &ProbeContext, caller: u64) -> Option<u64> {
-        let scratch = unsafe { &mut *SCRATCH.get_ptr_mut(0)? };
+    fn dwarf_unwind(ctx: &ProbeContext) -> (u64, Option<u64>) {
         let regs = unsafe { &*ctx.regs };
+        let Some(scratch) = SCRATCH.get_ptr_mut(0) else {
+            let caller = unsafe { bpf_probe_read_user(regs.rsp as *const u64) }.unwrap_or(0);
+            return (caller, None);
+        };
+        let scratch = unsafe { &mut *scratch };
+        let Some(cache) = ROW_CACHE.get_ptr_mut(0) else {
+            let caller = unsafe { bpf_probe_read_user(regs.rsp as *const u64) }.unwrap_or(0);
+            return (caller, None);
+        };
+        let cache = unsafe { &mut *cache };
         // At entry the CFA is %rsp + 8 and the return address, the
-        // caller `enter` read, is at %rsp.
+        // caller, is at %rsp. The stack is read a window at a time.
+        let mut window = Window { block: 0 };
+        let caller = window.word(&mut scratch.window, regs.rsp).unwrap_or(0);
+        (
+            caller,
+            unwind_from(scratch, cache, &mut window, regs, caller),
+        )
+    }
+
+    /// [`dwarf_unwind`] from the caller's frame (`caller`: its pc).
+    #[inline(always)]
+    fn unwind_from(
+        scratch: &mut Scratch,
+        cache: &mut RowCache,
+        window: &mut Window,
+        regs: &aya_ebpf::bindings::pt_regs,
+        caller: u64,
+    ) -> Option<u64> {
         let mut sp = regs.rsp + 8;
         let mut bp = regs.rbp;
         let mut pc = caller;
@@ -366,7 +512,7 @@ mod probes {
                 break;
             }
             // A return address points after the call: look up the call itself.
-            let Some((row, func)) = cached_row(pc - 1, packed) else {
+            let Some((row, func)) = cached_row(cache, pc - 1, packed) else {
                 // No rule for it: the last frame.
                 if len < MAX_FRAMES {
                     *scratch.frame(len) = pc;
@@ -407,22 +553,21 @@ mod probes {
             let frame = base.wrapping_add(row.cfa_offset as i64 as u64);
             if row.rbp_saved == 1 {
                 let at = frame.wrapping_add(row.rbp_offset as i64 as u64);
-                match unsafe { bpf_probe_read_user(at as *const u64) } {
-                    Ok(saved) => bp = saved,
-                    Err(_) => break,
+                match window.word(&mut scratch.window, at) {
+                    Some(saved) => bp = saved,
+                    None => break,
                 }
             }
-            match unsafe { bpf_probe_read_user((frame - 8) as *const u64) } {
-                Ok(ret) => pc = ret,
-                Err(_) => break,
+            match window.word(&mut scratch.window, frame - 8) {
+                Some(ret) => pc = ret,
+                None => break,
             }
             sp = frame;
         }
         let folded = folded as u32;
-        let stack = &mut scratch.stack;
-        stack.len = len as u32;
-        stack.truncated = truncated;
-        stack.folded = folded;
+        scratch.stack.len = len as u32;
+        scratch.stack.truncated = truncated;
+        scratch.stack.folded = folded;
         if truncated == 1 {
             bump(|c| &mut c.truncated_stacks);
             hash ^= 1; // same frames, but a truncated stack is another stack
@@ -431,17 +576,23 @@ mod probes {
             bump(|c| &mut c.folded_stacks);
             hash ^= 2; // and so is a folded one
         }
-        // A known stack (the usual case) takes no lock.
-        if DWARF_STACKS.get_ptr(&hash).is_some() {
+        // A known stack (the usual case) takes no lock, and one this CPU
+        // saw no lookup (0 is an empty slot, never a key seen).
+        let known = &mut scratch.known[hash as usize & (KNOWN_STACKS - 1)];
+        if *known == hash && hash != 0 {
             return Some(hash);
         }
-        match DWARF_STACKS.insert(&hash, &*stack, BPF_NOEXIST as u64) {
+        if DWARF_STACKS.get_ptr(&hash).is_some() {
+            *known = hash;
+            return Some(hash);
+        }
+        match DWARF_STACKS.insert(&hash, &scratch.stack, BPF_NOEXIST as u64) {
             Ok(()) => {
                 bump(|c| &mut c.stacks_stored);
                 Some(hash)
             }
             Err(e) if e == -errno::EEXIST => Some(hash), // stored meanwhile
-            Err(_) => match shortened(stack) {
+            Err(_) => match shortened(&mut scratch.stack) {
                 // Full (or no memory): keep the innermost frames.
                 Some(key) => {
                     bump(|c| &mut c.stacks_shortened);
@@ -488,28 +639,30 @@ mod probes {
 
     /// [`find_row`] through this CPU's cache of rows by pc: most
     /// allocations come from a few call paths, whose return addresses hit
-    /// (one lookup instead of a binary search of 33 steps). An entry is
+    /// (one load instead of a binary search of 33 steps). An entry is
     /// valid for the module table it was found in (`packed`, which counts
     /// the tables written). Both ways end reading the entry, so the
-    /// verifier sees one state after it, not two.
+    /// verifier sees one state after it, not two. (One slot per map entry
+    /// cost a second dependent load per frame, the per-CPU pointer, and
+    /// both missed the CPU's caches: a quarter of the entry program's
+    /// time on binary-trees.)
     #[inline(always)]
-    fn cached_row(pc: u64, packed: u32) -> Option<(UnwindRow, u64)> {
-        let slot = ((pc ^ (pc >> 12)) as u32) & (ROW_CACHE_SLOTS - 1);
-        let entry = unsafe { &mut *ROW_CACHE.get_ptr_mut(slot)? };
-        if entry.pc != pc || entry.packed != packed {
+    fn cached_row(cache: &mut RowCache, pc: u64, packed: u32) -> Option<(UnwindRow, u64)> {
+        let slot = ((pc ^ (pc >> 12)) as usize) & (ROW_CACHE_SLOTS as usize - 1);
+        let entry = &mut cache.rows[slot];
+        if entry.pc != pc || entry.packed != packed as u64 {
             // `count` is a mask, not min(): the searches stay prunable.
             let modules = module_table::count(packed);
             let table = module_table::first_slot(packed);
             let (row, func) = find_row(pc, table, modules)?;
             *entry = CachedRow {
                 pc,
-                packed,
-                _pad: 0,
+                rule: rule_of(&row),
                 func,
-                row,
+                packed: packed as u64,
             };
         }
-        Some((entry.row, entry.func))
+        Some((row_of(entry.rule), entry.func))
     }
 
     /// The CFI row covering `pc` and the function it belongs to (its start,
@@ -573,9 +726,12 @@ mod probes {
     /// `x`, hidden from LLVM: it recognizes `equal` and `select` as a
     /// comparison and a choice and compiles them back into branches (BPF
     /// has no conditional move), which is what they are here to avoid.
+    /// An empty `asm!` (LLVM cannot see through it) rather than
+    /// `black_box`, which spills the value to the stack and reloads it.
     #[inline(always)]
-    fn opaque(x: u64) -> u64 {
-        core::hint::black_box(x)
+    fn opaque(mut x: u64) -> u64 {
+        unsafe { core::arch::asm!("{0} = {0}", inout(reg) x, options(pure, nomem, nostack)) };
+        x
     }
 
     /// 1 if `a <= b`, else 0, without a branch (both below 2^63).
@@ -642,7 +798,8 @@ mod probes {
     /// once at load, not once per layout.
     #[uprobe]
     pub fn alloc_enter(ctx: ProbeContext) -> u32 {
-        let layout = cookie::layout(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) });
+        let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+        let layout = cookie::layout(cookie);
         let (size, arg_ptr, op) = match layout {
             layout::MMAP => (arg(&ctx, 1), 0, op::ALLOC),
             layout::CALLOC => (arg(&ctx, 0).wrapping_mul(arg(&ctx, 1)), 0, op::ALLOC),
@@ -656,7 +813,7 @@ mod probes {
             layout::POSIX_MEMALIGN => (arg(&ctx, 2), arg(&ctx, 0), op::OUT_PTR),
             _ => (arg(&ctx, 0), 0, op::ALLOC),
         };
-        enter(&ctx, size, arg_ptr, op);
+        enter(&ctx, cookie::kind(cookie), size, arg_ptr, op);
         0
     }
 
@@ -670,13 +827,16 @@ mod probes {
         let Some(pending) = PENDING.get_ptr_mut(&thread) else {
             return 0;
         };
+        if unsafe { (*pending).active } == 0 {
+            return 0;
+        }
         let call = unsafe { *pending };
         // After `ret`: %rsp is the entry's + 8.
         let entry_sp = unsafe { (*ctx.regs).rsp }.wrapping_sub(8);
         if entry_sp > call.sp {
             // A call above the pending one returns: that one's return was missed.
             bump(|c| &mut c.stale_calls);
-            let _ = PENDING.remove(&thread);
+            unsafe { (*pending).active = 0 };
             return 0;
         }
         if call.nested > 0 {
@@ -686,7 +846,7 @@ mod probes {
         if entry_sp < call.sp {
             return 0; // a call inside the pending one, whose entry was not seen
         }
-        let _ = PENDING.remove(&thread);
+        unsafe { (*pending).active = 0 };
 
         let ret: u64 = ctx.ret();
         let addr = if call.op == op::OUT_PTR {
@@ -754,14 +914,21 @@ mod probes {
             gc_event(addr, gc_event::ALLOC, &live, replaces);
             true
         } else {
-            // An address still live was freed without us seeing it: for a GC
-            // object, collected (its address was reused); else a missed free.
-            if let Some(old) = LIVE.get_ptr(&addr) {
-                let old = unsafe { *old };
-                retire(&old, now, true);
-                count_live(old.site.kind, old.size, -1);
-            }
-            let inserted = LIVE.insert(&addr, &live, 0).is_ok();
+            // Added if new (one hash operation, the usual case). An address
+            // still live was freed without us seeing it: for a GC object,
+            // collected (its address was reused); else a missed free.
+            let inserted = match LIVE.insert(&addr, &live, BPF_NOEXIST as u64) {
+                Ok(()) => true,
+                Err(e) if e == -errno::EEXIST => {
+                    if let Some(old) = LIVE.get_ptr(&addr) {
+                        let old = unsafe { *old };
+                        retire(&old, now, true);
+                        count_live(old.site.kind, old.size, -1);
+                    }
+                    LIVE.insert(&addr, &live, 0).is_ok()
+                }
+                Err(_) => false,
+            };
             if inserted {
                 count_live(live.site.kind, live.size, 1);
             }
@@ -937,13 +1104,15 @@ mod probes {
         // A free inside an allocator call (GC_realloc freeing the old block)
         // is accounted by that call's return probe; a stale call is not one.
         let thread = bpf_get_current_pid_tgid();
-        if let Some(pending) = PENDING.get_ptr(&thread) {
-            let sp = unsafe { (*ctx.regs).rsp };
-            if !is_stale(unsafe { &*pending }, sp) {
-                return 0;
+        if let Some(pending) = PENDING.get_ptr_mut(&thread) {
+            if unsafe { (*pending).active } == 1 {
+                let sp = unsafe { (*ctx.regs).rsp };
+                if !is_stale(unsafe { &*pending }, sp) {
+                    return 0;
+                }
+                bump(|c| &mut c.stale_calls);
+                unsafe { (*pending).active = 0 };
             }
-            bump(|c| &mut c.stale_calls);
-            let _ = PENDING.remove(&thread);
         }
         let kind = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u8;
         let _ = release(addr, kind);
@@ -962,6 +1131,19 @@ mod probes {
             if unsafe { (*live).site.kind } == AllocKind::Mmap as u8 {
                 let _ = release(addr, AllocKind::Mmap as u8);
             }
+        }
+        0
+    }
+
+    /// A thread exits (any thread of the system: `sched_process_exit`
+    /// fires for each): its `PENDING` slot goes, so the table holds the
+    /// threads alive, not every thread the target ever had.
+    #[raw_tracepoint(tracepoint = "sched_process_exit")]
+    pub fn thread_exit(_ctx: RawTracePointContext) -> i32 {
+        let thread = bpf_get_current_pid_tgid();
+        // Looked up first: a lookup takes no lock, a remove does.
+        if PENDING.get_ptr(&thread).is_some() {
+            let _ = PENDING.remove(&thread);
         }
         0
     }

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
+use aya::programs::RawTracePoint;
 use memprof_common::programs;
 
 use super::{multi, permission_hint, Probes};
@@ -74,6 +75,25 @@ impl Probes {
                 })?;
             self.attached += count;
         }
+        Ok(())
+    }
+
+    /// Attaches the program that removes an exiting thread's slot of the
+    /// pending-call table (a raw tracepoint: no tracefs needed). The
+    /// entry probe keeps each thread's slot between calls, so without it
+    /// the table would fill with the threads that are gone.
+    pub(super) fn watch_thread_exits(&mut self) -> Result<()> {
+        let program: &mut RawTracePoint = self
+            .ebpf
+            .program_mut(programs::THREAD_EXIT)
+            .context("eBPF object has no program thread_exit")?
+            .try_into()?;
+        program
+            .load()
+            .map_err(|e| permission_hint(e.into(), "loading program thread_exit"))?;
+        program
+            .attach("sched_process_exit")
+            .map_err(|e| permission_hint(e.into(), "attaching to sched_process_exit"))?;
         Ok(())
     }
 

@@ -147,6 +147,9 @@ impl Probes {
                 table.set(i as u32, distance, 0)?;
             }
         }
+        if !options.empty {
+            probes.watch_thread_exits()?;
+        }
         probes.set_enabled(true)?;
         if let Some(tables) = unwind_tables {
             probes.write_unwind_rows(tables)?;
