@@ -684,7 +684,7 @@ mod tests {
                 x ^= x << 17;
                 let addr = 0x10_0000 + 16 * (x % 200_000);
                 let time = round * (1 << 32) + t;
-                if x % 5 == 0 {
+                if x.is_multiple_of(5) {
                     copy.freed(addr, time);
                     match replay.remove(&addr) {
                         Some(_) => died += 1,

@@ -225,7 +225,7 @@ impl MarkLayout {
             .bytes(hdr + first, (end - first) as usize)
             .ok_or_else(|| io::Error::other(format!("header {hdr:#x} was not read")))?;
         let field = |off: u64| (off - first) as usize;
-        if bytes[field(self.hb_flags)] & self.free_blk as u8 != 0 {
+        if bytes[field(self.hb_flags)] & self.free_blk != 0 {
             return Ok(Block::Not(Verdict::FreeBlock));
         }
         let sz = field(self.hb_sz);
@@ -270,11 +270,6 @@ pub struct Headers {
 }
 
 impl Headers {
-    /// Runs of pages read.
-    pub fn runs_len(&self) -> usize {
-        self.runs.len()
-    }
-
     /// The `len` bytes read at `addr` (copied when they straddle two runs).
     fn bytes(&self, addr: u64, len: usize) -> Option<std::borrow::Cow<'_, [u8]>> {
         let run = self

@@ -3,15 +3,20 @@
 //!
 //! When the probe on `GC_gc_no++` fires, the world is stopped and the mark
 //! bits are final; the kernel holds the collecting thread (a signal memprof's
-//! tracer takes), so nothing can change them while the pass runs: no
-//! mutator runs and the next collection, which clears them, cannot start.
-//! The pass walks memprof's copy of the GC objects ([`GcCopy`]) in address
-//! order, and for each GC object allocated before this collection (its
-//! epoch tag is older) repeats `GC_base(p) == p && GC_is_marked(p)`
-//! ([`MarkLayout::judge`]); the unmarked are forgotten and counted as
-//! collected, with their lifetimes. Reads go through a page cache:
-//! neighbouring objects share block headers, so a pass reads each header
-//! page once.
+//! tracer takes), so nothing can change them while it is held: no mutator
+//! runs and the next collection, which clears them, cannot start. A pass
+//! has two parts:
+//!
+//! - held ([`Judge::read_marks`]): the heap blocks holding memprof's copy of
+//!   the GC objects ([`GcCopy`]) are listed, and their headers (object
+//!   size, flags, mark bytes) read in bulk: each bottom index once per
+//!   region, the header pages in contiguous runs. The pause grows with the
+//!   heap's blocks, not with its objects;
+//! - after the collector runs again ([`Judge::judge`]): the copy is walked
+//!   in address order and each GC object allocated before this collection
+//!   (its epoch tag is older) gets `GC_base(p) == p && GC_is_marked(p)`
+//!   from the headers read ([`MarkLayout::verdict_in`]); the unmarked are
+//!   forgotten and counted as collected, with their lifetimes.
 //!
 //! Objects allocated after the collection started are not judged (their
 //! mark is 0 until the next one). Objects whose address is allocated again
@@ -177,23 +182,11 @@ impl Judge {
         let gc_no = self.read_gc_no(bias, &mut pages)?;
         let mut read = |a: u64, buf: &mut [u8]| pages.read(a, buf);
         let arrays = self.layout.arrays_at(bias, &mut read)?;
-        let t0 = Instant::now();
         let starts = copy.blocks(!(self.layout.hblksize() - 1));
-        let t_blocks = t0.elapsed();
         let headers = self
             .layout
             .read_headers(&starts, arrays, &mut read)
             .with_context(|| format!("reading the GC's block headers in pid {}", self.pid))?;
-        if std::env::var_os("MEMPROF_PASS_LOG").is_some() {
-            eprintln!(
-                "HOLD blocks {} in {:?}, headers {:?}, pages {}, since start {:?}",
-                starts.len(),
-                t_blocks,
-                t0.elapsed() - t_blocks,
-                pages.pages.len() + headers.runs_len(),
-                started.elapsed()
-            );
-        }
         let summary = &mut self.summary;
         summary.collections += 1;
         summary.last_collection = Some(gc_no);

@@ -346,7 +346,7 @@ impl GcWatch {
 
     /// The end: the copy of the GC objects, settled, reduced to what was
     /// learned per site (the objects themselves are dropped).
-    pub(super) fn into_sites(&mut self) -> Option<GcSites> {
+    pub(super) fn take_sites(&mut self) -> Option<GcSites> {
         let _ = self.join_judging();
         let copy = self.settled()?;
         let unknown_frees = copy.unknown_frees();

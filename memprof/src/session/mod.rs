@@ -403,7 +403,7 @@ impl Session {
         // The copy of the GC objects gets the events still queued; only its
         // figures per site are needed past here: its objects are given
         // back before the stacks are read.
-        let gc_sites = self.gc.into_sites();
+        let gc_sites = self.gc.take_sites();
         crate::memory::trim();
         let raw = heap::collect(&self.tables, gc_sites.as_ref().map(|s| &s.sites[..]))?;
         let mut counters = self.tables.counters()?;
