@@ -145,6 +145,8 @@ pub struct Judging<'a> {
     /// `GC_gc_no` of the collection (the history's x axis).
     pub gc_no: u64,
     pub now_ns: u64,
+    /// Sites the copy had at the collection ([`GcCopy::site_count`]).
+    pub sites: usize,
     pub judge: &'a mut dyn FnMut(u64) -> Result<(Verdict, u64)>,
 }
 
@@ -437,10 +439,16 @@ impl GcCopy {
         }
         if let Some(j) = &judging {
             // Marked counts are "as of the last pass"; every site gets a
-            // point, so shrinking stacks show it.
-            for ((_, s), &(marked, bytes)) in self.sites.iter_mut().zip(&per_site_marked) {
+            // point, so shrinking stacks show it. The point is what the
+            // collection found live: the copy may already hold objects
+            // allocated since (judging runs after the collector does).
+            // Sites first seen after it get their first point at the next.
+            let sites = self.sites.iter_mut().zip(&per_site_marked);
+            for (n, ((_, s), &(marked, bytes))) in sites.enumerate() {
                 (s.marked_count, s.marked_bytes) = (marked, bytes);
-                super::pass::push_point(&mut s.history, [j.gc_no, s.tracked_count]);
+                if n < j.sites {
+                    super::pass::push_point(&mut s.history, [j.gc_no, marked]);
+                }
             }
         }
         match failure {
@@ -579,6 +587,11 @@ impl GcCopy {
     /// What was learned per site, the objects dropped.
     pub fn into_sites(self) -> Vec<(Site, SiteGc)> {
         self.sites
+    }
+
+    /// Sites seen so far (numbered in that order).
+    pub fn site_count(&self) -> usize {
+        self.sites.len()
     }
 
     /// Events dropped: their address was not an object's.
@@ -732,6 +745,7 @@ mod tests {
                 epoch: 1,
                 gc_no: 7,
                 now_ns: 1 << 40,
+                sites: 1,
                 judge: &mut judge,
             }))
             .unwrap();
@@ -740,6 +754,6 @@ mod tests {
         // 1000 addresses: each's last allocation survives to be judged.
         assert_eq!(s.collected_count, CHUNK as u64 + 10 - 1000 + 500);
         assert_eq!(s.tracked_count, 501);
-        assert_eq!(s.history, vec![[7, 501]]);
+        assert_eq!(s.history, vec![[7, 500]], "what the collection found live");
     }
 }

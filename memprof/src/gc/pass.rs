@@ -99,6 +99,8 @@ pub struct Marks {
     gc_no: u64,
     /// When they were read (collected objects' lifetimes end there).
     now_ns: u64,
+    /// Sites of the copy then.
+    sites: usize,
     /// Block addresses, ascending, and their headers.
     starts: Vec<u64>,
     headers: Headers,
@@ -197,6 +199,7 @@ impl Judge {
             epoch,
             gc_no,
             now_ns: monotonic_ns(),
+            sites: copy.site_count(),
             starts,
             headers,
         })
@@ -214,6 +217,7 @@ impl Judge {
             epoch,
             gc_no,
             now_ns,
+            sites,
             starts,
             headers,
         } = marks;
@@ -241,6 +245,7 @@ impl Judge {
             epoch,
             gc_no,
             now_ns,
+            sites,
             judge: &mut judge,
         }))?;
         self.summary.marked_count = judged.marked_count;

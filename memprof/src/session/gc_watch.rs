@@ -410,8 +410,9 @@ impl GcWatch {
         };
         // The copy outlives a failed pass: its losses count either way.
         if let Some(feeder) = &self.feeder {
-            let malformed =
-                lock(&feeder.intake).events.malformed() + feeder.current().unrepresentable();
+            // One lock at a time (the copy's is taken before the intake's).
+            let unrepresentable = feeder.current().unrepresentable();
+            let malformed = lock(&feeder.intake).events.malformed() + unrepresentable;
             summary.events_lost = probes.gc_events_lost().unwrap_or(0) + malformed;
         }
         if let Some(stats) = &self.heap_stats {
