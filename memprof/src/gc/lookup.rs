@@ -91,6 +91,27 @@ impl MarkLayout {
         })
     }
 
+    /// The bottom index of region `hi` (`block >> key_shift`): through
+    /// `top_index` and its hash chain, else `GC_all_nils` (`nils`).
+    fn bottom_index(
+        &self,
+        hi: u64,
+        arrays: u64,
+        nils: u64,
+        read: &mut impl FnMut(u64, &mut [u8]) -> io::Result<()>,
+    ) -> io::Result<u64> {
+        let mut bi = load(read, arrays + self.top_index + (hi & self.top_mask) * 8, 8)?;
+        let mut steps = 0;
+        while bi != nils && load(read, bi + self.bi_key, 8)? != hi {
+            bi = load(read, bi + self.bi_hash_link, 8)?;
+            steps += 1;
+            if steps > MAX_CHAIN {
+                return Err(io::Error::other("bottom index chain does not end"));
+            }
+        }
+        Ok(bi)
+    }
+
     /// What the GC's block index and header say about the heap block at
     /// `block` (a multiple of the block size); `arrays` from [`Self::arrays_at`].
     /// Objects in one block share it: a pass reads it once per block.
@@ -102,15 +123,7 @@ impl MarkLayout {
     ) -> io::Result<Block> {
         let hi = block >> self.key_shift;
         let nils = load(read, arrays + self.all_nils, 8)?;
-        let mut bi = load(read, arrays + self.top_index + (hi & self.top_mask) * 8, 8)?;
-        let mut steps = 0;
-        while bi != nils && load(read, bi + self.bi_key, 8)? != hi {
-            bi = load(read, bi + self.bi_hash_link, 8)?;
-            steps += 1;
-            if steps > MAX_CHAIN {
-                return Err(io::Error::other("bottom index chain does not end"));
-            }
-        }
+        let bi = self.bottom_index(hi, arrays, nils, read)?;
         let hdr = load(
             read,
             bi + self.bi_index + ((block >> self.log_hblksize) & self.bottom_mask) * 8,
@@ -159,15 +172,7 @@ impl MarkLayout {
         for &block in starts {
             let hi = block >> self.key_shift;
             if region != Some(hi) {
-                let mut bi = load(read, arrays + self.top_index + (hi & self.top_mask) * 8, 8)?;
-                let mut steps = 0;
-                while bi != nils && load(read, bi + self.bi_key, 8)? != hi {
-                    bi = load(read, bi + self.bi_hash_link, 8)?;
-                    steps += 1;
-                    if steps > MAX_CHAIN {
-                        return Err(io::Error::other("bottom index chain does not end"));
-                    }
-                }
+                let bi = self.bottom_index(hi, arrays, nils, read)?;
                 // GC_all_nils's entries are all 0 (no block).
                 read(bi + self.bi_index, &mut entries)?;
                 region = Some(hi);
