@@ -93,9 +93,15 @@ pub mod fixture {
 /// The number of the line of `source` that carries the mark `# line:NAME`;
 /// panics if there is not exactly one.
 pub fn marked_line(source: &str, name: &str) -> u32 {
+    marked_line_after(source, "#", name)
+}
+
+/// [`marked_line`] for a language whose comments start with `comment`
+/// (`//` in C and C++).
+pub fn marked_line_after(source: &str, comment: &str, name: &str) -> u32 {
     let text =
         std::fs::read_to_string(source).unwrap_or_else(|e| panic!("cannot read {source}: {e}"));
-    let mark = format!("# line:{name}");
+    let mark = format!("{comment} line:{name}");
     let lines: Vec<usize> = text
         .lines()
         .enumerate()

@@ -21,16 +21,7 @@ const CXX_SOURCE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/cpp/reco
 
 /// The line of `CXX_SOURCE` marked `// line:NAME`.
 fn cxx_line(name: &str) -> usize {
-    let text = std::fs::read_to_string(CXX_SOURCE).unwrap();
-    let mark = format!("// line:{name}");
-    let lines: Vec<usize> = text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| l.trim_end().ends_with(&mark))
-        .map(|(i, _)| i + 1)
-        .collect();
-    assert_eq!(lines.len(), 1, "{mark}");
-    lines[0]
+    memprof_tests::marked_line_after(CXX_SOURCE, "//", name) as usize
 }
 
 /// The table rows (`| count | bytes | context |`) of a markdown report, in
