@@ -114,6 +114,19 @@ pub fn marked_line_after(source: &str, comment: &str, name: &str) -> u32 {
     }
 }
 
+/// `1234567` → `1,234,567`, as reports write counts.
+pub fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, ch) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(ch);
+    }
+    out
+}
+
 /// How long any single wait in a test may take before it counts as a hang.
 pub const TIMEOUT: Duration = Duration::from_secs(30);
 

@@ -320,19 +320,6 @@ fn recursion_rows_merge_by_the_frames_shown() {
     }
 }
 
-/// `1234567` → `1,234,567`.
-fn thousands(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
 /// `--leaks` on a server-like program (`fixtures/crystal/server_leak.cr`):
 /// of the connection buffers held at a level, the cache warmed up then
 /// full, the report built in the last rounds and the sessions registered

@@ -127,7 +127,7 @@ fn figures_have_thousands_separators_and_no_lower_bound_without_overflow() {
     assert!(seen >= 400_000, "{seen}");
     assert_eq!(uint(&json, "/recorded"), seen);
     let markdown = report(&profile, "markdown", &[]);
-    let separated = thousands_sep(seen);
+    let separated = thousands(seen);
     assert!(
         markdown.contains(&format!(
             "Allocations seen: {separated} (fully recorded: {separated}), frees: "
@@ -135,16 +135,4 @@ fn figures_have_thousands_separators_and_no_lower_bound_without_overflow() {
         "{markdown}"
     );
     assert!(!markdown.contains("at least"), "{markdown}");
-}
-
-fn thousands_sep(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, ch) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(ch);
-    }
-    out
 }
