@@ -134,9 +134,15 @@ impl Feeder {
                             drop(intake);
                             copy.sort_tail();
                         }
-                        Err(_) => intake.spill(),
+                        Err(_) => {
+                            intake.spill();
+                            drop(intake);
+                        }
                     }
-                    // No lock is held while waiting.
+                    // No lock is held while waiting: a thread that holds
+                    // the copy and waits for the intake gets it now (held
+                    // through the wait, the intake was retaken before that
+                    // thread woke, for seconds at a time).
                     wait_readable(fd, FEEDER_WAIT_MS);
                 }
             })?;
