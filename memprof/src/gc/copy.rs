@@ -48,7 +48,7 @@ use super::Verdict;
 use crate::probes::{LiveBlock, Site};
 
 /// Site number of a free's marker record.
-const FREED: u32 = u32::MAX;
+const FREED: u32 = (1 << SITE_BITS) - 1;
 /// Records sorted and merged at once by [`GcCopy::sort_tail`].
 const CHUNK: usize = 1 << 16;
 /// New records past which the feeder settles the copy itself, if they
@@ -88,48 +88,73 @@ fn merge_behind(into: &mut Vec<Record>, mut more: Vec<Record>) {
     }
 }
 
-/// One GC object (or a free's marker), 24 bytes: millions are held
-/// between two collections.
-#[repr(C, packed(4))]
+/// One GC object (or a free's marker), 16 bytes: millions are held
+/// between two collections, and they are most of memprof's memory. The
+/// collection an object was allocated after (its epoch) is not stored:
+/// [`Epochs`] gives it from the time.
 #[derive(Clone, Copy, Debug)]
 struct Record {
     /// The address over 16 (GC objects are granule-aligned and below
     /// 2^48) in the high 44 bits; the requested bytes in the low 20
     /// ([`BIG`]: see [`GcCopy::big`]).
     key: u64,
-    /// `bpf_ktime_get_ns()` of the allocation (of the free, for a marker).
-    time_ns: u64,
-    /// Index into [`GcCopy::sites`], or [`FREED`].
-    site: u32,
-    /// Collections seen when it was allocated.
-    epoch: u32,
+    /// The time of the allocation (of the free, for a marker) in
+    /// [`TICK_NS`] ticks since [`GcCopy::base_ns`] in the high 40 bits
+    /// (13 days; later times read as the last tick); the index into
+    /// [`GcCopy::sites`], or [`FREED`], in the low 24.
+    meta: u64,
 }
 
 /// Bits of [`Record::key`] holding the size.
 const SIZE_BITS: u32 = 20;
 /// The size of an object of this size or more is in [`GcCopy::big`].
 const BIG: u64 = (1 << SIZE_BITS) - 1;
+/// Bits of [`Record::meta`] holding the site.
+const SITE_BITS: u32 = 24;
+/// Sites the copy numbers; a site past them is counted under its kind's
+/// overflow site (the kernel's stack table is far smaller).
+const MAX_SITES: usize = FREED as usize - 8;
+/// Nanoseconds per tick of [`Record::meta`]'s time (lifetimes are
+/// reported from 100 µs up).
+const TICK_NS: u64 = 1024;
+const LAST_TICK: u64 = (1 << (64 - SITE_BITS)) - 1;
+
+/// `time_ns` in ticks since `base_ns`.
+fn ticks(time_ns: u64, base_ns: u64) -> u64 {
+    (time_ns.saturating_sub(base_ns) / TICK_NS).min(LAST_TICK)
+}
 
 impl Record {
-    fn new(addr: u64, size: u64, time_ns: u64, site: u32, epoch: u32) -> Record {
+    fn new(addr: u64, size: u64, ticks: u64, site: u32) -> Record {
         Record {
             key: (addr >> 4) << SIZE_BITS | size.min(BIG),
-            time_ns,
-            site,
-            epoch,
+            meta: ticks << SITE_BITS | site as u64,
         }
     }
 
     #[inline]
     fn addr(&self) -> u64 {
-        ({ self.key } >> SIZE_BITS) << 4
+        (self.key >> SIZE_BITS) << 4
+    }
+
+    #[inline]
+    fn site(&self) -> u32 {
+        (self.meta & ((1 << SITE_BITS) - 1)) as u32
+    }
+
+    #[inline]
+    fn ticks(&self) -> u64 {
+        self.meta >> SITE_BITS
+    }
+
+    fn set_site(&mut self, site: u32) {
+        self.meta = self.meta & !((1 << SITE_BITS) - 1) | site as u64;
     }
 
     /// Requested bytes, or [`BIG`].
     #[inline]
     fn small_size(&self) -> u64 {
-        let key = self.key;
-        key & BIG
+        self.key & BIG
     }
 
     /// Whether a record can hold `addr`.
@@ -160,6 +185,13 @@ pub struct Judged {
 /// The tracked GC objects and what was learned per site.
 #[derive(Default)]
 pub struct GcCopy {
+    /// Record times count from here ([`GcCopy::starting_at`]).
+    base_ns: u64,
+    /// The epoch of each record, from its time.
+    epochs: Epochs,
+    /// Allocations counted under their kind's overflow site: the copy
+    /// had [`MAX_SITES`] sites already.
+    sites_overflowed: u64,
     /// At the last settle, in address order, one record per address.
     settled: Vec<Record>,
     /// Since, in sorted runs, oldest first, each at least twice as long as
@@ -178,14 +210,58 @@ pub struct GcCopy {
     /// objects): counted with the events lost.
     unrepresentable: u64,
     /// `GC_realloc`s since the last settle: (replaced address, new
-    /// address, time of the new allocation).
+    /// address, time of the new allocation in ticks).
     reallocs: Vec<(u64, u64, u64)>,
     /// Objects and bytes tracked per kind: exact after a settle, plus the
     /// allocations since (frees and reuse are applied at the next settle).
     per_kind: [[u64; 2]; 4],
 }
 
+/// When each epoch began, as the allocations tell it: an allocation
+/// carries the number of collections before it (its epoch), and every
+/// allocation of an epoch is later than every one of the epoch before
+/// (a collection stops the world between them). So the first allocation
+/// time seen per epoch gives any allocation's epoch from its time alone.
+#[derive(Default)]
+struct Epochs {
+    /// (epoch, its earliest allocation in ticks), ascending in both.
+    starts: Vec<(u64, u64)>,
+}
+
+impl Epochs {
+    /// An allocation of `epoch` at `ticks` (nearly always of the latest
+    /// epoch: one comparison).
+    #[inline]
+    fn note(&mut self, epoch: u64, ticks: u64) {
+        if let Some(last) = self.starts.last_mut().filter(|(e, _)| *e == epoch) {
+            last.1 = last.1.min(ticks);
+            return;
+        }
+        match self.starts.binary_search_by_key(&epoch, |&(e, _)| e) {
+            Ok(i) => self.starts[i].1 = self.starts[i].1.min(ticks),
+            Err(i) => self.starts.insert(i, (epoch, ticks)),
+        }
+    }
+
+    /// The epoch of an allocation at `ticks`.
+    fn of(&self, ticks: u64) -> u64 {
+        match self.starts.partition_point(|&(_, t)| t <= ticks) {
+            0 => 0,
+            n => self.starts[n - 1].0,
+        }
+    }
+}
+
 impl GcCopy {
+    /// An empty copy whose record times count from `base_ns` (the
+    /// kernel's clock, `CLOCK_MONOTONIC`): a record holds 13 days from it.
+    pub fn starting_at(base_ns: u64) -> GcCopy {
+        GcCopy {
+            base_ns,
+            ..GcCopy::default()
+        }
+    }
+
     /// A GC object allocated at `addr`.
     pub fn allocated(&mut self, addr: u64, block: &LiveBlock) {
         if !Record::holds(addr) {
@@ -196,13 +272,10 @@ impl GcCopy {
         if block.size >= BIG {
             self.big.insert(addr, block.size);
         }
-        self.incoming.push(Record::new(
-            addr,
-            block.size,
-            block.timestamp_ns,
-            site,
-            block.epoch as u32,
-        ));
+        let ticks = ticks(block.timestamp_ns, self.base_ns);
+        self.epochs.note(block.epoch, ticks);
+        self.incoming
+            .push(Record::new(addr, block.size, ticks, site));
         let k = &mut self.per_kind[block.site.kind as usize & 3];
         k[0] += 1;
         k[1] += block.size;
@@ -212,7 +285,8 @@ impl GcCopy {
     /// [`Self::allocated`]) came from `GC_realloc` of `replaced`: it takes
     /// the replaced object's kind (the kernel counted it as `gc`).
     pub fn reallocated(&mut self, replaced: u64, addr: u64, time_ns: u64) {
-        self.reallocs.push((replaced, addr, time_ns));
+        let ticks = ticks(time_ns, self.base_ns);
+        self.reallocs.push((replaced, addr, ticks));
     }
 
     /// The GC object at `addr` was freed (`GC_free`, `GC_realloc`) at `time_ns`.
@@ -221,7 +295,8 @@ impl GcCopy {
             self.unrepresentable += 1;
             return;
         }
-        self.incoming.push(Record::new(addr, 0, time_ns, FREED, 0));
+        let ticks = ticks(time_ns, self.base_ns);
+        self.incoming.push(Record::new(addr, 0, ticks, FREED));
     }
 
     /// Sorts the records that came in into runs, a chunk at a time (off
@@ -263,7 +338,7 @@ impl GcCopy {
             .chain([&self.incoming])
         {
             let mut last = None;
-            for r in records.iter().filter(|r| r.site != FREED) {
+            for r in records.iter().filter(|r| r.site() != FREED) {
                 let block = r.addr() & block_mask;
                 if last != Some(block) {
                     blocks.push(block);
@@ -386,10 +461,10 @@ impl GcCopy {
             }
             let Some(object) = current else { continue };
             if let (Some(jd), None) = (&mut judging, &failure) {
-                if (object.epoch as u64) < jd.epoch {
+                if self.epochs.of(object.ticks()) < jd.epoch {
                     match (jd.judge)(addr) {
                         Ok((Verdict::Marked, gc_size)) => {
-                            let m = &mut per_site_marked[object.site as usize];
+                            let m = &mut per_site_marked[object.site() as usize];
                             m.0 += 1;
                             m.1 += gc_size;
                             judged.marked_count += 1;
@@ -405,7 +480,7 @@ impl GcCopy {
                 }
             }
             let size = self.size(&object);
-            let site = &mut self.sites[object.site as usize].1;
+            let site = &mut self.sites[object.site() as usize].1;
             site.tracked_count += 1;
             site.tracked_bytes += size;
             w -= 1;
@@ -470,12 +545,12 @@ impl GcCopy {
                 continue;
             };
             let rec = self.runs[run][at];
-            let site = self.sites[rec.site as usize].0;
+            let site = self.sites[rec.site() as usize].0;
             if site.kind == kind {
                 continue;
             }
             let to = self.site_number(Site { kind, ..site });
-            self.runs[run][at].site = to;
+            self.runs[run][at].set_site(to);
             let size = self.size(&rec);
             let s = &mut self.sites[to as usize].1;
             s.retyped_count += 1;
@@ -489,7 +564,7 @@ impl GcCopy {
     }
 
     /// The kind of the latest object allocated at `addr` at or before
-    /// `time` (the newest run that has one, else the settled records).
+    /// `time` (ticks; the newest run that has one, else the settled records).
     fn kind_at(&self, addr: u64, time: u64) -> Option<memprof_common::AllocKind> {
         self.runs
             .iter()
@@ -501,12 +576,12 @@ impl GcCopy {
                 records[start..end]
                     .iter()
                     .rev()
-                    .find(|r| r.site != FREED && { r.time_ns } <= time)
-                    .map(|r| self.sites[r.site as usize].0.kind)
+                    .find(|r| r.site() != FREED && r.ticks() <= time)
+                    .map(|r| self.sites[r.site() as usize].0.kind)
             })
     }
 
-    /// Where the record of the allocation at `addr` at `time` is: (run, index).
+    /// Where the record of the allocation at `addr` at `time` (ticks) is: (run, index).
     fn new_record(&self, addr: u64, time: u64) -> Option<(usize, usize)> {
         self.runs
             .iter()
@@ -516,12 +591,22 @@ impl GcCopy {
                 let start = records.partition_point(|r| r.addr() < addr);
                 let end = records.partition_point(|r| r.addr() <= addr);
                 (start..end)
-                    .find(|&i| records[i].site != FREED && { records[i].time_ns } == time)
+                    .find(|&i| records[i].site() != FREED && records[i].ticks() == time)
                     .map(|i| (run, i))
             })
     }
 
     fn site_number(&mut self, site: Site) -> u32 {
+        let site = if self.sites.len() < MAX_SITES || self.site_numbers.contains_key(&site) {
+            site
+        } else {
+            self.sites_overflowed += 1;
+            Site {
+                caller: 0,
+                stack: Some(memprof_common::SITES_OVERFLOW),
+                kind: site.kind,
+            }
+        };
         let sites = &mut self.sites;
         *self.site_numbers.entry(site).or_insert_with(|| {
             sites.push((site, SiteGc::default()));
@@ -533,14 +618,14 @@ impl GcCopy {
     /// `current`.
     #[inline]
     fn step(&mut self, current: &mut Option<Record>, r: Record) {
-        match (r.site, *current) {
+        match (r.site(), *current) {
             (FREED, Some(old)) => {
-                self.died(&old, r.time_ns, false);
+                self.died(&old, r.ticks(), false);
                 *current = None;
             }
             (FREED, None) => self.unknown_frees += 1,
             (_, Some(old)) => {
-                self.died(&old, r.time_ns, true);
+                self.died(&old, r.ticks(), true);
                 *current = Some(r);
             }
             (_, None) => *current = Some(r),
@@ -554,11 +639,12 @@ impl GcCopy {
         }
     }
 
-    /// `old` died at `time_ns`: freed, or collected (its address reused).
-    fn died(&mut self, old: &Record, time_ns: u64, reused: bool) {
+    /// `old` died at `ticks`: freed, or collected (its address reused).
+    fn died(&mut self, old: &Record, ticks: u64, reused: bool) {
         let size = self.size(old);
-        let s = &mut self.sites[old.site as usize].1;
-        s.lifetimes.record(time_ns.saturating_sub(old.time_ns));
+        let s = &mut self.sites[old.site() as usize].1;
+        s.lifetimes
+            .record(ticks.saturating_sub(old.ticks()) * TICK_NS);
         if reused {
             s.collected_count += 1;
             s.collected_bytes += size;
@@ -568,11 +654,14 @@ impl GcCopy {
     /// `old` was found unmarked at the end of collection `epoch`.
     fn collected(&mut self, old: &Record, now_ns: u64, epoch: u64) {
         let size = self.size(old);
-        let s = &mut self.sites[old.site as usize].1;
+        let born = self.epochs.of(old.ticks());
+        let now = ticks(now_ns, self.base_ns);
+        let s = &mut self.sites[old.site() as usize].1;
         s.collected_count += 1;
         s.collected_bytes += size;
-        s.lifetimes.record(now_ns.saturating_sub(old.time_ns));
-        let survived = epoch.saturating_sub(1 + old.epoch as u64);
+        s.lifetimes
+            .record(now.saturating_sub(old.ticks()) * TICK_NS);
+        let survived = epoch.saturating_sub(1 + born);
         s.lifetimes.collections_survived += survived;
         if survived == 0 {
             s.lifetimes.within_first_collection += 1;
@@ -592,6 +681,12 @@ impl GcCopy {
     /// Sites seen so far (numbered in that order).
     pub fn site_count(&self) -> usize {
         self.sites.len()
+    }
+
+    /// Allocations counted under their kind's overflow site (the copy's
+    /// site numbers ran out).
+    pub fn sites_overflowed(&self) -> u64 {
+        self.sites_overflowed
     }
 
     /// Events dropped: their address was not an object's.
@@ -616,6 +711,7 @@ mod tests {
     use super::*;
     use memprof_common::AllocKind;
 
+    /// A 16-byte object allocated at tick `t` of `epoch`.
     fn block(t: u64, epoch: u64) -> LiveBlock {
         LiveBlock {
             site: Site {
@@ -624,7 +720,7 @@ mod tests {
                 kind: AllocKind::Gc,
             },
             size: 16,
-            timestamp_ns: t,
+            timestamp_ns: t * TICK_NS,
             epoch,
         }
     }
@@ -634,15 +730,15 @@ mod tests {
         let mut copy = GcCopy::default();
         copy.allocated(0x30, &block(1, 0));
         copy.allocated(0x10, &block(2, 0));
-        copy.freed(0x50, 3); // unknown
+        copy.freed(0x50, 3 * TICK_NS); // unknown
         copy.allocated(0x30, &block(4, 0)); // reuse of 0x30
-        copy.freed(0x10, 5);
+        copy.freed(0x10, 5 * TICK_NS);
         copy.allocated(0x10, &block(6, 0)); // after a free: not a reuse
         copy.settle(None).unwrap();
         let s = &copy.sites()[0].1;
         assert_eq!((s.tracked_count, s.tracked_bytes), (2, 32));
         assert_eq!((s.collected_count, s.lifetimes.died), (1, 2));
-        assert_eq!(s.lifetimes.total_ns, 3 + 3);
+        assert_eq!(s.lifetimes.total_ns, (3 + 3) * TICK_NS);
         assert_eq!(copy.unknown_frees(), 1);
         assert_eq!(copy.len(), 2);
         assert!(copy.settled.windows(2).all(|w| w[0].addr() < w[1].addr()));
@@ -660,7 +756,7 @@ mod tests {
         };
         copy.allocated(0x100, &atomic);
         copy.settle(None).unwrap();
-        copy.freed(0x100, 2);
+        copy.freed(0x100, 2 * TICK_NS);
         let moved = LiveBlock {
             site: Site {
                 caller: 0x20,
@@ -669,7 +765,7 @@ mod tests {
             ..block(3, 0)
         };
         copy.allocated(0x200, &moved);
-        copy.reallocated(0x100, 0x200, 3);
+        copy.reallocated(0x100, 0x200, 3 * TICK_NS);
         copy.settle(None).unwrap();
         let (site, s) = copy
             .sites()
@@ -698,7 +794,7 @@ mod tests {
                 let addr = 0x10_0000 + 16 * (x % 200_000);
                 let time = round * (1 << 32) + t;
                 if x.is_multiple_of(5) {
-                    copy.freed(addr, time);
+                    copy.freed(addr, time * TICK_NS);
                     match replay.remove(&addr) {
                         Some(_) => died += 1,
                         None => unknown += 1,
@@ -718,7 +814,7 @@ mod tests {
             assert_eq!(copy.unknown_frees(), unknown);
             assert_eq!(copy.len(), replay.len());
             assert!(copy.settled.windows(2).all(|w| w[0].addr() < w[1].addr()));
-            assert!(copy.settled.iter().all(|r| replay[&r.addr()] == r.time_ns));
+            assert!(copy.settled.iter().all(|r| replay[&r.addr()] == r.ticks()));
         }
     }
 
@@ -729,7 +825,8 @@ mod tests {
             copy.allocated(0x1000 + 16 * (i % 1000), &block(i, 0));
             copy.sort_tail();
         }
-        copy.allocated(0x9_0000, &block(1, 1)); // after the collection began
+        // After the collection began: its epoch is the collection's.
+        copy.allocated(0x9_0000, &block(CHUNK as u64 + 100, 1));
         let mut judge = |addr: u64| {
             Ok((
                 if addr.is_multiple_of(32) {

@@ -89,6 +89,8 @@ pub(super) struct GcSites {
     pub(super) sites: Vec<(Site, SiteGc)>,
     /// `GC_free` of addresses the copy did not track.
     pub(super) unknown_frees: u64,
+    /// Allocations counted under their kind's overflow site.
+    pub(super) sites_overflowed: u64,
 }
 
 /// The thread that keeps the copy current.
@@ -117,7 +119,10 @@ impl Feeder {
             events,
             spill: Vec::new(),
         }));
-        let copy = Arc::new(Mutex::new(GcCopy::default()));
+        // A minute back: events queued before the copy was made count
+        // from before it.
+        let base_ns = crate::gc::pass::monotonic_ns().saturating_sub(60_000_000_000);
+        let copy = Arc::new(Mutex::new(GcCopy::starting_at(base_ns)));
         let stop = Arc::new(AtomicBool::new(false));
         let (i, c, s) = (intake.clone(), copy.clone(), stop.clone());
         // `fd` stays valid while the thread holds `intake`.
@@ -355,7 +360,7 @@ impl GcWatch {
     pub(super) fn take_sites(&mut self) -> Option<GcSites> {
         let _ = self.join_judging();
         let copy = self.settled()?;
-        let unknown_frees = copy.unknown_frees();
+        let (unknown_frees, sites_overflowed) = (copy.unknown_frees(), copy.sites_overflowed());
         drop(copy);
         let feeder = self.feeder.take()?;
         let copy = std::mem::take(&mut *feeder.current());
@@ -363,6 +368,7 @@ impl GcWatch {
         Some(GcSites {
             sites: copy.into_sites(),
             unknown_frees,
+            sites_overflowed,
         })
     }
 

@@ -407,7 +407,10 @@ impl Session {
         crate::memory::trim();
         let raw = heap::collect(&self.tables, gc_sites.as_ref().map(|s| &s.sites[..]))?;
         let mut counters = self.tables.counters()?;
-        counters.unknown_frees += gc_sites.map_or(0, |s| s.unknown_frees);
+        if let Some(s) = &gc_sites {
+            counters.unknown_frees += s.unknown_frees;
+            counters.sites_overflowed += s.sites_overflowed;
+        }
         let (groups, stacks) = symbolize::symbolize(raw, &self.maps, &self.plan.modules, true);
         let duration_s = self.started.0.elapsed().as_secs_f64();
         let timeline =
