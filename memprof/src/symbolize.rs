@@ -26,6 +26,7 @@
 //! ```
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{CodeInfo, Input, Sym, Symbolized, Symbolizer};
@@ -145,11 +146,23 @@ pub fn symbolize(
 
     // The class each stack allocates, found once per stack.
     let mut types: HashMap<u32, Option<String>> = HashMap::new();
+    // Each stack's addresses are given back as its locations are made:
+    // a big program's stacks are tens of megabytes either way.
+    let mut raw = raw;
+    let locations: Vec<Vec<u32>> = raw
+        .iter_mut()
+        .map(|g| {
+            let locations = g.frames.iter().map(|a| location_of[a]).collect();
+            g.frames = Arc::from([]);
+            locations
+        })
+        .collect();
+    let ids = stacks.stacks(&locations);
+    drop(locations);
     let groups = raw
         .into_iter()
-        .map(|g| {
-            let locations: Vec<u32> = g.frames.iter().map(|a| location_of[a]).collect();
-            let stack = stacks.stack(&locations);
+        .zip(ids)
+        .map(|(g, stack)| {
             // Classes are a GC heap notion; libc and mmap rows keep their call site.
             let type_name = match g.kind() {
                 AllocKind::Gc | AllocKind::GcAtomic => types

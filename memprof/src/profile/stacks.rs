@@ -119,6 +119,49 @@ impl Stacks {
         id
     }
 
+    /// The ids of many stacks at once, each given as [`Stacks::stack`]
+    /// takes it. Into a table without stacks yet, they go in sorted order
+    /// from the outermost frame: stacks sharing a prefix come together,
+    /// so each node is the next one on the previous stack's path, and no
+    /// index of the nodes is built (for the millions of nodes of a big
+    /// program, that index's growth was the peak of memprof's memory).
+    pub fn stacks(&mut self, all: &[Vec<u32>]) -> Vec<u32> {
+        if !self.nodes.is_empty() {
+            return all.iter().map(|s| self.stack(s)).collect();
+        }
+        let mut order: Vec<u32> = (0..all.len() as u32).collect();
+        order.sort_unstable_by(|&a, &b| {
+            let (a, b) = (&all[a as usize], &all[b as usize]);
+            a.iter().rev().cmp(b.iter().rev())
+        });
+        // Room for the most nodes there can be: pages never written are
+        // never resident, and the table is not copied as it grows.
+        self.nodes.reserve_exact(all.iter().map(Vec::len).sum());
+        let mut ids = vec![0; all.len()];
+        // The nodes of the previous stack's path, outermost first.
+        let mut path: Vec<u32> = Vec::new();
+        let mut previous: &[u32] = &[];
+        for &i in &order {
+            let stack = &all[i as usize];
+            let shared = stack
+                .iter()
+                .rev()
+                .zip(previous.iter().rev())
+                .take_while(|(a, b)| a == b)
+                .count();
+            path.truncate(shared);
+            for &location in stack.iter().rev().skip(shared) {
+                self.nodes
+                    .push([location, path.last().copied().unwrap_or(0)]);
+                path.push(self.nodes.len() as u32);
+            }
+            ids[i as usize] = path.last().copied().unwrap_or(0);
+            previous = stack;
+        }
+        self.nodes.shrink_to_fit();
+        ids
+    }
+
     /// The id of the stack of these locations (innermost first), added if new.
     pub fn stack(&mut self, locations: &[u32]) -> u32 {
         self.update_index();
@@ -357,6 +400,44 @@ mod tests {
         assert_eq!(names(deep), ["alloc", "rec", "rec", "main"]);
         assert_eq!(names(shallow), ["rec", "main"]);
         assert_eq!(names(0), Vec::<String>::new());
+    }
+
+    /// Interned at once, stacks get the nodes one-by-one interning gives
+    /// them: each prefix once, every id naming its own locations.
+    #[test]
+    fn stacks_at_once_share_prefixes_as_one_by_one() {
+        let all: Vec<Vec<u32>> = vec![
+            vec![3, 2, 1, 0],
+            vec![2, 1, 0],
+            vec![4, 1, 0],
+            vec![],
+            vec![3, 2, 1, 0],
+            vec![0],
+            vec![1, 5],
+        ];
+        let mut at_once = Stacks::default();
+        let ids = at_once.stacks(&all);
+        let mut one_by_one = Stacks::default();
+        for s in &all {
+            one_by_one.stack(s);
+        }
+        assert_eq!(at_once.node_count(), one_by_one.node_count());
+        let path = |stacks: &Stacks, mut id: u32| {
+            let mut locations = Vec::new();
+            while id != 0 {
+                let [location, caller] = stacks.node(id);
+                locations.push(location);
+                id = caller;
+            }
+            locations
+        };
+        for (stack, &id) in all.iter().zip(&ids) {
+            assert_eq!(&path(&at_once, id), stack);
+        }
+        assert_eq!(ids[0], ids[4]);
+        // Indexed afterwards on demand: a known stack is found, not added.
+        assert_eq!(at_once.stack(&all[1]), ids[1]);
+        assert_eq!(at_once.node_count(), one_by_one.node_count());
     }
 
     #[test]

@@ -407,7 +407,9 @@ impl Session {
         crate::memory::trim();
         let raw = heap::collect(&self.tables, gc_sites.as_ref().map(|s| &s.sites[..]))?;
         let mut counters = self.tables.counters()?;
-        if let Some(s) = &gc_sites {
+        // Consumed here: its figures per site (a big program's hundreds of
+        // thousands) are in the groups now.
+        if let Some(s) = gc_sites {
             counters.unknown_frees += s.unknown_frees;
             counters.sites_overflowed += s.sites_overflowed;
         }
