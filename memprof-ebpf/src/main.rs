@@ -250,7 +250,7 @@ mod probes {
     #[map]
     static GC_EVENTS: RingBuf = RingBuf::with_byte_size(1 << 12, 0);
     /// Queued GC event bytes at which the reader is woken (see `gc_event`).
-    const GC_EVENTS_WAKE_BYTES: u64 = 2 << 20;
+    const GC_EVENTS_WAKE_BYTES: u64 = 1 << 20;
 
     /// What `LIVE` holds per kind (one entry per CPU): timeline samples read
     /// it instead of the table.

@@ -17,11 +17,13 @@ use crate::report;
 use crate::target::{self, maps, Target};
 use crate::unwind::Tables;
 
-/// The GC event ring buffer: ~130k events. Its reader is woken when 2 MiB
-/// are queued and reads at least every 10 ms; the rest is room for the
-/// reader's own merges. Its pages are resident twice in memprof's RSS (the
-/// kernel maps the data twice, for records that wrap).
-const GC_EVENTS_BYTES: u32 = 8 << 20;
+/// The GC event ring buffer: ~65k events. Its reader is woken when 1 MiB
+/// is queued and reads at least every 10 ms; the rest is room for the
+/// reader's own merges (tens of ms: a merge holds the copy, and the
+/// judging thread, which holds it longer, lets the reader drain the ring
+/// meanwhile). Its pages are resident twice in memprof's RSS (the kernel
+/// maps the data twice, for records that wrap).
+const GC_EVENTS_BYTES: u32 = 4 << 20;
 
 /// The options a plan depends on.
 pub struct Choice {
