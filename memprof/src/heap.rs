@@ -111,15 +111,30 @@ impl RawGroup {
     }
 }
 
+/// What the mark-bit passes learned per site, for [`collect`].
+pub enum GcFigures<'a> {
+    /// A snapshot's: the copy goes on.
+    Borrowed(&'a [(Site, SiteGc)]),
+    /// The end's: given back as they are merged (a big program's
+    /// hundreds of thousands of sites are tens of megabytes).
+    Owned(Vec<(Site, SiteGc)>),
+}
+
+/// Sites merged between two shrinks of an owned [`GcFigures`] array.
+const RELEASE_EVERY: usize = 8192;
+
 /// Reads the live table and the per-site totals and merges them per stack,
 /// with what the mark-bit passes learned per site (`gc`).
-pub fn collect(maps: &HeapMaps, gc: Option<&[(Site, SiteGc)]>) -> Result<Vec<RawGroup>> {
+pub fn collect(maps: &HeapMaps, gc: Option<GcFigures<'_>>) -> Result<Vec<RawGroup>> {
+    // Sized for the sites the kernel stored: grown by doubling, each table
+    // was briefly held twice, at the peak of memprof's memory.
+    let sites = maps.counters().map_or(0, |c| c.sites_stored as usize);
     let mut grouper = Grouper {
         maps,
-        stacks: HashMap::new(),
-        by_stack: HashMap::new(),
-        by_site: HashMap::new(),
-        groups: Vec::new(),
+        stacks: HashMap::with_capacity(sites),
+        by_stack: HashMap::with_capacity(sites),
+        by_site: HashMap::with_capacity(sites),
+        groups: Vec::with_capacity(sites),
     };
     for entry in maps.sites() {
         let (site, totals) = entry?;
@@ -136,34 +151,21 @@ pub fn collect(maps: &HeapMaps, gc: Option<&[(Site, SiteGc)]>) -> Result<Vec<Raw
         group.collected_count += totals.reused;
         group.collected_bytes += totals.reused_bytes;
     }
-    for (site, s) in gc.into_iter().flatten() {
-        let site = *site;
-        let group = grouper.group(site);
-        group.collected_count += s.collected_count;
-        group.collected_bytes += s.collected_bytes;
-        group.marked_count += s.marked_count;
-        group.marked_bytes += s.marked_bytes;
-        // GC objects live in memprof's copy, not in the live table.
-        group.live_count += s.tracked_count;
-        group.live_bytes += s.tracked_bytes;
-        // GC_realloc'd blocks the kernel counted as `gc` are of this kind.
-        group.total_count += s.retyped_count;
-        group.total_bytes += s.retyped_bytes;
-
-        group.lifetimes.add(&s.lifetimes);
-        group.gc_history = if group.gc_history.is_empty() {
-            s.history.clone()
-        } else {
-            merge_histories(&group.gc_history, &s.history)
-        };
-        if s.retyped_count > 0 {
-            let counted = grouper.group(Site {
-                kind: AllocKind::Gc,
-                ..site
-            });
-            counted.total_count = counted.total_count.saturating_sub(s.retyped_count);
-            counted.total_bytes = counted.total_bytes.saturating_sub(s.retyped_bytes);
+    match gc {
+        Some(GcFigures::Borrowed(sites)) => {
+            for (site, s) in sites {
+                add_gc(&mut grouper, *site, s);
+            }
         }
+        Some(GcFigures::Owned(mut sites)) => {
+            while let Some((site, s)) = sites.pop() {
+                if sites.len().is_multiple_of(RELEASE_EVERY) {
+                    sites.shrink_to_fit();
+                }
+                add_gc(&mut grouper, site, &s);
+            }
+        }
+        None => {}
     }
     for entry in maps.live() {
         let (_addr, live) = entry?;
@@ -178,6 +180,32 @@ pub fn collect(maps: &HeapMaps, gc: Option<&[(Site, SiteGc)]>) -> Result<Vec<Raw
         }
     }
     Ok(groups)
+}
+
+/// Adds what the passes learned about `site` to its group.
+fn add_gc(grouper: &mut Grouper<'_>, site: Site, s: &SiteGc) {
+    let group = grouper.group(site);
+    group.collected_count += s.collected_count;
+    group.collected_bytes += s.collected_bytes;
+    group.marked_count += s.marked_count;
+    group.marked_bytes += s.marked_bytes;
+    // GC objects live in memprof's copy, not in the live table.
+    group.live_count += s.tracked_count;
+    group.live_bytes += s.tracked_bytes;
+    // GC_realloc'd blocks the kernel counted as `gc` are of this kind.
+    group.total_count += s.retyped_count;
+    group.total_bytes += s.retyped_bytes;
+
+    group.lifetimes.add(&s.lifetimes);
+    group.gc_history = merge_histories(&group.gc_history, &s.history);
+    if s.retyped_count > 0 {
+        let counted = grouper.group(Site {
+            kind: AllocKind::Gc,
+            ..site
+        });
+        counted.total_count = counted.total_count.saturating_sub(s.retyped_count);
+        counted.total_bytes = counted.total_bytes.saturating_sub(s.retyped_bytes);
+    }
 }
 
 /// A stack as a group shows it.

@@ -159,10 +159,15 @@ pub fn symbolize(
         .collect();
     let ids = stacks.stacks(&locations);
     drop(locations);
-    let groups = raw
-        .into_iter()
-        .zip(ids)
-        .map(|(g, stack)| {
+    // Taken from the end, the raw groups' array shrinking as it goes: the
+    // two arrays are not both whole at once.
+    let mut ids = ids;
+    let mut groups: Vec<Group> = Vec::with_capacity(raw.len());
+    while let (Some(g), Some(stack)) = (raw.pop(), ids.pop()) {
+        if raw.len().is_multiple_of(RELEASE_EVERY) {
+            raw.shrink_to_fit();
+        }
+        groups.push({
             // Classes are a GC heap notion; libc and mmap rows keep their call site.
             let type_name = match g.kind() {
                 AllocKind::Gc | AllocKind::GcAtomic => types
@@ -194,10 +199,14 @@ pub fn symbolize(
                 gc_history: g.gc_history,
                 v2_frames: Vec::new(),
             }
-        })
-        .collect();
+        });
+    }
+    groups.reverse();
     (groups, stacks)
 }
+
+/// Raw groups taken between two shrinks of their array.
+const RELEASE_EVERY: usize = 8192;
 
 /// Frames enough to name the class a stack allocates: the allocator
 /// plumbing (a handful of frames) and the frame above it.

@@ -191,19 +191,23 @@ impl MarkLayout {
             .collect();
         pages.sort_unstable();
         pages.dedup();
-        let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
+        // One buffer for all the runs: a mapping of its own, given back
+        // whole when the pass ends (runs of their own would come from the
+        // heap, which keeps the most a pass ever read).
+        let page = PAGE as usize;
+        let mut data = vec![0u8; pages.len() * page];
+        let mut runs: Vec<(u64, usize)> = Vec::new();
         let mut i = 0;
         while i < pages.len() {
             let mut j = i + 1;
             while j < pages.len() && pages[j] == pages[j - 1] + 1 && j - i < MAX_RUN_PAGES {
                 j += 1;
             }
-            let mut data = vec![0u8; (j - i) * PAGE as usize];
-            read(pages[i] * PAGE, &mut data)?;
-            runs.push((pages[i] * PAGE, data));
+            read(pages[i] * PAGE, &mut data[i * page..j * page])?;
+            runs.push((pages[i] * PAGE, i * page));
             i = j;
         }
-        Ok(Headers { hdrs, runs })
+        Ok(Headers { hdrs, runs, data })
     }
 
     /// Where in a header its fields are: `[first, end)` from its start.
@@ -270,31 +274,38 @@ pub struct Headers {
     /// Per block: its header's address (0: no block; up to the layout's
     /// `max_forward`: a forwarding count).
     hdrs: Vec<u64>,
-    /// The memory holding the headers: (address, bytes), ascending.
-    runs: Vec<(u64, Vec<u8>)>,
+    /// Runs of pages read: (address, offset in `data`), ascending in both.
+    runs: Vec<(u64, usize)>,
+    /// The runs' bytes, back to back.
+    data: Vec<u8>,
 }
 
 impl Headers {
-    /// The `len` bytes read at `addr` (copied when they straddle two runs).
-    fn bytes(&self, addr: u64, len: usize) -> Option<std::borrow::Cow<'_, [u8]>> {
+    /// The `len` bytes read at `addr`, if read: in one run, or going on
+    /// into the next when that one starts where it ends (their bytes are
+    /// neighbours in `data` too).
+    fn bytes(&self, addr: u64, len: usize) -> Option<&[u8]> {
         let run = self
             .runs
             .partition_point(|(at, _)| *at <= addr)
             .checked_sub(1)?;
-        let (at, data) = &self.runs[run];
-        let from = (addr - at) as usize;
-        if let Some(bytes) = data.get(from..from + len) {
-            return Some(bytes.into());
+        let (mut at, start) = self.runs[run];
+        let from = start + (addr - at) as usize;
+        // The address each following run must start at to be contiguous.
+        let mut next = run + 1;
+        let mut end_of_run = self.runs.get(next).map_or(self.data.len(), |r| r.1);
+        at += (end_of_run - start) as u64;
+        while end_of_run < from + len {
+            let &(next_at, _) = self.runs.get(next)?;
+            if next_at != at {
+                return None;
+            }
+            next += 1;
+            let next_end = self.runs.get(next).map_or(self.data.len(), |r| r.1);
+            at += (next_end - end_of_run) as u64;
+            end_of_run = next_end;
         }
-        // The rest is in the next run, if it starts where this one ends.
-        let head = data.get(from..)?;
-        let (next_at, next) = self.runs.get(run + 1)?;
-        if *next_at != at + data.len() as u64 {
-            return None;
-        }
-        let mut bytes = head.to_vec();
-        bytes.extend_from_slice(next.get(..len - head.len())?);
-        Some(bytes.into())
+        self.data.get(from..from + len)
     }
 }
 
@@ -338,16 +349,16 @@ mod tests {
 
     #[test]
     fn a_header_straddling_two_runs_is_joined() {
+        let data = [[1u8; 0x1000], [2; 0x1000], [3; 0x1000]].concat();
         let headers = Headers {
             hdrs: Vec::new(),
-            runs: vec![
-                (0x1000, vec![1; 0x1000]),
-                (0x2000, vec![2; 0x1000]),
-                (0x4000, vec![3; 0x1000]),
-            ],
+            runs: vec![(0x1000, 0), (0x2000, 0x1000), (0x4000, 0x2000)],
+            data,
         };
-        assert_eq!(&*headers.bytes(0x1ffe, 4).unwrap(), &[1, 1, 2, 2]);
-        assert_eq!(&*headers.bytes(0x2000, 2).unwrap(), &[2, 2]);
+        assert_eq!(headers.bytes(0x1ffe, 4).unwrap(), &[1, 1, 2, 2]);
+        assert_eq!(headers.bytes(0x2000, 2).unwrap(), &[2, 2]);
+        assert_eq!(headers.bytes(0x4ffe, 2).unwrap(), &[3, 3]);
+        assert!(headers.bytes(0x4fff, 2).is_none());
         // Not contiguous: 0x3000.. was not read.
         assert!(headers.bytes(0x2ffe, 4).is_none());
         assert!(headers.bytes(0x800, 4).is_none());

@@ -71,8 +71,9 @@ pub struct SiteGc {
     /// they replaced was of this site's kind, which a realloc keeps.
     pub retyped_count: u64,
     pub retyped_bytes: u64,
-    /// `[GC_gc_no, live objects]` after each pass.
-    pub history: Vec<[u64; 2]>,
+    /// `[GC_gc_no, live objects]` after each pass, in 32 bits each: every
+    /// site gets a point at every pass, and a big program has 100,000s.
+    pub history: Vec<[u32; 2]>,
 }
 
 /// Judges tracked GC objects after each collection.
@@ -296,8 +297,8 @@ impl Judge {
 }
 
 /// Appends a point; past twice the limit, keeps every other one.
-pub(super) fn push_point(history: &mut Vec<[u64; 2]>, point: [u64; 2]) {
-    history.push(point);
+pub(super) fn push_point(history: &mut Vec<[u32; 2]>, point: [u64; 2]) {
+    history.push(point.map(|x| u32::try_from(x).unwrap_or(u32::MAX)));
     if history.len() >= 2 * HISTORY_POINTS {
         let mut i = 0;
         history.retain(|_| {
@@ -390,9 +391,9 @@ pub(crate) fn monotonic_ns() -> u64 {
 
 /// Merges the GC histories of sites that make one stack, summing counts
 /// per collection.
-pub fn merge_histories(a: &[[u64; 2]], b: &[[u64; 2]]) -> Vec<[u64; 2]> {
+pub fn merge_histories(a: &[[u64; 2]], b: &[[u32; 2]]) -> Vec<[u64; 2]> {
     let mut by_collection: BTreeMap<u64, u64> = BTreeMap::new();
-    for &[no, n] in a.iter().chain(b) {
+    for [no, n] in a.iter().copied().chain(b.iter().map(|p| p.map(u64::from))) {
         *by_collection.entry(no).or_default() += n;
     }
     by_collection.into_iter().map(|(no, n)| [no, n]).collect()

@@ -405,14 +405,17 @@ impl Session {
         // back before the stacks are read.
         let gc_sites = self.gc.take_sites();
         crate::memory::trim();
-        let raw = heap::collect(&self.tables, gc_sites.as_ref().map(|s| &s.sites[..]))?;
+        let (gc_figures, gc_counts) = match gc_sites {
+            Some(s) => (
+                Some(heap::GcFigures::Owned(s.sites)),
+                (s.unknown_frees, s.sites_overflowed),
+            ),
+            None => (None, (0, 0)),
+        };
+        let raw = heap::collect(&self.tables, gc_figures)?;
         let mut counters = self.tables.counters()?;
-        // Consumed here: its figures per site (a big program's hundreds of
-        // thousands) are in the groups now.
-        if let Some(s) = gc_sites {
-            counters.unknown_frees += s.unknown_frees;
-            counters.sites_overflowed += s.sites_overflowed;
-        }
+        counters.unknown_frees += gc_counts.0;
+        counters.sites_overflowed += gc_counts.1;
         let (groups, stacks) = symbolize::symbolize(raw, &self.maps, &self.plan.modules, true);
         let duration_s = self.started.0.elapsed().as_secs_f64();
         let timeline =
@@ -504,7 +507,7 @@ fn read_tables(
 fn raw_tables(tables: &HeapMaps, gc: &GcWatch) -> Result<(Counters, Vec<heap::RawGroup>)> {
     let settled = gc.settled();
     let copy = settled.as_deref();
-    let raw = heap::collect(tables, copy.map(|c| c.sites()))?;
+    let raw = heap::collect(tables, copy.map(|c| heap::GcFigures::Borrowed(c.sites())))?;
     let mut counters = tables.counters()?;
     // GC_free of an address the copy did not track.
     counters.unknown_frees += copy.map_or(0, |c| c.unknown_frees());
