@@ -74,6 +74,30 @@ fn run(cli: Cli) -> Result<i32> {
             }
             Ok(0)
         }
+        Command::Heap {
+            pid,
+            wait,
+            format,
+            output,
+            top,
+        } => {
+            if !(wait > 0.0 && wait.is_finite()) {
+                bail!("--wait must be a positive number of seconds");
+            }
+            let top = match (top, format) {
+                (Some(0), _) => bail!("--top must be at least 1"),
+                (Some(n), _) => Some(n),
+                (None, memprof::census::HeapFormat::Markdown) => Some(40),
+                (None, _) => None,
+            };
+            let options = memprof::census::HeapOptions {
+                wait: Duration::from_secs_f64(wait),
+                format,
+                output,
+                top,
+            };
+            memprof::census::heap(pid, &options).map(|()| 0)
+        }
         Command::Report(args) => report_cmd(&args).map(|()| 0),
     }
 }

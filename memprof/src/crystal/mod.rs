@@ -26,6 +26,7 @@ pub mod source;
 mod symbol;
 #[cfg(test)]
 mod tests;
+pub mod type_ids;
 
 pub use symbol::{parse_method, Method};
 

@@ -236,6 +236,21 @@ impl Module {
         self.symbols.get(name).copied()
     }
 
+    /// Every defined symbol with a non-zero address, by name (in no order).
+    pub fn symbols(&self) -> impl Iterator<Item = (&str, Symbol)> + '_ {
+        self.symbols.iter().map(|(name, s)| (name.as_str(), *s))
+    }
+
+    /// Whether `vaddr` is in a section the program cannot write (`.rodata`,
+    /// `.text`): bytes read there from the file are what the process has.
+    pub fn is_read_only(&self, vaddr: u64) -> bool {
+        self.sections.iter().any(|s| {
+            s.file_range.is_some()
+                && (s.address..s.address + s.size).contains(&vaddr)
+                && (s.code || s.name.starts_with(".rodata"))
+        })
+    }
+
     /// The first section called `name`: its address and its bytes in the file.
     pub fn section(&self, name: &str) -> Option<(u64, &[u8])> {
         let section = self.sections.iter().find(|s| s.name == name)?;

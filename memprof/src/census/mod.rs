@@ -1,0 +1,237 @@
+//! `memprof heap --pid N`: a one-shot census of a running program's whole
+//! Boehm GC heap, judged by the collector itself, and where its RSS goes.
+//!
+//! 1. find the libgc the target uses and derive its layout
+//!    ([`HeapReader`]); name the program's Crystal type ids from its code
+//!    ([`crate::crystal::type_ids`]);
+//! 2. trace the target and put a probe on `GC_gc_no++` only (no
+//!    allocation probe): the next collection stops its collector at the
+//!    end of marking ([`crate::probes`], the hold of the mark-bit passes);
+//! 3. while held: copy the block index, headers, mark bits and the memory
+//!    of the blocks with marked objects ([`HeapReader::copy`]), the
+//!    mappings and the resident pages of the heap blocks ([`rss::read`]);
+//! 4. let the target go, untraced, probes removed; then judge every object
+//!    ([`crate::gc::census::HeapCopy::census`]), name the types, build the
+//!    RSS table ([`rss::table`]) and write the report ([`report`]).
+//!
+//! No collection within `--wait` seconds: one line saying so, exit 1, and
+//! the target is let go as it was.
+pub mod report;
+pub mod rss;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Result};
+
+use crate::allocators::{self, BOEHM};
+use crate::crystal::type_ids::{type_names, TypeNames};
+use crate::gc::census::{Census, HeapCopy, HeapReader};
+use crate::modules::ModuleCache;
+use crate::outfile::OutFile;
+use crate::probes::{ProbeOptions, Probes};
+use crate::session::signals::Signals;
+use crate::session::start::{mapped_files, require_capabilities};
+use crate::target::trace::{Event, Tracer};
+use crate::target::{self, Target};
+
+pub use report::HeapFormat;
+
+/// `memprof heap` settings.
+#[derive(Debug, Clone)]
+pub struct HeapOptions {
+    /// How long to wait for a collection.
+    pub wait: Duration,
+    pub format: HeapFormat,
+    pub output: Option<PathBuf>,
+    /// Type rows shown (markdown); all when `None`.
+    pub top: Option<usize>,
+}
+
+/// Everything the report is made of.
+pub struct HeapReport {
+    pub target: Target,
+    pub copy: HeapCopy,
+    pub census: Census,
+    pub names: TypeNames,
+    pub rss: Vec<rss::Row>,
+    /// `/proc/PID/smaps_rollup`'s Rss at the hold, to compare the table with.
+    pub rollup_rss: Option<u64>,
+    /// How long the collector was held, and the census took afterwards.
+    pub held: Duration,
+    pub judged: Duration,
+}
+
+/// The probes and the tracer while attached: on every way out, first no
+/// more holds, then every thread let go (a held one without the signal).
+struct Attached {
+    probes: Probes,
+    tracer: Tracer,
+}
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        let _ = self.probes.stop_holding();
+        self.tracer.detach();
+    }
+}
+
+/// `memprof heap --pid PID`.
+pub fn heap(pid: u32, options: &HeapOptions) -> Result<()> {
+    if !target::is_alive(pid) {
+        bail!("no process with pid {pid}");
+    }
+    require_capabilities()?;
+    let target = Target::attach(pid)?;
+    target::check_architecture(pid, &target.exe)?;
+    let cache = ModuleCache::of_process(pid);
+    let modules = target::modules(&target.exe, &mapped_files(pid)?);
+    let gc_module = allocators::resolve(&cache, &modules, BOEHM)?
+        .into_iter()
+        .find(|r| r.func.symbol == "GC_malloc")
+        .map(|r| r.module)
+        .ok_or_else(|| {
+            anyhow!(
+                "pid {pid} has no Boehm GC heap (GC_malloc is in none of {}): `memprof heap` reads the heap of programs using the Boehm GC (Crystal and others)",
+                modules.iter().map(|m| allocators::short(m)).collect::<Vec<_>>().join(", ")
+            )
+        })?;
+    let reader = HeapReader::new(cache.get(&gc_module)?)?;
+    let names = type_names(&*cache.get(&target.exe)?);
+    // A destination that cannot be written fails before attaching.
+    let mut file = options.output.as_deref().map(OutFile::create).transpose()?;
+
+    let signals = Signals::block()?;
+    let (copy, snapshot, rollup_rss, held) = hold_and_copy(pid, &reader, options.wait, &signals)?;
+    let started = Instant::now();
+    let census = copy.census();
+    let rss = rss::table(&snapshot, &gc_blocks(&copy, &census));
+    let report = HeapReport {
+        target,
+        copy,
+        census,
+        names,
+        rss,
+        rollup_rss,
+        held,
+        judged: started.elapsed(),
+    };
+    let mut stdout = std::io::stdout().lock();
+    let out: &mut dyn std::io::Write = match &mut file {
+        Some(file) => file,
+        None => &mut stdout,
+    };
+    report::write(&report, options, out)?;
+    out.flush()?;
+    if let Some(file) = file {
+        file.commit()?;
+    }
+    Ok(())
+}
+
+/// Attaches, waits for the next collection, copies the heap while the
+/// collector is held, lets the target go. Returns the copy, the mappings
+/// and resident pages, smaps_rollup's Rss, and how long the hold lasted.
+fn hold_and_copy(
+    pid: u32,
+    reader: &HeapReader,
+    wait: Duration,
+    signals: &Signals,
+) -> Result<(HeapCopy, rss::Snapshot, Option<u64>, Duration)> {
+    let mut probes = Probes::load(&ProbeOptions::smallest(), None)?;
+    let tracer = Tracer::seize(pid, &mut |tid| {
+        let _ = probes.set_traced(tid);
+    })?;
+    let mut attached = Attached { probes, tracer };
+    attached
+        .probes
+        .watch_collections(pid, reader.module(), &reader.collection_offsets())?;
+    eprintln!(
+        "memprof: waiting up to {} s for pid {pid}'s next GC collection",
+        wait.as_secs_f64()
+    );
+    let deadline = Instant::now() + wait;
+    let result = loop {
+        if let Some(libc::SIGINT | libc::SIGTERM) = signals.wait(Duration::from_millis(50)) {
+            bail!("interrupted before pid {pid} collected; it runs on, untouched");
+        }
+        let Attached { probes, tracer } = &mut attached;
+        let event = tracer.poll(&mut |tid| {
+            let _ = probes.set_traced(tid);
+        })?;
+        match event {
+            Some(Event::Signal { tid, signal }) => {
+                let started = Instant::now();
+                if probes.take_held(tid)?.is_none() {
+                    // The program's own SIGURG.
+                    tracer.resume_signal(tid, signal, true);
+                    continue;
+                }
+                let copied = reader.copy(pid).and_then(|copy| {
+                    let ranges: Vec<(u64, u64)> = copy
+                        .blocks
+                        .iter()
+                        .map(|b| (b.addr, b.bytes(copy.hblksize)))
+                        .collect();
+                    let snapshot = rss::read(pid, &ranges)?;
+                    Ok((copy, snapshot, rollup_rss(pid)))
+                });
+                probes.stop_holding()?;
+                tracer.resume_signal(tid, 0, false);
+                let held = started.elapsed();
+                break copied.map(|(c, s, r)| (c, s, r, held));
+            }
+            Some(Event::Exiting) => {}
+            Some(Event::Exited(_)) => bail!("pid {pid} exited before its next collection"),
+            None if Instant::now() >= deadline => bail!(
+                "pid {pid} did not collect within {} s: a Boehm GC collects when the program allocates; put it under load (or have it call GC.collect) and run `memprof heap` again, or give it longer with --wait SECONDS",
+                wait.as_secs_f64()
+            ),
+            None => {}
+        }
+    };
+    // Let go before anything else is computed.
+    let Attached { probes, tracer } = &mut attached;
+    probes.stop_holding()?;
+    tracer.detach();
+    drop(attached);
+    result
+}
+
+/// `Rss` of `/proc/PID/smaps_rollup`.
+fn rollup_rss(pid: u32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+    let kb: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("Rss:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
+}
+
+/// The heap's blocks with what the census found in them, for the RSS table.
+fn gc_blocks(copy: &HeapCopy, census: &Census) -> Vec<rss::GcBlock> {
+    let mut live = census.object_blocks.iter().peekable();
+    copy.blocks
+        .iter()
+        .map(|b| {
+            let bytes = b.bytes(copy.hblksize);
+            let in_block = match live.peek() {
+                Some(&&(addr, _, l)) if addr == b.addr => {
+                    live.next();
+                    Some(l)
+                }
+                _ => None,
+            };
+            rss::GcBlock {
+                start: b.addr,
+                bytes,
+                live: in_block.unwrap_or(0),
+                free_block: in_block.is_none(),
+            }
+        })
+        .collect()
+}

@@ -1,0 +1,291 @@
+//! The `memprof heap` report: markdown (live objects per type, the size
+//! classes, where the RSS goes), tsv (the type rows) or json (everything,
+//! versioned; the README documents it).
+use std::collections::BTreeMap;
+use std::io::Write;
+
+use anyhow::Result;
+use serde_json::json;
+
+use super::{HeapOptions, HeapReport};
+use crate::gc::census::{kind_name, Tally};
+use crate::report::thousands;
+
+/// Output formats of `memprof heap`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum HeapFormat {
+    Markdown,
+    Tsv,
+    Json,
+}
+
+/// Live objects of one type and kind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TypeRow {
+    /// The class; `(type N)` for an id no constructor named; `(no type
+    /// id)` for objects whose first word is not one (buffers, raw data).
+    pub name: String,
+    pub type_id: Option<u32>,
+    pub kind: u8,
+    pub count: u64,
+    pub bytes: u64,
+}
+
+/// The type rows, most bytes first. An unnamed first word counts as a type
+/// id when it is at most the highest id the program's constructors store
+/// (Crystal numbers its types densely from 1); anything else, and every
+/// word of a program without named types, is `(no type id)`.
+pub fn type_rows(report: &HeapReport) -> Vec<TypeRow> {
+    let names = &report.names;
+    let max_id = names.names.keys().next_back().copied().unwrap_or(0);
+    let mut rows: BTreeMap<(String, Option<u32>, u8), Tally> = BTreeMap::new();
+    for (&(kind, word), tally) in &report.census.words {
+        let key = match word {
+            Some(id) => match names.name(id) {
+                Some(name) => (name.to_string(), Some(id)),
+                None if id >= 1 && id <= max_id => (format!("(type {id})"), Some(id)),
+                None => ("(no type id)".to_string(), None),
+            },
+            None => ("(no type id)".to_string(), None),
+        };
+        let row = rows.entry((key.0, key.1, kind)).or_default();
+        row.count += tally.count;
+        row.bytes += tally.bytes;
+    }
+    let mut out: Vec<TypeRow> = rows
+        .into_iter()
+        .map(|((name, type_id, kind), t)| TypeRow {
+            name,
+            type_id,
+            kind,
+            count: t.count,
+            bytes: t.bytes,
+        })
+        .collect();
+    out.sort_by(|a, b| {
+        b.bytes
+            .cmp(&a.bytes)
+            .then(b.count.cmp(&a.count))
+            .then(a.name.cmp(&b.name))
+    });
+    out
+}
+
+pub fn write(report: &HeapReport, options: &HeapOptions, out: &mut dyn Write) -> Result<()> {
+    match options.format {
+        HeapFormat::Markdown => markdown(report, options.top, out),
+        HeapFormat::Tsv => tsv(report, out),
+        HeapFormat::Json => {
+            serde_json::to_writer_pretty(&mut *out, &to_json(report))?;
+            writeln!(out)?;
+            Ok(())
+        }
+    }
+}
+
+/// Totals over the size classes: live, on free lists, unmarked.
+fn totals(report: &HeapReport) -> [Tally; 3] {
+    let mut t = [Tally::default(); 3];
+    for c in report.census.classes.values() {
+        for (sum, part) in t.iter_mut().zip([c.live, c.free_list, c.unmarked]) {
+            sum.count += part.count;
+            sum.bytes += part.bytes;
+        }
+    }
+    t
+}
+
+fn markdown(report: &HeapReport, top: Option<usize>, out: &mut dyn Write) -> Result<()> {
+    let copy = &report.copy;
+    let [live, free_list, unmarked] = totals(report);
+    let heap_bytes: u64 = copy.blocks.iter().map(|b| b.bytes(copy.hblksize)).sum();
+    writeln!(
+        out,
+        "# memprof heap: pid {} ({}), GC collection {}",
+        report.target.pid,
+        report.target.exe.display(),
+        copy.gc_no + 1
+    )?;
+    writeln!(out)?;
+    writeln!(
+        out,
+        "Collector held {:.1} ms (copied {} bytes of heap); census {:.1} ms after letting it go.",
+        report.held.as_secs_f64() * 1e3,
+        thousands(copy.copied_bytes()),
+        report.judged.as_secs_f64() * 1e3
+    )?;
+    writeln!(
+        out,
+        "GC heap: {} bytes in {} blocks ({} in free blocks). Live (marked): {} objects, {} bytes. \
+         On free lists: {} objects, {} bytes. Unmarked (dead or free): {} objects, {} bytes.",
+        thousands(heap_bytes),
+        thousands(copy.blocks.len() as u64),
+        thousands(report.census.free_blocks.bytes),
+        thousands(live.count),
+        thousands(live.bytes),
+        thousands(free_list.count),
+        thousands(free_list.bytes),
+        thousands(unmarked.count),
+        thousands(unmarked.bytes),
+    )?;
+    if let Some(s) = &copy.stats {
+        writeln!(
+            out,
+            "The collector's figures: heap size {}, free {}, unmapped {} bytes.",
+            thousands(s.heap_size),
+            thousands(s.free_bytes),
+            thousands(s.unmapped_bytes)
+        )?;
+    }
+    writeln!(out)?;
+    writeln!(out, "## Live objects by type")?;
+    writeln!(out)?;
+    writeln!(out, "| Objects | Bytes | Kind | Type |")?;
+    writeln!(out, "|--------:|------:|------|------|")?;
+    let rows = type_rows(report);
+    let shown = top.unwrap_or(rows.len()).min(rows.len());
+    for r in &rows[..shown] {
+        writeln!(
+            out,
+            "| {} | {} | {} | {} |",
+            thousands(r.count),
+            thousands(r.bytes),
+            kind_name(r.kind),
+            r.name
+        )?;
+    }
+    if shown < rows.len() {
+        let rest = &rows[shown..];
+        writeln!(
+            out,
+            "| {} | {} | | …({} more types) |",
+            thousands(rest.iter().map(|r| r.count).sum()),
+            thousands(rest.iter().map(|r| r.bytes).sum()),
+            thousands(rest.len() as u64)
+        )?;
+    }
+    writeln!(out)?;
+    writeln!(out, "## Size classes")?;
+    writeln!(out)?;
+    writeln!(
+        out,
+        "| Kind | Object size | Blocks | Heap bytes | Live | Live bytes | On free lists | Unmarked |"
+    )?;
+    writeln!(
+        out,
+        "|------|------------:|-------:|-----------:|-----:|-----------:|--------------:|---------:|"
+    )?;
+    for (&(kind, size), c) in &report.census.classes {
+        writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            kind_name(kind),
+            thousands(size),
+            thousands(c.blocks),
+            thousands(c.block_bytes),
+            thousands(c.live.count),
+            thousands(c.live.bytes),
+            thousands(c.free_list.count),
+            thousands(c.unmarked.count)
+        )?;
+    }
+    writeln!(out)?;
+    writeln!(out, "## Where the RSS goes")?;
+    writeln!(out)?;
+    writeln!(out, "|      Bytes | What |")?;
+    writeln!(out, "|-----------:|------|")?;
+    for row in &report.rss {
+        writeln!(out, "| {} | {} |", thousands(row.bytes), row.what)?;
+    }
+    let total: u64 = report.rss.iter().map(|r| r.bytes).sum();
+    writeln!(out, "| {} | **total** (RSS) |", thousands(total))?;
+    if let Some(rollup) = report.rollup_rss {
+        writeln!(out)?;
+        writeln!(
+            out,
+            "/proc/{}/smaps_rollup said Rss {} bytes at the same moment.",
+            report.target.pid,
+            thousands(rollup)
+        )?;
+    }
+    Ok(())
+}
+
+/// First line the number of rows, then `count⇥bytes⇥kind⇥type` per type.
+fn tsv(report: &HeapReport, out: &mut dyn Write) -> Result<()> {
+    let rows = type_rows(report);
+    writeln!(out, "{}", rows.len())?;
+    for r in rows {
+        writeln!(
+            out,
+            "{}\t{}\t{}\t{}",
+            r.count,
+            r.bytes,
+            kind_name(r.kind),
+            r.name
+        )?;
+    }
+    Ok(())
+}
+
+/// Schema version of the JSON report.
+pub const JSON_VERSION: u32 = 1;
+
+pub fn to_json(report: &HeapReport) -> serde_json::Value {
+    let copy = &report.copy;
+    let [live, free_list, unmarked] = totals(report);
+    let heap_bytes: u64 = copy.blocks.iter().map(|b| b.bytes(copy.hblksize)).sum();
+    let stats = copy.stats.as_ref();
+    let types: Vec<_> = type_rows(report)
+        .into_iter()
+        .map(|r| {
+            json!({"name": r.name, "type_id": r.type_id, "kind": kind_name(r.kind),
+                   "count": r.count, "bytes": r.bytes})
+        })
+        .collect();
+    let classes: Vec<_> = report
+        .census
+        .classes
+        .iter()
+        .map(|(&(kind, size), c)| {
+            json!({"kind": kind_name(kind), "size": size, "blocks": c.blocks,
+                   "block_bytes": c.block_bytes,
+                   "live_count": c.live.count, "live_bytes": c.live.bytes,
+                   "free_list_count": c.free_list.count, "free_list_bytes": c.free_list.bytes,
+                   "unmarked_count": c.unmarked.count, "unmarked_bytes": c.unmarked.bytes})
+        })
+        .collect();
+    let rss: Vec<_> = report
+        .rss
+        .iter()
+        .map(|r| json!({"what": r.what, "bytes": r.bytes}))
+        .collect();
+    json!({
+        "format": "memprof-heap",
+        "version": JSON_VERSION,
+        "memprof_version": env!("CARGO_PKG_VERSION"),
+        "target": {"pid": report.target.pid, "exe": report.target.exe.display().to_string(),
+                   "command": report.target.command},
+        "gc": {
+            "collection": copy.gc_no + 1,
+            "held_seconds": report.held.as_secs_f64(),
+            "census_seconds": report.judged.as_secs_f64(),
+            "copied_bytes": copy.copied_bytes(),
+            "blocks": copy.blocks.len(),
+            "block_bytes": heap_bytes,
+            "free_block_bytes": report.census.free_blocks.bytes,
+            "live_count": live.count, "live_bytes": live.bytes,
+            "free_list_count": free_list.count, "free_list_bytes": free_list.bytes,
+            "unmarked_count": unmarked.count, "unmarked_bytes": unmarked.bytes,
+            "heap_size": stats.map(|s| s.heap_size),
+            "free_bytes": stats.map(|s| s.free_bytes),
+            "unmapped_bytes": stats.map(|s| s.unmapped_bytes),
+        },
+        "types": types,
+        "not_yet_judged": {"count": 0, "bytes": 0},
+        "size_classes": classes,
+        "rss": rss,
+        "rss_total": report.rss.iter().map(|r| r.bytes).sum::<u64>(),
+        "smaps_rollup_rss": report.rollup_rss,
+    })
+}

@@ -1,0 +1,511 @@
+//! The whole GC heap as the collector judged it at one collection: every
+//! heap block its block index knows, every object in it, live when the
+//! collector marked it (`memprof heap`).
+//!
+//! Two parts, like a mark-bit pass ([`super::pass`]):
+//!
+//! - held ([`HeapReader::copy`], at the end of a collection's marking, the
+//!   world stopped and the collector held): the block index is walked
+//!   ([`MarkLayout::every_block`]), the headers read in page runs
+//!   ([`MarkLayout::read_header_pages`]) with each block's kind
+//!   (`hb_obj_kind`, [`super::layout::kind_offset`]), and the memory of the
+//!   blocks holding marked objects copied (a small-object block whole, the
+//!   first bytes of a large object). Nothing is decoded yet;
+//! - after the target runs again ([`HeapCopy::census`]): each object of
+//!   each block is judged by its mark bit, live ones counted per kind, size
+//!   class and first 32-bit word (a Crystal object's type id).
+//!
+//! Marked is the collector's verdict, with one exception the census tells
+//! apart: objects on a thread's free list are marked too (libgc marks them
+//! so that the sweep leaves them on the list), though nothing uses them.
+//! They are recognized by their shape — the first word links to the next
+//! free object of the same size and kind (or is 0), the rest is cleared
+//! (kinds libgc clears) — and counted apart, never as live.
+//!
+//! ```no_run
+//! # fn main() -> anyhow::Result<()> {
+//! use memprof::gc::census::HeapReader;
+//! use memprof::modules::Module;
+//! let libgc = Module::open("/usr/lib/x86_64-linux-gnu/libgc.so.1".as_ref())?;
+//! let reader = HeapReader::new(std::sync::Arc::new(libgc))?;
+//! // With the collector of pid 1234 held at `GC_gc_no++`:
+//! let copy = reader.copy(1234)?;
+//! let census = copy.census();
+//! println!("{} live objects at collection {}", census.live_count(), copy.gc_no);
+//! # Ok(()) }
+//! ```
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+
+use super::heap_stats::{self, HeapStats, HeapStatsLayout};
+use super::layout::{self, kind_offset};
+use super::lookup::Block;
+use super::{end_of_mark, EndOfMark, MarkLayout};
+use crate::modules::Module;
+
+/// The object kinds libgc predefines (`hb_obj_kind`).
+pub const PTRFREE: u8 = 0;
+pub const NORMAL: u8 = 1;
+pub const UNCOLLECTABLE: u8 = 2;
+pub const AUNCOLLECTABLE: u8 = 3;
+
+/// A kind's name in reports.
+pub fn kind_name(kind: u8) -> String {
+    match kind {
+        PTRFREE => "atomic".into(),
+        NORMAL => "normal".into(),
+        UNCOLLECTABLE => "uncollectable".into(),
+        AUNCOLLECTABLE => "atomic uncollectable".into(),
+        k => format!("kind {k}"),
+    }
+}
+
+/// Whether libgc clears a free object of this kind (all but the
+/// pointer-free ones): a free object then reads as a link and zeros.
+fn cleared(kind: u8) -> bool {
+    kind != PTRFREE && kind != AUNCOLLECTABLE
+}
+
+/// What memprof needs to copy the heap of one libgc, derived from its code.
+pub struct HeapReader {
+    module: Arc<Module>,
+    layout: MarkLayout,
+    kind: u64,
+    end: EndOfMark,
+    stats: Option<HeapStatsLayout>,
+}
+
+/// Most bytes read from the target at once.
+const MAX_READ: usize = 1 << 20;
+/// Bytes copied from the start of a large object (its type id and more).
+const LARGE_HEAD: u64 = 16;
+
+impl HeapReader {
+    /// Derives the layout from `module` (a shared libgc or an executable
+    /// with libgc in it); `unsupported libgc layout: …` if its code is not
+    /// shaped as memprof knows.
+    pub fn new(module: Arc<Module>) -> Result<HeapReader> {
+        let layout = layout::derive(&module)?;
+        let kind = kind_offset(&module, &layout)?;
+        let end = end_of_mark(&module)?;
+        Ok(HeapReader {
+            stats: heap_stats::derive(&module).ok(),
+            module,
+            layout,
+            kind,
+            end,
+        })
+    }
+
+    pub fn module(&self) -> &Module {
+        &self.module
+    }
+
+    /// File offsets of the `GC_gc_no++` instructions: where the collection
+    /// probes go.
+    pub fn collection_offsets(&self) -> Vec<u64> {
+        self.end.increments.iter().map(|i| i.offset).collect()
+    }
+
+    /// The held part: copies what the census needs from process `pid`,
+    /// whose collector must be held at the end of a collection's marking.
+    pub fn copy(&self, pid: u32) -> Result<HeapCopy> {
+        let bias = self.module.load_bias(pid)?;
+        let mem = File::open(format!("/proc/{pid}/mem"))
+            .with_context(|| format!("cannot read the memory of pid {pid}"))?;
+        let mut read = |a: u64, buf: &mut [u8]| mem.read_exact_at(buf, a);
+        let gc_no = self
+            .end
+            .read_gc_no(bias, &mut read)
+            .context("reading GC_gc_no")?;
+        let layout = &self.layout;
+        let arrays = layout.arrays_at(bias, &mut read)?;
+        let found = layout
+            .every_block(arrays, &mut read)
+            .context("walking the GC's block index")?;
+        let hdrs = found.iter().map(|&(_, hdr)| hdr).collect();
+        let headers = layout
+            .read_header_pages(hdrs, Some(self.kind), &mut read)
+            .context("reading the GC's block headers")?;
+        let hblk = layout.hblksize();
+        let mut blocks = Vec::with_capacity(found.len());
+        for (i, &(addr, _)) in found.iter().enumerate() {
+            let state = match layout.block_in(&headers, i)? {
+                Block::Objects { size, marks } => BlockState::Objects {
+                    kind: headers.field(i, self.kind, 1).unwrap_or(0) as u8,
+                    size,
+                    marks,
+                },
+                Block::Not(_) => BlockState::Free {
+                    bytes: headers.field(i, layout.hb_sz, 8).unwrap_or(hblk),
+                },
+            };
+            blocks.push(HeapBlock { addr, state });
+        }
+        let contents = copy_contents(&blocks, hblk, layout.granule_shift, &mut read)?;
+        let stats = self
+            .stats
+            .as_ref()
+            .and_then(|s| s.read(bias, &mut read).ok());
+        Ok(HeapCopy {
+            gc_no,
+            hblksize: hblk,
+            granule_shift: layout.granule_shift,
+            blocks,
+            contents,
+            stats,
+        })
+    }
+}
+
+/// One heap block as its header said at the hold.
+#[derive(Debug, Clone)]
+pub struct HeapBlock {
+    pub addr: u64,
+    pub state: BlockState,
+}
+
+#[derive(Debug, Clone)]
+pub enum BlockState {
+    /// A free block of `bytes` (it may be unmapped).
+    Free { bytes: u64 },
+    /// Objects of `size` bytes of `kind`, and their mark bits (one per granule).
+    Objects {
+        kind: u8,
+        size: u64,
+        marks: Box<[u64]>,
+    },
+}
+
+impl HeapBlock {
+    /// Bytes of heap the block takes.
+    pub fn bytes(&self, hblk: u64) -> u64 {
+        match &self.state {
+            BlockState::Free { bytes } => *bytes,
+            BlockState::Objects { size, .. } => (*size).max(hblk).div_ceil(hblk) * hblk,
+        }
+    }
+
+    /// The object starts of a block of `size`-byte objects.
+    fn starts(&self, size: u64, hblk: u64) -> impl Iterator<Item = u64> + '_ {
+        let n = if size == 0 {
+            0
+        } else if size <= hblk {
+            hblk / size
+        } else {
+            1
+        };
+        (0..n).map(move |i| self.addr + i * size)
+    }
+}
+
+/// Whether the object at `offset` in a block is marked.
+fn marked(marks: &[u64], offset: u64, granule_shift: u32) -> bool {
+    let g = (offset >> granule_shift) as usize;
+    marks.get(g / 64).is_some_and(|w| w >> (g % 64) & 1 != 0)
+}
+
+/// Copies the memory of the blocks holding marked objects: small-object
+/// blocks whole, in runs of neighbours; the head of each large object.
+fn copy_contents(
+    blocks: &[HeapBlock],
+    hblk: u64,
+    granule_shift: u32,
+    read: &mut impl FnMut(u64, &mut [u8]) -> io::Result<()>,
+) -> Result<Vec<(u64, Vec<u8>)>> {
+    let mut wanted: Vec<(u64, u64)> = Vec::new();
+    for block in blocks {
+        let BlockState::Objects { size, marks, .. } = &block.state else {
+            continue;
+        };
+        if !block
+            .starts(*size, hblk)
+            .any(|p| marked(marks, p - block.addr, granule_shift))
+        {
+            continue;
+        }
+        let len = if *size <= hblk { hblk } else { LARGE_HEAD };
+        match wanted.last_mut() {
+            Some((start, end)) if *end == block.addr && *end - *start < MAX_READ as u64 => {
+                *end += len
+            }
+            _ => wanted.push((block.addr, block.addr + len)),
+        }
+    }
+    let mut runs = Vec::with_capacity(wanted.len());
+    for (start, end) in wanted {
+        let mut data = vec![0u8; (end - start) as usize];
+        read(start, &mut data).with_context(|| format!("copying GC heap memory at {start:#x}"))?;
+        runs.push((start, data));
+    }
+    Ok(runs)
+}
+
+/// What was copied at the hold ([`HeapReader::copy`]).
+pub struct HeapCopy {
+    /// `GC_gc_no` at the hold: the collection just marked is the next one.
+    pub gc_no: u64,
+    pub hblksize: u64,
+    granule_shift: u32,
+    /// Every heap block, ascending.
+    pub blocks: Vec<HeapBlock>,
+    /// Memory of the blocks with marked objects: (address, bytes), ascending.
+    contents: Vec<(u64, Vec<u8>)>,
+    /// The collector's own heap figures, where derivable.
+    pub stats: Option<HeapStats>,
+}
+
+/// Live objects and bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tally {
+    pub count: u64,
+    pub bytes: u64,
+}
+
+impl Tally {
+    fn add(&mut self, bytes: u64) {
+        self.count += 1;
+        self.bytes += bytes;
+    }
+}
+
+/// One size class of one kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SizeClass {
+    /// Blocks of this class and the heap bytes they take.
+    pub blocks: u64,
+    pub block_bytes: u64,
+    /// Marked objects (live).
+    pub live: Tally,
+    /// Marked objects on a free list (not live).
+    pub free_list: Tally,
+    /// Unmarked objects: dead since the last collection, or free.
+    pub unmarked: Tally,
+}
+
+/// The collector's verdict on every object of the heap.
+#[derive(Debug, Clone, Default)]
+pub struct Census {
+    /// Per (kind, object size).
+    pub classes: BTreeMap<(u8, u64), SizeClass>,
+    /// Live objects per (kind, first 32-bit word): a Crystal object's type
+    /// id (`None`: nothing was copied, which does not happen for live objects).
+    pub words: BTreeMap<(u8, Option<u32>), Tally>,
+    /// Free blocks and their bytes.
+    pub free_blocks: Tally,
+    /// Per object block: (address, heap bytes, live bytes), ascending.
+    pub object_blocks: Vec<(u64, u64, u64)>,
+}
+
+impl Census {
+    pub fn live_count(&self) -> u64 {
+        self.classes.values().map(|c| c.live.count).sum()
+    }
+
+    pub fn live_bytes(&self) -> u64 {
+        self.classes.values().map(|c| c.live.bytes).sum()
+    }
+}
+
+impl HeapCopy {
+    /// The bytes copied at `addr`, up to `len`.
+    fn bytes_at(&self, addr: u64, len: u64) -> Option<&[u8]> {
+        let run = self
+            .contents
+            .partition_point(|(at, _)| *at <= addr)
+            .checked_sub(1)?;
+        let (at, data) = &self.contents[run];
+        let from = (addr - at) as usize;
+        let end = (from + len as usize).min(data.len());
+        data.get(from..end).filter(|b| !b.is_empty())
+    }
+
+    /// Bytes of memory copied at the hold.
+    pub fn copied_bytes(&self) -> u64 {
+        self.contents.iter().map(|(_, d)| d.len() as u64).sum()
+    }
+
+    /// Whether `q` is the start of an object of `size` bytes and `kind`
+    /// (where a free list of that class would link).
+    fn is_object_start(&self, q: u64, kind: u8, size: u64) -> bool {
+        let i = self.blocks.partition_point(|b| b.addr <= q);
+        let Some(block) = i.checked_sub(1).map(|i| &self.blocks[i]) else {
+            return false;
+        };
+        match &block.state {
+            BlockState::Objects {
+                kind: k, size: s, ..
+            } if *k == kind && *s == size => {
+                let off = q - block.addr;
+                size <= self.hblksize && off % size == 0 && off + size <= self.hblksize
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether a marked object reads as a free-list entry (see the module docs).
+    fn on_free_list(&self, bytes: &[u8], kind: u8, size: u64) -> bool {
+        if size > self.hblksize || bytes.len() < 8 {
+            return false;
+        }
+        let link = u64::from_le_bytes(bytes[..8].try_into().unwrap());
+        let links = if link == 0 {
+            cleared(kind)
+        } else {
+            self.is_object_start(link, kind, size)
+        };
+        links && (!cleared(kind) || bytes[8..].iter().all(|&b| b == 0))
+    }
+
+    /// Judges every object of every block by its mark bit.
+    pub fn census(&self) -> Census {
+        let hblk = self.hblksize;
+        let mut census = Census::default();
+        for block in &self.blocks {
+            let (kind, size, marks) = match &block.state {
+                BlockState::Free { bytes } => {
+                    census.free_blocks.add(*bytes);
+                    continue;
+                }
+                BlockState::Objects { kind, size, marks } => (*kind, *size, marks),
+            };
+            let class = census.classes.entry((kind, size)).or_default();
+            class.blocks += 1;
+            class.block_bytes += block.bytes(hblk);
+            let mut live_bytes = 0;
+            for p in block.starts(size, hblk) {
+                if !marked(marks, p - block.addr, self.granule_shift) {
+                    class.unmarked.add(size);
+                    continue;
+                }
+                let bytes = self.bytes_at(p, size.min(hblk));
+                if bytes.is_some_and(|b| self.on_free_list(b, kind, size)) {
+                    class.free_list.add(size);
+                    continue;
+                }
+                class.live.add(size);
+                live_bytes += size;
+                let word = bytes
+                    .and_then(|b| b.get(..4))
+                    .map(|w| u32::from_le_bytes(w.try_into().unwrap()));
+                census.words.entry((kind, word)).or_default().add(size);
+            }
+            census
+                .object_blocks
+                .push((block.addr, block.bytes(hblk), live_bytes));
+        }
+        census
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn copy(blocks: Vec<HeapBlock>, contents: Vec<(u64, Vec<u8>)>) -> HeapCopy {
+        HeapCopy {
+            gc_no: 7,
+            hblksize: 4096,
+            granule_shift: 4,
+            blocks,
+            contents,
+            stats: None,
+        }
+    }
+
+    fn marks(granules: &[usize]) -> Box<[u64]> {
+        let mut m = vec![0u64; 5];
+        for &g in granules {
+            m[g / 64] |= 1 << (g % 64);
+        }
+        m.into_boxed_slice()
+    }
+
+    #[test]
+    fn marked_objects_are_live_free_list_entries_are_not() {
+        // A block of 32-byte normal objects at 0x10000: objects 0 and 1
+        // carry type ids 173 and 174; object 2 is a free-list entry linking
+        // to object 3 (both marked), object 3 ends the list (0); object 4
+        // is unmarked.
+        let mut data = vec![0u8; 4096];
+        data[0..4].copy_from_slice(&173u32.to_le_bytes());
+        data[8..16].copy_from_slice(&0x10100u64.to_le_bytes()); // a field pointing elsewhere
+        data[32..36].copy_from_slice(&174u32.to_le_bytes());
+        data[64..72].copy_from_slice(&(0x10000u64 + 96).to_le_bytes());
+        let block = HeapBlock {
+            addr: 0x10000,
+            state: BlockState::Objects {
+                kind: NORMAL,
+                size: 32,
+                marks: marks(&[0, 2, 4, 6]),
+            },
+        };
+        let free = HeapBlock {
+            addr: 0x11000,
+            state: BlockState::Free { bytes: 8192 },
+        };
+        let census = copy(vec![block, free], vec![(0x10000, data)]).census();
+        let class = census.classes[&(NORMAL, 32)];
+        assert_eq!(
+            class.live,
+            Tally {
+                count: 2,
+                bytes: 64
+            }
+        );
+        assert_eq!(
+            class.free_list,
+            Tally {
+                count: 2,
+                bytes: 64
+            }
+        );
+        assert_eq!(class.unmarked.count, 128 - 4);
+        assert_eq!(class.block_bytes, 4096);
+        assert_eq!(
+            census.words[&(NORMAL, Some(173))],
+            Tally {
+                count: 1,
+                bytes: 32
+            }
+        );
+        assert_eq!(
+            census.words[&(NORMAL, Some(174))],
+            Tally {
+                count: 1,
+                bytes: 32
+            }
+        );
+        assert_eq!(
+            census.free_blocks,
+            Tally {
+                count: 1,
+                bytes: 8192
+            }
+        );
+        assert_eq!(census.object_blocks, vec![(0x10000, 4096, 64)]);
+    }
+
+    #[test]
+    fn a_large_object_takes_whole_blocks() {
+        let block = HeapBlock {
+            addr: 0x20000,
+            state: BlockState::Objects {
+                kind: PTRFREE,
+                size: 10000,
+                marks: marks(&[0]),
+            },
+        };
+        let mut head = vec![0u8; 16];
+        head[0..4].copy_from_slice(&1u32.to_le_bytes());
+        let census = copy(vec![block], vec![(0x20000, head)]).census();
+        let class = census.classes[&(PTRFREE, 10000)];
+        assert_eq!((class.live.count, class.block_bytes), (1, 12288));
+        assert_eq!(census.words[&(PTRFREE, Some(1))].bytes, 10000);
+    }
+}
