@@ -146,10 +146,13 @@ fn hold_and_copy(
     attached
         .probes
         .watch_collections(pid, reader.module(), &reader.collection_offsets())?;
-    eprintln!(
-        "memprof: waiting up to {} s for pid {pid}'s next GC collection",
-        wait.as_secs_f64()
-    );
+    // Said on a terminal only: a failure stays one line for scripts.
+    if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        eprintln!(
+            "memprof: waiting up to {} s for pid {pid}'s next GC collection",
+            wait.as_secs_f64()
+        );
+    }
     let deadline = Instant::now() + wait;
     let result = loop {
         if let Some(libc::SIGINT | libc::SIGTERM) = signals.wait(Duration::from_millis(50)) {

@@ -8,7 +8,8 @@ use anyhow::Result;
 use serde_json::json;
 
 use super::{HeapOptions, HeapReport};
-use crate::gc::census::{kind_name, Tally};
+use crate::crystal::type_ids::TypeOf;
+use crate::gc::census::{kind_name, Tally, AUNCOLLECTABLE, PTRFREE};
 use crate::report::thousands;
 
 /// Output formats of `memprof heap`.
@@ -31,22 +32,19 @@ pub struct TypeRow {
     pub bytes: u64,
 }
 
-/// The type rows, most bytes first. An unnamed first word counts as a type
-/// id when it is at most the highest id the program's constructors store
-/// (Crystal numbers its types densely from 1); anything else, and every
-/// word of a program without named types, is `(no type id)`.
+/// The type rows, most bytes first, named by [`crate::crystal::type_ids`]:
+/// a first word that is no type id ([`TypeOf::NotAType`]: above every id
+/// the code stores, or stored only into the other kind of memory) is
+/// `(no type id)`, as is every word of a program that stores none.
 pub fn type_rows(report: &HeapReport) -> Vec<TypeRow> {
     let names = &report.names;
-    let max_id = names.names.keys().next_back().copied().unwrap_or(0);
     let mut rows: BTreeMap<(String, Option<u32>, u8), Tally> = BTreeMap::new();
     for (&(kind, word), tally) in &report.census.words {
-        let key = match word {
-            Some(id) => match names.name(id) {
-                Some(name) => (name.to_string(), Some(id)),
-                None if id >= 1 && id <= max_id => (format!("(type {id})"), Some(id)),
-                None => ("(no type id)".to_string(), None),
-            },
-            None => ("(no type id)".to_string(), None),
+        let atomic = matches!(kind, PTRFREE | AUNCOLLECTABLE);
+        let key = match word.map(|id| (id, names.type_of(id, atomic))) {
+            Some((id, TypeOf::Named(name))) => (name.to_string(), Some(id)),
+            Some((id, TypeOf::Unnamed)) => (format!("(type {id})"), Some(id)),
+            _ => ("(no type id)".to_string(), None),
         };
         let row = rows.entry((key.0, key.1, kind)).or_default();
         row.count += tally.count;

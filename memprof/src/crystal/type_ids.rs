@@ -18,22 +18,23 @@
 //! each call to an allocator; `String`'s id is the constant
 //! `String::TYPE_ID` the program carries. Release builds inline `new` into
 //! its callers: those ids stay unnamed (`(type 123)` in reports).
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 
-use iced_x86::{Code, FlowControl, Mnemonic, OpKind, Register};
+use iced_x86::{Code, FlowControl, Instruction, Mnemonic, OpKind, Register};
 
 use super::parse_method;
 use crate::modules::Module;
 use crate::x86::decode;
 
-/// The functions a constructor allocates with.
-const ALLOCATORS: &[&str] = &[
-    "__crystal_malloc64",
-    "__crystal_malloc_atomic64",
-    "__crystal_malloc",
-    "__crystal_malloc_atomic",
-    "GC_malloc",
-    "GC_malloc_atomic",
+/// The functions the compiler allocates objects with, and whether they
+/// allocate pointer-free (atomic) memory.
+const ALLOCATORS: &[(&str, bool)] = &[
+    ("__crystal_malloc64", false),
+    ("__crystal_malloc_atomic64", true),
+    ("__crystal_malloc", false),
+    ("__crystal_malloc_atomic", true),
+    ("GC_malloc", false),
+    ("GC_malloc_atomic", true),
 ];
 
 /// Instructions looked at after an allocator call for the id's store.
@@ -42,24 +43,71 @@ const WINDOW: usize = 40;
 /// Longest constructor decoded (its symbol size, when it has one).
 const MAX_CODE: usize = 16 << 10;
 
+/// The kinds of memory a type id was seen stored in (bits).
+const NORMAL: u8 = 1;
+const ATOMIC: u8 = 2;
+
 /// Crystal type ids and the classes they name.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TypeNames {
     pub names: BTreeMap<u32, String>,
+    /// Every id the code stores right after an allocation, named or not
+    /// (release builds store them in the callers `new` was inlined into),
+    /// with the kinds of memory it was stored in ([`NORMAL`], [`ATOMIC`]):
+    /// a class with pointers is always allocated scanned, one without
+    /// always atomic.
+    pub stored: BTreeMap<u32, u8>,
+}
+
+/// What a first word is, for [`TypeNames::type_of`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TypeOf<'a> {
+    Named(&'a str),
+    /// A type id no constructor names.
+    Unnamed,
+    /// Not a type id (a buffer's data).
+    NotAType,
 }
 
 impl TypeNames {
     pub fn name(&self, id: u32) -> Option<&str> {
         self.names.get(&id).map(String::as_str)
     }
+
+    /// The highest id known: Crystal numbers its types densely from 1, so
+    /// a first word above it is not a type id.
+    pub fn max_id(&self) -> u32 {
+        let named = self.names.keys().next_back().copied().unwrap_or(0);
+        named.max(self.stored.keys().next_back().copied().unwrap_or(0))
+    }
+
+    /// What the first word `id` of a live object is, in memory that is
+    /// `atomic` or not: a type id the code stores only into the other
+    /// kind of memory is a buffer's data that looks like one.
+    pub fn type_of(&self, id: u32, atomic: bool) -> TypeOf<'_> {
+        let kind_fits = match self.stored.get(&id) {
+            Some(&kinds) => kinds & if atomic { ATOMIC } else { NORMAL } != 0,
+            None => true,
+        };
+        match self.name(id) {
+            _ if !kind_fits || id == 0 || id > self.max_id() => TypeOf::NotAType,
+            Some(name) => TypeOf::Named(name),
+            None => TypeOf::Unnamed,
+        }
+    }
 }
 
-/// The type ids the constructors of `exe` store, named after their class.
+/// The type ids the code of `exe` stores after allocating, named after
+/// the class of each constructor that stores one.
 pub fn type_names(exe: &Module) -> TypeNames {
-    let mut allocators: HashSet<u64> = ALLOCATORS
+    let mut allocators: HashMap<u64, bool> = ALLOCATORS
         .iter()
-        .filter_map(|name| exe.symbol(name).map(|s| s.address))
+        .filter_map(|&(name, atomic)| exe.symbol(name).map(|s| (s.address, atomic)))
         .collect();
+    // Release builds call libgc's through the PLT, inlined into callers.
+    for (name, atomic) in [("GC_malloc", false), ("GC_malloc_atomic", true)] {
+        allocators.extend(exe.plt_stubs(name).into_iter().map(|a| (a, atomic)));
+    }
     let mut constructors = Vec::new();
     let versioned = exe
         .versioned_crystal_names()
@@ -77,7 +125,7 @@ pub fn type_names(exe: &Module) -> TypeNames {
         match m.owner {
             // `GC.malloc` & co: what `String.new` allocates with.
             Some("GC") if m.class_method && m.name.starts_with("malloc") => {
-                allocators.insert(address);
+                allocators.insert(address, m.name.contains("atomic"));
             }
             Some(owner) if m.class_method && (m.name == "new" || m.name == "allocate") => {
                 constructors.push((owner.to_string(), address, size));
@@ -89,59 +137,88 @@ pub fn type_names(exe: &Module) -> TypeNames {
     // Sorted, so that an id two constructors claim gets the same name every run.
     constructors.sort();
     for (owner, address, size) in constructors {
-        for id in stored_ids(exe, address, size, &allocators) {
-            names.entry(id).or_insert_with(|| owner.clone());
+        if let Some(id) = constructed_id(exe, address, size, &allocators) {
+            names.entry(id).or_insert(owner);
         }
     }
+    let mut stored: BTreeMap<u32, u8> = BTreeMap::new();
+    // The kind of the last allocator call, and instructions since.
+    let mut since_call: Option<(bool, usize)> = None;
+    decode::sweep(exe, |insn| {
+        if let Some((atomic, id)) = since_call.and_then(|(a, _)| Some((a, stored_id(insn)?))) {
+            *stored.entry(id).or_default() |= if atomic { ATOMIC } else { NORMAL };
+            since_call = None;
+        } else if let Some(atomic) = allocator_call(insn, &allocators) {
+            since_call = Some((atomic, 0));
+        } else if insn.flow_control() == FlowControl::Return {
+            since_call = None;
+        } else if let Some((_, n)) = &mut since_call {
+            *n += 1;
+            if *n > WINDOW {
+                since_call = None;
+            }
+        }
+    });
+    stored.remove(&0);
     if let Some(sym) = exe.symbol("String::TYPE_ID") {
         if let Some(bytes) = exe
             .bytes_at(sym.address)
             .filter(|_| exe.is_read_only(sym.address))
             .and_then(|b| b.get(..4))
         {
-            names.insert(
-                u32::from_le_bytes(bytes.try_into().unwrap()),
-                "String".into(),
-            );
+            let id = u32::from_le_bytes(bytes.try_into().unwrap());
+            names.insert(id, "String".into());
+            *stored.entry(id).or_default() |= ATOMIC;
         }
     }
-    TypeNames { names }
+    TypeNames { names, stored }
 }
 
-/// The 32-bit immediates the function at `address` stores at offset 0 of
-/// a register first after each call to one of `allocators`.
-fn stored_ids(exe: &Module, address: u64, size: u64, allocators: &HashSet<u64>) -> Vec<u32> {
-    let Some(code) = exe.bytes_at(address) else {
-        return Vec::new();
-    };
+/// Whether `insn` calls an allocator, and if so whether an atomic one.
+fn allocator_call(insn: &Instruction, allocators: &HashMap<u64, bool>) -> Option<bool> {
+    if insn.flow_control() != FlowControl::Call || !decode::is_direct_branch(insn) {
+        return None;
+    }
+    allocators.get(&insn.near_branch_target()).copied()
+}
+
+/// The immediate of `movl $ID,(%reg)` / `movq $ID,(%reg)` (a register
+/// other than the stack's): a type id's store.
+fn stored_id(insn: &Instruction) -> Option<u32> {
+    let stores = insn.mnemonic() == Mnemonic::Mov
+        && matches!(insn.code(), Code::Mov_rm32_imm32 | Code::Mov_rm64_imm32)
+        && insn.op0_kind() == OpKind::Memory
+        && insn.memory_displacement64() == 0
+        && insn.memory_index() == Register::None
+        && !matches!(
+            insn.memory_base(),
+            Register::None | Register::RSP | Register::RBP | Register::RIP
+        );
+    stores.then(|| insn.immediate32())
+}
+
+/// The id a constructor at `address` stores after its first allocator
+/// call, before any other: the object it allocates first is its own
+/// (`initialize` runs after, and may allocate others). `None` when that
+/// store is not a plain `mov $ID,(%reg)`.
+fn constructed_id(
+    exe: &Module,
+    address: u64,
+    size: u64,
+    allocators: &HashMap<u64, bool>,
+) -> Option<u32> {
+    let code = exe.bytes_at(address)?;
     let len = if size > 0 { size as usize } else { MAX_CODE };
     let insns = decode::function(&code[..code.len().min(len).min(MAX_CODE)], address);
-    let mut ids = Vec::new();
-    for (i, insn) in insns.iter().enumerate() {
-        let calls_allocator = insn.flow_control() == FlowControl::Call
-            && decode::is_direct_branch(insn)
-            && allocators.contains(&insn.near_branch_target());
-        if !calls_allocator {
-            continue;
-        }
-        for next in insns.iter().skip(i + 1).take(WINDOW) {
-            if next.flow_control() == FlowControl::Return {
-                break;
-            }
-            let stores_id = next.mnemonic() == Mnemonic::Mov
-                && next.code() == Code::Mov_rm32_imm32
-                && next.op0_kind() == OpKind::Memory
-                && next.memory_displacement64() == 0
-                && next.memory_index() == Register::None
-                && !matches!(
-                    next.memory_base(),
-                    Register::None | Register::RSP | Register::RBP | Register::RIP
-                );
-            if stores_id {
-                ids.push(next.immediate32());
-                break;
-            }
-        }
-    }
-    ids
+    let first = insns
+        .iter()
+        .position(|i| allocator_call(i, allocators).is_some())?;
+    // Up to the next allocation: a store after that is another object's.
+    insns[first + 1..]
+        .iter()
+        .take(WINDOW)
+        .take_while(|i| {
+            i.flow_control() != FlowControl::Return && allocator_call(i, allocators).is_none()
+        })
+        .find_map(stored_id)
 }
