@@ -1,0 +1,199 @@
+//! `memprof heap --pid N`: the whole Boehm GC heap of a running program,
+//! judged by the collector at its next collection, on
+//! `fixtures/crystal/heap_census.cr`, which keeps exactly 7,000 Author,
+//! 5,000 Book and 300 Note objects (3,000 more Authors dropped) and says
+//! their type ids and the bytes the collector gives them (`GC_size` of
+//! each, asked in process). memprof attaches only after all of it was
+//! built, sees none of the allocations, and must find exactly those counts
+//! and bytes under those ids, named after their classes where the
+//! constructors are functions of their own (every build but `--release`),
+//! then leave the program running and untraced.
+
+use memprof_tests::*;
+use std::process::{Command, Stdio};
+
+/// What the fixture says once ready: the type ids and collector bytes of
+/// Author, Book and Note.
+struct Ready {
+    ids: [u64; 3],
+    bytes: [u64; 3],
+}
+
+const CLASSES: [(&str, u64, &str); 3] = [
+    ("Author", 7_000, "atomic"),
+    ("Book", 5_000, "normal"),
+    ("Note", 300, "normal"),
+];
+
+fn start(exe: &str) -> (ChildGuard, Ready) {
+    let child = Command::new(exe)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {exe}: {e}"));
+    let mut target = ChildGuard(child);
+    let mut stdout = Lines::new("heap_census stdout", target.0.stdout.take().unwrap());
+    let line = stdout.wait_for("ready", TIMEOUT);
+    let n: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|w| {
+            w.parse()
+                .unwrap_or_else(|_| panic!("bad ready line: {line}"))
+        })
+        .collect();
+    assert_eq!(n.len(), 6, "bad ready line: {line}");
+    let ready = Ready {
+        ids: [n[0], n[1], n[2]],
+        bytes: [n[3], n[4], n[5]],
+    };
+    (target, ready)
+}
+
+/// `memprof heap --pid PID --format FORMAT`, which must succeed: stdout.
+fn heap(pid: i32, format: &str) -> String {
+    let pid = pid.to_string();
+    let out = run_ok(["heap", "--pid", &pid, "--format", format]);
+    String::from_utf8(out.stdout).expect("UTF-8")
+}
+
+/// Nobody traces `pid` (`TracerPid:` of its status).
+fn tracer_of(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("TracerPid:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("TracerPid in status")
+}
+
+/// The census of `exe` has exactly the kept objects of each class, under
+/// its type id, named `Class` (or `(type ID)` when not `named`).
+fn census_is_exact(exe: &str, named: bool) {
+    let (mut target, ready) = start(exe);
+    let text = heap(target.pid(), "json");
+    let json: Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}):\n{text}"));
+    assert_eq!(json["format"], "memprof-heap");
+    let types = json["types"].as_array().expect("types");
+    for (i, (class, count, kind)) in CLASSES.iter().enumerate() {
+        let rows: Vec<&Value> = types
+            .iter()
+            .filter(|t| t["type_id"].as_u64() == Some(ready.ids[i]))
+            .collect();
+        let name = if named {
+            class.to_string()
+        } else {
+            format!("(type {})", ready.ids[i])
+        };
+        assert_eq!(rows.len(), 1, "{class}: rows with its id: {rows:#?}");
+        let row = rows[0];
+        assert_eq!(row["name"], name.as_str(), "{row:#}");
+        assert_eq!(row["kind"], *kind, "{row:#}");
+        assert_eq!(uint(row, "/count"), *count, "{class}: {row:#}");
+        assert_eq!(uint(row, "/bytes"), ready.bytes[i], "{class}: {row:#}");
+    }
+    // Every live object is in one type row, and the RSS table adds up.
+    let live = uint(&json, "/gc/live_bytes");
+    let typed: u64 = types.iter().map(|t| uint(t, "/bytes")).sum();
+    assert_eq!(typed, live);
+    let rss = json["rss"].as_array().expect("rss");
+    let total: u64 = rss.iter().map(|r| uint(r, "/bytes")).sum();
+    assert_eq!(total, uint(&json, "/rss_total"));
+    let live_row = rss
+        .iter()
+        .find(|r| r["what"] == "GC heap: live objects")
+        .expect("a GC live row");
+    // Resident live bytes: at most the live bytes (a large buffer never
+    // written is not resident), at least the kept objects (written, and
+    // each in a one-page block).
+    let kept: u64 = ready.bytes.iter().sum();
+    let resident_live = uint(live_row, "/bytes");
+    assert!(
+        (kept..=live).contains(&resident_live),
+        "resident live {resident_live}, kept {kept}, live {live}"
+    );
+    let rollup = uint(&json, "/smaps_rollup_rss");
+    assert!(
+        total.abs_diff(rollup) * 50 <= rollup,
+        "RSS rows sum to {total}, smaps_rollup says {rollup}"
+    );
+    // Left running, untraced.
+    assert!(target.is_running());
+    assert_eq!(tracer_of(target.pid()), 0);
+
+    if named {
+        let md = heap(target.pid(), "markdown");
+        let author = format!(
+            "| 7,000 | {} | atomic | Author |",
+            thousands(ready.bytes[0])
+        );
+        assert!(md.contains(&author), "no {author:?} in:\n{md}");
+        assert!(md.contains("## Where the RSS goes"), "{md}");
+        assert!(target.is_running());
+    }
+}
+
+#[test]
+fn heap_census_debug() {
+    census_is_exact(fixture::crystal::HEAP_CENSUS_DEBUG, true);
+}
+
+#[test]
+fn heap_census_static_libgc() {
+    census_is_exact(fixture::crystal::HEAP_CENSUS_STATIC, true);
+}
+
+#[test]
+fn heap_census_stripped() {
+    census_is_exact(fixture::crystal::HEAP_CENSUS_STRIPPED, true);
+}
+
+/// `--release` inlines the constructors: the ids are found where the
+/// callers store them, unnamed, with the same exact counts.
+#[test]
+fn heap_census_release() {
+    census_is_exact(fixture::crystal::HEAP_CENSUS_RELEASE, false);
+}
+
+#[test]
+fn heap_of_a_program_without_gc_is_one_line() {
+    let child = Command::new(fixture::ATTACH_TARGET)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut target = ChildGuard(child);
+    Lines::new("attach_target", target.0.stdout.take().unwrap()).wait_for("ready", TIMEOUT);
+    let out = run(["heap", "--pid", &target.pid().to_string()]);
+    assert_one_line_error(&out, &["has no Boehm GC heap", "GC_malloc"]);
+    assert!(target.is_running());
+    assert_eq!(tracer_of(target.pid()), 0);
+}
+
+/// A GC program that does not collect (gc_attach_target collects only on
+/// SIGUSR1): one line after --wait, the program untouched, and it still
+/// collects afterwards.
+#[test]
+fn heap_without_a_collection_gives_up_after_wait() {
+    let child = Command::new(fixture::GC_ATTACH_TARGET)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut target = ChildGuard(child);
+    let mut stdout = Lines::new("gc_attach_target", target.0.stdout.take().unwrap());
+    stdout.wait_for("ready", TIMEOUT);
+    let out = run(["heap", "--pid", &target.pid().to_string(), "--wait", "1"]);
+    assert_one_line_error(
+        &out,
+        &["did not collect within 1 s", "GC.collect", "--wait"],
+    );
+    assert!(target.is_running());
+    assert_eq!(tracer_of(target.pid()), 0);
+    target.signal(libc::SIGUSR1);
+    stdout.wait_for("done", TIMEOUT);
+}
+
+#[test]
+fn heap_wait_must_be_positive() {
+    let out = run(["heap", "--pid", "1", "--wait", "0"]);
+    assert_one_line_error(&out, &["--wait must be a positive number of seconds"]);
+}
