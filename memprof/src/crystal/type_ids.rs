@@ -222,3 +222,35 @@ fn constructed_id(
         })
         .find_map(stored_id)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(bytes: &[u8]) -> Option<u32> {
+        stored_id(&decode::one(bytes, 0x1000))
+    }
+
+    #[test]
+    fn only_a_constant_at_offset_0_of_a_register_is_a_type_id() {
+        assert_eq!(id(&[0xc7, 0x01, 0xad, 0, 0, 0]), Some(0xad)); // movl $0xad,(%rcx)
+        assert_eq!(id(&[0x48, 0xc7, 0x00, 0xad, 0, 0, 0]), Some(0xad)); // movq $0xad,(%rax)
+        assert_eq!(id(&[0xc7, 0x41, 0x0c, 0, 0, 0, 0]), None); // movl $0,0xc(%rcx)
+        assert_eq!(id(&[0xc7, 0x04, 0x24, 5, 0, 0, 0]), None); // movl $5,(%rsp)
+        assert_eq!(id(&[0x89, 0x01]), None); // mov %eax,(%rcx)
+    }
+
+    #[test]
+    fn a_word_stored_only_in_the_other_kind_of_memory_is_no_type_id() {
+        let names = TypeNames {
+            names: BTreeMap::from([(173, "Author".to_string())]),
+            stored: BTreeMap::from([(173, ATOMIC), (174, NORMAL), (200, NORMAL | ATOMIC)]),
+        };
+        assert_eq!(names.type_of(173, true), TypeOf::Named("Author"));
+        assert_eq!(names.type_of(173, false), TypeOf::NotAType);
+        assert_eq!(names.type_of(174, false), TypeOf::Unnamed);
+        assert_eq!(names.type_of(180, true), TypeOf::Unnamed);
+        assert_eq!(names.type_of(201, false), TypeOf::NotAType);
+        assert_eq!(names.type_of(0, false), TypeOf::NotAType);
+    }
+}

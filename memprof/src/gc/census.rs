@@ -342,7 +342,7 @@ impl HeapCopy {
                 kind: k, size: s, ..
             } if *k == kind && *s == size => {
                 let off = q - block.addr;
-                size <= self.hblksize && off % size == 0 && off + size <= self.hblksize
+                size <= self.hblksize && off.is_multiple_of(size) && off + size <= self.hblksize
             }
             _ => false,
         }
