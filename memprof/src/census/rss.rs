@@ -27,6 +27,8 @@ use anyhow::{Context, Result};
 /// glibc's arena reservation (HEAP_MAX_SIZE on 64-bit).
 const ARENA: u64 = 64 << 20;
 const PAGE: u64 = 4096;
+/// Most pagemap entries read at once (64 MiB of address space).
+const MAX_PAGES: u64 = 16 << 10;
 
 /// One mapping of `/proc/PID/smaps`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,16 +59,38 @@ pub fn read(pid: u32, ranges: &[(u64, u64)]) -> Result<Snapshot> {
     let mappings = parse_smaps(&text);
     let pagemap = File::open(format!("/proc/{pid}/pagemap"))
         .with_context(|| format!("cannot read /proc/{pid}/pagemap"))?;
+    // One read of the entries of each run of neighbouring ranges (heap
+    // blocks are mostly contiguous), then the ranges' shares of it.
     let mut resident = Vec::with_capacity(ranges.len());
     let mut entries = Vec::new();
-    for &(start, bytes) in ranges {
-        let pages = bytes.div_ceil(PAGE) as usize;
-        entries.resize(pages * 8, 0);
+    let mut i = 0;
+    while i < ranges.len() {
+        let first = ranges[i].0 / PAGE;
+        let mut j = i;
+        let mut end = first;
+        while j < ranges.len() && ranges[j].0 / PAGE == end && end - first < MAX_PAGES {
+            end = (ranges[j].0 + ranges[j].1).div_ceil(PAGE);
+            j += 1;
+        }
+        if j == i {
+            // Not page-aligned after the previous one: a run of its own.
+            end = (ranges[i].0 + ranges[i].1).div_ceil(PAGE);
+            j = i + 1;
+        }
+        entries.resize(((end - first) * 8) as usize, 0);
         pagemap
-            .read_exact_at(&mut entries, start / PAGE * 8)
+            .read_exact_at(&mut entries, first * 8)
             .with_context(|| format!("reading /proc/{pid}/pagemap"))?;
-        let present = entries.chunks_exact(8).filter(|e| e[7] & 0x80 != 0).count() as u64;
-        resident.push(present * PAGE);
+        for &(start, bytes) in &ranges[i..j] {
+            let from = (start / PAGE - first) as usize;
+            let pages = bytes.div_ceil(PAGE) as usize;
+            let present = entries[from * 8..(from + pages) * 8]
+                .chunks_exact(8)
+                .filter(|e| e[7] & 0x80 != 0)
+                .count() as u64;
+            resident.push(present * PAGE);
+        }
+        i = j;
     }
     Ok(Snapshot { mappings, resident })
 }

@@ -40,6 +40,10 @@ const ALLOCATORS: &[(&str, bool)] = &[
 /// Instructions looked at after an allocator call for the id's store.
 const WINDOW: usize = 40;
 
+/// The highest type id believed: larger constants stored after an
+/// allocation are data (`movl $0x2e2e2e2e,(%rax)`: "....").
+const MAX_TYPE_ID: u32 = 1 << 16;
+
 /// Longest constructor decoded (its symbol size, when it has one).
 const MAX_CODE: usize = 16 << 10;
 
@@ -159,7 +163,9 @@ pub fn type_names(exe: &Module) -> TypeNames {
             }
         }
     });
-    stored.remove(&0);
+    // A constant stored after an allocation that no type id can be
+    // (Crystal programs have thousands of types, not millions): text, flags.
+    stored.retain(|&id, _| id != 0 && id <= MAX_TYPE_ID);
     if let Some(sym) = exe.symbol("String::TYPE_ID") {
         if let Some(bytes) = exe
             .bytes_at(sym.address)
