@@ -92,8 +92,8 @@ pub fn heap(pid: u32, options: &HeapOptions) -> Result<()> {
         .map(|r| r.module)
         .ok_or_else(|| {
             anyhow!(
-                "pid {pid} has no Boehm GC heap (GC_malloc is in none of {}): `memprof heap` reads the heap of programs using the Boehm GC (Crystal and others)",
-                modules.iter().map(|m| allocators::short(m)).collect::<Vec<_>>().join(", ")
+                "pid {pid} ({}) has no Boehm GC heap: GC_malloc is defined neither in it nor in a library it loaded (`memprof heap` reads the heap of programs using the Boehm GC, as Crystal's do)",
+                allocators::short(&target.exe)
             )
         })?;
     let reader = HeapReader::new(cache.get(&gc_module)?)?;

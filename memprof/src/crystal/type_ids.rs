@@ -17,13 +17,17 @@
 //! keeps the first 32-bit immediate stored at offset 0 of a register after
 //! each call to an allocator; `String`'s id is the constant
 //! `String::TYPE_ID` the program carries. Release builds inline `new` into
-//! its callers: those ids stay unnamed (`(type 123)` in reports).
+//! its callers: there the id is stored after the allocation the same way,
+//! and the DWARF of the inlined `new` gives its `file:line` in the class
+//! body, whose class the source names ([`crate::crystal::source`]); ids
+//! with neither stay unnamed (`(type 123)` in reports).
 use std::collections::{BTreeMap, HashMap};
 
 use iced_x86::{Code, FlowControl, Instruction, Mnemonic, OpKind, Register};
 
 use super::parse_method;
 use crate::modules::Module;
+use crate::symbolize::inlined_new_owners;
 use crate::x86::decode;
 
 /// The functions the compiler allocates objects with, and whether they
@@ -43,6 +47,9 @@ const WINDOW: usize = 40;
 /// The highest type id believed: larger constants stored after an
 /// allocation are data (`movl $0x2e2e2e2e,(%rax)`: "....").
 const MAX_TYPE_ID: u32 = 1 << 16;
+
+/// Places an unnamed id is looked up at in the DWARF.
+const SITES_PER_ID: usize = 4;
 
 /// Longest constructor decoded (its symbol size, when it has one).
 const MAX_CODE: usize = 16 << 10;
@@ -146,11 +153,18 @@ pub fn type_names(exe: &Module) -> TypeNames {
         }
     }
     let mut stored: BTreeMap<u32, u8> = BTreeMap::new();
+    // Where each id is stored, the first few places (for the ids no
+    // constructor names).
+    let mut sites: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
     // The kind of the last allocator call, and instructions since.
     let mut since_call: Option<(bool, usize)> = None;
     decode::sweep(exe, |insn| {
         if let Some((atomic, id)) = since_call.and_then(|(a, _)| Some((a, stored_id(insn)?))) {
             *stored.entry(id).or_default() |= if atomic { ATOMIC } else { NORMAL };
+            let at = sites.entry(id).or_default();
+            if at.len() < SITES_PER_ID {
+                at.push(insn.ip());
+            }
             since_call = None;
         } else if let Some(atomic) = allocator_call(insn, &allocators) {
             since_call = Some((atomic, 0));
@@ -166,6 +180,19 @@ pub fn type_names(exe: &Module) -> TypeNames {
     // A constant stored after an allocation that no type id can be
     // (Crystal programs have thousands of types, not millions): text, flags.
     stored.retain(|&id, _| id != 0 && id <= MAX_TYPE_ID);
+    // Release builds: the store is in the caller `new` was inlined into;
+    // DWARF says where the inlined `new` comes from in the source.
+    let unnamed: Vec<(u32, u64)> = sites
+        .into_iter()
+        .filter(|(id, _)| stored.contains_key(id) && !names.contains_key(id))
+        .flat_map(|(id, at)| at.into_iter().map(move |a| (id, a)))
+        .collect();
+    let addresses: Vec<u64> = unnamed.iter().map(|&(_, at)| at).collect();
+    for ((id, _), owner) in unnamed.iter().zip(inlined_new_owners(exe, &addresses)) {
+        if let Some(owner) = owner {
+            names.entry(*id).or_insert(owner);
+        }
+    }
     if let Some(sym) = exe.symbol("String::TYPE_ID") {
         if let Some(bytes) = exe
             .bytes_at(sym.address)
