@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Result};
 
 use crate::allocators::{self, BOEHM};
-use crate::crystal::type_ids::{type_names, TypeNames};
+use crate::crystal::type_ids::{type_names, TypeNames, TypeOf};
 use crate::gc::census::{Census, HeapCopy, HeapReader};
 use crate::modules::ModuleCache;
 use crate::outfile::OutFile;
@@ -104,7 +104,8 @@ pub fn heap(pid: u32, options: &HeapOptions) -> Result<()> {
     let signals = Signals::block()?;
     let (copy, snapshot, rollup_rss, held) = hold_and_copy(pid, &reader, options.wait, &signals)?;
     let started = Instant::now();
-    let census = copy.census();
+    let census =
+        copy.census(&|word, kind| names.type_of(word, report::is_atomic(kind)) != TypeOf::NotAType);
     let rss = rss::table(&snapshot, &gc_blocks(&copy, &census));
     let report = HeapReport {
         target,
@@ -121,12 +122,14 @@ pub fn heap(pid: u32, options: &HeapOptions) -> Result<()> {
         Some(file) => file,
         None => &mut stdout,
     };
-    report::write(&report, options, out)?;
-    out.flush()?;
-    if let Some(file) = file {
-        file.commit()?;
+    let written = report::write(&report, options, out)
+        .and_then(|()| out.flush().map_err(Into::into))
+        .and_then(|()| file.map_or(Ok(()), OutFile::commit));
+    match written {
+        // `memprof heap … | head` is done, not failed.
+        Err(e) if is_broken_pipe(&e) => Ok(()),
+        other => other,
     }
-    Ok(())
 }
 
 /// Attaches, waits for the next collection, copies the heap while the
@@ -199,6 +202,16 @@ fn hold_and_copy(
     tracer.detach();
     drop(attached);
     result
+}
+
+/// Whether writing failed because the reader went away (`… | head`).
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|e| {
+        e.downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+            || e.downcast_ref::<serde_json::Error>()
+                .is_some_and(|e| e.io_error_kind() == Some(std::io::ErrorKind::BrokenPipe))
+    })
 }
 
 /// `Rss` of `/proc/PID/smaps_rollup`.

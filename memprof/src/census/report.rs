@@ -9,7 +9,7 @@ use serde_json::json;
 
 use super::{HeapOptions, HeapReport};
 use crate::crystal::type_ids::TypeOf;
-use crate::gc::census::{kind_name, Tally, AUNCOLLECTABLE, PTRFREE};
+use crate::gc::census::{kind_name, Tally, Word, AUNCOLLECTABLE, PTRFREE};
 use crate::report::thousands;
 
 /// Output formats of `memprof heap`.
@@ -23,38 +23,54 @@ pub enum HeapFormat {
 /// Live objects of one type and kind.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TypeRow {
-    /// The class; `(type N)` for an id no constructor named; `(no type
-    /// id)` for objects whose first word is not one (buffers, raw data).
+    /// The class; `(type N)` for an id no constructor names; `T buffer`
+    /// for objects without a type id that an object of type `T` points
+    /// into; `(no type id)` for the rest (raw memory).
     pub name: String,
     pub type_id: Option<u32>,
+    /// For a buffer: the type id of the object holding it.
+    pub held_by: Option<u32>,
     pub kind: u8,
     pub count: u64,
     pub bytes: u64,
 }
 
-/// The type rows, most bytes first, named by [`crate::crystal::type_ids`]:
-/// a first word that is no type id ([`TypeOf::NotAType`]: above every id
-/// the code stores, or stored only into the other kind of memory) is
-/// `(no type id)`, as is every word of a program that stores none.
+/// Whether objects of `kind` are pointer-free.
+pub fn is_atomic(kind: u8) -> bool {
+    matches!(kind, PTRFREE | AUNCOLLECTABLE)
+}
+
+/// The type rows, most bytes first, named by [`crate::crystal::type_ids`]
+/// (the census kept as type ids only first words that are:
+/// [`TypeOf::NotAType`] never reaches here).
 pub fn type_rows(report: &HeapReport) -> Vec<TypeRow> {
     let names = &report.names;
-    let mut rows: BTreeMap<(String, Option<u32>, u8), Tally> = BTreeMap::new();
+    let type_name = |id: u32, atomic: bool| match names.type_of(id, atomic) {
+        TypeOf::Named(name) => name.to_string(),
+        _ => format!("(type {id})"),
+    };
+    // A holder's name: the kind of memory it is in is the scanned one.
+    let holder_name = |id: u32| match names.type_of(id, false) {
+        TypeOf::Named(name) => format!("{name} buffer"),
+        _ => format!("(type {id}) buffer"),
+    };
+    let mut rows: BTreeMap<(String, Option<u32>, Option<u32>, u8), Tally> = BTreeMap::new();
     for (&(kind, word), tally) in &report.census.words {
-        let atomic = matches!(kind, PTRFREE | AUNCOLLECTABLE);
-        let key = match word.map(|id| (id, names.type_of(id, atomic))) {
-            Some((id, TypeOf::Named(name))) => (name.to_string(), Some(id)),
-            Some((id, TypeOf::Unnamed)) => (format!("(type {id})"), Some(id)),
-            _ => ("(no type id)".to_string(), None),
+        let key = match word {
+            Word::Type(id) => (type_name(id, is_atomic(kind)), Some(id), None),
+            Word::HeldBy(id) => (holder_name(id), None, Some(id)),
+            Word::Untyped => ("(no type id)".to_string(), None, None),
         };
-        let row = rows.entry((key.0, key.1, kind)).or_default();
+        let row = rows.entry((key.0, key.1, key.2, kind)).or_default();
         row.count += tally.count;
         row.bytes += tally.bytes;
     }
     let mut out: Vec<TypeRow> = rows
         .into_iter()
-        .map(|((name, type_id, kind), t)| TypeRow {
+        .map(|((name, type_id, held_by, kind), t)| TypeRow {
             name,
             type_id,
+            held_by,
             kind,
             count: t.count,
             bytes: t.bytes,
@@ -237,8 +253,8 @@ pub fn to_json(report: &HeapReport) -> serde_json::Value {
     let types: Vec<_> = type_rows(report)
         .into_iter()
         .map(|r| {
-            json!({"name": r.name, "type_id": r.type_id, "kind": kind_name(r.kind),
-                   "count": r.count, "bytes": r.bytes})
+            json!({"name": r.name, "type_id": r.type_id, "held_by_type_id": r.held_by,
+                   "kind": kind_name(r.kind), "count": r.count, "bytes": r.bytes})
         })
         .collect();
     let classes: Vec<_> = report

@@ -30,7 +30,7 @@
 //! let reader = HeapReader::new(std::sync::Arc::new(libgc))?;
 //! // With the collector of pid 1234 held at `GC_gc_no++`:
 //! let copy = reader.copy(1234)?;
-//! let census = copy.census();
+//! let census = copy.census(&|word, _kind| (1..1000).contains(&word)); // type ids
 //! println!("{} live objects at collection {}", census.live_count(), copy.gc_no);
 //! # Ok(()) }
 //! ```
@@ -318,14 +318,25 @@ pub struct SizeClass {
     pub unmarked: Tally,
 }
 
+/// What a live object's first 32-bit word says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Word {
+    /// A type id (one the caller's `is_type` accepts).
+    Type(u32),
+    /// No type id, but an object with this type id points into it (the
+    /// first such object in address order): its buffer.
+    HeldBy(u32),
+    /// No type id, and no typed object points into it.
+    Untyped,
+}
+
 /// The collector's verdict on every object of the heap.
 #[derive(Debug, Clone, Default)]
 pub struct Census {
     /// Per (kind, object size).
     pub classes: BTreeMap<(u8, u64), SizeClass>,
-    /// Live objects per (kind, first 32-bit word): a Crystal object's type
-    /// id (`None`: nothing was copied, which does not happen for live objects).
-    pub words: BTreeMap<(u8, Option<u32>), Tally>,
+    /// Live objects per (kind, what their first word says).
+    pub words: BTreeMap<(u8, Word), Tally>,
     /// Free blocks and their bytes.
     pub free_blocks: Tally,
     /// Per object block: (address, heap bytes, live bytes), ascending.
@@ -363,6 +374,13 @@ impl HeapCopy {
     /// Whether `q` is the start of an object of `size` bytes and `kind`
     /// (where a free list of that class would link).
     fn is_object_start(&self, q: u64, kind: u8, size: u64) -> bool {
+        // Most first words (type ids) are nowhere near the heap.
+        let (Some(first), Some(last)) = (self.blocks.first(), self.blocks.last()) else {
+            return false;
+        };
+        if q < first.addr || q >= last.addr + last.bytes(self.hblksize) {
+            return false;
+        }
         let i = self.blocks.partition_point(|b| b.addr <= q);
         let Some(block) = i.checked_sub(1).map(|i| &self.blocks[i]) else {
             return false;
@@ -392,10 +410,18 @@ impl HeapCopy {
         links && (!cleared(kind) || bytes[8..].iter().all(|&b| b == 0))
     }
 
-    /// Judges every object of every block by its mark bit.
-    pub fn census(&self) -> Census {
+    /// Judges every object of every block by its mark bit. `is_type(word,
+    /// kind)`: whether a live object's first 32-bit word is a type id.
+    /// Live objects without one are named after the first typed object
+    /// (in address order) with a word pointing into them ([`Word::HeldBy`]):
+    /// an `Array(Foo)`'s buffer is held by the `Array(Foo)`.
+    pub fn census(&self, is_type: &dyn Fn(u32, u8) -> bool) -> Census {
         let hblk = self.hblksize;
         let mut census = Census::default();
+        // Live objects without a type id, ascending: (start, size, kind).
+        let mut untyped: Vec<(u64, u64, u8)> = Vec::new();
+        // Typed objects whose words may point at them: (start, size, id).
+        let mut holders: Vec<(u64, u64, u32)> = Vec::new();
         for block in &self.blocks {
             let (kind, size, marks) = match &block.state {
                 BlockState::Free { bytes } => {
@@ -408,12 +434,17 @@ impl HeapCopy {
             class.blocks += 1;
             class.block_bytes += block.bytes(hblk);
             let mut live_bytes = 0;
+            // The block's copy, found once (a large object's: its head).
+            let copied = self.bytes_at(block.addr, hblk);
             for p in block.starts(size, hblk) {
                 if !marked(marks, p - block.addr, self.granule_shift) {
                     class.unmarked.add(size);
                     continue;
                 }
-                let bytes = self.bytes_at(p, size.min(hblk));
+                let from = (p - block.addr) as usize;
+                let bytes = copied
+                    .and_then(|c| c.get(from..(from + size.min(hblk) as usize).min(c.len())))
+                    .filter(|b| !b.is_empty());
                 if bytes.is_some_and(|b| self.on_free_list(b, kind, size)) {
                     class.free_list.add(size);
                     continue;
@@ -422,12 +453,59 @@ impl HeapCopy {
                 live_bytes += size;
                 let word = bytes
                     .and_then(|b| b.get(..4))
-                    .map(|w| u32::from_le_bytes(w.try_into().unwrap()));
-                census.words.entry((kind, word)).or_default().add(size);
+                    .map(|w| u32::from_le_bytes(w.try_into().unwrap()))
+                    .filter(|&w| is_type(w, kind));
+                match word {
+                    Some(id) => {
+                        census
+                            .words
+                            .entry((kind, Word::Type(id)))
+                            .or_default()
+                            .add(size);
+                        // Only scanned memory holds pointers; only small
+                        // objects were copied whole.
+                        if !matches!(kind, PTRFREE | AUNCOLLECTABLE) && size <= hblk {
+                            holders.push((p, size, id));
+                        }
+                    }
+                    None => untyped.push((p, size, kind)),
+                }
             }
             census
                 .object_blocks
                 .push((block.addr, block.bytes(hblk), live_bytes));
+        }
+        // The first holder of each untyped object.
+        let mut held_by: Vec<Option<u32>> = vec![None; untyped.len()];
+        let (low, high) = match (untyped.first(), untyped.last()) {
+            (Some(f), Some(l)) => (f.0, l.0 + l.1),
+            _ => (0, 0),
+        };
+        for &(p, size, id) in &holders {
+            let Some(bytes) = self.bytes_at(p, size) else {
+                continue;
+            };
+            // The first word is the type id (and a field after it).
+            for word in bytes.chunks_exact(8).skip(1) {
+                let q = u64::from_le_bytes(word.try_into().unwrap());
+                if q < low || q >= high {
+                    continue;
+                }
+                // The untyped object q points into: an interior pointer
+                // counts, as for the collector with all interior pointers
+                // on (Crystal's setting).
+                let i = untyped.partition_point(|o| o.0 <= q);
+                if let Some(i) = i
+                    .checked_sub(1)
+                    .filter(|&i| q < untyped[i].0 + untyped[i].1)
+                {
+                    held_by[i].get_or_insert(id);
+                }
+            }
+        }
+        for (&(_, size, kind), &id) in untyped.iter().zip(&held_by) {
+            let word = id.map_or(Word::Untyped, Word::HeldBy);
+            census.words.entry((kind, word)).or_default().add(size);
         }
         census
     }
@@ -479,7 +557,7 @@ mod tests {
             addr: 0x11000,
             state: BlockState::Free { bytes: 8192 },
         };
-        let census = copy(vec![block, free], vec![(0x10000, data)]).census();
+        let census = copy(vec![block, free], vec![(0x10000, data)]).census(&|w, _| w < 1000);
         let class = census.classes[&(NORMAL, 32)];
         assert_eq!(
             class.live,
@@ -498,14 +576,14 @@ mod tests {
         assert_eq!(class.unmarked.count, 128 - 4);
         assert_eq!(class.block_bytes, 4096);
         assert_eq!(
-            census.words[&(NORMAL, Some(173))],
+            census.words[&(NORMAL, Word::Type(173))],
             Tally {
                 count: 1,
                 bytes: 32
             }
         );
         assert_eq!(
-            census.words[&(NORMAL, Some(174))],
+            census.words[&(NORMAL, Word::Type(174))],
             Tally {
                 count: 1,
                 bytes: 32
@@ -522,6 +600,54 @@ mod tests {
     }
 
     #[test]
+    fn a_buffer_is_named_after_the_typed_object_pointing_into_it() {
+        // An Array-like object (type 28, 32 bytes) at 0x10000 whose word
+        // at +16 points 16 bytes into a large untyped buffer at 0x20000;
+        // another large untyped object at 0x30000 nobody points to.
+        let mut small = vec![0u8; 4096];
+        small[0..4].copy_from_slice(&28u32.to_le_bytes());
+        small[16..24].copy_from_slice(&0x20010u64.to_le_bytes());
+        let large = |addr| HeapBlock {
+            addr,
+            state: BlockState::Objects {
+                kind: NORMAL,
+                size: 8192,
+                marks: marks(&[0]),
+            },
+        };
+        let blocks = vec![
+            HeapBlock {
+                addr: 0x10000,
+                state: BlockState::Objects {
+                    kind: NORMAL,
+                    size: 32,
+                    marks: marks(&[0]),
+                },
+            },
+            large(0x20000),
+            large(0x30000),
+        ];
+        let raw = vec![0xffu8; 16];
+        let contents = vec![(0x10000, small), (0x20000, raw.clone()), (0x30000, raw)];
+        let census = copy(blocks, contents).census(&|w, _| w == 28);
+        assert_eq!(census.words[&(NORMAL, Word::Type(28))].count, 1);
+        assert_eq!(
+            census.words[&(NORMAL, Word::HeldBy(28))],
+            Tally {
+                count: 1,
+                bytes: 8192
+            }
+        );
+        assert_eq!(
+            census.words[&(NORMAL, Word::Untyped)],
+            Tally {
+                count: 1,
+                bytes: 8192
+            }
+        );
+    }
+
+    #[test]
     fn a_large_object_takes_whole_blocks() {
         let block = HeapBlock {
             addr: 0x20000,
@@ -533,9 +659,9 @@ mod tests {
         };
         let mut head = vec![0u8; 16];
         head[0..4].copy_from_slice(&1u32.to_le_bytes());
-        let census = copy(vec![block], vec![(0x20000, head)]).census();
+        let census = copy(vec![block], vec![(0x20000, head)]).census(&|w, _| w < 1000);
         let class = census.classes[&(PTRFREE, 10000)];
         assert_eq!((class.live.count, class.block_bytes), (1, 12288));
-        assert_eq!(census.words[&(PTRFREE, Some(1))].bytes, 10000);
+        assert_eq!(census.words[&(PTRFREE, Word::Type(1))].bytes, 10000);
     }
 }
