@@ -17,6 +17,10 @@ use std::process::{Command, Stdio};
 struct Ready {
     ids: [u64; 3],
     bytes: [u64; 3],
+    /// `GC_size` of the buffer of the kept `Array(Author)`, `Array(Book)`, `Array(Note)`.
+    buffers: [u64; 3],
+    /// Type ids of `Array(Author)`, `Array(Book)`, `Array(Note)`.
+    arrays: [u64; 3],
 }
 
 const CLASSES: [(&str, u64, &str); 3] = [
@@ -41,10 +45,12 @@ fn start(exe: &str) -> (ChildGuard, Ready) {
                 .unwrap_or_else(|_| panic!("bad ready line: {line}"))
         })
         .collect();
-    assert_eq!(n.len(), 6, "bad ready line: {line}");
+    assert_eq!(n.len(), 12, "bad ready line: {line}");
     let ready = Ready {
         ids: [n[0], n[1], n[2]],
         bytes: [n[3], n[4], n[5]],
+        buffers: [n[6], n[7], n[8]],
+        arrays: [n[9], n[10], n[11]],
     };
     (target, ready)
 }
@@ -68,7 +74,9 @@ fn tracer_of(pid: i32) -> u64 {
 
 /// The census of `exe` has exactly the kept objects of each class, under
 /// its type id, named `Class` (or `(type ID)` when not `named`).
-fn census_is_exact(exe: &str, named: bool) {
+/// `arrays_named`: the `Array(T)`s are named too (not in `--release`,
+/// where their generic `new` is inlined: its source says `Array(T)`).
+fn census_is_exact(exe: &str, named: bool, arrays_named: bool) {
     let (mut target, ready) = start(exe);
     let text = heap(target.pid(), "json");
     let json: Value =
@@ -91,6 +99,30 @@ fn census_is_exact(exe: &str, named: bool) {
         assert_eq!(row["kind"], *kind, "{row:#}");
         assert_eq!(uint(row, "/count"), *count, "{class}: {row:#}");
         assert_eq!(uint(row, "/bytes"), ready.bytes[i], "{class}: {row:#}");
+    }
+    // Each kept array's buffer (no type id of its own) is named after the
+    // array pointing to it (`Array(Author) buffer`, or `(type N) buffer`
+    // when the array's id is unnamed): the only live one of its kind.
+    for (i, class) in ["Author", "Book", "Note"].iter().enumerate() {
+        let array = ready.arrays[i];
+        let holder: Vec<&Value> = types
+            .iter()
+            .filter(|t| t["type_id"].as_u64() == Some(array))
+            .collect();
+        assert_eq!(holder.len(), 1, "Array({class}): {holder:#?}");
+        let rows: Vec<&Value> = types
+            .iter()
+            .filter(|t| t["held_by_type_id"].as_u64() == Some(array))
+            .collect();
+        assert_eq!(rows.len(), 1, "Array({class}) buffer: {rows:#?}");
+        let name = format!("{} buffer", holder[0]["name"].as_str().unwrap());
+        if arrays_named {
+            assert_eq!(name, format!("Array({class}) buffer"));
+        }
+        assert_eq!(rows[0]["name"], name.as_str(), "{:#}", rows[0]);
+        assert_eq!(uint(rows[0], "/count"), 1, "{:#}", rows[0]);
+        assert_eq!(uint(rows[0], "/bytes"), ready.buffers[i], "{:#}", rows[0]);
+        assert_eq!(rows[0]["type_id"], Value::Null);
     }
     // Every live object is in one type row, and the RSS table adds up.
     let live = uint(&json, "/gc/live_bytes");
@@ -135,17 +167,17 @@ fn census_is_exact(exe: &str, named: bool) {
 
 #[test]
 fn heap_census_debug() {
-    census_is_exact(fixture::crystal::HEAP_CENSUS_DEBUG, true);
+    census_is_exact(fixture::crystal::HEAP_CENSUS_DEBUG, true, true);
 }
 
 #[test]
 fn heap_census_static_libgc() {
-    census_is_exact(fixture::crystal::HEAP_CENSUS_STATIC, true);
+    census_is_exact(fixture::crystal::HEAP_CENSUS_STATIC, true, true);
 }
 
 #[test]
 fn heap_census_stripped() {
-    census_is_exact(fixture::crystal::HEAP_CENSUS_STRIPPED, true);
+    census_is_exact(fixture::crystal::HEAP_CENSUS_STRIPPED, true, true);
 }
 
 /// `--release` inlines the constructors: the ids are found where the
@@ -153,7 +185,7 @@ fn heap_census_stripped() {
 /// (its line is the class's `def initialize`, in the source).
 #[test]
 fn heap_census_release() {
-    census_is_exact(fixture::crystal::HEAP_CENSUS_RELEASE, true);
+    census_is_exact(fixture::crystal::HEAP_CENSUS_RELEASE, true, false);
 }
 
 #[test]
