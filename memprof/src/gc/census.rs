@@ -20,7 +20,9 @@
 //! so that the sweep leaves them on the list), though nothing uses them.
 //! They are recognized by their shape — the first word links to the next
 //! free object of the same size and kind (or is 0), the rest is cleared
-//! (kinds libgc clears) — and counted apart, never as live.
+//! (kinds libgc clears) — and by nothing typed pointing into them (an
+//! empty buffer has the same zeros, but its array points to it), and
+//! counted apart, never as live.
 //!
 //! ```no_run
 //! # fn main() -> anyhow::Result<()> {
@@ -418,8 +420,11 @@ impl HeapCopy {
     pub fn census(&self, is_type: &dyn Fn(u32, u8) -> bool) -> Census {
         let hblk = self.hblksize;
         let mut census = Census::default();
-        // Live objects without a type id, ascending: (start, size, kind).
-        let mut untyped: Vec<(u64, u64, u8)> = Vec::new();
+        // Marked objects without a type id, ascending: (start, size, kind,
+        // the index of its block in `object_blocks` if it has a free-list
+        // entry's shape: decided once it is known whether a typed object
+        // points into it).
+        let mut untyped: Vec<(u64, u64, u8, Option<usize>)> = Vec::new();
         // Typed objects whose words may point at them: (start, size, id).
         let mut holders: Vec<(u64, u64, u32)> = Vec::new();
         for block in &self.blocks {
@@ -446,7 +451,7 @@ impl HeapCopy {
                     .and_then(|c| c.get(from..(from + size.min(hblk) as usize).min(c.len())))
                     .filter(|b| !b.is_empty());
                 if bytes.is_some_and(|b| self.on_free_list(b, kind, size)) {
-                    class.free_list.add(size);
+                    untyped.push((p, size, kind, Some(census.object_blocks.len())));
                     continue;
                 }
                 class.live.add(size);
@@ -468,7 +473,7 @@ impl HeapCopy {
                             holders.push((p, size, id));
                         }
                     }
-                    None => untyped.push((p, size, kind)),
+                    None => untyped.push((p, size, kind, None)),
                 }
             }
             census
@@ -503,7 +508,18 @@ impl HeapCopy {
                 }
             }
         }
-        for (&(_, size, kind), &id) in untyped.iter().zip(&held_by) {
+        for (&(_, size, kind, free_shaped), &id) in untyped.iter().zip(&held_by) {
+            if let Some(block) = free_shaped {
+                let class = census.classes.entry((kind, size)).or_default();
+                // Zeros, or a link to an object of its size: an empty
+                // buffer looks the same, but a typed object points to it.
+                if id.is_none() {
+                    class.free_list.add(size);
+                    continue;
+                }
+                class.live.add(size);
+                census.object_blocks[block].2 += size;
+            }
             let word = id.map_or(Word::Untyped, Word::HeldBy);
             census.words.entry((kind, word)).or_default().add(size);
         }
@@ -645,6 +661,30 @@ mod tests {
                 bytes: 8192
             }
         );
+    }
+
+    #[test]
+    fn an_empty_buffer_is_live_a_free_list_entry_is_not() {
+        // 32-byte normal objects at 0x10000: object 0 typed (id 28) points
+        // to object 2, all zeros (an empty buffer); object 3, all zeros
+        // too, is pointed to by nothing (a free list's last entry).
+        let mut data = vec![0u8; 4096];
+        data[0..4].copy_from_slice(&28u32.to_le_bytes());
+        data[8..16].copy_from_slice(&0x10040u64.to_le_bytes());
+        let block = HeapBlock {
+            addr: 0x10000,
+            state: BlockState::Objects {
+                kind: NORMAL,
+                size: 32,
+                marks: marks(&[0, 4, 6]),
+            },
+        };
+        let census = copy(vec![block], vec![(0x10000, data)]).census(&|w, _| w == 28);
+        let class = census.classes[&(NORMAL, 32)];
+        assert_eq!(class.live, Tally { count: 2, bytes: 64 });
+        assert_eq!(class.free_list, Tally { count: 1, bytes: 32 });
+        assert_eq!(census.words[&(NORMAL, Word::HeldBy(28))].count, 1);
+        assert_eq!(census.object_blocks, vec![(0x10000, 4096, 64)]);
     }
 
     #[test]
