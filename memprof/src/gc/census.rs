@@ -681,8 +681,20 @@ mod tests {
         };
         let census = copy(vec![block], vec![(0x10000, data)]).census(&|w, _| w == 28);
         let class = census.classes[&(NORMAL, 32)];
-        assert_eq!(class.live, Tally { count: 2, bytes: 64 });
-        assert_eq!(class.free_list, Tally { count: 1, bytes: 32 });
+        assert_eq!(
+            class.live,
+            Tally {
+                count: 2,
+                bytes: 64
+            }
+        );
+        assert_eq!(
+            class.free_list,
+            Tally {
+                count: 1,
+                bytes: 32
+            }
+        );
         assert_eq!(census.words[&(NORMAL, Word::HeldBy(28))].count, 1);
         assert_eq!(census.object_blocks, vec![(0x10000, 4096, 64)]);
     }
