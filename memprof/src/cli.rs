@@ -108,6 +108,12 @@ pub enum Command {
         /// Type rows shown in markdown [default: 40].
         #[arg(long, value_name = "N")]
         top: Option<usize>,
+        /// Also retained bytes per type (as perf-tools MemProf's
+        /// log_object_sizes): the bytes of every live object reachable from
+        /// the type's objects, each once. Copies large scanned objects
+        /// whole while the collector is held.
+        #[arg(long)]
+        sizes: bool,
     },
     /// Print a profile written by run or attach.
     Report(ReportArgs),

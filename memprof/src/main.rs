@@ -80,6 +80,7 @@ fn run(cli: Cli) -> Result<i32> {
             format,
             output,
             top,
+            sizes,
         } => {
             if !(wait > 0.0 && wait.is_finite()) {
                 bail!("--wait must be a positive number of seconds");
@@ -95,6 +96,7 @@ fn run(cli: Cli) -> Result<i32> {
                 format,
                 output,
                 top,
+                sizes,
             };
             memprof::census::heap(pid, &options).map(|()| 0)
         }

@@ -21,6 +21,11 @@ struct Ready {
     buffers: [u64; 3],
     /// Type ids of `Array(Author)`, `Array(Book)`, `Array(Note)`.
     arrays: [u64; 3],
+    /// Bytes of the Authors the Books hold (the first 5,000), of the
+    /// Strings the Notes hold, and of the `Array(Author)` object itself.
+    held_authors: u64,
+    strings: u64,
+    author_array: u64,
 }
 
 const CLASSES: [(&str, u64, &str); 3] = [
@@ -45,12 +50,15 @@ fn start(exe: &str) -> (ChildGuard, Ready) {
                 .unwrap_or_else(|_| panic!("bad ready line: {line}"))
         })
         .collect();
-    assert_eq!(n.len(), 12, "bad ready line: {line}");
+    assert_eq!(n.len(), 15, "bad ready line: {line}");
     let ready = Ready {
         ids: [n[0], n[1], n[2]],
         bytes: [n[3], n[4], n[5]],
         buffers: [n[6], n[7], n[8]],
         arrays: [n[9], n[10], n[11]],
+        held_authors: n[12],
+        strings: n[13],
+        author_array: n[14],
     };
     (target, ready)
 }
@@ -163,6 +171,43 @@ fn census_is_exact(exe: &str, named: bool, arrays_named: bool) {
         assert!(md.contains("## Where the RSS goes"), "{md}");
         assert!(target.is_running());
     }
+}
+
+/// `--sizes`: retained bytes, each reachable byte once, from what the
+/// fixture holds: an Author holds nothing, a Book its Author, a Note its
+/// String, the Array(Author) its buffer and the 7,000 Authors.
+#[test]
+fn heap_retained_sizes() {
+    let (target, ready) = start(fixture::crystal::HEAP_CENSUS_DEBUG);
+    let pid = target.pid().to_string();
+    let out = run_ok(["heap", "--pid", &pid, "--format", "json", "--sizes"]);
+    let json: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let retained = |id: u64| {
+        let rows: Vec<&Value> = json["types"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|t| t["type_id"].as_u64() == Some(id))
+            .collect();
+        assert_eq!(rows.len(), 1, "type {id}: {rows:#?}");
+        uint(rows[0], "/retained_bytes")
+    };
+    let [authors, books, notes] = ready.bytes;
+    assert_eq!(retained(ready.ids[0]), authors);
+    assert_eq!(retained(ready.ids[1]), books + ready.held_authors);
+    assert_eq!(retained(ready.ids[2]), notes + ready.strings);
+    assert_eq!(
+        retained(ready.arrays[0]),
+        ready.author_array + ready.buffers[0] + authors
+    );
+    // Buffers have no type id: no retained figure of their own.
+    let buffer = json["types"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "Array(Author) buffer")
+        .expect("the Array(Author) buffer");
+    assert_eq!(buffer["retained_bytes"], Value::Null);
 }
 
 #[test]

@@ -11,8 +11,9 @@
 //!    of the blocks with marked objects ([`HeapReader::copy`]), the
 //!    mappings and the resident pages of the heap blocks ([`rss::read`]);
 //! 4. let the target go, untraced, probes removed; then judge every object
-//!    ([`crate::gc::census::HeapCopy::census`]), name the types, build the
-//!    RSS table ([`rss::table`]) and write the report ([`report`]).
+//!    ([`crate::gc::census::HeapCopy::census`]), name the types, with
+//!    `--sizes` their retained bytes ([`crate::gc::census::HeapCopy::retained`]),
+//!    build the RSS table ([`rss::table`]) and write the report ([`report`]).
 //!
 //! No collection within `--wait` seconds: one line saying so, exit 1, and
 //! the target is let go as it was.
@@ -46,6 +47,9 @@ pub struct HeapOptions {
     pub output: Option<PathBuf>,
     /// Type rows shown (markdown); all when `None`.
     pub top: Option<usize>,
+    /// `--sizes`: retained bytes per type (large scanned objects are
+    /// copied whole at the hold for it).
+    pub sizes: bool,
 }
 
 /// Everything the report is made of.
@@ -55,6 +59,8 @@ pub struct HeapReport {
     pub census: Census,
     pub names: TypeNames,
     pub rss: Vec<rss::Row>,
+    /// `--sizes`: retained bytes per type id.
+    pub retained: Option<std::collections::BTreeMap<u32, u64>>,
     /// `/proc/PID/smaps_rollup`'s Rss at the hold, to compare the table with.
     pub rollup_rss: Option<u64>,
     /// How long the collector was held, and the census took afterwards.
@@ -102,17 +108,20 @@ pub fn heap(pid: u32, options: &HeapOptions) -> Result<()> {
     let mut file = options.output.as_deref().map(OutFile::create).transpose()?;
 
     let signals = Signals::block()?;
-    let (copy, snapshot, rollup_rss, held) = hold_and_copy(pid, &reader, options.wait, &signals)?;
+    let (copy, snapshot, rollup_rss, held) =
+        hold_and_copy(pid, &reader, options.wait, options.sizes, &signals)?;
     let started = Instant::now();
     let census =
         copy.census(&|word, kind| names.type_of(word, report::is_atomic(kind)) != TypeOf::NotAType);
     let rss = rss::table(&snapshot, &gc_blocks(&copy, &census));
+    let retained = options.sizes.then(|| copy.retained(&census.objects));
     let report = HeapReport {
         target,
         copy,
         census,
         names,
         rss,
+        retained,
         rollup_rss,
         held,
         judged: started.elapsed(),
@@ -139,6 +148,7 @@ fn hold_and_copy(
     pid: u32,
     reader: &HeapReader,
     wait: Duration,
+    whole: bool,
     signals: &Signals,
 ) -> Result<(HeapCopy, rss::Snapshot, Option<u64>, Duration)> {
     let mut probes = Probes::load(&ProbeOptions::smallest(), None)?;
@@ -173,7 +183,7 @@ fn hold_and_copy(
                     tracer.resume_signal(tid, signal, true);
                     continue;
                 }
-                let copied = reader.copy(pid).and_then(|copy| {
+                let copied = reader.copy(pid, whole).and_then(|copy| {
                     let ranges: Vec<(u64, u64)> = copy
                         .blocks
                         .iter()

@@ -30,6 +30,8 @@ pub struct TypeRow {
     pub type_id: Option<u32>,
     /// For a buffer: the type id of the object holding it.
     pub held_by: Option<u32>,
+    /// `--sizes`, for a type id: bytes reachable from its objects.
+    pub retained: Option<u64>,
     pub kind: u8,
     pub count: u64,
     pub bytes: u64,
@@ -68,6 +70,7 @@ pub fn type_rows(report: &HeapReport) -> Vec<TypeRow> {
     let mut out: Vec<TypeRow> = rows
         .into_iter()
         .map(|((name, type_id, held_by, kind), t)| TypeRow {
+            retained: type_id.and_then(|id| report.retained.as_ref()?.get(&id).copied()),
             name,
             type_id,
             held_by,
@@ -154,14 +157,25 @@ fn markdown(report: &HeapReport, top: Option<usize>, out: &mut dyn Write) -> Res
     writeln!(out)?;
     writeln!(out, "## Live objects by type")?;
     writeln!(out)?;
-    writeln!(out, "| Objects | Bytes | Kind | Type |")?;
-    writeln!(out, "|--------:|------:|------|------|")?;
+    let sizes = report.retained.is_some();
+    if sizes {
+        writeln!(out, "| Objects | Bytes | Retained | Kind | Type |")?;
+        writeln!(out, "|--------:|------:|---------:|------|------|")?;
+    } else {
+        writeln!(out, "| Objects | Bytes | Kind | Type |")?;
+        writeln!(out, "|--------:|------:|------|------|")?;
+    }
     let rows = type_rows(report);
     let shown = top.unwrap_or(rows.len()).min(rows.len());
     for r in &rows[..shown] {
+        let retained = match (sizes, r.retained) {
+            (false, _) => String::new(),
+            (true, Some(b)) => format!(" {} |", thousands(b)),
+            (true, None) => " |".to_string(),
+        };
         writeln!(
             out,
-            "| {} | {} | {} | {} |",
+            "| {} | {} |{retained} {} | {} |",
             thousands(r.count),
             thousands(r.bytes),
             kind_name(r.kind),
@@ -172,10 +186,18 @@ fn markdown(report: &HeapReport, top: Option<usize>, out: &mut dyn Write) -> Res
         let rest = &rows[shown..];
         writeln!(
             out,
-            "| {} | {} | | …({} more types) |",
+            "| {} | {} |{} | …({} more types) |",
             thousands(rest.iter().map(|r| r.count).sum()),
             thousands(rest.iter().map(|r| r.bytes).sum()),
+            if sizes { " |" } else { "" },
             thousands(rest.len() as u64)
+        )?;
+    }
+    if sizes {
+        writeln!(out)?;
+        writeln!(
+            out,
+            "Retained: the bytes of every live object reachable from the type's objects (theirs included), each once."
         )?;
     }
     writeln!(out)?;
@@ -254,7 +276,8 @@ pub fn to_json(report: &HeapReport) -> serde_json::Value {
         .into_iter()
         .map(|r| {
             json!({"name": r.name, "type_id": r.type_id, "held_by_type_id": r.held_by,
-                   "kind": kind_name(r.kind), "count": r.count, "bytes": r.bytes})
+                   "kind": kind_name(r.kind), "count": r.count, "bytes": r.bytes,
+                   "retained_bytes": r.retained})
         })
         .collect();
     let classes: Vec<_> = report

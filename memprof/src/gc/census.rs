@@ -67,6 +67,11 @@ pub fn kind_name(kind: u8) -> String {
     }
 }
 
+/// Whether objects of `kind` are pointer-free (never scanned).
+pub fn is_atomic(kind: u8) -> bool {
+    matches!(kind, PTRFREE | AUNCOLLECTABLE)
+}
+
 /// Whether libgc clears a free object of this kind (all but the
 /// pointer-free ones): a free object then reads as a link and zeros.
 fn cleared(kind: u8) -> bool {
@@ -116,7 +121,9 @@ impl HeapReader {
 
     /// The held part: copies what the census needs from process `pid`,
     /// whose collector must be held at the end of a collection's marking.
-    pub fn copy(&self, pid: u32) -> Result<HeapCopy> {
+    /// `whole`: large scanned objects too, whole (for retained sizes: their
+    /// words are edges of the object graph), not only their heads.
+    pub fn copy(&self, pid: u32, whole: bool) -> Result<HeapCopy> {
         let bias = self.module.load_bias(pid)?;
         let mem = File::open(format!("/proc/{pid}/mem"))
             .with_context(|| format!("cannot read the memory of pid {pid}"))?;
@@ -152,7 +159,7 @@ impl HeapReader {
         // The bulk of the copy: process_vm_readv moves it several times
         // faster than reads of /proc/PID/mem.
         let mut bulk = |a: u64, buf: &mut [u8]| vm_read(pid, a, buf);
-        let contents = copy_contents(&blocks, hblk, layout.granule_shift, &mut bulk)?;
+        let contents = copy_contents(&blocks, hblk, layout.granule_shift, whole, &mut bulk)?;
         let stats = self
             .stats
             .as_ref()
@@ -221,11 +228,12 @@ fn copy_contents(
     blocks: &[HeapBlock],
     hblk: u64,
     granule_shift: u32,
+    whole: bool,
     read: &mut impl FnMut(u64, &mut [u8]) -> io::Result<()>,
 ) -> Result<Vec<(u64, Vec<u8>)>> {
     let mut wanted: Vec<(u64, u64)> = Vec::new();
     for block in blocks {
-        let BlockState::Objects { size, marks, .. } = &block.state else {
+        let BlockState::Objects { size, marks, kind } = &block.state else {
             continue;
         };
         if !block
@@ -234,9 +242,17 @@ fn copy_contents(
         {
             continue;
         }
-        let len = if *size <= hblk { hblk } else { LARGE_HEAD };
+        let len = if *size <= hblk {
+            hblk
+        } else if whole && !is_atomic(*kind) {
+            *size
+        } else {
+            LARGE_HEAD
+        };
         match wanted.last_mut() {
-            Some((start, end)) if *end == block.addr && *end - *start < MAX_READ as u64 => {
+            Some((start, end))
+                if *end == block.addr && *end - *start < MAX_READ as u64 && len == hblk =>
+            {
                 *end += len
             }
             _ => wanted.push((block.addr, block.addr + len)),
@@ -343,6 +359,17 @@ pub struct Census {
     pub free_blocks: Tally,
     /// Per object block: (address, heap bytes, live bytes), ascending.
     pub object_blocks: Vec<(u64, u64, u64)>,
+    /// Every live object, ascending (for [`HeapCopy::retained`]).
+    pub objects: Vec<LiveObject>,
+}
+
+/// One live object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LiveObject {
+    pub start: u64,
+    pub size: u64,
+    pub kind: u8,
+    pub word: Word,
 }
 
 impl Census {
@@ -425,6 +452,8 @@ impl HeapCopy {
         // entry's shape: decided once it is known whether a typed object
         // points into it).
         let mut untyped: Vec<(u64, u64, u8, Option<usize>)> = Vec::new();
+        // Where each of `untyped` is in `census.objects`.
+        let mut untyped_at: Vec<usize> = Vec::new();
         // Typed objects whose words may point at them: (start, size, id).
         let mut holders: Vec<(u64, u64, u32)> = Vec::new();
         for block in &self.blocks {
@@ -450,8 +479,16 @@ impl HeapCopy {
                 let bytes = copied
                     .and_then(|c| c.get(from..(from + size.min(hblk) as usize).min(c.len())))
                     .filter(|b| !b.is_empty());
+                let object = LiveObject {
+                    start: p,
+                    size,
+                    kind,
+                    word: Word::Untyped,
+                };
                 if bytes.is_some_and(|b| self.on_free_list(b, kind, size)) {
                     untyped.push((p, size, kind, Some(census.object_blocks.len())));
+                    untyped_at.push(census.objects.len());
+                    census.objects.push(object);
                     continue;
                 }
                 class.live.add(size);
@@ -460,6 +497,10 @@ impl HeapCopy {
                     .and_then(|b| b.get(..4))
                     .map(|w| u32::from_le_bytes(w.try_into().unwrap()))
                     .filter(|&w| is_type(w, kind));
+                census.objects.push(LiveObject {
+                    word: word.map_or(Word::Untyped, Word::Type),
+                    ..object
+                });
                 match word {
                     Some(id) => {
                         census
@@ -473,7 +514,10 @@ impl HeapCopy {
                             holders.push((p, size, id));
                         }
                     }
-                    None => untyped.push((p, size, kind, None)),
+                    None => {
+                        untyped.push((p, size, kind, None));
+                        untyped_at.push(census.objects.len() - 1);
+                    }
                 }
             }
             census
@@ -508,22 +552,105 @@ impl HeapCopy {
                 }
             }
         }
-        for (&(_, size, kind, free_shaped), &id) in untyped.iter().zip(&held_by) {
+        // Free-list entries are left out of the objects.
+        let mut free: Vec<bool> = vec![false; census.objects.len()];
+        for ((&(_, size, kind, free_shaped), &id), &at) in
+            untyped.iter().zip(&held_by).zip(&untyped_at)
+        {
             if let Some(block) = free_shaped {
                 let class = census.classes.entry((kind, size)).or_default();
                 // Zeros, or a link to an object of its size: an empty
                 // buffer looks the same, but a typed object points to it.
                 if id.is_none() {
                     class.free_list.add(size);
+                    free[at] = true;
                     continue;
                 }
                 class.live.add(size);
                 census.object_blocks[block].2 += size;
             }
             let word = id.map_or(Word::Untyped, Word::HeldBy);
+            census.objects[at].word = word;
             census.words.entry((kind, word)).or_default().add(size);
         }
+        let mut i = 0;
+        census.objects.retain(|_| {
+            i += 1;
+            !free[i - 1]
+        });
         census
+    }
+}
+
+impl HeapCopy {
+    /// Retained bytes per type id, as MemProf's `log_object_sizes` counts
+    /// them: for each type, the bytes of every live object reachable from
+    /// its objects (theirs included), each once. The edges are the words of
+    /// scanned objects that point into live objects (interior pointers
+    /// count, a typed object's first word is its id, not an edge): the
+    /// collector's own conservative rule. Large scanned objects have edges
+    /// only when copied whole ([`HeapReader::copy`]).
+    pub fn retained(&self, objects: &[LiveObject]) -> BTreeMap<u32, u64> {
+        let n = objects.len();
+        let (low, high) = match (objects.first(), objects.last()) {
+            (Some(f), Some(l)) => (f.start, l.start + l.size),
+            _ => return BTreeMap::new(),
+        };
+        // The graph, as compressed rows: the edges of i are
+        // targets[offsets[i]..offsets[i + 1]].
+        let mut offsets: Vec<usize> = Vec::with_capacity(n + 1);
+        let mut targets: Vec<u32> = Vec::new();
+        offsets.push(0);
+        for (i, o) in objects.iter().enumerate() {
+            let bytes = self
+                .bytes_at(o.start, o.size)
+                .filter(|b| !is_atomic(o.kind) && b.len() as u64 == o.size);
+            let skip = usize::from(matches!(o.word, Word::Type(_)));
+            for word in bytes.into_iter().flat_map(|b| b.chunks_exact(8).skip(skip)) {
+                let q = u64::from_le_bytes(word.try_into().unwrap());
+                if q < low || q >= high {
+                    continue;
+                }
+                let j = objects.partition_point(|x| x.start <= q);
+                if let Some(j) = j
+                    .checked_sub(1)
+                    .filter(|&j| j != i && q < objects[j].start + objects[j].size)
+                {
+                    targets.push(j as u32);
+                }
+            }
+            offsets.push(targets.len());
+        }
+        let mut instances: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+        for (i, o) in objects.iter().enumerate() {
+            if let Word::Type(id) = o.word {
+                instances.entry(id).or_default().push(i as u32);
+            }
+        }
+        // Each walk stamps what it reached with its own number: nothing to clear.
+        let mut stamp: Vec<u32> = vec![0; n];
+        let mut stack: Vec<u32> = Vec::new();
+        let mut retained = BTreeMap::new();
+        for (walk, (id, from)) in instances.into_iter().enumerate() {
+            let walk = walk as u32 + 1;
+            let mut bytes = 0;
+            for &i in &from {
+                stamp[i as usize] = walk;
+            }
+            stack.extend(from);
+            while let Some(i) = stack.pop() {
+                let i = i as usize;
+                bytes += objects[i].size;
+                for &t in &targets[offsets[i]..offsets[i + 1]] {
+                    if stamp[t as usize] != walk {
+                        stamp[t as usize] = walk;
+                        stack.push(t);
+                    }
+                }
+            }
+            retained.insert(id, bytes);
+        }
+        retained
     }
 }
 
@@ -697,6 +824,37 @@ mod tests {
         );
         assert_eq!(census.words[&(NORMAL, Word::HeldBy(28))].count, 1);
         assert_eq!(census.object_blocks, vec![(0x10000, 4096, 64)]);
+    }
+
+    #[test]
+    fn retained_bytes_count_each_reachable_byte_once() {
+        // 32-byte normal objects at 0x10000: A (id 1) at 0 points to B (id
+        // 2) at 32 and to C (id 3) at 64; B points to C too; C points back
+        // to A through an interior pointer. D (id 2) at 96 points to nothing.
+        let mut data = vec![0u8; 4096];
+        let mut object = |at: usize, id: u32, refs: &[u64]| {
+            data[at..at + 4].copy_from_slice(&id.to_le_bytes());
+            for (k, r) in refs.iter().enumerate() {
+                data[at + 8 + 8 * k..at + 16 + 8 * k].copy_from_slice(&r.to_le_bytes());
+            }
+        };
+        object(0, 1, &[0x10020, 0x10040]);
+        object(32, 2, &[0x10040]);
+        object(64, 3, &[0x10008]);
+        object(96, 2, &[]);
+        let block = HeapBlock {
+            addr: 0x10000,
+            state: BlockState::Objects {
+                kind: NORMAL,
+                size: 32,
+                marks: marks(&[0, 2, 4, 6]),
+            },
+        };
+        let copy = copy(vec![block], vec![(0x10000, data)]);
+        let census = copy.census(&|w, _| (1..=3).contains(&w));
+        let retained = copy.retained(&census.objects);
+        // A reaches A, B, C; type 2 (B and D) reaches B, C, A, D; C reaches C, A, B.
+        assert_eq!(retained, BTreeMap::from([(1, 96), (2, 128), (3, 96)]));
     }
 
     #[test]
