@@ -31,7 +31,7 @@
 //! let libgc = Module::open("/usr/lib/x86_64-linux-gnu/libgc.so.1".as_ref())?;
 //! let reader = HeapReader::new(std::sync::Arc::new(libgc))?;
 //! // With the collector of pid 1234 held at `GC_gc_no++`:
-//! let copy = reader.copy(1234)?;
+//! let copy = reader.copy(1234, false)?; // false: large objects by their head only
 //! let census = copy.census(&|word, _kind| (1..1000).contains(&word)); // type ids
 //! println!("{} live objects at collection {}", census.live_count(), copy.gc_no);
 //! # Ok(()) }
