@@ -114,6 +114,19 @@ pub enum Command {
         /// whole while the collector is held.
         #[arg(long)]
         sizes: bool,
+        /// Also the objects that point to objects of TYPE (a name of the
+        /// type table: `Author`, `Array(Author) buffer`, `(type 28)`),
+        /// level by level, as a mermaid graph (MemProf's
+        /// pretty_log_object_graph). Copies large scanned objects whole
+        /// while the collector is held.
+        #[arg(long, value_name = "TYPE")]
+        graph: Option<String>,
+        /// --graph: levels of referrers followed.
+        #[arg(long, default_value_t = 3, value_name = "N")]
+        ref_level: usize,
+        /// --graph: objects of TYPE followed, and referrers of each object shown.
+        #[arg(long, default_value_t = 10, value_name = "N")]
+        ref_limit: usize,
     },
     /// Print a profile written by run or attach.
     Report(ReportArgs),

@@ -81,7 +81,13 @@ fn run(cli: Cli) -> Result<i32> {
             output,
             top,
             sizes,
+            graph,
+            ref_level,
+            ref_limit,
         } => {
+            if ref_limit == 0 {
+                bail!("--ref-limit must be at least 1");
+            }
             if !(wait > 0.0 && wait.is_finite()) {
                 bail!("--wait must be a positive number of seconds");
             }
@@ -97,6 +103,7 @@ fn run(cli: Cli) -> Result<i32> {
                 output,
                 top,
                 sizes,
+                graph: graph.map(|t| (t, ref_level, ref_limit)),
             };
             memprof::census::heap(pid, &options).map(|()| 0)
         }

@@ -26,6 +26,10 @@ struct Ready {
     held_authors: u64,
     strings: u64,
     author_array: u64,
+    /// `offsetof(Array(Note), @buffer)`, and the index in the Notes'
+    /// array of the Note at the lowest address.
+    buffer_field: u64,
+    first_note: u64,
 }
 
 const CLASSES: [(&str, u64, &str); 3] = [
@@ -50,7 +54,7 @@ fn start(exe: &str) -> (ChildGuard, Ready) {
                 .unwrap_or_else(|_| panic!("bad ready line: {line}"))
         })
         .collect();
-    assert_eq!(n.len(), 15, "bad ready line: {line}");
+    assert_eq!(n.len(), 17, "bad ready line: {line}");
     let ready = Ready {
         ids: [n[0], n[1], n[2]],
         bytes: [n[3], n[4], n[5]],
@@ -59,6 +63,8 @@ fn start(exe: &str) -> (ChildGuard, Ready) {
         held_authors: n[12],
         strings: n[13],
         author_array: n[14],
+        buffer_field: n[15],
+        first_note: n[16],
     };
     (target, ready)
 }
@@ -208,6 +214,84 @@ fn heap_retained_sizes() {
         .find(|t| t["name"] == "Array(Author) buffer")
         .expect("the Array(Author) buffer");
     assert_eq!(buffer["retained_bytes"], Value::Null);
+}
+
+/// `--graph Note --ref-limit 1 --ref-level 3`: the Note at the lowest
+/// address is held only by the Notes' array buffer (in the slot of its
+/// index), which only the `Array(Note)` holds, at its `@buffer` field;
+/// nothing in the heap holds that array (a stack and a global do).
+#[test]
+fn heap_graph_of_a_type() {
+    let (target, ready) = start(fixture::crystal::HEAP_CENSUS_DEBUG);
+    let pid = target.pid().to_string();
+    let args = ["heap", "--pid", &pid, "--format", "json", "--graph", "Note"];
+    let out = run_ok(args.iter().chain(&["--ref-limit", "1", "--ref-level", "3"]));
+    let json: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let graph = &json["graph"];
+    assert_eq!(graph["target_type"], "Note");
+    let nodes = graph["nodes"].as_array().unwrap();
+    let types: Vec<&str> = nodes.iter().map(|n| n["type"].as_str().unwrap()).collect();
+    assert_eq!(
+        types,
+        ["Note", "Array(Note) buffer", "Array(Note)"],
+        "{graph:#}"
+    );
+    let addr = |i: usize| nodes[i]["addr"].as_str().unwrap();
+    let edges: Vec<(&str, &str, String, u64)> = graph["edges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["from"].as_str().unwrap(),
+                e["to"].as_str().unwrap(),
+                e["field"].as_str().unwrap().to_string(),
+                uint(e, "/level"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        edges,
+        [
+            (
+                addr(1),
+                addr(0),
+                format!("@(field {})", ready.first_note * 8),
+                0
+            ),
+            (
+                addr(2),
+                addr(1),
+                format!("@(field {})", ready.buffer_field),
+                1
+            ),
+        ],
+        "{graph:#}"
+    );
+    // The markdown shows it as mermaid, MemProf's way.
+    let md = run_ok(["heap", "--pid", &pid, "--graph", "Note", "--ref-limit", "1"]);
+    let md = String::from_utf8(md.stdout).unwrap();
+    let line = format!(
+        "  {0}[\"{0} Array(Note)\"] -- \"@(field {1}),1\" --> {2}[\"{2} Array(Note) buffer\"]",
+        addr(2),
+        ready.buffer_field,
+        addr(1)
+    );
+    assert!(md.contains("```mermaid\ngraph LR\n"), "{md}");
+    assert!(md.contains(&line), "no {line:?} in:\n{md}");
+}
+
+#[test]
+fn heap_graph_of_an_unknown_type_is_one_line() {
+    let (target, _) = start(fixture::crystal::HEAP_CENSUS_DEBUG);
+    let out = run([
+        "heap",
+        "--pid",
+        &target.pid().to_string(),
+        "--graph",
+        "Nope",
+    ]);
+    assert_one_line_error(&out, &["--graph Nope: no live object of that type"]);
 }
 
 #[test]

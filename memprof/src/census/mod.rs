@@ -17,6 +17,7 @@
 //!
 //! No collection within `--wait` seconds: one line saying so, exit 1, and
 //! the target is let go as it was.
+pub mod graph;
 pub mod report;
 pub mod rss;
 
@@ -50,6 +51,8 @@ pub struct HeapOptions {
     /// `--sizes`: retained bytes per type (large scanned objects are
     /// copied whole at the hold for it).
     pub sizes: bool,
+    /// `--graph TYPE`, with `--ref-level` and `--ref-limit`.
+    pub graph: Option<(String, usize, usize)>,
 }
 
 /// Everything the report is made of.
@@ -61,6 +64,8 @@ pub struct HeapReport {
     pub rss: Vec<rss::Row>,
     /// `--sizes`: retained bytes per type id.
     pub retained: Option<std::collections::BTreeMap<u32, u64>>,
+    /// `--graph`: the referrers of a type's objects.
+    pub graph: Option<graph::RefGraph>,
     /// `/proc/PID/smaps_rollup`'s Rss at the hold, to compare the table with.
     pub rollup_rss: Option<u64>,
     /// How long the collector was held, and the census took afterwards.
@@ -107,14 +112,31 @@ pub fn heap(pid: u32, options: &HeapOptions) -> Result<()> {
     // A destination that cannot be written fails before attaching.
     let mut file = options.output.as_deref().map(OutFile::create).transpose()?;
 
+    // Retained sizes and the graph need the words of large scanned objects.
+    let whole = options.sizes || options.graph.is_some();
     let signals = Signals::block()?;
     let (copy, snapshot, rollup_rss, held) =
-        hold_and_copy(pid, &reader, options.wait, options.sizes, &signals)?;
+        hold_and_copy(pid, &reader, options.wait, whole, &signals)?;
     let started = Instant::now();
     let census =
         copy.census(&|word, kind| names.type_of(word, report::is_atomic(kind)) != TypeOf::NotAType);
     let rss = rss::table(&snapshot, &gc_blocks(&copy, &census));
-    let retained = options.sizes.then(|| copy.retained(&census.objects));
+    let graph = (options.sizes || options.graph.is_some()).then(|| copy.graph(&census.objects));
+    let retained = graph
+        .as_ref()
+        .filter(|_| options.sizes)
+        .map(|g| copy.retained(&census.objects, g));
+    let ref_graph = match (&graph, &options.graph) {
+        (Some(g), Some((target, level, limit))) => Some(graph::walk(
+            &census.objects,
+            g,
+            &|o| report::object_name(&names, o.word, o.kind),
+            target,
+            *level,
+            *limit,
+        )?),
+        _ => None,
+    };
     let report = HeapReport {
         target,
         copy,
@@ -122,6 +144,7 @@ pub fn heap(pid: u32, options: &HeapOptions) -> Result<()> {
         names,
         rss,
         retained,
+        graph: ref_graph,
         rollup_rss,
         held,
         judged: started.elapsed(),

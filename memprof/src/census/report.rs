@@ -8,7 +8,7 @@ use anyhow::Result;
 use serde_json::json;
 
 use super::{HeapOptions, HeapReport};
-use crate::crystal::type_ids::TypeOf;
+use crate::crystal::type_ids::{TypeNames, TypeOf};
 use crate::gc::census::{kind_name, Tally, Word, AUNCOLLECTABLE, PTRFREE};
 use crate::report::thousands;
 
@@ -37,6 +37,23 @@ pub struct TypeRow {
     pub bytes: u64,
 }
 
+/// The name of an object whose first word says `word`, in memory of `kind`:
+/// `Foo`, `(type 28)`, `Array(Foo) buffer`, `(type 28) buffer`, `(no type id)`.
+pub fn object_name(names: &TypeNames, word: Word, kind: u8) -> String {
+    match word {
+        Word::Type(id) => match names.type_of(id, is_atomic(kind)) {
+            TypeOf::Named(name) => name.to_string(),
+            _ => format!("(type {id})"),
+        },
+        // A holder is in scanned memory.
+        Word::HeldBy(id) => match names.type_of(id, false) {
+            TypeOf::Named(name) => format!("{name} buffer"),
+            _ => format!("(type {id}) buffer"),
+        },
+        Word::Untyped => "(no type id)".to_string(),
+    }
+}
+
 /// Whether objects of `kind` are pointer-free.
 pub fn is_atomic(kind: u8) -> bool {
     matches!(kind, PTRFREE | AUNCOLLECTABLE)
@@ -46,22 +63,13 @@ pub fn is_atomic(kind: u8) -> bool {
 /// (the census kept as type ids only first words that are:
 /// [`TypeOf::NotAType`] never reaches here).
 pub fn type_rows(report: &HeapReport) -> Vec<TypeRow> {
-    let names = &report.names;
-    let type_name = |id: u32, atomic: bool| match names.type_of(id, atomic) {
-        TypeOf::Named(name) => name.to_string(),
-        _ => format!("(type {id})"),
-    };
-    // A holder's name: the kind of memory it is in is the scanned one.
-    let holder_name = |id: u32| match names.type_of(id, false) {
-        TypeOf::Named(name) => format!("{name} buffer"),
-        _ => format!("(type {id}) buffer"),
-    };
     let mut rows: BTreeMap<(String, Option<u32>, Option<u32>, u8), Tally> = BTreeMap::new();
     for (&(kind, word), tally) in &report.census.words {
+        let name = object_name(&report.names, word, kind);
         let key = match word {
-            Word::Type(id) => (type_name(id, is_atomic(kind)), Some(id), None),
-            Word::HeldBy(id) => (holder_name(id), None, Some(id)),
-            Word::Untyped => ("(no type id)".to_string(), None, None),
+            Word::Type(id) => (name, Some(id), None),
+            Word::HeldBy(id) => (name, None, Some(id)),
+            Word::Untyped => (name, None, None),
         };
         let row = rows.entry((key.0, key.1, key.2, kind)).or_default();
         row.count += tally.count;
@@ -201,6 +209,14 @@ fn markdown(report: &HeapReport, top: Option<usize>, out: &mut dyn Write) -> Res
         )?;
     }
     writeln!(out)?;
+    if let Some(graph) = &report.graph {
+        writeln!(out, "## Objects linking to {}", graph.target_type)?;
+        writeln!(out)?;
+        writeln!(out, "```mermaid")?;
+        write!(out, "{}", super::graph::mermaid(graph))?;
+        writeln!(out, "```")?;
+        writeln!(out)?;
+    }
     writeln!(out, "## Size classes")?;
     writeln!(out)?;
     writeln!(
@@ -323,6 +339,13 @@ pub fn to_json(report: &HeapReport) -> serde_json::Value {
         "size_classes": classes,
         "rss": rss,
         "rss_total": report.rss.iter().map(|r| r.bytes).sum::<u64>(),
+        "graph": report.graph.as_ref().map(|g| json!({
+            "target_type": g.target_type,
+            "nodes": g.nodes.iter().map(|(a, t)| json!({"addr": format!("{a:#x}"), "type": t})).collect::<Vec<_>>(),
+            "edges": g.edges.iter().map(|e| json!({"from": format!("{:#x}", e.from), "to": format!("{:#x}", e.to),
+                "field": format!("@(field {})", e.field), "level": e.level})).collect::<Vec<_>>(),
+            "roots": [],
+        })),
         "smaps_rollup_rss": report.rollup_rss,
     })
 }
