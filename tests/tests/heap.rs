@@ -219,7 +219,7 @@ fn heap_retained_sizes() {
 /// `--graph Note --ref-limit 1 --ref-level 3`: the Note at the lowest
 /// address is held only by the Notes' array buffer (in the slot of its
 /// index), which only the `Array(Note)` holds, at its `@buffer` field;
-/// nothing in the heap holds that array (a stack and a global do).
+/// nothing in the heap holds that array: a global and the stack do.
 #[test]
 fn heap_graph_of_a_type() {
     let (target, ready) = start(fixture::crystal::HEAP_CENSUS_DEBUG);
@@ -268,6 +268,22 @@ fn heap_graph_of_a_type() {
         ],
         "{graph:#}"
     );
+    // What holds the chain from outside the heap: the class variable
+    // `Keep.all` (the global `Keep::all`) holds the Array(Note), and so
+    // does the main thread's stack (`notes`, a local of the main program).
+    let roots: Vec<(&str, &str)> = graph["roots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["addr"].as_str().unwrap(), r["root"].as_str().unwrap()))
+        .collect();
+    let holds_array = |what: &str| {
+        roots
+            .iter()
+            .any(|&(a, r)| a == addr(2) && r.starts_with(what))
+    };
+    assert!(holds_array("global Keep::all"), "{roots:#?}");
+    assert!(holds_array(&format!("stack of thread {pid}")), "{roots:#?}");
     // The markdown shows it as mermaid, MemProf's way.
     let md = run_ok(["heap", "--pid", &pid, "--graph", "Note", "--ref-limit", "1"]);
     let md = String::from_utf8(md.stdout).unwrap();

@@ -8,7 +8,8 @@
 //! levels; at most `--ref-limit` objects of the type are followed, and at
 //! most `--ref-limit` referrers of each object. A field is named by its
 //! offset in the referrer, `@(field 8)` (Crystal's default DWARF has no
-//! field names). Roots (stacks, globals, registers) are not shown.
+//! field names). Roots pointing to the graph's objects are found by
+//! [`super::roots`].
 use std::collections::HashSet;
 
 use anyhow::{bail, Result};
@@ -32,6 +33,8 @@ pub struct RefGraph {
     /// (address, type name), the type's objects first.
     pub nodes: Vec<(u64, String)>,
     pub edges: Vec<Edge>,
+    /// (node, what outside the heap points to it) ([`super::roots`]).
+    pub roots: Vec<(u64, String)>,
 }
 
 /// Walks the referrers of the objects named `target` (by `name_of`).
@@ -85,6 +88,7 @@ pub fn walk(
             .map(|i| (objects[i].start, name_of(&objects[i])))
             .collect(),
         edges,
+        roots: Vec::new(),
     })
 }
 
@@ -109,7 +113,14 @@ pub fn mermaid(graph: &RefGraph) -> String {
             node(e.to)
         );
     }
-    if graph.edges.is_empty() {
+    for (i, (a, what)) in graph.roots.iter().enumerate() {
+        out += &format!(
+            "  root{i}([\"{}\"]) --> {}\n",
+            what.replace('"', "'"),
+            node(*a)
+        );
+    }
+    if graph.edges.is_empty() && graph.roots.is_empty() {
         for &(a, _) in &graph.nodes {
             out += &format!("  {}\n", node(a));
         }
@@ -132,10 +143,11 @@ mod tests {
                 field: 8,
                 level: 0,
             }],
+            roots: vec![(0x10, "global Keep::all".into())],
         };
         assert_eq!(
             mermaid(&graph),
-            "graph LR\n  0x10[\"0x10 B\"] -- \"@(field 8),0\" --> 0x20[\"0x20 C\"]\n"
+            "graph LR\n  0x10[\"0x10 B\"] -- \"@(field 8),0\" --> 0x20[\"0x20 C\"]\n  root0([\"global Keep::all\"]) --> 0x10[\"0x10 B\"]\n"
         );
     }
 }

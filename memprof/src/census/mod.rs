@@ -19,6 +19,7 @@
 //! the target is let go as it was.
 pub mod graph;
 pub mod report;
+pub mod roots;
 pub mod rss;
 
 use std::path::PathBuf;
@@ -115,8 +116,14 @@ pub fn heap(pid: u32, options: &HeapOptions) -> Result<()> {
     // Retained sizes and the graph need the words of large scanned objects.
     let whole = options.sizes || options.graph.is_some();
     let signals = Signals::block()?;
-    let (copy, snapshot, rollup_rss, held) =
-        hold_and_copy(pid, &reader, options.wait, whole, &signals)?;
+    let (copy, snapshot, rollup_rss, held, root_memory) = hold_and_copy(
+        pid,
+        &reader,
+        options.wait,
+        whole,
+        options.graph.is_some(),
+        &signals,
+    )?;
     let started = Instant::now();
     let census =
         copy.census(&|word, kind| names.type_of(word, report::is_atomic(kind)) != TypeOf::NotAType);
@@ -127,14 +134,30 @@ pub fn heap(pid: u32, options: &HeapOptions) -> Result<()> {
         .filter(|_| options.sizes)
         .map(|g| copy.retained(&census.objects, g));
     let ref_graph = match (&graph, &options.graph) {
-        (Some(g), Some((target, level, limit))) => Some(graph::walk(
-            &census.objects,
-            g,
-            &|o| report::object_name(&names, o.word, o.kind),
-            target,
-            *level,
-            *limit,
-        )?),
+        (Some(g), Some((target, level, limit))) => {
+            let mut walked = graph::walk(
+                &census.objects,
+                g,
+                &|o| report::object_name(&names, o.word, o.kind),
+                target,
+                *level,
+                *limit,
+            )?;
+            if let Some(memory) = &root_memory {
+                let objects = &census.objects;
+                let mut nodes: Vec<(u64, u64)> = walked
+                    .nodes
+                    .iter()
+                    .filter_map(|&(a, _)| {
+                        let i = objects.partition_point(|o| o.start < a);
+                        objects.get(i).filter(|o| o.start == a).map(|o| (a, o.size))
+                    })
+                    .collect();
+                nodes.sort_unstable();
+                walked.roots = roots::find(memory, &nodes, &cache, pid);
+            }
+            Some(walked)
+        }
         _ => None,
     };
     let report = HeapReport {
@@ -164,16 +187,27 @@ pub fn heap(pid: u32, options: &HeapOptions) -> Result<()> {
     }
 }
 
+/// What [`hold_and_copy`] brings back: the copy, the mappings and resident
+/// pages, smaps_rollup's Rss, how long the hold lasted, and (`--graph`)
+/// the memory that may hold roots.
+type Held = (
+    HeapCopy,
+    rss::Snapshot,
+    Option<u64>,
+    Duration,
+    Option<roots::RootMemory>,
+);
+
 /// Attaches, waits for the next collection, copies the heap while the
-/// collector is held, lets the target go. Returns the copy, the mappings
-/// and resident pages, smaps_rollup's Rss, and how long the hold lasted.
+/// collector is held, lets the target go.
 fn hold_and_copy(
     pid: u32,
     reader: &HeapReader,
     wait: Duration,
     whole: bool,
+    with_roots: bool,
     signals: &Signals,
-) -> Result<(HeapCopy, rss::Snapshot, Option<u64>, Duration)> {
+) -> Result<Held> {
     let mut probes = Probes::load(&ProbeOptions::smallest(), None)?;
     let tracer = Tracer::seize(pid, &mut |tid| {
         let _ = probes.set_traced(tid);
@@ -213,12 +247,15 @@ fn hold_and_copy(
                         .map(|b| (b.addr, b.bytes(copy.hblksize)))
                         .collect();
                     let snapshot = rss::read(pid, &ranges)?;
-                    Ok((copy, snapshot, rollup_rss(pid)))
+                    let memory = with_roots
+                        .then(|| roots::read(pid, tid, &snapshot.mappings))
+                        .transpose()?;
+                    Ok((copy, snapshot, rollup_rss(pid), memory))
                 });
                 probes.stop_holding()?;
                 tracer.resume_signal(tid, 0, false);
                 let held = started.elapsed();
-                break copied.map(|(c, s, r)| (c, s, r, held));
+                break copied.map(|(c, s, r, m)| (c, s, r, held, m));
             }
             Some(Event::Exiting) => {}
             Some(Event::Exited(_)) => bail!("pid {pid} exited before its next collection"),

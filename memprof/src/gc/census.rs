@@ -268,7 +268,7 @@ fn copy_contents(
 }
 
 /// Reads `buf.len()` bytes at `addr` of process `pid` (`process_vm_readv`).
-fn vm_read(pid: u32, addr: u64, buf: &mut [u8]) -> io::Result<()> {
+pub(crate) fn vm_read(pid: u32, addr: u64, buf: &mut [u8]) -> io::Result<()> {
     let mut done = 0;
     while done < buf.len() {
         let local = libc::iovec {
