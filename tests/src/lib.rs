@@ -91,6 +91,9 @@ pub mod fixture {
         pub const HEAP_CENSUS_RELEASE: &str = env!("FIXTURE_CR_HEAP_CENSUS_RELEASE");
         pub const HEAP_CENSUS_STATIC: &str = env!("FIXTURE_CR_HEAP_CENSUS_STATIC");
         pub const HEAP_CENSUS_STRIPPED: &str = env!("FIXTURE_CR_HEAP_CENSUS_STRIPPED");
+        /// `fixtures/crystal/object_graph.cr`: MemProf's documentation
+        /// example (A → Array(B) → B → C, two of each), collecting every 100 ms.
+        pub const OBJECT_GRAPH_DEBUG: &str = env!("FIXTURE_CR_OBJECT_GRAPH_DEBUG");
         /// crystal-samples' binary-trees.cr (`binary-trees DEPTH`), `--release`.
         pub const BINARY_TREES_RELEASE: &str = env!("FIXTURE_CR_BINARY_TREES_RELEASE");
     }

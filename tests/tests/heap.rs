@@ -297,6 +297,93 @@ fn heap_graph_of_a_type() {
     assert!(md.contains(&line), "no {line:?} in:\n{md}");
 }
 
+/// perf-tools MemProf's documentation example (two A, each holding an
+/// Array(B) of two B, each holding a C): `--graph C --ref-level 4` shows
+/// exactly its edges — `B --@c,0--> C`, buffer → B, `Array(B) --@buffer,2-->`
+/// buffer, `A --@bs,3--> Array(B)` — with the fields at the offsets the
+/// compiler gives them (`offsetof`, said by the fixture).
+#[test]
+fn heap_graph_of_memprofs_documentation_example() {
+    let child = Command::new(fixture::crystal::OBJECT_GRAPH_DEBUG)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut target = ChildGuard(child);
+    let mut stdout = Lines::new("object_graph stdout", target.0.stdout.take().unwrap());
+    let line = stdout.wait_for("ready", TIMEOUT);
+    let off: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|w| w.parse().unwrap())
+        .collect();
+    let (c_field, buffer_field, bs_field) = (off[0], off[1], off[2]);
+    let pid = target.pid().to_string();
+    let out = run_ok([
+        "heap",
+        "--pid",
+        &pid,
+        "-f",
+        "json",
+        "--graph",
+        "C",
+        "--ref-level",
+        "4",
+    ]);
+    let json: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let graph = &json["graph"];
+    let type_of: std::collections::HashMap<&str, &str> = graph["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| (n["addr"].as_str().unwrap(), n["type"].as_str().unwrap()))
+        .collect();
+    let mut count = std::collections::BTreeMap::new();
+    for t in type_of.values() {
+        *count.entry(*t).or_insert(0) += 1;
+    }
+    assert_eq!(
+        count,
+        [
+            ("A", 2),
+            ("Array(B)", 2),
+            ("Array(B) buffer", 2),
+            ("B", 4),
+            ("C", 4)
+        ]
+        .into(),
+        "{graph:#}"
+    );
+    // (from type, to type, field, level) of every edge, and each
+    // buffer's two slots.
+    let mut edges: Vec<(&str, &str, String, u64)> = Vec::new();
+    let mut slots: std::collections::BTreeMap<&str, Vec<String>> = Default::default();
+    for e in graph["edges"].as_array().unwrap() {
+        let (from, to) = (e["from"].as_str().unwrap(), e["to"].as_str().unwrap());
+        let field = e["field"].as_str().unwrap().to_string();
+        if type_of[from] == "Array(B) buffer" {
+            slots.entry(from).or_default().push(field.clone());
+        }
+        edges.push((type_of[from], type_of[to], field, uint(e, "/level")));
+    }
+    edges.sort();
+    let field = |off: u64| format!("@(field {off})");
+    let mut expected = Vec::new();
+    for (from, to, off, level, times) in [
+        ("A", "Array(B)", bs_field, 3, 2),
+        ("Array(B)", "Array(B) buffer", buffer_field, 2, 2),
+        ("Array(B) buffer", "B", 0, 1, 2),
+        ("Array(B) buffer", "B", 8, 1, 2),
+        ("B", "C", c_field, 0, 4),
+    ] {
+        expected.extend(std::iter::repeat_n((from, to, field(off), level), times));
+    }
+    assert_eq!(edges, expected, "{graph:#}");
+    for (buffer, mut fields) in slots {
+        fields.sort();
+        assert_eq!(fields, [field(0), field(8)], "{buffer}");
+    }
+}
+
 #[test]
 fn heap_graph_of_an_unknown_type_is_one_line() {
     let (target, _) = start(fixture::crystal::HEAP_CENSUS_DEBUG);
