@@ -6,8 +6,9 @@
 //! conservative rule). Level 0 are the objects pointing to the type's
 //! objects, level 1 those pointing to level 0, … up to `--ref-level`
 //! levels; at most `--ref-limit` objects of the type are followed, and at
-//! most `--ref-limit` referrers of each object. A field is named by its
-//! offset in the referrer, `@(field 8)` (Crystal's default DWARF has no
+//! most `--ref-limit` referrers of each object. A field is named from the
+//! DWARF of `--debug` builds (`@c`, [`crate::crystal::fields`]), else by its
+//! offset in the referrer, `@(field 8)` (a default build's DWARF has no
 //! field names). Roots pointing to the graph's objects are found by
 //! [`super::roots`].
 use std::collections::HashSet;
@@ -23,7 +24,19 @@ pub struct Edge {
     pub from: u64,
     pub to: u64,
     pub field: u32,
+    /// The field's name (DWARF of `--debug` builds), if known.
+    pub name: Option<String>,
     pub level: usize,
+}
+
+impl Edge {
+    /// `@c`, or `@(field 8)` without a name.
+    pub fn label(&self) -> String {
+        match &self.name {
+            Some(name) => format!("@{name}"),
+            None => format!("@(field {})", self.field),
+        }
+    }
 }
 
 /// The graph around a type's objects.
@@ -37,14 +50,15 @@ pub struct RefGraph {
     pub roots: Vec<(u64, String)>,
 }
 
-/// Walks the referrers of the objects named `target` (by `name_of`).
+/// Walks the referrers of the objects named `target` (by `name_of`), up
+/// to `ref_level` levels, `ref_limit` objects and referrers each;
+/// `field_name(type, offset)` names a referrer's field where it can.
 pub fn walk(
     objects: &[LiveObject],
     graph: &Graph,
     name_of: &dyn Fn(&LiveObject) -> String,
-    target: &str,
-    ref_level: usize,
-    ref_limit: usize,
+    field_name: &dyn Fn(&str, u32) -> Option<String>,
+    (target, ref_level, ref_limit): (&str, usize, usize),
 ) -> Result<RefGraph> {
     let starts: Vec<usize> = objects
         .iter()
@@ -71,6 +85,7 @@ pub fn walk(
                     from: objects[r].start,
                     to: objects[t].start,
                     field,
+                    name: field_name(&name_of(&objects[r]), field),
                     level,
                 });
                 if seen.insert(r) {
@@ -106,9 +121,9 @@ pub fn mermaid(graph: &RefGraph) -> String {
     let mut out = String::from("graph LR\n");
     for e in &graph.edges {
         out += &format!(
-            "  {} -- \"@(field {}),{}\" --> {}\n",
+            "  {} -- \"{},{}\" --> {}\n",
             node(e.from),
-            e.field,
+            e.label(),
             e.level,
             node(e.to)
         );
@@ -141,6 +156,7 @@ mod tests {
                 from: 0x10,
                 to: 0x20,
                 field: 8,
+                name: None,
                 level: 0,
             }],
             roots: vec![(0x10, "global Keep::all".into())],

@@ -110,6 +110,7 @@ pub fn heap(pid: u32, options: &HeapOptions) -> Result<()> {
         })?;
     let reader = HeapReader::new(cache.get(&gc_module)?)?;
     let names = type_names(&*cache.get(&target.exe)?);
+    let target_exe = target.exe.clone();
     // A destination that cannot be written fails before attaching.
     let mut file = options.output.as_deref().map(OutFile::create).transpose()?;
 
@@ -135,13 +136,13 @@ pub fn heap(pid: u32, options: &HeapOptions) -> Result<()> {
         .map(|g| copy.retained(&census.objects, g));
     let ref_graph = match (&graph, &options.graph) {
         (Some(g), Some((target, level, limit))) => {
+            let fields = crate::crystal::fields::field_names(&*cache.get(&target_exe)?);
             let mut walked = graph::walk(
                 &census.objects,
                 g,
                 &|o| report::object_name(&names, o.word, o.kind),
-                target,
-                *level,
-                *limit,
+                &|class, off| fields.get(class)?.get(&u64::from(off)).cloned(),
+                (target, *level, *limit),
             )?;
             if let Some(memory) = &root_memory {
                 let objects = &census.objects;

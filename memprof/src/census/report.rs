@@ -343,7 +343,7 @@ pub fn to_json(report: &HeapReport) -> serde_json::Value {
             "target_type": g.target_type,
             "nodes": g.nodes.iter().map(|(a, t)| json!({"addr": format!("{a:#x}"), "type": t})).collect::<Vec<_>>(),
             "edges": g.edges.iter().map(|e| json!({"from": format!("{:#x}", e.from), "to": format!("{:#x}", e.to),
-                "field": format!("@(field {})", e.field), "level": e.level})).collect::<Vec<_>>(),
+                "field": e.label(), "level": e.level})).collect::<Vec<_>>(),
             "roots": g.roots.iter().map(|(a, r)| json!({"addr": format!("{a:#x}"), "root": r})).collect::<Vec<_>>(),
         })),
         "smaps_rollup_rss": report.rollup_rss,

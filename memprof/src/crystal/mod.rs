@@ -22,6 +22,7 @@
 //! ```
 use crate::profile::Frame;
 
+pub mod fields;
 pub mod source;
 mod symbol;
 #[cfg(test)]
