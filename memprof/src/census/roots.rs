@@ -1,13 +1,16 @@
 //! The roots of `--graph`: what outside the heap points to the graph's
 //! objects — a global of a module (named by its symbol), the stack of the
 //! thread the collection was held in (from its stack pointer), a register
-//! of that thread.
+//! of that thread, another thread's or a fiber's stack.
 //!
 //! The memory is copied while the collector is held ([`read`]): the
 //! writable mappings of every module file and the anonymous `.bss` right
 //! after them, the held thread's registers (`PTRACE_GETREGS`: it is
 //! stopped for memprof) and its stack from its stack pointer to the end of
-//! that mapping. Other threads' and fibers' stacks are not read yet.
+//! that mapping, and the resident pages of every other stack (an anonymous
+//! mapping right above a `---p` guard page: other threads' and Crystal's
+//! fiber stacks), whole: their stack pointers are not known, so stale
+//! frames count too, as they do for the collector scanning a fiber.
 use anyhow::{Context, Result};
 
 use super::rss::Mapping;
@@ -15,11 +18,15 @@ use crate::gc::census::vm_read;
 use crate::modules::ModuleCache;
 
 /// Where a copied region is.
+#[derive(Clone)]
 enum Place {
     /// Data of a module file (its path).
     Global(String),
     /// The held thread's stack, from its stack pointer.
     Stack { tid: u32 },
+    /// Another stack (a thread's or a fiber's): the mapping's range. Its
+    /// resident pages are read whole, stale frames included.
+    OtherStack { start: u64, end: u64 },
 }
 
 /// Memory that may hold roots, copied at the hold.
@@ -31,6 +38,34 @@ pub struct RootMemory {
 
 /// The red zone below the stack pointer (System V): live data too.
 const RED_ZONE: u64 = 128;
+/// Most bytes of root memory copied while the collector is held.
+const MAX_ROOT_BYTES: u64 = 256 << 20;
+const PAGE: u64 = 4096;
+
+/// The runs of resident pages in `[start, end)` (`/proc/PID/pagemap`, bit 63).
+fn resident_runs(pagemap: &std::fs::File, start: u64, end: u64) -> Vec<(u64, u64)> {
+    use std::os::unix::fs::FileExt;
+    let pages = ((end - start) / PAGE) as usize;
+    let mut entries = vec![0u8; pages * 8];
+    if pagemap
+        .read_exact_at(&mut entries, start / PAGE * 8)
+        .is_err()
+    {
+        return Vec::new();
+    }
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for (k, e) in entries.chunks_exact(8).enumerate() {
+        if e[7] & 0x80 == 0 {
+            continue;
+        }
+        let page = start + k as u64 * PAGE;
+        match runs.last_mut() {
+            Some((_, end)) if *end == page => *end += PAGE,
+            _ => runs.push((page, page + PAGE)),
+        }
+    }
+    runs
+}
 
 /// Copies the roots' memory of process `pid`, whose thread `tid` is held.
 pub fn read(pid: u32, tid: u32, mappings: &[Mapping]) -> Result<RootMemory> {
@@ -67,6 +102,9 @@ pub fn read(pid: u32, tid: u32, mappings: &[Mapping]) -> Result<RootMemory> {
         ("r15", regs.r15),
     ];
     let mut regions = Vec::new();
+    let pagemap = std::fs::File::open(format!("/proc/{pid}/pagemap"))
+        .with_context(|| format!("cannot read /proc/{pid}/pagemap"))?;
+    let mut copied = 0;
     for (i, m) in mappings.iter().enumerate() {
         if !m.perms.starts_with("rw") {
             continue;
@@ -84,20 +122,38 @@ pub fn read(pid: u32, tid: u32, mappings: &[Mapping]) -> Result<RootMemory> {
         } else {
             None
         };
+        // A stack: `[stack]`, or anonymous right above a `---p` guard.
+        let guarded = i
+            .checked_sub(1)
+            .map(|j| &mappings[j])
+            .is_some_and(|p| p.end == m.start && p.perms.starts_with("---") && p.path.is_empty());
+        let is_stack = m.path == "[stack]" || (m.path.is_empty() && guarded);
         let place = match owner {
             Some(path) => Place::Global(path),
             None if (m.start..m.end).contains(&regs.rsp) => Place::Stack { tid },
+            None if is_stack => Place::OtherStack {
+                start: m.start,
+                end: m.end,
+            },
             None => continue,
         };
-        let start = match place {
-            Place::Stack { .. } => regs.rsp.saturating_sub(RED_ZONE).max(m.start),
-            Place::Global(_) => m.start,
+        let ranges = match place {
+            Place::Stack { .. } => vec![(regs.rsp.saturating_sub(RED_ZONE).max(m.start), m.end)],
+            Place::Global(_) => vec![(m.start, m.end)],
+            // Fiber stacks are 8 MiB, mostly never touched: resident pages only.
+            Place::OtherStack { .. } => resident_runs(&pagemap, m.start, m.end),
         };
-        let mut data = vec![0u8; (m.end - start) as usize];
-        // A mapping may go away meanwhile (another thread's munmap before
-        // the world stopped is done): its roots are then not shown.
-        if vm_read(pid, start, &mut data).is_ok() {
-            regions.push((start, data, place));
+        for (start, end) in ranges {
+            if copied + (end - start) > MAX_ROOT_BYTES {
+                break;
+            }
+            let mut data = vec![0u8; (end - start) as usize];
+            // A mapping may go away meanwhile (another thread's munmap before
+            // the world stopped is done): its roots are then not shown.
+            if vm_read(pid, start, &mut data).is_ok() {
+                copied += end - start;
+                regions.push((start, data, place.clone()));
+            }
         }
     }
     Ok(RootMemory {
@@ -140,6 +196,9 @@ pub fn find(
                 Place::Global(path) => global_name(modules, path, pid, at),
                 // Where on the stack is noise (stale slots look alike).
                 Place::Stack { tid, .. } => format!("stack of thread {tid}"),
+                Place::OtherStack { start, end } => {
+                    format!("stack {start:#x}-{end:#x} (another thread's or a fiber's)")
+                }
             };
             add(node, what);
         }
