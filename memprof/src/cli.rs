@@ -21,8 +21,9 @@ sudo memprof attach --pid 1234 --duration 30        profile a running process fo
 memprof report app.mprof --format markdown          read a profile (no root needed)\n  \
 memprof report app.mprof --format html -o r.html    one page: summary, timeline, flamegraph, tables\n  \
 memprof report --diff snap-0001.mprof snap-0002.mprof   what grew between two snapshots\n  \
-sudo memprof probes --pid 1234                      show where the probes would go and why\n\n\
-run, attach and probes need root (CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE)."
+sudo memprof probes --pid 1234                      show where the probes would go and why\n  \
+sudo memprof heap --pid 1234                        live objects per type in the whole GC heap, and where the RSS goes\n\n\
+run, attach, probes and heap need root (CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE)."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -80,6 +81,52 @@ pub enum Command {
         /// Which allocators: libc, gc or all.
         #[arg(long, value_enum, default_value_t = Heap::All)]
         heap: Heap,
+    },
+    /// Census of a running program's whole Boehm GC heap, and where its RSS goes.
+    ///
+    /// Attaches without allocation probes, waits for the program's next
+    /// collection, and while its collector is held (world stopped, marks
+    /// final) copies the heap's block headers, mark bits and live objects'
+    /// first bytes; then lets it go and judges every object in every heap
+    /// block by the collector's own verdict (live = marked): live objects
+    /// and bytes per type (Crystal type ids, named from the program's
+    /// constructors), per kind and size class, and a table of the
+    /// process's resident memory that adds up to its RSS.
+    Heap {
+        /// Process id.
+        #[arg(long, short)]
+        pid: u32,
+        /// Seconds to wait for a collection before giving up.
+        #[arg(long, default_value_t = 30.0, value_name = "SECONDS")]
+        wait: f64,
+        /// Output format.
+        #[arg(long, short, value_enum, default_value_t = crate::census::HeapFormat::Markdown)]
+        format: crate::census::HeapFormat,
+        /// Write to this file instead of standard output (written whole, only on success).
+        #[arg(long, short)]
+        output: Option<PathBuf>,
+        /// Type rows shown in markdown [default: 40].
+        #[arg(long, value_name = "N")]
+        top: Option<usize>,
+        /// Also retained bytes per type (as perf-tools MemProf's
+        /// log_object_sizes): the bytes of every live object reachable from
+        /// the type's objects, each once. Copies large scanned objects
+        /// whole while the collector is held.
+        #[arg(long)]
+        sizes: bool,
+        /// Also the objects that point to objects of TYPE (a name of the
+        /// type table: `Author`, `Array(Author) buffer`, `(type 28)`),
+        /// level by level, as a mermaid graph (MemProf's
+        /// pretty_log_object_graph). Copies large scanned objects whole
+        /// while the collector is held.
+        #[arg(long, value_name = "TYPE")]
+        graph: Option<String>,
+        /// --graph: levels of referrers followed.
+        #[arg(long, default_value_t = 3, value_name = "N")]
+        ref_level: usize,
+        /// --graph: objects of TYPE followed, and referrers of each object shown.
+        #[arg(long, default_value_t = 10, value_name = "N")]
+        ref_limit: usize,
     },
     /// Print a profile written by run or attach.
     Report(ReportArgs),

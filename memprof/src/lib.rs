@@ -18,8 +18,10 @@
 //! | markdown, tsv, json, folded, flamegraph, pprof, timeline, html, diff | [`report`] |
 //! | the whole pipeline for `run` and `attach` | [`session`] |
 //! | timeline sampling, `--interval`, `--snapshot-every` while attached | [`live`] |
+//! | `memprof heap`: the whole GC heap at one collection, and where the RSS goes | [`census`] |
 //! | progress bars on a terminal | [`progress`] |
 pub mod allocators;
+pub mod census;
 pub mod cli;
 pub mod crystal;
 pub mod gc;

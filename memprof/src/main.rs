@@ -74,6 +74,39 @@ fn run(cli: Cli) -> Result<i32> {
             }
             Ok(0)
         }
+        Command::Heap {
+            pid,
+            wait,
+            format,
+            output,
+            top,
+            sizes,
+            graph,
+            ref_level,
+            ref_limit,
+        } => {
+            if ref_limit == 0 {
+                bail!("--ref-limit must be at least 1");
+            }
+            if !(wait > 0.0 && wait.is_finite()) {
+                bail!("--wait must be a positive number of seconds");
+            }
+            let top = match (top, format) {
+                (Some(0), _) => bail!("--top must be at least 1"),
+                (Some(n), _) => Some(n),
+                (None, memprof::census::HeapFormat::Markdown) => Some(40),
+                (None, _) => None,
+            };
+            let options = memprof::census::HeapOptions {
+                wait: Duration::from_secs_f64(wait),
+                format,
+                output,
+                top,
+                sizes,
+                graph: graph.map(|t| (t, ref_level, ref_limit)),
+            };
+            memprof::census::heap(pid, &options).map(|()| 0)
+        }
         Command::Report(args) => report_cmd(&args).map(|()| 0),
     }
 }

@@ -282,6 +282,61 @@ fn sym_frames(
     frames
 }
 
+/// The class of the innermost inlined `new` at each link-time address of
+/// `module` (an instruction, not a return address), named from the source
+/// as [`symbolize`] names frames; `None` where there is none, or where the
+/// source names a generic class (`Array(T)`: which `T` is not known).
+pub(crate) fn inlined_new_owners(
+    module: &crate::modules::Module,
+    vaddrs: &[u64],
+) -> Vec<Option<String>> {
+    let lines = Symbolizer::builder()
+        .enable_code_info(true)
+        .enable_inlined_fns(true)
+        .enable_demangling(false)
+        .build();
+    let mut sources = crystal::source::Sources::default();
+    let path = module.symbol_path();
+    let name = module.path().display().to_string();
+    let mut owners = Vec::with_capacity(vaddrs.len());
+    for batch in vaddrs.chunks(BATCH) {
+        let offsets: Vec<u64> = batch
+            .iter()
+            .map(|&a| module.file_offset(a).unwrap_or(0))
+            .collect();
+        let dwarf = lines
+            .symbolize(&Source::Elf(Elf::new(&path)), Input::FileOffset(&offsets))
+            .unwrap_or_default();
+        for (i, &addr) in batch.iter().enumerate() {
+            let Some(sym) = found(&dwarf, i) else {
+                owners.push(None);
+                continue;
+            };
+            let mut frames = sym_frames(None, Some(sym), &name, addr);
+            name_inlined_new(&mut frames, &mut sources);
+            // The innermost `new` only, and only when its line is the
+            // class's own `def initialize` / `def self.new`: a `new` the
+            // compiler generates has the caller's line, in another class.
+            let innermost = frames
+                .iter()
+                .find(|f| f.raw_name == "new" || f.raw_name.starts_with("new:"));
+            let owner = innermost.and_then(|f| {
+                let def = sources.line(f.file.as_deref()?, f.line?)?.trim_start();
+                if !(def.starts_with("def initialize") || def.starts_with("def self.new")) {
+                    return None;
+                }
+                let owner = f
+                    .function
+                    .strip_suffix(f.raw_name.as_str())?
+                    .strip_suffix('.')?;
+                (!owner.is_empty() && !owner.contains('(')).then(|| owner.to_string())
+            });
+            owners.push(owner);
+        }
+    }
+    owners
+}
+
 /// Crystal release builds inline `Foo.new` and DWARF names the copy `new`
 /// alone: named `Foo.new` from the class its source line is in
 /// ([`crystal::source`]), `raw_name` kept as DWARF's. The same for

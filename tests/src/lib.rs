@@ -85,6 +85,15 @@ pub mod fixture {
         pub const GC_VERDICTS_STRIPPED: &str = env!("FIXTURE_CR_GC_VERDICTS_STRIPPED");
         /// `fixtures/crystal/gc_leak.cr`: a steady leak among garbage (debug build).
         pub const GC_LEAK_DEBUG: &str = env!("FIXTURE_CR_GC_LEAK_DEBUG");
+        /// `fixtures/crystal/heap_census.cr`: 7,000 Author, 5,000 Book and
+        /// 300 Note objects kept, collecting every 100 ms; says `ready …`.
+        pub const HEAP_CENSUS_DEBUG: &str = env!("FIXTURE_CR_HEAP_CENSUS_DEBUG");
+        pub const HEAP_CENSUS_RELEASE: &str = env!("FIXTURE_CR_HEAP_CENSUS_RELEASE");
+        pub const HEAP_CENSUS_STATIC: &str = env!("FIXTURE_CR_HEAP_CENSUS_STATIC");
+        pub const HEAP_CENSUS_STRIPPED: &str = env!("FIXTURE_CR_HEAP_CENSUS_STRIPPED");
+        /// `fixtures/crystal/object_graph.cr`: MemProf's documentation
+        /// example (A → Array(B) → B → C, two of each), collecting every 100 ms.
+        pub const OBJECT_GRAPH_DEBUG: &str = env!("FIXTURE_CR_OBJECT_GRAPH_DEBUG");
         /// crystal-samples' binary-trees.cr (`binary-trees DEPTH`), `--release`.
         pub const BINARY_TREES_RELEASE: &str = env!("FIXTURE_CR_BINARY_TREES_RELEASE");
     }

@@ -22,10 +22,12 @@
 //! ```
 use crate::profile::Frame;
 
+pub mod fields;
 pub mod source;
 mod symbol;
 #[cfg(test)]
 mod tests;
+pub mod type_ids;
 
 pub use symbol::{parse_method, Method};
 

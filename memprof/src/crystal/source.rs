@@ -77,6 +77,18 @@ pub struct Sources {
 impl Sources {
     /// The type enclosing `file:line`, if the file can be read.
     pub fn enclosing_type(&mut self, file: &str, line: u32) -> Option<String> {
+        enclosing_type(self.lines(file)?, line as usize)
+    }
+
+    /// The text of `file:line` (1-based), if the file can be read.
+    pub fn line(&mut self, file: &str, line: u32) -> Option<&str> {
+        let lines = self.lines(file)?;
+        lines
+            .get((line as usize).checked_sub(1)?)
+            .map(String::as_str)
+    }
+
+    fn lines(&mut self, file: &str) -> Option<&[String]> {
         let lines = self.files.entry(file.to_string()).or_insert_with(|| {
             // Sources are small; a huge file is not a Crystal source.
             let meta = std::fs::metadata(file).ok()?;
@@ -86,7 +98,7 @@ impl Sources {
             let text = std::fs::read_to_string(file).ok()?;
             Some(text.lines().map(str::to_string).collect())
         });
-        enclosing_type(lines.as_deref()?, line as usize)
+        lines.as_deref()
     }
 }
 

@@ -331,3 +331,40 @@ fn first<T: Copy>(set: &BTreeSet<T>) -> T {
 fn low_ones(mask: u64) -> bool {
     mask & mask.wrapping_add(1) == 0
 }
+
+/// Offset of `hb_obj_kind` in a block header (0x18 in 8.2.2): the kind of
+/// the block's objects (0 pointer-free, 1 normal, 2 uncollectable, 3
+/// atomic uncollectable, then kinds a program adds). Derived from the
+/// exported `GC_get_kind_and_size(p, &size)`, which looks the block up as
+/// `GC_is_marked` does and returns that byte (libgc 7.2 and later).
+pub(crate) fn kind_offset(image: &Module, layout: &MarkLayout) -> Result<u64> {
+    let module = image.path();
+    let entry = image
+        .symbol("GC_get_kind_and_size")
+        .map(|s| s.address)
+        .ok_or_else(|| unsupported(module, "GC_get_kind_and_size is not defined"))?;
+    let facts = symbolic::explore(image, entry);
+    let same_lookup = !facts.bottom.is_empty()
+        && facts
+            .bottom
+            .iter()
+            .all(|&(off, bits)| off == layout.bi_index && bits.shift == layout.log_hblksize);
+    let kinds: Vec<u64> = facts
+        .returns
+        .iter()
+        .filter_map(|r| match *r {
+            ReturnValue::HdrField(off, 1) => Some(off),
+            _ => None,
+        })
+        .collect();
+    match kinds[..] {
+        [off] if same_lookup && facts.returns.len() == 1 && off != layout.hb_flags => Ok(off),
+        _ => Err(unsupported(
+            module,
+            format!(
+                "GC_get_kind_and_size does not return one header byte: {:?}",
+                facts.returns
+            ),
+        )),
+    }
+}

@@ -112,6 +112,49 @@ impl MarkLayout {
         Ok(bi)
     }
 
+    /// Every entry of the collector's block index that is a header: the
+    /// heap blocks it knows (objects or free), as `(block address, header
+    /// address)` ascending. Walks `top_index` and each slot's hash chain to
+    /// `GC_all_nils`, reading each bottom index's entries once; entries
+    /// that are 0 or a forwarding count (the later blocks of a large
+    /// object) are left out.
+    pub fn every_block(
+        &self,
+        arrays: u64,
+        read: &mut impl FnMut(u64, &mut [u8]) -> io::Result<()>,
+    ) -> io::Result<Vec<(u64, u64)>> {
+        let nils = load(read, arrays + self.all_nils, 8)?;
+        let slots = (self.top_mask + 1) as usize;
+        let mut top = vec![0u8; slots * 8];
+        read(arrays + self.top_index, &mut top)?;
+        let word = |bytes: &[u8], i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().unwrap());
+        let mut entries = vec![0u8; (self.bottom_mask + 1) as usize * 8];
+        let mut seen = std::collections::HashSet::new();
+        let mut blocks = Vec::new();
+        for slot in 0..slots {
+            let mut bi = word(&top, slot * 8);
+            let mut steps = 0;
+            while bi != nils && bi != 0 && seen.insert(bi) {
+                let hi = load(read, bi + self.bi_key, 8)?;
+                read(bi + self.bi_index, &mut entries)?;
+                for j in 0..=self.bottom_mask as usize {
+                    let hdr = word(&entries, j * 8);
+                    if hdr > self.max_forward {
+                        let block = (hi << self.key_shift) | ((j as u64) << self.log_hblksize);
+                        blocks.push((block, hdr));
+                    }
+                }
+                bi = load(read, bi + self.bi_hash_link, 8)?;
+                steps += 1;
+                if steps > MAX_CHAIN {
+                    return Err(io::Error::other("bottom index chain does not end"));
+                }
+            }
+        }
+        blocks.sort_unstable();
+        Ok(blocks)
+    }
+
     /// What the GC's block index and header say about the heap block at
     /// `block` (a multiple of the block size); `arrays` from [`Self::arrays_at`].
     /// Objects in one block share it: a pass reads it once per block.
@@ -182,8 +225,25 @@ impl MarkLayout {
                 entries[i * 8..i * 8 + 8].try_into().unwrap(),
             ));
         }
+        self.read_header_pages(hdrs, None, read)
+    }
+
+    /// The memory of the headers at `hdrs` (entries of bottom indices:
+    /// 0 and forwarding counts are kept, not read), in as few reads as
+    /// the pages holding them have contiguous runs; `also`: one more
+    /// header byte to read (the census's `hb_obj_kind`).
+    pub fn read_header_pages(
+        &self,
+        hdrs: Vec<u64>,
+        also: Option<u64>,
+        read: &mut impl FnMut(u64, &mut [u8]) -> io::Result<()>,
+    ) -> io::Result<Headers> {
         // The pages the headers' fields are in, then runs of neighbours.
         let (first, end) = self.header_span();
+        let (first, end) = match also {
+            Some(off) => (first.min(off), end.max(off + 1)),
+            None => (first, end),
+        };
         let mut pages: Vec<u64> = hdrs
             .iter()
             .filter(|&&h| h > self.max_forward)
@@ -281,6 +341,25 @@ pub struct Headers {
 }
 
 impl Headers {
+    /// How many headers were read.
+    pub fn len(&self) -> usize {
+        self.hdrs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.hdrs.is_empty()
+    }
+
+    /// The little-endian field of `len` bytes (1 to 8) at offset `off` of
+    /// the `i`-th header, if it was read.
+    pub fn field(&self, i: usize, off: u64, len: usize) -> Option<u64> {
+        let hdr = *self.hdrs.get(i)?;
+        let mut word = [0u8; 8];
+        word.get_mut(..len)?
+            .copy_from_slice(self.bytes(hdr + off, len)?);
+        Some(u64::from_le_bytes(word))
+    }
+
     /// The `len` bytes read at `addr`, if read: in one run, or going on
     /// into the next when that one starts where it ends (their bytes are
     /// neighbours in `data` too).

@@ -34,6 +34,7 @@
 //! assert_eq!((layout.top_index, layout.all_nils, layout.hb_marks), (0x289f0, 0xc0, 0x40));
 //! # Ok(()) }
 //! ```
+pub mod census;
 pub mod copy;
 pub mod heap_stats;
 pub mod layout;
@@ -73,6 +74,28 @@ pub struct EndOfMark {
     /// incremental collections do). Every copy needs a probe; a collection
     /// runs exactly one of them.
     pub increments: Vec<Increment>,
+}
+
+impl EndOfMark {
+    /// `GC_gc_no` in the target, through its GOT slot when the library has
+    /// one (the executable may hold a copy-relocated `GC_gc_no`); `bias`:
+    /// the module's run-time minus link-time address.
+    pub fn read_gc_no(
+        &self,
+        bias: u64,
+        read: &mut impl FnMut(u64, &mut [u8]) -> std::io::Result<()>,
+    ) -> std::io::Result<u64> {
+        let mut word = |addr: u64| -> std::io::Result<u64> {
+            let mut buf = [0u8; 8];
+            read(addr, &mut buf)?;
+            Ok(u64::from_le_bytes(buf))
+        };
+        let at = match self.gc_no_slot {
+            Some(slot) => word(slot + bias)?,
+            None => self.gc_no + bias,
+        };
+        word(at)
+    }
 }
 
 /// One `GC_gc_no++` instruction and the instruction after it.

@@ -254,19 +254,11 @@ impl Judge {
         Ok(())
     }
 
-    /// `GC_gc_no`, through its GOT slot when the library has one (the
-    /// executable may hold a copy-relocated `GC_gc_no`).
+    /// `GC_gc_no` ([`EndOfMark::read_gc_no`]).
     fn read_gc_no(&self, bias: u64, pages: &mut PageCache) -> Result<u64> {
-        let mut word = |addr: u64| -> io::Result<u64> {
-            let mut buf = [0u8; 8];
-            pages.read(addr, &mut buf)?;
-            Ok(u64::from_le_bytes(buf))
-        };
-        let at = match self.end.gc_no_slot {
-            Some(slot) => word(slot + bias)?,
-            None => self.end.gc_no + bias,
-        };
-        word(at).context("reading GC_gc_no")
+        self.end
+            .read_gc_no(bias, &mut |a, buf| pages.read(a, buf))
+            .context("reading GC_gc_no")
     }
 
     /// The collector's heap size, free and unmapped bytes now (`None` if

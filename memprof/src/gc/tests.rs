@@ -47,6 +47,22 @@ fn debian_shared_layout() {
 }
 
 #[test]
+fn debian_shared_kind_offset() {
+    // `movzbl 0x18(%rax),%eax` in GC_get_kind_and_size: hb_obj_kind.
+    let module = Module::open(Path::new(LIBGC_SO)).unwrap();
+    let layout = layout::derive(&module).unwrap();
+    assert_eq!(layout::kind_offset(&module, &layout).unwrap(), 0x18);
+}
+
+#[test]
+fn static_c_build_kind_offset() {
+    let exe = c_program("verdicts", VERDICTS_C, Link::Static);
+    let module = Module::open(&exe).unwrap();
+    let layout = layout::derive(&module).unwrap();
+    assert_eq!(layout::kind_offset(&module, &layout).unwrap(), 0x18);
+}
+
+#[test]
 fn debian_shared_end_of_mark() {
     let end = find_end_of_mark(Path::new(LIBGC_SO)).unwrap();
     assert_eq!((end.gc_no, end.gc_no_slot), (0x5a348, Some(0x2cf88)));

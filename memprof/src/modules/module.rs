@@ -236,6 +236,21 @@ impl Module {
         self.symbols.get(name).copied()
     }
 
+    /// Every defined symbol with a non-zero address, by name (in no order).
+    pub fn symbols(&self) -> impl Iterator<Item = (&str, Symbol)> + '_ {
+        self.symbols.iter().map(|(name, s)| (name.as_str(), *s))
+    }
+
+    /// Whether `vaddr` is in a section the program cannot write (`.rodata`,
+    /// `.text`): bytes read there from the file are what the process has.
+    pub fn is_read_only(&self, vaddr: u64) -> bool {
+        self.sections.iter().any(|s| {
+            s.file_range.is_some()
+                && (s.address..s.address + s.size).contains(&vaddr)
+                && (s.code || s.name.starts_with(".rodata"))
+        })
+    }
+
     /// The first section called `name`: its address and its bytes in the file.
     pub fn section(&self, name: &str) -> Option<(u64, &[u8])> {
         let section = self.sections.iter().find(|s| s.name == name)?;
@@ -300,6 +315,27 @@ impl Module {
     /// module's symbol (a call through it leaves the module).
     pub fn is_external(&self, slot: u64) -> bool {
         self.slots.is_external(slot)
+    }
+
+    /// The PLT stubs that jump to `name` in another module (`call
+    /// GC_malloc@plt`): the address of each stub's `jmp *slot(%rip)` and
+    /// of the start of its entry (after an `endbr64`, entries are 16 bytes).
+    pub fn plt_stubs(&self, name: &str) -> Vec<u64> {
+        let mut stubs = Vec::new();
+        for plt in [".plt", ".plt.sec", ".plt.got"] {
+            let Some((start, bytes)) = self.section(plt) else {
+                continue;
+            };
+            for insn in crate::x86::decode::function(bytes, start) {
+                let jumps_through = insn.mnemonic() == iced_x86::Mnemonic::Jmp
+                    && insn.is_ip_rel_memory_operand()
+                    && self.slots.external_name(insn.ip_rel_memory_address()) == Some(name);
+                if jumps_through {
+                    stubs.extend([insn.ip(), insn.ip() & !0xf]);
+                }
+            }
+        }
+        stubs
     }
 
     /// The value the word at `slot` holds at run time, as a link-time

@@ -13,6 +13,8 @@ pub(super) struct Slots {
     /// their file contents (a lazy PLT stub's address) are not their
     /// run-time value.
     external: HashSet<u64>,
+    /// The names of the symbols those slots are filled with.
+    external_names: HashMap<u64, String>,
     /// `.got` / `.got.plt` ranges, whose file contents are already final in
     /// a module linked without dynamic relocations for them.
     got: Vec<(u64, u64)>,
@@ -58,6 +60,12 @@ impl Slots {
                 }
                 None if r_type != R_X86_64_RELATIVE => {
                     slots.external.insert(slot);
+                    if let RelocationTarget::Symbol(i) = relocation.target() {
+                        let symbol = symbols.as_ref().and_then(|t| t.symbol_by_index(i).ok());
+                        if let Some(name) = symbol.and_then(|s| s.name().ok()) {
+                            slots.external_names.insert(slot, name.to_string());
+                        }
+                    }
                 }
                 None => {}
             }
@@ -67,6 +75,11 @@ impl Slots {
 
     pub fn is_external(&self, slot: u64) -> bool {
         self.external.contains(&slot)
+    }
+
+    /// The name of the other module's symbol `slot` is filled with.
+    pub fn external_name(&self, slot: u64) -> Option<&str> {
+        self.external_names.get(&slot).map(String::as_str)
     }
 
     /// The run-time value of the word at `slot`; `word` reads the file's

@@ -24,8 +24,8 @@ mod drive;
 mod gc_watch;
 mod output;
 mod plan;
-mod signals;
-mod start;
+pub(crate) mod signals;
+pub(crate) mod start;
 
 use std::io::Write;
 use std::path::PathBuf;

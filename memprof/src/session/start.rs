@@ -208,7 +208,7 @@ fn run_to_libraries(pid: u32, modules: &ModuleCache) -> Result<()> {
 }
 
 /// The files `pid` maps, from its own mappings.
-fn mapped_files(pid: u32) -> Result<Vec<PathBuf>> {
+pub(crate) fn mapped_files(pid: u32) -> Result<Vec<PathBuf>> {
     Ok(maps::read(pid)
         .with_context(|| format!("cannot read the mappings of pid {pid}"))?
         .into_iter()
@@ -219,7 +219,7 @@ fn mapped_files(pid: u32) -> Result<Vec<PathBuf>> {
 /// memprof needs CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN) for the
 /// probes and CAP_SYS_PTRACE to trace the target and read its memory:
 /// checked as capabilities, not as uid 0.
-fn require_capabilities() -> Result<()> {
+pub(crate) fn require_capabilities() -> Result<()> {
     const CAP_SYS_PTRACE: u32 = 19;
     const CAP_SYS_ADMIN: u32 = 21;
     const CAP_PERFMON: u32 = 38;

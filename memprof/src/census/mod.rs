@@ -1,0 +1,324 @@
+//! `memprof heap --pid N`: a one-shot census of a running program's whole
+//! Boehm GC heap, judged by the collector itself, and where its RSS goes.
+//!
+//! 1. find the libgc the target uses and derive its layout
+//!    ([`HeapReader`]); name the program's Crystal type ids from its code
+//!    ([`crate::crystal::type_ids`]);
+//! 2. trace the target and put a probe on `GC_gc_no++` only (no
+//!    allocation probe): the next collection stops its collector at the
+//!    end of marking ([`crate::probes`], the hold of the mark-bit passes);
+//! 3. while held: copy the block index, headers, mark bits and the memory
+//!    of the blocks with marked objects ([`HeapReader::copy`]), the
+//!    mappings and the resident pages of the heap blocks ([`rss::read`]);
+//! 4. let the target go, untraced, probes removed; then judge every object
+//!    ([`crate::gc::census::HeapCopy::census`]), name the types, with
+//!    `--sizes` their retained bytes ([`crate::gc::census::HeapCopy::retained`]),
+//!    build the RSS table ([`rss::table`]) and write the report ([`report`]).
+//!
+//! No collection within `--wait` seconds: one line saying so, exit 1, and
+//! the target is let go as it was.
+pub mod graph;
+pub mod report;
+pub mod roots;
+pub mod rss;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Result};
+
+use crate::allocators::{self, BOEHM};
+use crate::crystal::type_ids::{type_names, TypeNames, TypeOf};
+use crate::gc::census::{Census, HeapCopy, HeapReader};
+use crate::modules::ModuleCache;
+use crate::outfile::OutFile;
+use crate::probes::{ProbeOptions, Probes};
+use crate::session::signals::Signals;
+use crate::session::start::{mapped_files, require_capabilities};
+use crate::target::trace::{Event, Tracer};
+use crate::target::{self, Target};
+
+pub use report::HeapFormat;
+
+/// `memprof heap` settings.
+#[derive(Debug, Clone)]
+pub struct HeapOptions {
+    /// How long to wait for a collection.
+    pub wait: Duration,
+    pub format: HeapFormat,
+    pub output: Option<PathBuf>,
+    /// Type rows shown (markdown); all when `None`.
+    pub top: Option<usize>,
+    /// `--sizes`: retained bytes per type (large scanned objects are
+    /// copied whole at the hold for it).
+    pub sizes: bool,
+    /// `--graph TYPE`, with `--ref-level` and `--ref-limit`.
+    pub graph: Option<(String, usize, usize)>,
+}
+
+/// Everything the report is made of.
+pub struct HeapReport {
+    pub target: Target,
+    pub copy: HeapCopy,
+    pub census: Census,
+    pub names: TypeNames,
+    pub rss: Vec<rss::Row>,
+    /// `--sizes`: retained bytes per type id.
+    pub retained: Option<std::collections::BTreeMap<u32, u64>>,
+    /// `--graph`: the referrers of a type's objects.
+    pub graph: Option<graph::RefGraph>,
+    /// `/proc/PID/smaps_rollup`'s Rss at the hold, to compare the table with.
+    pub rollup_rss: Option<u64>,
+    /// How long the collector was held, and the census took afterwards.
+    pub held: Duration,
+    pub judged: Duration,
+}
+
+/// The probes and the tracer while attached: on every way out, first no
+/// more holds, then every thread let go (a held one without the signal).
+struct Attached {
+    probes: Probes,
+    tracer: Tracer,
+}
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        let _ = self.probes.stop_holding();
+        self.tracer.detach();
+    }
+}
+
+/// `memprof heap --pid PID`.
+pub fn heap(pid: u32, options: &HeapOptions) -> Result<()> {
+    if !target::is_alive(pid) {
+        bail!("no process with pid {pid}");
+    }
+    require_capabilities()?;
+    let target = Target::attach(pid)?;
+    target::check_architecture(pid, &target.exe)?;
+    let cache = ModuleCache::of_process(pid);
+    let modules = target::modules(&target.exe, &mapped_files(pid)?);
+    let gc_module = allocators::resolve(&cache, &modules, BOEHM)?
+        .into_iter()
+        .find(|r| r.func.symbol == "GC_malloc")
+        .map(|r| r.module)
+        .ok_or_else(|| {
+            anyhow!(
+                "pid {pid} ({}) has no Boehm GC heap: GC_malloc is defined neither in it nor in a library it loaded (`memprof heap` reads the heap of programs using the Boehm GC, as Crystal's do)",
+                allocators::short(&target.exe)
+            )
+        })?;
+    let reader = HeapReader::new(cache.get(&gc_module)?)?;
+    let names = type_names(&*cache.get(&target.exe)?);
+    let target_exe = target.exe.clone();
+    // A destination that cannot be written fails before attaching.
+    let mut file = options.output.as_deref().map(OutFile::create).transpose()?;
+
+    // Retained sizes and the graph need the words of large scanned objects.
+    let whole = options.sizes || options.graph.is_some();
+    let signals = Signals::block()?;
+    let (copy, snapshot, rollup_rss, held, root_memory) = hold_and_copy(
+        pid,
+        &reader,
+        options.wait,
+        whole,
+        options.graph.is_some(),
+        &signals,
+    )?;
+    let started = Instant::now();
+    let census =
+        copy.census(&|word, kind| names.type_of(word, report::is_atomic(kind)) != TypeOf::NotAType);
+    let rss = rss::table(&snapshot, &gc_blocks(&copy, &census));
+    let graph = (options.sizes || options.graph.is_some()).then(|| copy.graph(&census.objects));
+    let retained = graph
+        .as_ref()
+        .filter(|_| options.sizes)
+        .map(|g| copy.retained(&census.objects, g));
+    let ref_graph = match (&graph, &options.graph) {
+        (Some(g), Some((target, level, limit))) => {
+            let fields = crate::crystal::fields::field_names(&*cache.get(&target_exe)?);
+            let mut walked = graph::walk(
+                &census.objects,
+                g,
+                &|o| report::object_name(&names, o.word, o.kind),
+                &|class, off| fields.get(class)?.get(&u64::from(off)).cloned(),
+                (target, *level, *limit),
+            )?;
+            if let Some(memory) = &root_memory {
+                let objects = &census.objects;
+                let mut nodes: Vec<(u64, u64)> = walked
+                    .nodes
+                    .iter()
+                    .filter_map(|&(a, _)| {
+                        let i = objects.partition_point(|o| o.start < a);
+                        objects.get(i).filter(|o| o.start == a).map(|o| (a, o.size))
+                    })
+                    .collect();
+                nodes.sort_unstable();
+                walked.roots = roots::find(memory, &nodes, &cache, pid);
+            }
+            Some(walked)
+        }
+        _ => None,
+    };
+    let report = HeapReport {
+        target,
+        copy,
+        census,
+        names,
+        rss,
+        retained,
+        graph: ref_graph,
+        rollup_rss,
+        held,
+        judged: started.elapsed(),
+    };
+    let mut stdout = std::io::stdout().lock();
+    let out: &mut dyn std::io::Write = match &mut file {
+        Some(file) => file,
+        None => &mut stdout,
+    };
+    let written = report::write(&report, options, out)
+        .and_then(|()| out.flush().map_err(Into::into))
+        .and_then(|()| file.map_or(Ok(()), OutFile::commit));
+    match written {
+        // `memprof heap … | head` is done, not failed.
+        Err(e) if is_broken_pipe(&e) => Ok(()),
+        other => other,
+    }
+}
+
+/// What [`hold_and_copy`] brings back: the copy, the mappings and resident
+/// pages, smaps_rollup's Rss, how long the hold lasted, and (`--graph`)
+/// the memory that may hold roots.
+type Held = (
+    HeapCopy,
+    rss::Snapshot,
+    Option<u64>,
+    Duration,
+    Option<roots::RootMemory>,
+);
+
+/// Attaches, waits for the next collection, copies the heap while the
+/// collector is held, lets the target go.
+fn hold_and_copy(
+    pid: u32,
+    reader: &HeapReader,
+    wait: Duration,
+    whole: bool,
+    with_roots: bool,
+    signals: &Signals,
+) -> Result<Held> {
+    let mut probes = Probes::load(&ProbeOptions::smallest(), None)?;
+    let tracer = Tracer::seize(pid, &mut |tid| {
+        let _ = probes.set_traced(tid);
+    })?;
+    let mut attached = Attached { probes, tracer };
+    attached
+        .probes
+        .watch_collections(pid, reader.module(), &reader.collection_offsets())?;
+    // Said on a terminal only: a failure stays one line for scripts.
+    if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        eprintln!(
+            "memprof: waiting up to {} s for pid {pid}'s next GC collection",
+            wait.as_secs_f64()
+        );
+    }
+    let deadline = Instant::now() + wait;
+    let result = loop {
+        if let Some(libc::SIGINT | libc::SIGTERM) = signals.wait(Duration::from_millis(50)) {
+            bail!("interrupted before pid {pid} collected; it runs on, untouched");
+        }
+        let Attached { probes, tracer } = &mut attached;
+        let event = tracer.poll(&mut |tid| {
+            let _ = probes.set_traced(tid);
+        })?;
+        match event {
+            Some(Event::Signal { tid, signal }) => {
+                let started = Instant::now();
+                if probes.take_held(tid)?.is_none() {
+                    // The program's own SIGURG.
+                    tracer.resume_signal(tid, signal, true);
+                    continue;
+                }
+                let copied = reader.copy(pid, whole).and_then(|copy| {
+                    let ranges: Vec<(u64, u64)> = copy
+                        .blocks
+                        .iter()
+                        .map(|b| (b.addr, b.bytes(copy.hblksize)))
+                        .collect();
+                    let snapshot = rss::read(pid, &ranges)?;
+                    let memory = with_roots
+                        .then(|| roots::read(pid, tid, &snapshot.mappings))
+                        .transpose()?;
+                    Ok((copy, snapshot, rollup_rss(pid), memory))
+                });
+                probes.stop_holding()?;
+                tracer.resume_signal(tid, 0, false);
+                let held = started.elapsed();
+                break copied.map(|(c, s, r, m)| (c, s, r, held, m));
+            }
+            Some(Event::Exiting) => {}
+            Some(Event::Exited(_)) => bail!("pid {pid} exited before its next collection"),
+            None if Instant::now() >= deadline => bail!(
+                "pid {pid} did not collect within {} s: a Boehm GC collects when the program allocates; put it under load (or have it call GC.collect) and run `memprof heap` again, or give it longer with --wait SECONDS",
+                wait.as_secs_f64()
+            ),
+            None => {}
+        }
+    };
+    // Let go before anything else is computed.
+    let Attached { probes, tracer } = &mut attached;
+    probes.stop_holding()?;
+    tracer.detach();
+    drop(attached);
+    result
+}
+
+/// Whether writing failed because the reader went away (`… | head`).
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|e| {
+        e.downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+            || e.downcast_ref::<serde_json::Error>()
+                .is_some_and(|e| e.io_error_kind() == Some(std::io::ErrorKind::BrokenPipe))
+    })
+}
+
+/// `Rss` of `/proc/PID/smaps_rollup`.
+fn rollup_rss(pid: u32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+    let kb: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("Rss:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
+}
+
+/// The heap's blocks with what the census found in them, for the RSS table.
+fn gc_blocks(copy: &HeapCopy, census: &Census) -> Vec<rss::GcBlock> {
+    let mut live = census.object_blocks.iter().peekable();
+    copy.blocks
+        .iter()
+        .map(|b| {
+            let bytes = b.bytes(copy.hblksize);
+            let in_block = match live.peek() {
+                Some(&&(addr, _, l)) if addr == b.addr => {
+                    live.next();
+                    Some(l)
+                }
+                _ => None,
+            };
+            rss::GcBlock {
+                start: b.addr,
+                bytes,
+                live: in_block.unwrap_or(0),
+                free_block: in_block.is_none(),
+            }
+        })
+        .collect()
+}

@@ -1,0 +1,351 @@
+//! The `memprof heap` report: markdown (live objects per type, the size
+//! classes, where the RSS goes), tsv (the type rows) or json (everything,
+//! versioned; the README documents it).
+use std::collections::BTreeMap;
+use std::io::Write;
+
+use anyhow::Result;
+use serde_json::json;
+
+use super::{HeapOptions, HeapReport};
+use crate::crystal::type_ids::{TypeNames, TypeOf};
+use crate::gc::census::{kind_name, Tally, Word, AUNCOLLECTABLE, PTRFREE};
+use crate::report::thousands;
+
+/// Output formats of `memprof heap`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum HeapFormat {
+    Markdown,
+    Tsv,
+    Json,
+}
+
+/// Live objects of one type and kind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TypeRow {
+    /// The class; `(type N)` for an id no constructor names; `T buffer`
+    /// for objects without a type id that an object of type `T` points
+    /// into; `(no type id)` for the rest (raw memory).
+    pub name: String,
+    pub type_id: Option<u32>,
+    /// For a buffer: the type id of the object holding it.
+    pub held_by: Option<u32>,
+    /// `--sizes`, for a type id: bytes reachable from its objects.
+    pub retained: Option<u64>,
+    pub kind: u8,
+    pub count: u64,
+    pub bytes: u64,
+}
+
+/// The name of an object whose first word says `word`, in memory of `kind`:
+/// `Foo`, `(type 28)`, `Array(Foo) buffer`, `(type 28) buffer`, `(no type id)`.
+pub fn object_name(names: &TypeNames, word: Word, kind: u8) -> String {
+    match word {
+        Word::Type(id) => match names.type_of(id, is_atomic(kind)) {
+            TypeOf::Named(name) => name.to_string(),
+            _ => format!("(type {id})"),
+        },
+        // A holder is in scanned memory.
+        Word::HeldBy(id) => match names.type_of(id, false) {
+            TypeOf::Named(name) => format!("{name} buffer"),
+            _ => format!("(type {id}) buffer"),
+        },
+        Word::Untyped => "(no type id)".to_string(),
+    }
+}
+
+/// Whether objects of `kind` are pointer-free.
+pub fn is_atomic(kind: u8) -> bool {
+    matches!(kind, PTRFREE | AUNCOLLECTABLE)
+}
+
+/// The type rows, most bytes first, named by [`crate::crystal::type_ids`]
+/// (the census kept as type ids only first words that are:
+/// [`TypeOf::NotAType`] never reaches here).
+pub fn type_rows(report: &HeapReport) -> Vec<TypeRow> {
+    let mut rows: BTreeMap<(String, Option<u32>, Option<u32>, u8), Tally> = BTreeMap::new();
+    for (&(kind, word), tally) in &report.census.words {
+        let name = object_name(&report.names, word, kind);
+        let key = match word {
+            Word::Type(id) => (name, Some(id), None),
+            Word::HeldBy(id) => (name, None, Some(id)),
+            Word::Untyped => (name, None, None),
+        };
+        let row = rows.entry((key.0, key.1, key.2, kind)).or_default();
+        row.count += tally.count;
+        row.bytes += tally.bytes;
+    }
+    let mut out: Vec<TypeRow> = rows
+        .into_iter()
+        .map(|((name, type_id, held_by, kind), t)| TypeRow {
+            retained: type_id.and_then(|id| report.retained.as_ref()?.get(&id).copied()),
+            name,
+            type_id,
+            held_by,
+            kind,
+            count: t.count,
+            bytes: t.bytes,
+        })
+        .collect();
+    out.sort_by(|a, b| {
+        b.bytes
+            .cmp(&a.bytes)
+            .then(b.count.cmp(&a.count))
+            .then(a.name.cmp(&b.name))
+    });
+    out
+}
+
+pub fn write(report: &HeapReport, options: &HeapOptions, out: &mut dyn Write) -> Result<()> {
+    match options.format {
+        HeapFormat::Markdown => markdown(report, options.top, out),
+        HeapFormat::Tsv => tsv(report, out),
+        HeapFormat::Json => {
+            serde_json::to_writer_pretty(&mut *out, &to_json(report))?;
+            writeln!(out)?;
+            Ok(())
+        }
+    }
+}
+
+/// Totals over the size classes: live, on free lists, unmarked.
+fn totals(report: &HeapReport) -> [Tally; 3] {
+    let mut t = [Tally::default(); 3];
+    for c in report.census.classes.values() {
+        for (sum, part) in t.iter_mut().zip([c.live, c.free_list, c.unmarked]) {
+            sum.count += part.count;
+            sum.bytes += part.bytes;
+        }
+    }
+    t
+}
+
+fn markdown(report: &HeapReport, top: Option<usize>, out: &mut dyn Write) -> Result<()> {
+    let copy = &report.copy;
+    let [live, free_list, unmarked] = totals(report);
+    let heap_bytes: u64 = copy.blocks.iter().map(|b| b.bytes(copy.hblksize)).sum();
+    writeln!(
+        out,
+        "# memprof heap: pid {} ({}), GC collection {}",
+        report.target.pid,
+        report.target.exe.display(),
+        copy.gc_no + 1
+    )?;
+    writeln!(out)?;
+    writeln!(
+        out,
+        "Collector held {:.1} ms (copied {} bytes of heap); census {:.1} ms after letting it go.",
+        report.held.as_secs_f64() * 1e3,
+        thousands(copy.copied_bytes()),
+        report.judged.as_secs_f64() * 1e3
+    )?;
+    writeln!(
+        out,
+        "GC heap: {} bytes in {} blocks ({} in free blocks). Live (marked): {} objects, {} bytes. \
+         On free lists: {} objects, {} bytes. Unmarked (dead or free): {} objects, {} bytes.",
+        thousands(heap_bytes),
+        thousands(copy.blocks.len() as u64),
+        thousands(report.census.free_blocks.bytes),
+        thousands(live.count),
+        thousands(live.bytes),
+        thousands(free_list.count),
+        thousands(free_list.bytes),
+        thousands(unmarked.count),
+        thousands(unmarked.bytes),
+    )?;
+    if let Some(s) = &copy.stats {
+        writeln!(
+            out,
+            "The collector's figures: heap size {}, free {}, unmapped {} bytes.",
+            thousands(s.heap_size),
+            thousands(s.free_bytes),
+            thousands(s.unmapped_bytes)
+        )?;
+    }
+    writeln!(out)?;
+    writeln!(out, "## Live objects by type")?;
+    writeln!(out)?;
+    let sizes = report.retained.is_some();
+    if sizes {
+        writeln!(out, "| Objects | Bytes | Retained | Kind | Type |")?;
+        writeln!(out, "|--------:|------:|---------:|------|------|")?;
+    } else {
+        writeln!(out, "| Objects | Bytes | Kind | Type |")?;
+        writeln!(out, "|--------:|------:|------|------|")?;
+    }
+    let rows = type_rows(report);
+    let shown = top.unwrap_or(rows.len()).min(rows.len());
+    for r in &rows[..shown] {
+        let retained = match (sizes, r.retained) {
+            (false, _) => String::new(),
+            (true, Some(b)) => format!(" {} |", thousands(b)),
+            (true, None) => " |".to_string(),
+        };
+        writeln!(
+            out,
+            "| {} | {} |{retained} {} | {} |",
+            thousands(r.count),
+            thousands(r.bytes),
+            kind_name(r.kind),
+            r.name
+        )?;
+    }
+    if shown < rows.len() {
+        let rest = &rows[shown..];
+        writeln!(
+            out,
+            "| {} | {} |{} | …({} more types) |",
+            thousands(rest.iter().map(|r| r.count).sum()),
+            thousands(rest.iter().map(|r| r.bytes).sum()),
+            if sizes { " |" } else { "" },
+            thousands(rest.len() as u64)
+        )?;
+    }
+    if sizes {
+        writeln!(out)?;
+        writeln!(
+            out,
+            "Retained: the bytes of every live object reachable from the type's objects (theirs included), each once."
+        )?;
+    }
+    writeln!(out)?;
+    if let Some(graph) = &report.graph {
+        writeln!(out, "## Objects linking to {}", graph.target_type)?;
+        writeln!(out)?;
+        writeln!(out, "```mermaid")?;
+        write!(out, "{}", super::graph::mermaid(graph))?;
+        writeln!(out, "```")?;
+        writeln!(out)?;
+    }
+    writeln!(out, "## Size classes")?;
+    writeln!(out)?;
+    writeln!(
+        out,
+        "| Kind | Object size | Blocks | Heap bytes | Live | Live bytes | On free lists | Unmarked |"
+    )?;
+    writeln!(
+        out,
+        "|------|------------:|-------:|-----------:|-----:|-----------:|--------------:|---------:|"
+    )?;
+    for (&(kind, size), c) in &report.census.classes {
+        writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            kind_name(kind),
+            thousands(size),
+            thousands(c.blocks),
+            thousands(c.block_bytes),
+            thousands(c.live.count),
+            thousands(c.live.bytes),
+            thousands(c.free_list.count),
+            thousands(c.unmarked.count)
+        )?;
+    }
+    writeln!(out)?;
+    writeln!(out, "## Where the RSS goes")?;
+    writeln!(out)?;
+    writeln!(out, "|      Bytes | What |")?;
+    writeln!(out, "|-----------:|------|")?;
+    for row in &report.rss {
+        writeln!(out, "| {} | {} |", thousands(row.bytes), row.what)?;
+    }
+    let total: u64 = report.rss.iter().map(|r| r.bytes).sum();
+    writeln!(out, "| {} | **total** (RSS) |", thousands(total))?;
+    if let Some(rollup) = report.rollup_rss {
+        writeln!(out)?;
+        writeln!(
+            out,
+            "/proc/{}/smaps_rollup said Rss {} bytes at the same moment.",
+            report.target.pid,
+            thousands(rollup)
+        )?;
+    }
+    Ok(())
+}
+
+/// First line the number of rows, then `count⇥bytes⇥kind⇥type` per type.
+fn tsv(report: &HeapReport, out: &mut dyn Write) -> Result<()> {
+    let rows = type_rows(report);
+    writeln!(out, "{}", rows.len())?;
+    for r in rows {
+        writeln!(
+            out,
+            "{}\t{}\t{}\t{}",
+            r.count,
+            r.bytes,
+            kind_name(r.kind),
+            r.name
+        )?;
+    }
+    Ok(())
+}
+
+/// Schema version of the JSON report.
+pub const JSON_VERSION: u32 = 1;
+
+pub fn to_json(report: &HeapReport) -> serde_json::Value {
+    let copy = &report.copy;
+    let [live, free_list, unmarked] = totals(report);
+    let heap_bytes: u64 = copy.blocks.iter().map(|b| b.bytes(copy.hblksize)).sum();
+    let stats = copy.stats.as_ref();
+    let types: Vec<_> = type_rows(report)
+        .into_iter()
+        .map(|r| {
+            json!({"name": r.name, "type_id": r.type_id, "held_by_type_id": r.held_by,
+                   "kind": kind_name(r.kind), "count": r.count, "bytes": r.bytes,
+                   "retained_bytes": r.retained})
+        })
+        .collect();
+    let classes: Vec<_> = report
+        .census
+        .classes
+        .iter()
+        .map(|(&(kind, size), c)| {
+            json!({"kind": kind_name(kind), "size": size, "blocks": c.blocks,
+                   "block_bytes": c.block_bytes,
+                   "live_count": c.live.count, "live_bytes": c.live.bytes,
+                   "free_list_count": c.free_list.count, "free_list_bytes": c.free_list.bytes,
+                   "unmarked_count": c.unmarked.count, "unmarked_bytes": c.unmarked.bytes})
+        })
+        .collect();
+    let rss: Vec<_> = report
+        .rss
+        .iter()
+        .map(|r| json!({"what": r.what, "bytes": r.bytes}))
+        .collect();
+    json!({
+        "format": "memprof-heap",
+        "version": JSON_VERSION,
+        "memprof_version": env!("CARGO_PKG_VERSION"),
+        "target": {"pid": report.target.pid, "exe": report.target.exe.display().to_string(),
+                   "command": report.target.command},
+        "gc": {
+            "collection": copy.gc_no + 1,
+            "held_seconds": report.held.as_secs_f64(),
+            "census_seconds": report.judged.as_secs_f64(),
+            "copied_bytes": copy.copied_bytes(),
+            "blocks": copy.blocks.len(),
+            "block_bytes": heap_bytes,
+            "free_block_bytes": report.census.free_blocks.bytes,
+            "live_count": live.count, "live_bytes": live.bytes,
+            "free_list_count": free_list.count, "free_list_bytes": free_list.bytes,
+            "unmarked_count": unmarked.count, "unmarked_bytes": unmarked.bytes,
+            "heap_size": stats.map(|s| s.heap_size),
+            "free_bytes": stats.map(|s| s.free_bytes),
+            "unmapped_bytes": stats.map(|s| s.unmapped_bytes),
+        },
+        "types": types,
+        "not_yet_judged": {"count": 0, "bytes": 0},
+        "size_classes": classes,
+        "rss": rss,
+        "rss_total": report.rss.iter().map(|r| r.bytes).sum::<u64>(),
+        "graph": report.graph.as_ref().map(|g| json!({
+            "target_type": g.target_type,
+            "nodes": g.nodes.iter().map(|(a, t)| json!({"addr": format!("{a:#x}"), "type": t})).collect::<Vec<_>>(),
+            "edges": g.edges.iter().map(|e| json!({"from": format!("{:#x}", e.from), "to": format!("{:#x}", e.to),
+                "field": e.label(), "level": e.level})).collect::<Vec<_>>(),
+            "roots": g.roots.iter().map(|(a, r)| json!({"addr": format!("{a:#x}"), "root": r})).collect::<Vec<_>>(),
+        })),
+        "smaps_rollup_rss": report.rollup_rss,
+    })
+}

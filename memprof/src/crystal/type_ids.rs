@@ -1,0 +1,289 @@
+//! Names of Crystal type ids, read from the program's own code.
+//!
+//! A Crystal object starts with its class's 32-bit type id, which the
+//! compiler stores right after allocating it: `Foo.new` (a debug build's
+//! `*Foo::new<Int32>:Foo`, or `*Foo::allocate:Foo`) calls
+//! `__crystal_malloc64` (or `_atomic64` for a class without pointers) and
+//! then writes `movl $ID,(%reg)`:
+//!
+//! ```text
+//! *Author::new<Int32>:Author:
+//!   call   __crystal_malloc_atomic64
+//!   …      (memset, spills)
+//!   movl   $0xad,(%rcx)         // Author is type 173
+//! ```
+//!
+//! [`type_names`] decodes every such constructor of the executable and
+//! keeps the first 32-bit immediate stored at offset 0 of a register after
+//! each call to an allocator; `String`'s id is the constant
+//! `String::TYPE_ID` the program carries. Release builds inline `new` into
+//! its callers: there the id is stored after the allocation the same way,
+//! and the DWARF of the inlined `new` gives its `file:line` in the class
+//! body, whose class the source names ([`crate::crystal::source`]); ids
+//! with neither stay unnamed (`(type 123)` in reports).
+use std::collections::{BTreeMap, HashMap};
+
+use iced_x86::{Code, FlowControl, Instruction, Mnemonic, OpKind, Register};
+
+use super::parse_method;
+use crate::modules::Module;
+use crate::symbolize::inlined_new_owners;
+use crate::x86::decode;
+
+/// The functions the compiler allocates objects with, and whether they
+/// allocate pointer-free (atomic) memory.
+const ALLOCATORS: &[(&str, bool)] = &[
+    ("__crystal_malloc64", false),
+    ("__crystal_malloc_atomic64", true),
+    ("__crystal_malloc", false),
+    ("__crystal_malloc_atomic", true),
+    ("GC_malloc", false),
+    ("GC_malloc_atomic", true),
+];
+
+/// Instructions looked at after an allocator call for the id's store.
+const WINDOW: usize = 40;
+
+/// The highest type id believed: larger constants stored after an
+/// allocation are data (`movl $0x2e2e2e2e,(%rax)`: "....").
+const MAX_TYPE_ID: u32 = 1 << 16;
+
+/// Places an unnamed id is looked up at in the DWARF.
+const SITES_PER_ID: usize = 4;
+
+/// Longest constructor decoded (its symbol size, when it has one).
+const MAX_CODE: usize = 16 << 10;
+
+/// The kinds of memory a type id was seen stored in (bits).
+const NORMAL: u8 = 1;
+const ATOMIC: u8 = 2;
+
+/// Crystal type ids and the classes they name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TypeNames {
+    pub names: BTreeMap<u32, String>,
+    /// Every id the code stores right after an allocation, named or not
+    /// (release builds store them in the callers `new` was inlined into),
+    /// with the kinds of memory it was stored in ([`NORMAL`], [`ATOMIC`]):
+    /// a class with pointers is always allocated scanned, one without
+    /// always atomic.
+    pub stored: BTreeMap<u32, u8>,
+}
+
+/// What a first word is, for [`TypeNames::type_of`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TypeOf<'a> {
+    Named(&'a str),
+    /// A type id no constructor names.
+    Unnamed,
+    /// Not a type id (a buffer's data).
+    NotAType,
+}
+
+impl TypeNames {
+    pub fn name(&self, id: u32) -> Option<&str> {
+        self.names.get(&id).map(String::as_str)
+    }
+
+    /// The highest id known: Crystal numbers its types densely from 1, so
+    /// a first word above it is not a type id.
+    pub fn max_id(&self) -> u32 {
+        let named = self.names.keys().next_back().copied().unwrap_or(0);
+        named.max(self.stored.keys().next_back().copied().unwrap_or(0))
+    }
+
+    /// What the first word `id` of a live object is, in memory that is
+    /// `atomic` or not: a type id the code stores only into the other
+    /// kind of memory is a buffer's data that looks like one.
+    pub fn type_of(&self, id: u32, atomic: bool) -> TypeOf<'_> {
+        let kind_fits = match self.stored.get(&id) {
+            Some(&kinds) => kinds & if atomic { ATOMIC } else { NORMAL } != 0,
+            None => true,
+        };
+        match self.name(id) {
+            _ if !kind_fits || id == 0 || id > self.max_id() => TypeOf::NotAType,
+            Some(name) => TypeOf::Named(name),
+            None => TypeOf::Unnamed,
+        }
+    }
+}
+
+/// The type ids the code of `exe` stores after allocating, named after
+/// the class of each constructor that stores one.
+pub fn type_names(exe: &Module) -> TypeNames {
+    let mut allocators: HashMap<u64, bool> = ALLOCATORS
+        .iter()
+        .filter_map(|&(name, atomic)| exe.symbol(name).map(|s| (s.address, atomic)))
+        .collect();
+    // Release builds call libgc's through the PLT, inlined into callers.
+    for (name, atomic) in [("GC_malloc", false), ("GC_malloc_atomic", true)] {
+        allocators.extend(exe.plt_stubs(name).into_iter().map(|a| (a, atomic)));
+    }
+    let mut constructors = Vec::new();
+    let versioned = exe
+        .versioned_crystal_names()
+        .iter()
+        .map(|(&a, n)| (n.as_str(), a, 0));
+    let all: Vec<(&str, u64, u64)> = exe
+        .symbols()
+        .map(|(n, s)| (n, s.address, s.size))
+        .chain(versioned)
+        .collect();
+    for &(name, address, size) in &all {
+        let Some(m) = parse_method(name) else {
+            continue;
+        };
+        match m.owner {
+            // `GC.malloc` & co: what `String.new` allocates with.
+            Some("GC") if m.class_method && m.name.starts_with("malloc") => {
+                allocators.insert(address, m.name.contains("atomic"));
+            }
+            Some(owner) if m.class_method && (m.name == "new" || m.name == "allocate") => {
+                constructors.push((owner.to_string(), address, size));
+            }
+            _ => {}
+        }
+    }
+    let mut names = BTreeMap::new();
+    // Sorted, so that an id two constructors claim gets the same name every run.
+    constructors.sort();
+    for (owner, address, size) in constructors {
+        if let Some(id) = constructed_id(exe, address, size, &allocators) {
+            names.entry(id).or_insert(owner);
+        }
+    }
+    let mut stored: BTreeMap<u32, u8> = BTreeMap::new();
+    // Where each id is stored, the first few places (for the ids no
+    // constructor names).
+    let mut sites: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+    // The kind of the last allocator call, and instructions since.
+    let mut since_call: Option<(bool, usize)> = None;
+    decode::sweep(exe, |insn| {
+        if let Some((atomic, id)) = since_call.and_then(|(a, _)| Some((a, stored_id(insn)?))) {
+            *stored.entry(id).or_default() |= if atomic { ATOMIC } else { NORMAL };
+            let at = sites.entry(id).or_default();
+            if at.len() < SITES_PER_ID {
+                at.push(insn.ip());
+            }
+            since_call = None;
+        } else if let Some(atomic) = allocator_call(insn, &allocators) {
+            since_call = Some((atomic, 0));
+        } else if insn.flow_control() == FlowControl::Return {
+            since_call = None;
+        } else if let Some((_, n)) = &mut since_call {
+            *n += 1;
+            if *n > WINDOW {
+                since_call = None;
+            }
+        }
+    });
+    // A constant stored after an allocation that no type id can be
+    // (Crystal programs have thousands of types, not millions): text, flags.
+    stored.retain(|&id, _| id != 0 && id <= MAX_TYPE_ID);
+    // Release builds: the store is in the caller `new` was inlined into;
+    // DWARF says where the inlined `new` comes from in the source.
+    let unnamed: Vec<(u32, u64)> = sites
+        .into_iter()
+        .filter(|(id, _)| stored.contains_key(id) && !names.contains_key(id))
+        .flat_map(|(id, at)| at.into_iter().map(move |a| (id, a)))
+        .collect();
+    let addresses: Vec<u64> = unnamed.iter().map(|&(_, at)| at).collect();
+    for ((id, _), owner) in unnamed.iter().zip(inlined_new_owners(exe, &addresses)) {
+        if let Some(owner) = owner {
+            names.entry(*id).or_insert(owner);
+        }
+    }
+    if let Some(sym) = exe.symbol("String::TYPE_ID") {
+        if let Some(bytes) = exe
+            .bytes_at(sym.address)
+            .filter(|_| exe.is_read_only(sym.address))
+            .and_then(|b| b.get(..4))
+        {
+            let id = u32::from_le_bytes(bytes.try_into().unwrap());
+            names.insert(id, "String".into());
+            *stored.entry(id).or_default() |= ATOMIC;
+        }
+    }
+    TypeNames { names, stored }
+}
+
+/// Whether `insn` calls an allocator, and if so whether an atomic one.
+fn allocator_call(insn: &Instruction, allocators: &HashMap<u64, bool>) -> Option<bool> {
+    if insn.flow_control() != FlowControl::Call || !decode::is_direct_branch(insn) {
+        return None;
+    }
+    allocators.get(&insn.near_branch_target()).copied()
+}
+
+/// The immediate of `movl $ID,(%reg)` / `movq $ID,(%reg)` (a register
+/// other than the stack's): a type id's store.
+fn stored_id(insn: &Instruction) -> Option<u32> {
+    let stores = insn.mnemonic() == Mnemonic::Mov
+        && matches!(insn.code(), Code::Mov_rm32_imm32 | Code::Mov_rm64_imm32)
+        && insn.op0_kind() == OpKind::Memory
+        && insn.memory_displacement64() == 0
+        && insn.memory_index() == Register::None
+        && !matches!(
+            insn.memory_base(),
+            Register::None | Register::RSP | Register::RBP | Register::RIP
+        );
+    stores.then(|| insn.immediate32())
+}
+
+/// The id a constructor at `address` stores after its first allocator
+/// call, before any other: the object it allocates first is its own
+/// (`initialize` runs after, and may allocate others). `None` when that
+/// store is not a plain `mov $ID,(%reg)`.
+fn constructed_id(
+    exe: &Module,
+    address: u64,
+    size: u64,
+    allocators: &HashMap<u64, bool>,
+) -> Option<u32> {
+    let code = exe.bytes_at(address)?;
+    let len = if size > 0 { size as usize } else { MAX_CODE };
+    let insns = decode::function(&code[..code.len().min(len).min(MAX_CODE)], address);
+    let first = insns
+        .iter()
+        .position(|i| allocator_call(i, allocators).is_some())?;
+    // Up to the next allocation: a store after that is another object's.
+    insns[first + 1..]
+        .iter()
+        .take(WINDOW)
+        .take_while(|i| {
+            i.flow_control() != FlowControl::Return && allocator_call(i, allocators).is_none()
+        })
+        .find_map(stored_id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(bytes: &[u8]) -> Option<u32> {
+        stored_id(&decode::one(bytes, 0x1000))
+    }
+
+    #[test]
+    fn only_a_constant_at_offset_0_of_a_register_is_a_type_id() {
+        assert_eq!(id(&[0xc7, 0x01, 0xad, 0, 0, 0]), Some(0xad)); // movl $0xad,(%rcx)
+        assert_eq!(id(&[0x48, 0xc7, 0x00, 0xad, 0, 0, 0]), Some(0xad)); // movq $0xad,(%rax)
+        assert_eq!(id(&[0xc7, 0x41, 0x0c, 0, 0, 0, 0]), None); // movl $0,0xc(%rcx)
+        assert_eq!(id(&[0xc7, 0x04, 0x24, 5, 0, 0, 0]), None); // movl $5,(%rsp)
+        assert_eq!(id(&[0x89, 0x01]), None); // mov %eax,(%rcx)
+    }
+
+    #[test]
+    fn a_word_stored_only_in_the_other_kind_of_memory_is_no_type_id() {
+        let names = TypeNames {
+            names: BTreeMap::from([(173, "Author".to_string())]),
+            stored: BTreeMap::from([(173, ATOMIC), (174, NORMAL), (200, NORMAL | ATOMIC)]),
+        };
+        assert_eq!(names.type_of(173, true), TypeOf::Named("Author"));
+        assert_eq!(names.type_of(173, false), TypeOf::NotAType);
+        assert_eq!(names.type_of(174, false), TypeOf::Unnamed);
+        assert_eq!(names.type_of(180, true), TypeOf::Unnamed);
+        assert_eq!(names.type_of(201, false), TypeOf::NotAType);
+        assert_eq!(names.type_of(0, false), TypeOf::NotAType);
+    }
+}
