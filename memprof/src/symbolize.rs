@@ -149,16 +149,15 @@ pub fn symbolize(
     // Each stack's addresses are given back as its locations are made:
     // a big program's stacks are tens of megabytes either way.
     let mut raw = raw;
-    let locations: Vec<Vec<u32>> = raw
-        .iter_mut()
-        .map(|g| {
-            let locations = g.frames.iter().map(|a| location_of[a]).collect();
-            g.frames = Arc::from([]);
-            locations
-        })
-        .collect();
-    let ids = stacks.stacks(&locations);
-    drop(locations);
+    let mut locations: Vec<u32> = Vec::with_capacity(raw.iter().map(|g| g.frames.len()).sum());
+    let mut ends = Vec::with_capacity(raw.len());
+    for g in &mut raw {
+        locations.extend(g.frames.iter().map(|a| location_of[a]));
+        ends.push(locations.len());
+        g.frames = Arc::from([]);
+    }
+    let ids = stacks.stacks(&locations, &ends);
+    drop((locations, ends));
     // Taken from the end, the raw groups' array shrinking as it goes: the
     // two arrays are not both whole at once.
     let mut ids = ids;

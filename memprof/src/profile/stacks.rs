@@ -125,24 +125,28 @@ impl Stacks {
     /// so each node is the next one on the previous stack's path, and no
     /// index of the nodes is built (for the millions of nodes of a big
     /// program, that index's growth was the peak of memprof's memory).
-    pub fn stacks(&mut self, all: &[Vec<u32>]) -> Vec<u32> {
+    ///
+    /// The stacks are given back to back in `locations`, stack `i` ending
+    /// at `ends[i]` (one array: a big program's are tens of megabytes).
+    pub fn stacks(&mut self, locations: &[u32], ends: &[usize]) -> Vec<u32> {
+        let stack = |i: usize| &locations[i.checked_sub(1).map_or(0, |p| ends[p])..ends[i]];
         if !self.nodes.is_empty() {
-            return all.iter().map(|s| self.stack(s)).collect();
+            return (0..ends.len()).map(|i| self.stack(stack(i))).collect();
         }
-        let mut order: Vec<u32> = (0..all.len() as u32).collect();
+        let mut order: Vec<u32> = (0..ends.len() as u32).collect();
         order.sort_unstable_by(|&a, &b| {
-            let (a, b) = (&all[a as usize], &all[b as usize]);
+            let (a, b) = (stack(a as usize), stack(b as usize));
             a.iter().rev().cmp(b.iter().rev())
         });
         // Room for the most nodes there can be: pages never written are
         // never resident, and the table is not copied as it grows.
-        self.nodes.reserve_exact(all.iter().map(Vec::len).sum());
-        let mut ids = vec![0; all.len()];
+        self.nodes.reserve_exact(locations.len());
+        let mut ids = vec![0; ends.len()];
         // The nodes of the previous stack's path, outermost first.
         let mut path: Vec<u32> = Vec::new();
         let mut previous: &[u32] = &[];
         for &i in &order {
-            let stack = &all[i as usize];
+            let stack = stack(i as usize);
             let shared = stack
                 .iter()
                 .rev()
@@ -416,7 +420,14 @@ mod tests {
             vec![1, 5],
         ];
         let mut at_once = Stacks::default();
-        let ids = at_once.stacks(&all);
+        let ends: Vec<usize> = all
+            .iter()
+            .scan(0, |end, s| {
+                *end += s.len();
+                Some(*end)
+            })
+            .collect();
+        let ids = at_once.stacks(&all.concat(), &ends);
         let mut one_by_one = Stacks::default();
         for s in &all {
             one_by_one.stack(s);
