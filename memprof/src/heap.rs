@@ -23,9 +23,10 @@ use crate::sampling;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RawGroup {
     pub kind: AllocKind,
-    /// Return addresses, innermost (the allocator's caller) first; shared
-    /// with the grouping's index (a big program has 100,000s of stacks).
-    pub frames: Arc<[u64]>,
+    /// Return addresses as ids into [`RawGroups::addresses`], innermost
+    /// (the allocator's caller) first; shared with the grouping's index (a
+    /// big program has 100,000s of stacks, of a few 10,000 addresses).
+    pub frames: Arc<[u32]>,
     pub live_count: u64,
     pub live_bytes: u64,
     pub total_count: u64,
@@ -123,9 +124,18 @@ pub enum GcFigures<'a> {
 /// Sites merged between two shrinks of an owned [`GcFigures`] array.
 const RELEASE_EVERY: usize = 8192;
 
+/// The groups read from the kernel, and the return addresses their
+/// stacks name (each once).
+#[derive(Debug, Default)]
+pub struct RawGroups {
+    pub groups: Vec<RawGroup>,
+    /// By id: [`RawGroup::frames`] holds ids.
+    pub addresses: Vec<u64>,
+}
+
 /// Reads the live table and the per-site totals and merges them per stack,
 /// with what the mark-bit passes learned per site (`gc`).
-pub fn collect(maps: &HeapMaps, gc: Option<GcFigures<'_>>) -> Result<Vec<RawGroup>> {
+pub fn collect(maps: &HeapMaps, gc: Option<GcFigures<'_>>) -> Result<RawGroups> {
     // Sized for the sites the kernel stored: grown by doubling, each table
     // was briefly held twice, at the peak of memprof's memory.
     let sites = maps.counters().map_or(0, |c| c.sites_stored as usize);
@@ -135,6 +145,8 @@ pub fn collect(maps: &HeapMaps, gc: Option<GcFigures<'_>>) -> Result<Vec<RawGrou
         by_stack: HashMap::with_capacity(sites),
         by_site: HashMap::with_capacity(sites),
         groups: Vec::with_capacity(sites),
+        address_ids: HashMap::new(),
+        addresses: Vec::new(),
     };
     for entry in maps.sites() {
         let (site, totals) = entry?;
@@ -179,7 +191,10 @@ pub fn collect(maps: &HeapMaps, gc: Option<GcFigures<'_>>) -> Result<Vec<RawGrou
             group.scale_sampled(maps.sample_bytes);
         }
     }
-    Ok(groups)
+    Ok(RawGroups {
+        groups,
+        addresses: grouper.addresses,
+    })
 }
 
 /// Adds what the passes learned about `site` to its group.
@@ -211,22 +226,11 @@ fn add_gc(grouper: &mut Grouper<'_>, site: Site, s: &SiteGc) {
 /// A stack as a group shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Stack {
-    frames: Arc<[u64]>,
+    /// Address ids.
+    frames: Arc<[u32]>,
     truncated: bool,
     folded: bool,
     overflow: bool,
-}
-
-impl Stack {
-    /// The allocator's caller alone, marked as cut short.
-    fn caller_only(caller: u64) -> Stack {
-        Stack {
-            frames: join_caller(caller, &[]).into(),
-            truncated: true,
-            folded: false,
-            overflow: false,
-        }
-    }
 }
 
 /// A stack read from the kernel, for its sites.
@@ -247,6 +251,9 @@ struct Grouper<'a> {
     by_stack: HashMap<(AllocKind, Stack), usize>,
     by_site: HashMap<Site, usize>,
     groups: Vec<RawGroup>,
+    /// Each return address's id: its index in `addresses`.
+    address_ids: HashMap<u64, u32>,
+    addresses: Vec<u64>,
 }
 
 impl Grouper<'_> {
@@ -254,43 +261,50 @@ impl Grouper<'_> {
         if let Some(&i) = self.by_site.get(&site) {
             return &mut self.groups[i];
         }
-        let maps = self.maps;
-        let known = match site.stack {
-            Some(key) => self
-                .stacks
-                .entry(key)
-                .or_insert_with(|| match maps.stack(key) {
-                    // The DWARF unwinder starts at the caller already.
-                    RecordedStack::Unwound {
-                        frames,
-                        truncated,
-                        folded,
-                    } => Known::Stack(Stack {
-                        frames: frames.into(),
-                        truncated,
-                        folded,
-                        overflow: false,
-                    }),
-                    RecordedStack::Overflow => Known::Stack(Stack {
-                        frames: Arc::new([]),
-                        truncated: true,
-                        folded: false,
-                        overflow: true,
-                    }),
-                    other => Known::PerCaller(other),
+        if let Some(key) = site.stack.filter(|key| !self.stacks.contains_key(key)) {
+            let known = match self.maps.stack(key) {
+                // The DWARF unwinder starts at the caller already.
+                RecordedStack::Unwound {
+                    frames,
+                    truncated,
+                    folded,
+                } => Known::Stack(Stack {
+                    frames: self.ids(&frames),
+                    truncated,
+                    folded,
+                    overflow: false,
                 }),
-            None => &Known::PerCaller(RecordedStack::Missing),
-        };
-        let stack = match known {
+                RecordedStack::Overflow => Known::Stack(Stack {
+                    frames: Arc::new([]),
+                    truncated: true,
+                    folded: false,
+                    overflow: true,
+                }),
+                other => Known::PerCaller(other),
+            };
+            self.stacks.insert(key, known);
+        }
+        let missing = Known::PerCaller(RecordedStack::Missing);
+        let known = site.stack.and_then(|key| self.stacks.get(&key));
+        let stack = match known.unwrap_or(&missing) {
             Known::Stack(stack) => stack.clone(),
             // No stack, or no room for it: the caller alone.
-            Known::PerCaller(RecordedStack::Walked(walk)) => Stack {
-                frames: join_caller(site.caller, walk).into(),
-                truncated: false,
+            Known::PerCaller(RecordedStack::Walked(walk)) => {
+                let frames = join_caller(site.caller, walk);
+                Stack {
+                    frames: self.ids(&frames),
+                    truncated: false,
+                    folded: false,
+                    overflow: false,
+                }
+            }
+            // The allocator's caller alone, marked as cut short.
+            Known::PerCaller(_) => Stack {
+                frames: self.ids(&join_caller(site.caller, &[])),
+                truncated: true,
                 folded: false,
                 overflow: false,
             },
-            Known::PerCaller(_) => Stack::caller_only(site.caller),
         };
         let groups = &mut self.groups;
         let i = *self
@@ -302,6 +316,20 @@ impl Grouper<'_> {
             });
         self.by_site.insert(site, i);
         &mut self.groups[i]
+    }
+
+    /// The ids of `frames`, each address numbered when first seen.
+    fn ids(&mut self, frames: &[u64]) -> Arc<[u32]> {
+        let addresses = &mut self.addresses;
+        frames
+            .iter()
+            .map(|&a| {
+                *self.address_ids.entry(a).or_insert_with(|| {
+                    addresses.push(a);
+                    addresses.len() as u32 - 1
+                })
+            })
+            .collect()
     }
 }
 

@@ -33,7 +33,7 @@ use blazesym::symbolize::{CodeInfo, Input, Sym, Symbolized, Symbolizer};
 use memprof_common::AllocKind;
 
 use crate::crystal;
-use crate::heap::RawGroup;
+use crate::heap::RawGroups;
 use crate::modules::ModuleCache;
 use crate::profile::{Frame, Group, Stacks};
 use crate::target::maps::MapsCache;
@@ -46,15 +46,18 @@ const BATCH: usize = 4096;
 /// allocates. Each distinct address is symbolized once and becomes one
 /// [`crate::profile::Location`]; the groups name their stacks in the returned table.
 pub fn symbolize(
-    raw: Vec<RawGroup>,
+    raw: RawGroups,
     maps: &MapsCache,
     modules: &ModuleCache,
     progress: bool,
 ) -> (Vec<Group>, Stacks) {
-    // Distinct addresses only: stacks share most of their frames.
-    let distinct: std::collections::HashSet<u64> =
-        raw.iter().flat_map(|g| g.frames.iter().copied()).collect();
-    let mut addresses: Vec<u64> = distinct.into_iter().collect();
+    // Distinct addresses only (as the groups number them): stacks share
+    // most of their frames.
+    let RawGroups {
+        groups: raw,
+        addresses: ids,
+    } = raw;
+    let mut addresses = ids.clone();
     addresses.sort_unstable();
     let mut by_module: HashMap<PathBuf, Vec<u64>> = HashMap::new();
     let mut unknown: Vec<u64> = Vec::new();
@@ -148,11 +151,13 @@ pub fn symbolize(
     let mut types: HashMap<u32, Option<String>> = HashMap::new();
     // Each stack's addresses are given back as its locations are made:
     // a big program's stacks are tens of megabytes either way.
+    let location_of: Vec<u32> = ids.iter().map(|a| location_of[a]).collect();
+    drop(ids);
     let mut raw = raw;
     let mut locations: Vec<u32> = Vec::with_capacity(raw.iter().map(|g| g.frames.len()).sum());
     let mut ends = Vec::with_capacity(raw.len());
     for g in &mut raw {
-        locations.extend(g.frames.iter().map(|a| location_of[a]));
+        locations.extend(g.frames.iter().map(|&id| location_of[id as usize]));
         ends.push(locations.len());
         g.frames = Arc::from([]);
     }

@@ -504,7 +504,7 @@ fn read_tables(
 
 /// The counters and the groups per stack (addresses), from the kernel's
 /// tables and the copy of the GC objects.
-fn raw_tables(tables: &HeapMaps, gc: &GcWatch) -> Result<(Counters, Vec<heap::RawGroup>)> {
+fn raw_tables(tables: &HeapMaps, gc: &GcWatch) -> Result<(Counters, heap::RawGroups)> {
     let settled = gc.settled();
     let copy = settled.as_deref();
     let raw = heap::collect(tables, copy.map(|c| heap::GcFigures::Borrowed(c.sites())))?;
