@@ -215,6 +215,22 @@ pub struct GcCopy {
     /// Objects and bytes tracked per kind: exact after a settle, plus the
     /// allocations since (frees and reuse are applied at the next settle).
     per_kind: [[u64; 2]; 4],
+    /// A block mask (0: none) and the blocks of the settled objects under
+    /// it, as of the last settle ([`Self::track_blocks`]).
+    settled_blocks: (u64, Vec<u64>),
+}
+
+/// The blocks (under `block_mask`) of `records` (sorted by address) that
+/// hold objects, ascending, each once.
+fn block_list(records: &[Record], block_mask: u64) -> Vec<u64> {
+    let mut blocks: Vec<u64> = Vec::new();
+    for r in records.iter().filter(|r| r.site() != FREED) {
+        let block = r.addr() & block_mask;
+        if blocks.last() != Some(&block) {
+            blocks.push(block);
+        }
+    }
+    blocks
 }
 
 /// When each epoch began, as the allocations tell it: an allocation
@@ -328,11 +344,23 @@ impl GcCopy {
         self.runs.push(run);
     }
 
+    /// From now on, each settle also lists the blocks (addresses under
+    /// `block_mask`) of the settled objects, for [`Self::blocks`].
+    pub fn track_blocks(&mut self, block_mask: u64) {
+        if self.settled_blocks.0 != block_mask {
+            self.settled_blocks = (block_mask, block_list(&self.settled, block_mask));
+        }
+    }
+
     /// The heap blocks (addresses under `block_mask`) holding the objects
-    /// of the copy, ascending, each once.
+    /// of the copy, ascending, each once. The settled objects' are listed
+    /// by the settle, off the hold this is called in, when tracked.
     pub fn blocks(&self, block_mask: u64) -> Vec<u64> {
-        let mut blocks = Vec::new();
-        for records in [&self.settled]
+        let (settled, mut blocks) = match &self.settled_blocks {
+            (mask, blocks) if *mask == block_mask => (None, blocks.clone()),
+            _ => (Some(&self.settled), Vec::new()),
+        };
+        for records in settled
             .into_iter()
             .chain(&self.runs)
             .chain([&self.incoming])
@@ -497,6 +525,9 @@ impl GcCopy {
         drop(runs);
         self.settled = settled;
         self.settled.shrink_to(kept + CHUNK);
+        if self.settled_blocks.0 != 0 {
+            self.settled_blocks.1 = block_list(&self.settled, self.settled_blocks.0);
+        }
         if !self.big.is_empty() {
             let big: std::collections::HashSet<u64> = self
                 .settled
@@ -816,6 +847,30 @@ mod tests {
             assert!(copy.settled.windows(2).all(|w| w[0].addr() < w[1].addr()));
             assert!(copy.settled.iter().all(|r| replay[&r.addr()] == r.ticks()));
         }
+    }
+
+    /// Blocks listed at the settle, plus the newer records', are the
+    /// blocks of every record.
+    #[test]
+    fn tracked_blocks_are_every_records_blocks() {
+        let mut copy = GcCopy::default();
+        let mask = !0xfff;
+        for i in 0..5000u64 {
+            copy.allocated(0x10_0000 + 48 * i, &block(i, 0));
+        }
+        copy.track_blocks(mask);
+        copy.settle(None).unwrap();
+        copy.freed(0x10_0000, 6000 * TICK_NS);
+        for i in 0..100u64 {
+            copy.allocated(0x90_0000 + 4096 * i, &block(7000 + i, 0));
+        }
+        let blocks = copy.blocks(mask);
+        let untracked = GcCopy {
+            settled_blocks: (0, Vec::new()),
+            ..std::mem::take(&mut copy)
+        };
+        assert_eq!(blocks, untracked.blocks(mask));
+        assert_eq!(blocks.len(), 5000 * 48 / 4096 + 1 + 100);
     }
 
     #[test]

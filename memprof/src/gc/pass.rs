@@ -242,6 +242,8 @@ impl Judge {
             }
             Ok((verdict, size))
         };
+        // The next hold lists the settled objects' blocks from here.
+        copy.track_blocks(block_mask);
         let judged = copy.settle(Some(Judging {
             epoch,
             gc_no,
