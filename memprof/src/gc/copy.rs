@@ -200,7 +200,9 @@ pub struct GcCopy {
     runs: Vec<Vec<Record>>,
     /// Since, in arrival order (less than a chunk).
     incoming: Vec<Record>,
-    site_numbers: HashMap<Site, u32>,
+    /// Per event: a fast hasher, and the last site (the next event's usually).
+    site_numbers: foldhash::HashMap<Site, u32>,
+    last_site: Option<(Site, u32)>,
     sites: Vec<(Site, SiteGc)>,
     /// Sizes of objects of [`BIG`] bytes or more, by address.
     big: HashMap<u64, u64>,
@@ -628,6 +630,21 @@ impl GcCopy {
     }
 
     fn site_number(&mut self, site: Site) -> u32 {
+        if let Some((last, number)) = self.last_site {
+            if last == site {
+                return number;
+            }
+        }
+        let overflowed = self.sites_overflowed;
+        let number = self.new_site_number(site);
+        // An overflowing site is counted at each of its events: not kept.
+        if self.sites_overflowed == overflowed {
+            self.last_site = Some((site, number));
+        }
+        number
+    }
+
+    fn new_site_number(&mut self, site: Site) -> u32 {
         let site = if self.sites.len() < MAX_SITES || self.site_numbers.contains_key(&site) {
             site
         } else {
