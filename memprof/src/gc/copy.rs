@@ -730,6 +730,38 @@ impl GcCopy {
         self.unknown_frees
     }
 
+    /// For each of `addrs` (ascending): whether memprof saw an object
+    /// allocated there (a census's live objects: one it did not see was
+    /// allocated before memprof watched). A live object's address cannot
+    /// be allocated again while it lives, so any allocation record at it,
+    /// settled or not, is this object's (or an older one's whose death
+    /// left it to be allocated again, seen).
+    pub fn tracks(&self, addrs: &[u64]) -> Vec<bool> {
+        let mut seen = vec![false; addrs.len()];
+        let mut incoming: Vec<Record> = self.incoming.clone();
+        incoming.sort_unstable_by_key(|r| r.addr());
+        let lists = std::iter::once(&self.settled)
+            .chain(&self.runs)
+            .chain([&incoming]);
+        for records in lists {
+            // Both ascending: one merge walk.
+            let mut i = 0;
+            for r in records.iter().filter(|r| r.site() != FREED) {
+                let a = r.addr();
+                while i < addrs.len() && addrs[i] < a {
+                    i += 1;
+                }
+                if i == addrs.len() {
+                    break;
+                }
+                if addrs[i] == a {
+                    seen[i] = true;
+                }
+            }
+        }
+        seen
+    }
+
     /// Tracked objects and bytes per kind (indexed by `AllocKind`), cheap:
     /// exact at the last settle, plus the allocations since.
     pub fn per_kind(&self) -> [[u64; 2]; 4] {
