@@ -35,7 +35,7 @@ use anyhow::{anyhow, Result};
 
 use super::report::{is_atomic, object_name};
 use crate::crystal::type_ids::{type_names, TypeNames, TypeOf};
-use crate::gc::census::{kind_name, HeapCopy, HeapReader};
+use crate::gc::census::{kind_name, HeapCopy, HeapReader, Word};
 use crate::modules::{Module, ModuleCache};
 use crate::profile::{CensusType, Censuses, HeapCensus};
 
@@ -225,28 +225,35 @@ fn census(
     if seen.len() != addrs.len() {
         return Err(anyhow!("the census lost track of its objects"));
     }
-    let mut rows: BTreeMap<(String, Option<u32>, u8), CensusType> = BTreeMap::new();
+    // Per (kind, first word) first: naming each object would cost a
+    // string each (millions).
+    let mut tallies: BTreeMap<(u8, Word), [u64; 4]> = BTreeMap::new();
     for (o, seen) in census.objects.iter().zip(seen) {
-        let name = object_name(names, o.word, o.kind);
-        let type_id = match o.word {
-            crate::gc::census::Word::Type(id) => Some(id),
+        let t = tallies.entry((o.kind, o.word)).or_default();
+        let at = if seen { 2 } else { 0 };
+        t[at] += 1;
+        t[at + 1] += o.size;
+    }
+    // Named, several words may make one row (`Foo buffer` held by two ids).
+    let mut rows: BTreeMap<(String, Option<u32>, u8), CensusType> = BTreeMap::new();
+    for ((kind, word), [uc, ub, tc, tb]) in tallies {
+        let name = object_name(names, word, kind);
+        let type_id = match word {
+            Word::Type(id) => Some(id),
             _ => None,
         };
         let row = rows
-            .entry((name.clone(), type_id, o.kind))
+            .entry((name.clone(), type_id, kind))
             .or_insert_with(|| CensusType {
                 name,
                 type_id,
-                kind: kind_name(o.kind),
+                kind: kind_name(kind),
                 ..CensusType::default()
             });
-        if seen {
-            row.tracked_count += 1;
-            row.tracked_bytes += o.size;
-        } else {
-            row.unseen_count += 1;
-            row.unseen_bytes += o.size;
-        }
+        row.unseen_count += uc;
+        row.unseen_bytes += ub;
+        row.tracked_count += tc;
+        row.tracked_bytes += tb;
     }
     let mut rows: Vec<CensusType> = rows.into_values().collect();
     rows.sort_by(|a, b| {
