@@ -306,12 +306,23 @@ pub(crate) fn inlined_new_owners(
     if vaddrs.is_empty() {
         return owners;
     }
-    // The types the program has methods of (`Foo::Bar`, arguments dropped).
-    let known: HashSet<String> = module
+    // The methods of the program's types: (address, size, owner), by
+    // address; and the types (`Foo::Bar`, arguments dropped).
+    let mut methods: Vec<(u64, u64, &str)> = module
         .symbols()
-        .filter_map(|(n, _)| crystal::parse_method(n)?.owner)
-        .map(|o| o.split('(').next().unwrap_or(o).to_string())
+        .filter_map(|(n, sym)| Some((sym.address, sym.size, crystal::parse_method(n)?.owner?)))
         .collect();
+    methods.sort_unstable();
+    let known: HashSet<String> = methods
+        .iter()
+        .map(|(_, _, o)| o.split('(').next().unwrap_or(o).to_string())
+        .collect();
+    // The type whose method holds `addr` (release DWARF names it `[]`).
+    let owner_at = |addr: u64| {
+        let i = methods.partition_point(|m| m.0 <= addr).checked_sub(1)?;
+        let (start, size, owner) = methods[i];
+        (addr < start + size.max(1)).then_some(owner)
+    };
     for batch in vaddrs.chunks(BATCH) {
         let offsets: Vec<u64> = batch
             .iter()
@@ -368,18 +379,27 @@ pub(crate) fn inlined_new_owners(
                 // out made its `Set` of (`Set(BasicBlock).new`), a few
                 // levels out at most.
                 let mut from = k + 1;
+                // Or an outer function is a method of one (the symbol
+                // `*Array(Author)@Array(T)#[]<…>` for `Array(T).new` in `[]`).
                 for _ in 0..3 {
                     if !has_parameter(&made) {
                         break;
                     }
-                    let Some(outer) = (from..frames.len()).find(|&j| is_new(&frames[j])) else {
+                    let Some(within) = generic.take() else {
                         break;
                     };
-                    let (Some(within), Some((instance, next))) = (generic, made_at(outer)) else {
+                    let mut found = None;
+                    if let Some(j) = (from..frames.len()).find(|&j| is_new(&frames[j])) {
+                        found = made_at(j).map(|(instance, next)| (instance, next, j + 1));
+                    } else if let Some(owner) = owner_at(addr).filter(|o| same_generic(o, &within))
+                    {
+                        found = Some((owner.to_string(), None, frames.len()));
+                    }
+                    let Some((instance, next, after)) = found else {
                         break;
                     };
                     made = substitute(&made, &within, &instance);
-                    (generic, from) = (next, outer + 1);
+                    (generic, from) = (next, after);
                 }
                 Some(made)
             });
@@ -437,16 +457,23 @@ fn type_args(name: &str) -> Vec<&str> {
     args
 }
 
+/// The last path segment of a type, without arguments (`Set` of `Foo::Set(T)`).
+fn generic_base(name: &str) -> &str {
+    let path = name.split('(').next().unwrap_or(name);
+    path.rsplit("::").next().unwrap_or(path)
+}
+
+/// Whether two types are the same generic (`Set(T)`, `Set(Int32)`).
+fn same_generic(a: &str, b: &str) -> bool {
+    generic_base(a) == generic_base(b)
+}
+
 /// `made` with the parameters of the generic type `within` (`Set(T)`)
 /// replaced by the arguments of its `instance` (`Set(BasicBlock)`), when
 /// both are the same generic type.
 fn substitute(made: &str, within: &str, instance: &str) -> String {
-    let base = |n: &str| {
-        let path = n.split('(').next().unwrap_or(n);
-        path.rsplit("::").next().unwrap_or(path).to_string()
-    };
     let (params, args) = (type_args(within), type_args(instance));
-    if base(within) != base(instance) || params.len() != args.len() || params.is_empty() {
+    if !same_generic(within, instance) || params.len() != args.len() || params.is_empty() {
         return made.to_string();
     }
     let mut out = String::new();
@@ -545,6 +572,48 @@ fn unknown_frame(module: Option<&str>, addr: u64) -> Frame {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_constructed_type_is_qualified_and_its_parameters_substituted() {
+        let known: HashSet<String> = ["HTTP::Server::Response::Output", "HTTP::Headers::Key"]
+            .map(String::from)
+            .into();
+        let within = ["HTTP", "Server", "Response"].map(String::from);
+        assert_eq!(
+            qualify("Output", &within, &known),
+            "HTTP::Server::Response::Output"
+        );
+        let headers = ["HTTP", "Headers"].map(String::from);
+        assert_eq!(
+            qualify("Hash(Key, String | Array(String))", &headers, &known),
+            "Hash(HTTP::Headers::Key, String | Array(String))"
+        );
+        // Nothing of that path: as written.
+        assert_eq!(qualify("Output", &[], &known), "Output");
+
+        assert!(has_parameter("Hash(T, Nil)"));
+        assert!(has_parameter("Deque(T)"));
+        assert!(!has_parameter("Hash(Thread, Crystal::Event)"));
+        assert!(!has_parameter("Time::Location"));
+        assert_eq!(type_args("Hash(K, Array(V))"), vec!["K", "Array(V)"]);
+        assert_eq!(
+            substitute("Hash(T, Nil)", "Set(T)", "Set(BasicBlock)"),
+            "Hash(BasicBlock, Nil)"
+        );
+        assert_eq!(
+            substitute(
+                "Hash(K, Array(V))",
+                "Foo::Multi(K, V)",
+                "Multi(Int32, String)"
+            ),
+            "Hash(Int32, Array(String))"
+        );
+        // Another generic, or other arity: unchanged.
+        assert_eq!(
+            substitute("Hash(T, Nil)", "Set(T)", "Array(Int32)"),
+            "Hash(T, Nil)"
+        );
+    }
 
     #[test]
     fn names_to_show() {

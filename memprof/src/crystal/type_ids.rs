@@ -49,7 +49,7 @@ const WINDOW: usize = 40;
 const MAX_TYPE_ID: u32 = 1 << 16;
 
 /// Places an unnamed id is looked up at in the DWARF.
-const SITES_PER_ID: usize = 4;
+const SITES_PER_ID: usize = 16;
 
 /// Longest constructor decoded (its symbol size, when it has one).
 const MAX_CODE: usize = 16 << 10;
@@ -193,7 +193,9 @@ pub fn type_names(exe: &Module) -> TypeNames {
                 since_call = None;
             }
         }
-        held.step(insn, allocator_call(insn, &allocators), exe);
+        held.step(insn, allocator_call(insn, &allocators), &|at| {
+            read_only_word(exe, at)
+        });
     });
     // A constant stored after an allocation that no type id can be
     // (Crystal programs have thousands of types, not millions): text, flags.
@@ -297,10 +299,15 @@ impl Held {
         self.constants.get(&key).map(|&v| v as u32)
     }
 
-    /// After `insn` (`allocator`: it calls one, atomic or not; `exe`: its
-    /// read-only data).
-    fn step(&mut self, insn: &Instruction, allocator: Option<bool>, exe: &Module) {
-        self.note_constant(insn, exe);
+    /// After `insn` (`allocator`: it calls one, atomic or not; `read`:
+    /// the program's read-only data, 8 bytes at an address).
+    fn step(
+        &mut self,
+        insn: &Instruction,
+        allocator: Option<bool>,
+        read: &dyn Fn(u64) -> Option<u64>,
+    ) {
+        self.note_constant(insn, read);
         let ip = insn.ip();
         for r in &mut self.regs {
             if r.is_some_and(|(call, _)| ip.saturating_sub(call) > HELD_SPAN) {
@@ -344,7 +351,7 @@ impl Held {
 impl Held {
     /// Follows the constants of registers: set by `mov $imm,%reg` or a
     /// vector load of read-only data, forgotten at any other write.
-    fn note_constant(&mut self, insn: &Instruction, exe: &Module) {
+    fn note_constant(&mut self, insn: &Instruction, read: &dyn Fn(u64) -> Option<u64>) {
         if insn.op0_kind() != OpKind::Register {
             if matches!(
                 insn.flow_control(),
@@ -365,11 +372,7 @@ impl Held {
             OpKind::Memory
                 if to.is_xmm() && insn.is_ip_rel_memory_operand() && is_move(insn.mnemonic()) =>
             {
-                let at = insn.ip_rel_memory_address();
-                exe.bytes_at(at)
-                    .filter(|_| exe.is_read_only(at))
-                    .and_then(|b| b.get(..8))
-                    .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+                read(insn.ip_rel_memory_address())
             }
             _ => None,
         };
@@ -384,6 +387,14 @@ impl Held {
             None => self.constants.remove(&key),
         };
     }
+}
+
+/// The 8 bytes at `at` in `exe`'s read-only data.
+fn read_only_word(exe: &Module, at: u64) -> Option<u64> {
+    exe.bytes_at(at)
+        .filter(|_| exe.is_read_only(at))
+        .and_then(|b| b.get(..8))
+        .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
 }
 
 /// Moves that copy a whole operand (a store of a constant's first bytes).
@@ -469,6 +480,48 @@ mod tests {
         assert_eq!(id(&[0xc7, 0x41, 0x0c, 0, 0, 0, 0]), None); // movl $0,0xc(%rcx)
         assert_eq!(id(&[0xc7, 0x04, 0x24, 5, 0, 0, 0]), None); // movl $5,(%rsp)
         assert_eq!(id(&[0x89, 0x01]), None); // mov %eax,(%rcx)
+    }
+
+    /// Follows `code` (at 0x1000, with an allocator at 0x9000) with
+    /// [`Held`]: the ids stored into a held object, and the allocator call
+    /// each came from.
+    fn held_stores(code: &[u8]) -> Vec<(u32, u64)> {
+        let allocators = HashMap::from([(0x9000, false)]);
+        let mut held = Held::default();
+        let mut found = Vec::new();
+        for insn in decode::function(code, 0x1000) {
+            let id = stored_id(&insn).or_else(|| held.stored_constant(&insn));
+            if let Some((call, _)) = id.and(held.get(insn.memory_base())) {
+                found.push((id.unwrap(), call));
+                held.forget(insn.memory_base());
+            }
+            held.step(&insn, allocator_call(&insn, &allocators), &|_| None);
+        }
+        found
+    }
+
+    #[test]
+    fn an_id_stored_into_a_held_object_is_that_allocations() {
+        let mut code = vec![0xe8]; // call 0x9000 (the allocator) at 0x1000
+        code.extend((0x9000i32 - 0x1005).to_le_bytes());
+        code.extend([0x49, 0x89, 0xc6]); // mov %rax,%r14
+        code.push(0xe8); // call 0x9000 again (an initializer's object) at 0x1008
+        code.extend((0x9000i32 - 0x100d).to_le_bytes());
+        code.extend([0xc7, 0x00, 0x05, 0, 0, 0]); // movl $5,(%rax): the second object's
+        code.extend([0x41, 0xc7, 0x06, 0xa1, 0, 0, 0]); // movl $0xa1,(%r14): the first's
+        code.extend([0xb9, 0x07, 0, 0, 0]); // mov $7,%ecx
+        code.extend([0x41, 0x89, 0x0e]); // mov %ecx,(%r14): already typed, not an id
+        assert_eq!(held_stores(&code), vec![(5, 0x1008), (0xa1, 0x1000)]);
+        // A call that is not an allocator's clobbers rax, not r14.
+        let mut code = vec![0xe8];
+        code.extend((0x9000i32 - 0x1005).to_le_bytes());
+        code.extend([0x49, 0x89, 0xc6]); // mov %rax,%r14
+        code.push(0xe8); // call 0x7000
+        code.extend((0x7000i32 - 0x100d).to_le_bytes());
+        code.extend([0xc7, 0x00, 0x05, 0, 0, 0]); // movl $5,(%rax): not held
+        code.extend([0xb9, 0xa2, 0, 0, 0]); // mov $0xa2,%ecx
+        code.extend([0x41, 0x89, 0x0e]); // mov %ecx,(%r14)
+        assert_eq!(held_stores(&code), vec![(0xa2, 0x1000)]);
     }
 
     #[test]

@@ -789,6 +789,26 @@ mod tests {
     }
 
     #[test]
+    fn tracks_says_which_addresses_were_seen_allocated() {
+        let mut copy = GcCopy::default();
+        copy.allocated(0x1000, &block(1, 0));
+        copy.allocated(0x3000, &block(2, 0));
+        copy.settle(None).unwrap();
+        // Since the settle: one in a run, one freed, one just arrived.
+        for a in (0..CHUNK as u64).map(|i| 0x10_0000 + 16 * i) {
+            copy.allocated(a, &block(3, 0));
+        }
+        copy.sort_tail();
+        copy.allocated(0x5000, &block(4, 0));
+        copy.freed(0x6000, 5);
+        let addrs = [0x800, 0x1000, 0x2000, 0x3000, 0x5000, 0x6000, 0x10_0010];
+        assert_eq!(
+            copy.tracks(&addrs),
+            vec![false, true, false, true, true, false, true]
+        );
+    }
+
+    #[test]
     fn reuse_free_and_unknown_free() {
         let mut copy = GcCopy::default();
         copy.allocated(0x30, &block(1, 0));
