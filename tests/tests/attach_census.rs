@@ -5,6 +5,8 @@
 //! the collector's bytes for them) as live before attach and no Late; the
 //! end census, at the fixture's last collection, the Earlies still before
 //! attach and exactly the 2,500 Lates as tracked, none before attach.
+//! Under `run` there is no start census (nothing was live before), and
+//! the end's has both classes tracked.
 
 use memprof_tests::*;
 use std::io::Write;
@@ -140,4 +142,51 @@ fn squeeze(line: &str) -> String {
         .join(" | ")
         .trim()
         .to_string()
+}
+
+#[test]
+fn run_profile_has_no_start_census_and_tracks_everything() {
+    let dir = TempDir::new("run-census");
+    let profile = dir.join("run.mprof");
+    let output = profile_run(&profile, &[fixture::crystal::ATTACH_CENSUS_DEBUG, "once"]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let line = |word: &str| {
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with(word))
+            .unwrap_or_else(|| panic!("no {word} line in:\n{stdout}"));
+        numbers(line)
+    };
+    let [early_id, early_bytes] = line("ready ")[..] else {
+        panic!("bad ready line")
+    };
+    let [late_id, late_bytes] = line("made ")[..] else {
+        panic!("bad made line")
+    };
+    let [last] = line("collected ")[..] else {
+        panic!("bad collected line")
+    };
+
+    let json = report_json(&profile);
+    let census = &json["census"];
+    assert!(census["start"].is_null(), "a start census in run: {census}");
+    assert!(
+        census["note"]
+            .as_str()
+            .is_some_and(|n| n.contains("first instruction")),
+        "{census}"
+    );
+    let end = &census["end"];
+    assert_eq!(uint(end, "/collection"), last, "{census}");
+    let early = row(end, early_id).unwrap_or_else(|| panic!("no Early in {end}"));
+    assert_eq!(split(early), [0, 0, 4_000, early_bytes]);
+    let late = row(end, late_id).unwrap_or_else(|| panic!("no Late in {end}"));
+    assert_eq!(split(late), [0, 0, 2_500, late_bytes]);
+
+    let text = report(&profile, "types", &[]);
+    assert!(!text.contains("Live before attach"), "{text}");
+    assert!(
+        text.contains("## The GC heap by type at collection"),
+        "no end census in:\n{text}"
+    );
 }
