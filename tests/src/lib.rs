@@ -94,6 +94,9 @@ pub mod fixture {
         /// `fixtures/crystal/object_graph.cr`: MemProf's documentation
         /// example (A → Array(B) → B → C, two of each), collecting every 100 ms.
         pub const OBJECT_GRAPH_DEBUG: &str = env!("FIXTURE_CR_OBJECT_GRAPH_DEBUG");
+        /// `fixtures/crystal/attach_census.cr`: 4,000 Early objects kept
+        /// before memprof attaches, 2,500 Late ones after (on a line on stdin).
+        pub const ATTACH_CENSUS_DEBUG: &str = env!("FIXTURE_CR_ATTACH_CENSUS_DEBUG");
         /// crystal-samples' binary-trees.cr (`binary-trees DEPTH`), `--release`.
         pub const BINARY_TREES_RELEASE: &str = env!("FIXTURE_CR_BINARY_TREES_RELEASE");
     }

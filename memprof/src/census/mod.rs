@@ -21,6 +21,7 @@ pub mod graph;
 pub mod report;
 pub mod roots;
 pub mod rss;
+pub mod session;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

@@ -21,6 +21,17 @@ use std::collections::HashMap;
 /// enclosing `class`, `struct` (and `module`) names joined by `::`; `None`
 /// when the line is at the top level (or out of range).
 pub fn enclosing_type<S: AsRef<str>>(lines: &[S], line: usize) -> Option<String> {
+    let (names, is_type) = enclosing(lines, line)?;
+    // A method of a module (`def self.new` in `module Foo`) is not a class's.
+    if names.is_empty() || !is_type {
+        return None;
+    }
+    Some(names.join("::"))
+}
+
+/// The `class`/`struct`/`module` names enclosing line `line`, outermost
+/// first, and whether one is not a module.
+fn enclosing<S: AsRef<str>>(lines: &[S], line: usize) -> Option<(Vec<&str>, bool)> {
     let start = lines.get(line.checked_sub(1)?)?.as_ref();
     let mut limit = indent(start);
     let mut names: Vec<&str> = Vec::new();
@@ -39,12 +50,78 @@ pub fn enclosing_type<S: AsRef<str>>(lines: &[S], line: usize) -> Option<String>
             break;
         }
     }
-    // A method of a module (`def self.new` in `module Foo`) is not a class's.
-    if names.is_empty() || !is_type {
-        return None;
-    }
     names.reverse();
-    Some(names.join("::"))
+    Some((names, is_type))
+}
+
+/// The type an expression starting `text` constructs, as the source
+/// writes it: `Foo.new(…)` → `Foo`, `Array(Foo).new` → `Array(Foo)`,
+/// `[] of Foo` → `Array(Foo)`, `{} of K => V` → `Hash(K, V)`; `None` for
+/// anything else. (Type arguments the compiler infers, as in
+/// `Array.new(3, 0)`, stay unwritten: `Array`.)
+///
+/// ```
+/// use memprof::crystal::source::constructed;
+/// assert_eq!(constructed("Output.new(@io)").as_deref(), Some("Output"));
+/// assert_eq!(constructed("Hash(Key, String | Array(String)).new").as_deref(), Some("Hash(Key, String | Array(String))"));
+/// assert_eq!(constructed("[] of BasicBlock").as_deref(), Some("Array(BasicBlock)"));
+/// assert_eq!(constructed("{} of Int32 => BasicBlock").as_deref(), Some("Hash(Int32, BasicBlock)"));
+/// assert_eq!(constructed("foo.new"), None);
+/// ```
+pub fn constructed(text: &str) -> Option<String> {
+    if let Some(rest) = text.strip_prefix("[] of ") {
+        return Some(format!("Array({})", type_expr(rest)?.0));
+    }
+    if let Some(rest) = text.strip_prefix("{} of ") {
+        let (key, rest) = type_expr(rest)?;
+        let (value, _) = type_expr(rest.trim_start().strip_prefix("=>")?.trim_start())?;
+        return Some(format!("Hash({key}, {value})"));
+    }
+    let (ty, rest) = type_expr(text)?;
+    rest.starts_with(".new").then(|| ty.to_string())
+}
+
+/// A type at the start of `text` (`Foo::Bar`, with balanced `(…)`
+/// arguments), and the text after it.
+fn type_expr(text: &str) -> Option<(&str, &str)> {
+    let bytes = text.as_bytes();
+    let mut end = 0;
+    loop {
+        // One path segment: a constant.
+        if !bytes.get(end)?.is_ascii_uppercase() {
+            return None;
+        }
+        while bytes
+            .get(end)
+            .is_some_and(|b| b.is_ascii_alphanumeric() || *b == b'_')
+        {
+            end += 1;
+        }
+        if text[end..].starts_with("::") {
+            end += 2;
+        } else {
+            break;
+        }
+    }
+    if bytes.get(end) == Some(&b'(') {
+        let mut depth = 0;
+        for (i, b) in text[end..].bytes().enumerate() {
+            match b {
+                b'(' => depth += 1,
+                b')' => depth -= 1,
+                b'\n' => return None,
+                _ => {}
+            }
+            if depth == 0 {
+                end += i + 1;
+                break;
+            }
+        }
+        if depth != 0 {
+            return None;
+        }
+    }
+    Some((&text[..end], &text[end..]))
 }
 
 fn indent(line: &str) -> usize {
@@ -78,6 +155,20 @@ impl Sources {
     /// The type enclosing `file:line`, if the file can be read.
     pub fn enclosing_type(&mut self, file: &str, line: u32) -> Option<String> {
         enclosing_type(self.lines(file)?, line as usize)
+    }
+
+    /// The names of the `class`es, `struct`s and `module`s enclosing
+    /// `file:line`, outermost first, without type parameters.
+    pub fn namespace(&mut self, file: &str, line: u32) -> Vec<String> {
+        let Some(lines) = self.lines(file) else {
+            return Vec::new();
+        };
+        let names = enclosing(lines, line as usize).map_or(Vec::new(), |(n, _)| n);
+        names
+            .iter()
+            .flat_map(|n| n.split("::"))
+            .map(|n| n.split('(').next().unwrap_or(n).to_string())
+            .collect()
     }
 
     /// The text of `file:line` (1-based), if the file can be read.

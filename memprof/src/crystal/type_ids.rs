@@ -27,7 +27,7 @@ use iced_x86::{Code, FlowControl, Instruction, Mnemonic, OpKind, Register};
 
 use super::parse_method;
 use crate::modules::Module;
-use crate::symbolize::inlined_new_owners;
+use crate::symbolize::{has_parameter, inlined_new_owners};
 use crate::x86::decode;
 
 /// The functions the compiler allocates objects with, and whether they
@@ -49,7 +49,7 @@ const WINDOW: usize = 40;
 const MAX_TYPE_ID: u32 = 1 << 16;
 
 /// Places an unnamed id is looked up at in the DWARF.
-const SITES_PER_ID: usize = 4;
+const SITES_PER_ID: usize = 16;
 
 /// Longest constructor decoded (its symbol size, when it has one).
 const MAX_CODE: usize = 16 << 10;
@@ -154,11 +154,28 @@ pub fn type_names(exe: &Module) -> TypeNames {
     }
     let mut stored: BTreeMap<u32, u8> = BTreeMap::new();
     // Where each id is stored, the first few places (for the ids no
-    // constructor names).
+    // constructor names), and the allocator calls whose object it is
+    // stored into (their DWARF is the inlined `new`'s).
     let mut sites: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+    let mut calls: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
     // The kind of the last allocator call, and instructions since.
     let mut since_call: Option<(bool, usize)> = None;
+    let mut held = Held::default();
     decode::sweep(exe, |insn| {
+        // An id stored into an object a register still holds: that
+        // allocation's, however far after it (release builds move the
+        // store past the initializers' own allocations).
+        let id = stored_id(insn).or_else(|| held.stored_constant(insn));
+        if let Some((call, atomic, id)) =
+            id.and_then(|id| held.get(insn.memory_base()).map(|(c, a)| (c, a, id)))
+        {
+            *stored.entry(id).or_default() |= if atomic { ATOMIC } else { NORMAL };
+            let at = calls.entry(id).or_default();
+            if at.len() < SITES_PER_ID && !at.contains(&call) {
+                at.push(call);
+            }
+            held.forget(insn.memory_base());
+        }
         if let Some((atomic, id)) = since_call.and_then(|(a, _)| Some((a, stored_id(insn)?))) {
             *stored.entry(id).or_default() |= if atomic { ATOMIC } else { NORMAL };
             let at = sites.entry(id).or_default();
@@ -176,22 +193,39 @@ pub fn type_names(exe: &Module) -> TypeNames {
                 since_call = None;
             }
         }
+        held.step(insn, allocator_call(insn, &allocators), &|at| {
+            read_only_word(exe, at)
+        });
     });
     // A constant stored after an allocation that no type id can be
     // (Crystal programs have thousands of types, not millions): text, flags.
     stored.retain(|&id, _| id != 0 && id <= MAX_TYPE_ID);
     // Release builds: the store is in the caller `new` was inlined into;
     // DWARF says where the inlined `new` comes from in the source.
-    let unnamed: Vec<(u32, u64)> = sites
+    // The allocator calls first: their inline chain is the object's `new`.
+    for (id, at) in sites {
+        calls.entry(id).or_default().extend(at);
+    }
+    let unnamed: Vec<(u32, u64)> = calls
         .into_iter()
         .filter(|(id, _)| stored.contains_key(id) && !names.contains_key(id))
         .flat_map(|(id, at)| at.into_iter().map(move |a| (id, a)))
         .collect();
     let addresses: Vec<u64> = unnamed.iter().map(|&(_, at)| at).collect();
+    // Per id, the first name without a type parameter left (`Array(T)`
+    // from the generic's own code) if a site gives one, else the first.
+    let mut found: BTreeMap<u32, String> = BTreeMap::new();
     for ((id, _), owner) in unnamed.iter().zip(inlined_new_owners(exe, &addresses)) {
-        if let Some(owner) = owner {
-            names.entry(*id).or_insert(owner);
+        let Some(owner) = owner else { continue };
+        match found.get(id) {
+            Some(old) if !has_parameter(old) || has_parameter(&owner) => {}
+            _ => {
+                found.insert(*id, owner);
+            }
         }
+    }
+    for (id, name) in found {
+        names.entry(id).or_insert(name);
     }
     if let Some(sym) = exe.symbol("String::TYPE_ID") {
         if let Some(bytes) = exe
@@ -205,6 +239,181 @@ pub fn type_names(exe: &Module) -> TypeNames {
         }
     }
     TypeNames { names, stored }
+}
+
+/// The registers holding an object just allocated, in a linear sweep of
+/// the code: (address of the allocator call, atomic), per 64-bit register.
+/// A call clobbers the caller-saved ones (an allocator's leaves its object
+/// in `rax`), a `mov` copies, any other write forgets; a return or a
+/// call far behind ends all (the sweep crosses functions).
+///
+/// Also the constants registers hold (`mov $ID,%ecx`, or a vector
+/// register loaded from read-only data: release builds initialize a small
+/// object's first 16 bytes, its type id first, with one `movups`).
+#[derive(Default)]
+struct Held {
+    regs: [Option<(u64, bool)>; 16],
+    constants: HashMap<Register, u64>,
+}
+
+/// Bytes of code after an allocator call within which its object is
+/// followed (a constructor's initializers run in between).
+const HELD_SPAN: u64 = 4096;
+
+/// `reg`'s 64-bit register's number (0 = rax … 15 = r15).
+fn gpr(reg: Register) -> Option<usize> {
+    let full = reg.full_register();
+    let n = (full as u32).checked_sub(Register::RAX as u32)? as usize;
+    (n < 16 && full.is_gpr64()).then_some(n)
+}
+
+impl Held {
+    fn get(&self, reg: Register) -> Option<(u64, bool)> {
+        self.regs[gpr(reg)?]
+    }
+
+    fn forget(&mut self, reg: Register) {
+        if let Some(n) = gpr(reg) {
+            self.regs[n] = None;
+        }
+    }
+
+    /// The constant `insn` stores at offset 0 of a register's memory,
+    /// from a register known to hold one (its low 32 bits).
+    fn stored_constant(&self, insn: &Instruction) -> Option<u32> {
+        let stores = insn.op0_kind() == OpKind::Memory
+            && insn.op1_kind() == OpKind::Register
+            && insn.memory_displacement64() == 0
+            && insn.memory_index() == Register::None
+            && is_move(insn.mnemonic());
+        let from = insn.op1_register();
+        let wide = from.is_xmm() || from.is_gpr64() || from.is_gpr32();
+        if !stores || !wide {
+            return None;
+        }
+        let key = if from.is_xmm() {
+            from
+        } else {
+            from.full_register()
+        };
+        self.constants.get(&key).map(|&v| v as u32)
+    }
+
+    /// After `insn` (`allocator`: it calls one, atomic or not; `read`:
+    /// the program's read-only data, 8 bytes at an address).
+    fn step(
+        &mut self,
+        insn: &Instruction,
+        allocator: Option<bool>,
+        read: &dyn Fn(u64) -> Option<u64>,
+    ) {
+        self.note_constant(insn, read);
+        let ip = insn.ip();
+        for r in &mut self.regs {
+            if r.is_some_and(|(call, _)| ip.saturating_sub(call) > HELD_SPAN) {
+                *r = None;
+            }
+        }
+        match insn.flow_control() {
+            FlowControl::Return => {
+                self.regs = Default::default();
+                self.constants.clear();
+            }
+            FlowControl::Call | FlowControl::IndirectCall => {
+                // rax, rcx, rdx, rsi, rdi, r8-r11: the System V caller-saved.
+                for n in [0, 1, 2, 6, 7, 8, 9, 10, 11] {
+                    self.regs[n] = None;
+                }
+                if let Some(atomic) = allocator {
+                    self.regs[0] = Some((ip, atomic));
+                }
+            }
+            _ if insn.op0_kind() == OpKind::Register
+                && !matches!(
+                    insn.mnemonic(),
+                    Mnemonic::Cmp | Mnemonic::Test | Mnemonic::Push
+                ) =>
+            {
+                let copied = (insn.mnemonic() == Mnemonic::Mov
+                    && insn.op1_kind() == OpKind::Register
+                    && insn.op1_register().is_gpr64())
+                .then(|| self.get(insn.op1_register()))
+                .flatten();
+                if let Some(n) = gpr(insn.op0_register()) {
+                    self.regs[n] = copied;
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+impl Held {
+    /// Follows the constants of registers: set by `mov $imm,%reg` or a
+    /// vector load of read-only data, forgotten at any other write.
+    fn note_constant(&mut self, insn: &Instruction, read: &dyn Fn(u64) -> Option<u64>) {
+        if insn.op0_kind() != OpKind::Register {
+            if matches!(
+                insn.flow_control(),
+                FlowControl::Call | FlowControl::IndirectCall | FlowControl::Return
+            ) {
+                self.constants.clear();
+            }
+            return;
+        }
+        let to = insn.op0_register();
+        let key = if to.is_xmm() { to } else { to.full_register() };
+        let value = match insn.op1_kind() {
+            OpKind::Immediate32 | OpKind::Immediate32to64 | OpKind::Immediate64
+                if insn.mnemonic() == Mnemonic::Mov =>
+            {
+                Some(insn.immediate(1))
+            }
+            OpKind::Memory
+                if to.is_xmm() && insn.is_ip_rel_memory_operand() && is_move(insn.mnemonic()) =>
+            {
+                read(insn.ip_rel_memory_address())
+            }
+            _ => None,
+        };
+        if matches!(
+            insn.mnemonic(),
+            Mnemonic::Cmp | Mnemonic::Test | Mnemonic::Push
+        ) {
+            return;
+        }
+        match value {
+            Some(v) => self.constants.insert(key, v),
+            None => self.constants.remove(&key),
+        };
+    }
+}
+
+/// The 8 bytes at `at` in `exe`'s read-only data.
+fn read_only_word(exe: &Module, at: u64) -> Option<u64> {
+    exe.bytes_at(at)
+        .filter(|_| exe.is_read_only(at))
+        .and_then(|b| b.get(..8))
+        .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+}
+
+/// Moves that copy a whole operand (a store of a constant's first bytes).
+fn is_move(m: Mnemonic) -> bool {
+    matches!(
+        m,
+        Mnemonic::Mov
+            | Mnemonic::Movaps
+            | Mnemonic::Movups
+            | Mnemonic::Movdqa
+            | Mnemonic::Movdqu
+            | Mnemonic::Movapd
+            | Mnemonic::Movupd
+            | Mnemonic::Movq
+            | Mnemonic::Vmovaps
+            | Mnemonic::Vmovups
+            | Mnemonic::Vmovdqa
+            | Mnemonic::Vmovdqu
+    )
 }
 
 /// Whether `insn` calls an allocator, and if so whether an atomic one.
@@ -271,6 +480,48 @@ mod tests {
         assert_eq!(id(&[0xc7, 0x41, 0x0c, 0, 0, 0, 0]), None); // movl $0,0xc(%rcx)
         assert_eq!(id(&[0xc7, 0x04, 0x24, 5, 0, 0, 0]), None); // movl $5,(%rsp)
         assert_eq!(id(&[0x89, 0x01]), None); // mov %eax,(%rcx)
+    }
+
+    /// Follows `code` (at 0x1000, with an allocator at 0x9000) with
+    /// [`Held`]: the ids stored into a held object, and the allocator call
+    /// each came from.
+    fn held_stores(code: &[u8]) -> Vec<(u32, u64)> {
+        let allocators = HashMap::from([(0x9000, false)]);
+        let mut held = Held::default();
+        let mut found = Vec::new();
+        for insn in decode::function(code, 0x1000) {
+            let id = stored_id(&insn).or_else(|| held.stored_constant(&insn));
+            if let Some((call, _)) = id.and(held.get(insn.memory_base())) {
+                found.push((id.unwrap(), call));
+                held.forget(insn.memory_base());
+            }
+            held.step(&insn, allocator_call(&insn, &allocators), &|_| None);
+        }
+        found
+    }
+
+    #[test]
+    fn an_id_stored_into_a_held_object_is_that_allocations() {
+        let mut code = vec![0xe8]; // call 0x9000 (the allocator) at 0x1000
+        code.extend((0x9000i32 - 0x1005).to_le_bytes());
+        code.extend([0x49, 0x89, 0xc6]); // mov %rax,%r14
+        code.push(0xe8); // call 0x9000 again (an initializer's object) at 0x1008
+        code.extend((0x9000i32 - 0x100d).to_le_bytes());
+        code.extend([0xc7, 0x00, 0x05, 0, 0, 0]); // movl $5,(%rax): the second object's
+        code.extend([0x41, 0xc7, 0x06, 0xa1, 0, 0, 0]); // movl $0xa1,(%r14): the first's
+        code.extend([0xb9, 0x07, 0, 0, 0]); // mov $7,%ecx
+        code.extend([0x41, 0x89, 0x0e]); // mov %ecx,(%r14): already typed, not an id
+        assert_eq!(held_stores(&code), vec![(5, 0x1008), (0xa1, 0x1000)]);
+        // A call that is not an allocator's clobbers rax, not r14.
+        let mut code = vec![0xe8];
+        code.extend((0x9000i32 - 0x1005).to_le_bytes());
+        code.extend([0x49, 0x89, 0xc6]); // mov %rax,%r14
+        code.push(0xe8); // call 0x7000
+        code.extend((0x7000i32 - 0x100d).to_le_bytes());
+        code.extend([0xc7, 0x00, 0x05, 0, 0, 0]); // movl $5,(%rax): not held
+        code.extend([0xb9, 0xa2, 0, 0, 0]); // mov $0xa2,%ecx
+        code.extend([0x41, 0x89, 0x0e]); // mov %ecx,(%r14)
+        assert_eq!(held_stores(&code), vec![(0xa2, 0x1000)]);
     }
 
     #[test]

@@ -747,6 +747,38 @@ impl GcCopy {
         self.unknown_frees
     }
 
+    /// For each of `addrs` (ascending): whether memprof saw an object
+    /// allocated there (a census's live objects: one it did not see was
+    /// allocated before memprof watched). A live object's address cannot
+    /// be allocated again while it lives, so any allocation record at it,
+    /// settled or not, is this object's (or an older one's whose death
+    /// left it to be allocated again, seen).
+    pub fn tracks(&self, addrs: &[u64]) -> Vec<bool> {
+        let mut seen = vec![false; addrs.len()];
+        let mut incoming: Vec<Record> = self.incoming.clone();
+        incoming.sort_unstable_by_key(|r| r.addr());
+        let lists = std::iter::once(&self.settled)
+            .chain(&self.runs)
+            .chain([&incoming]);
+        for records in lists {
+            // Both ascending: one merge walk.
+            let mut i = 0;
+            for r in records.iter().filter(|r| r.site() != FREED) {
+                let a = r.addr();
+                while i < addrs.len() && addrs[i] < a {
+                    i += 1;
+                }
+                if i == addrs.len() {
+                    break;
+                }
+                if addrs[i] == a {
+                    seen[i] = true;
+                }
+            }
+        }
+        seen
+    }
+
     /// Tracked objects and bytes per kind (indexed by `AllocKind`), cheap:
     /// exact at the last settle, plus the allocations since.
     pub fn per_kind(&self) -> [[u64; 2]; 4] {
@@ -771,6 +803,26 @@ mod tests {
             timestamp_ns: t * TICK_NS,
             epoch,
         }
+    }
+
+    #[test]
+    fn tracks_says_which_addresses_were_seen_allocated() {
+        let mut copy = GcCopy::default();
+        copy.allocated(0x1000, &block(1, 0));
+        copy.allocated(0x3000, &block(2, 0));
+        copy.settle(None).unwrap();
+        // Since the settle: one in a run, one freed, one just arrived.
+        for a in (0..CHUNK as u64).map(|i| 0x10_0000 + 16 * i) {
+            copy.allocated(a, &block(3, 0));
+        }
+        copy.sort_tail();
+        copy.allocated(0x5000, &block(4, 0));
+        copy.freed(0x6000, 5);
+        let addrs = [0x800, 0x1000, 0x2000, 0x3000, 0x5000, 0x6000, 0x10_0010];
+        assert_eq!(
+            copy.tracks(&addrs),
+            vec![false, true, false, true, true, false, true]
+        );
     }
 
     #[test]

@@ -77,6 +77,66 @@ pub struct Profile {
     /// (`--sample-period`); empty when sampling was off.
     #[serde(default)]
     pub timeline: Timeline,
+    /// The whole GC heap by type at the first and last censused
+    /// collections, tracked objects apart from those memprof did not see
+    /// allocated (targets with a GC heap whose collections were held).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub census: Option<Censuses>,
+}
+
+/// Censuses of the GC heap taken at held collections of a session
+/// ([`crate::census::session`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Censuses {
+    /// At the first held collection: in `attach`, the objects not seen
+    /// allocated are those live before attach. `None` in `run` (every
+    /// object is seen allocated: empty by construction) or when that
+    /// census failed (`note` says why).
+    pub start: Option<HeapCensus>,
+    /// At the last collection censused (the end's census).
+    pub end: Option<HeapCensus>,
+    /// Why a census is missing, if one is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// One census: live objects by type, as the collector judged them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct HeapCensus {
+    /// The collection: `GC_gc_no` after it (what the program's
+    /// `GC_get_gc_no()` says once it ran).
+    pub collection: u64,
+    /// Seconds since profiling started.
+    pub t_s: f64,
+    /// What the census added to the collector's hold (copying the heap's
+    /// index, headers and object memory), and what it took after the
+    /// target ran again (judging, naming, telling tracked objects apart).
+    pub held_s: f64,
+    pub census_s: f64,
+    /// Naming the program's type ids from its code, once per session (in
+    /// the first census's thread, after the hold).
+    #[serde(default)]
+    pub naming_s: f64,
+    /// Most bytes first.
+    pub types: Vec<CensusType>,
+}
+
+/// Live objects of one type and kind in a census.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CensusType {
+    /// As `memprof heap` names them: `Foo`, `(type 28)`, `Array(Foo) buffer`, `(no type id)`.
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub type_id: Option<u32>,
+    /// `normal`, `atomic`, `uncollectable`, …
+    pub kind: String,
+    /// Objects memprof did not see allocated (in `attach`: live before
+    /// attach), and their bytes as the collector counts them.
+    pub unseen_count: u64,
+    pub unseen_bytes: u64,
+    /// Objects memprof tracks (seen allocated), and their bytes.
+    pub tracked_count: u64,
+    pub tracked_bytes: u64,
 }
 
 impl Profile {

@@ -148,6 +148,7 @@ fn top(profile: &Profile) -> Map<String, Value> {
         "sample_bytes": profile.sample_bytes,
         "unwind": profile.unwind,
         "gc": profile.gc,
+        "census": profile.census,
         "lost_events": c.lost_events(),
         "recorded": c.recorded(),
         "live_is_lower_bound": c.live_incomplete(),

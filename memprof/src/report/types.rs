@@ -35,7 +35,7 @@ use anyhow::Result;
 
 use super::{markdown, thousands, Options};
 use crate::crystal;
-use crate::profile::{Group, Profile};
+use crate::profile::{CensusType, Group, HeapCensus, Profile};
 
 /// Live objects of one type.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,7 +54,7 @@ pub fn write(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
     let rows = rows(profile, options);
     if rows.is_empty() {
         writeln!(out, "No live objects.")?;
-        return Ok(());
+        return censuses(profile, options, out);
     }
     let cells: Vec<(String, String)> = rows
         .iter()
@@ -85,6 +85,129 @@ pub fn write(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
             "| {n:>objects$} | {b:>bytes$} | {} |",
             markdown::escape_text(&row.name)
         )?;
+    }
+    censuses(profile, options, out)
+}
+
+/// The heap censuses of the profile ([`Profile::census`]): in `attach`,
+/// what was live before memprof attached, by type; then the whole heap at
+/// the last census, tracked objects apart from the others. `--top`
+/// applies to their rows.
+fn censuses(profile: &Profile, options: &Options, out: &mut dyn Write) -> Result<()> {
+    let Some(c) = &profile.census else {
+        return Ok(());
+    };
+    let attach = profile.mode == "attach";
+    let top = options.top.unwrap_or(usize::MAX);
+    if let Some(start) = &c.start {
+        writeln!(out)?;
+        writeln!(
+            out,
+            "## Live before attach, by type (GC collection {}, {:.1} s in)",
+            start.collection, start.t_s
+        )?;
+        writeln!(out)?;
+        let mut before: Vec<&CensusType> =
+            start.types.iter().filter(|t| t.unseen_count > 0).collect();
+        // Most bytes before attach first (the census sorts by all bytes).
+        before.sort_by_key(|t| std::cmp::Reverse(t.unseen_bytes));
+        let rows: Vec<[String; 3]> = before
+            .iter()
+            .take(top)
+            .map(|t| {
+                [
+                    thousands(t.unseen_count),
+                    thousands(t.unseen_bytes),
+                    markdown::escape_text(&t.name),
+                ]
+            })
+            .collect();
+        if rows.is_empty() {
+            writeln!(out, "Nothing was live before attach.")?;
+        } else {
+            table(&["Objects", "Bytes", "Type"], &rows, out)?;
+        }
+        census_cost(start, out)?;
+    }
+    if let Some(end) = &c.end {
+        writeln!(out)?;
+        let unseen = if attach { "Before attach" } else { "Not seen" };
+        writeln!(
+            out,
+            "## The GC heap by type at collection {} ({:.1} s in): {} and tracked",
+            end.collection,
+            end.t_s,
+            unseen.to_lowercase()
+        )?;
+        writeln!(out)?;
+        let rows: Vec<[String; 5]> = end
+            .types
+            .iter()
+            .take(top)
+            .map(|t| {
+                [
+                    thousands(t.unseen_count),
+                    thousands(t.unseen_bytes),
+                    thousands(t.tracked_count),
+                    thousands(t.tracked_bytes),
+                    markdown::escape_text(&t.name),
+                ]
+            })
+            .collect();
+        table(&[unseen, "Bytes", "Tracked", "Bytes", "Type"], &rows, out)?;
+        census_cost(end, out)?;
+    }
+    if let Some(note) = &c.note {
+        writeln!(out)?;
+        writeln!(out, "Census: {note}.")?;
+    }
+    Ok(())
+}
+
+/// What a census cost the target.
+fn census_cost(census: &HeapCensus, out: &mut dyn Write) -> Result<()> {
+    writeln!(out)?;
+    writeln!(
+        out,
+        "(census: {:.1} ms added to the collector's hold, {:.1} ms after it)",
+        census.held_s * 1e3,
+        census.census_s * 1e3
+    )?;
+    Ok(())
+}
+
+/// A markdown table: numbers right-aligned, the last column text.
+fn table<const N: usize>(
+    head: &[&str; N],
+    rows: &[[String; N]],
+    out: &mut dyn Write,
+) -> Result<()> {
+    let mut widths = head.map(str::len);
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.len());
+        }
+    }
+    let line = |cells: &[String]| {
+        let mut s = String::from("|");
+        for (i, cell) in cells.iter().enumerate() {
+            if i + 1 == N {
+                s.push_str(&format!(" {cell} |"));
+            } else {
+                s.push_str(&format!(" {cell:>w$} |", w = widths[i]));
+            }
+        }
+        s
+    };
+    writeln!(out, "{}", line(&head.map(str::to_string)))?;
+    let mut rule = String::from("|");
+    for w in &widths[..N - 1] {
+        rule.push_str(&format!("{}:|", "-".repeat(w + 1)));
+    }
+    rule.push_str("------|");
+    writeln!(out, "{rule}")?;
+    for row in rows {
+        writeln!(out, "{}", line(row))?;
     }
     Ok(())
 }

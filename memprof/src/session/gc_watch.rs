@@ -20,11 +20,12 @@ use std::thread::JoinHandle;
 use anyhow::Result;
 
 use super::{GcLiveness, Plan, SessionOptions};
+use crate::census::session::SessionCensus;
 use crate::gc::copy::GcCopy;
 use crate::gc::pass::{Judge, Marks, SiteGc};
 use crate::gc::HeapStats;
 use crate::probes::{GcChange, GcEvents, Probes, Site};
-use crate::profile::GcSummary;
+use crate::profile::{Censuses, GcSummary};
 use crate::target::trace::Tracer;
 
 /// The mark-bit passes of a session with a GC heap, or why there are none.
@@ -43,6 +44,8 @@ pub(super) struct GcWatch {
     /// That judging, on a thread of its own so the loop keeps serving the
     /// target; the judge comes back with its result.
     judging: Option<JoinHandle<(Judge, Result<()>)>>,
+    /// Censuses of the whole heap at held collections.
+    census: Option<SessionCensus>,
 }
 
 /// What the feeder takes from the kernel, behind a lock of its own: the
@@ -203,6 +206,7 @@ impl GcWatch {
             heap_stats: None,
             marks: None,
             judging: None,
+            census: None,
         };
         let Some(module) = plan.gc_module() else {
             return watch;
@@ -240,6 +244,30 @@ impl GcWatch {
         eprintln!("memprof: GC mark bits not read ({why}); dead GC objects are found by address reuse only");
         self.judge = None;
         self.fallback = Some(why);
+    }
+
+    /// Censuses the whole heap at held collections ([`SessionCensus`]);
+    /// `attach`: the objects not seen allocated were live before memprof.
+    pub(super) fn census_heap(
+        &mut self,
+        plan: &Plan,
+        pid: u32,
+        exe: &std::path::Path,
+        attach: bool,
+    ) {
+        let Some(judge) = &self.judge else {
+            return;
+        };
+        let started = std::time::Instant::now();
+        match SessionCensus::new(&plan.modules, pid, judge.module(), exe, attach, started) {
+            Ok(census) => self.census = Some(census),
+            Err(e) => eprintln!("memprof: no heap census ({e:#})"),
+        }
+    }
+
+    /// The censuses taken, at the end (`None` without a GC heap held).
+    pub(super) fn take_census(&mut self) -> Option<Censuses> {
+        self.census.take().map(SessionCensus::finish)
     }
 
     /// Attaches the collection probes (the caller traces the target).
@@ -289,7 +317,12 @@ impl GcWatch {
         };
         let result = judge.read_marks(epoch, &feeder.current(), started);
         match result {
-            Ok(marks) => self.marks = Some(marks),
+            Ok(marks) => {
+                self.marks = Some(marks);
+                if let Some(census) = &mut self.census {
+                    census.at_hold();
+                }
+            }
             Err(e) => {
                 judge.not_judged(1);
                 self.fall_back(format!("the mark-bit pass failed: {e:#}"));
@@ -306,6 +339,10 @@ impl GcWatch {
         let (Some(feeder), Some(marks)) = (&self.feeder, self.marks.take()) else {
             return Ok(());
         };
+        if let Some(census) = &mut self.census {
+            let (copy, intake) = (feeder.copy.clone(), feeder.intake.clone());
+            census.after_hold(move |addrs| current(&copy, &intake).tracks(addrs));
+        }
         let Some(mut judge) = self.judge.take() else {
             return Ok(());
         };

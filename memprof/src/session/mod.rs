@@ -395,6 +395,7 @@ impl Session {
     pub fn finish(mut self, exit: Option<ExitInfo>) -> Result<()> {
         let header = self.describe();
         let gc = self.gc.summary(&self.probes);
+        let census = self.gc.take_census();
         let attached = self.probes.attached;
         // Every program is a no-op from here: the tables no longer change.
         // Closing the links takes the kernel a while: done meanwhile.
@@ -425,6 +426,7 @@ impl Session {
             duration_s,
             exit,
             gc,
+            census,
             counters,
             groups,
             stacks,

@@ -169,6 +169,7 @@ impl Session {
         let started = (Instant::now(), SystemTime::now());
         let mut probes = probes;
         let mut gc = GcWatch::new(&plan, options, target.pid);
+        gc.census_heap(&plan, target.pid, &target.exe, mode == Mode::Attach);
         gc.keep_copy(&mut probes)?;
         Ok(Session {
             mode,
