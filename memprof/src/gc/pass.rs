@@ -206,6 +206,13 @@ impl Judge {
         })
     }
 
+    /// The hold of the last pass went on after it (for a heap census):
+    /// the pause was `total` seconds, `extra` of them after the pass.
+    pub fn held_longer(&mut self, extra: f64, total: f64) {
+        self.summary.pass_seconds += extra;
+        self.summary.longest_pass_seconds = self.summary.longest_pass_seconds.max(total);
+    }
+
     /// The rest of a pass, while the target runs: the objects of `copy`
     /// allocated before the collection are judged by `marks`, the dead
     /// forgotten and counted as collected. Events applied since the hold

@@ -320,7 +320,12 @@ impl GcWatch {
             Ok(marks) => {
                 self.marks = Some(marks);
                 if let Some(census) = &mut self.census {
+                    // A census copies the heap while the collector is
+                    // still held: its time is part of this pause.
+                    let at = std::time::Instant::now();
                     census.at_hold();
+                    let (extra, total) = (at.elapsed(), started.elapsed());
+                    judge.held_longer(extra.as_secs_f64(), total.as_secs_f64());
                 }
             }
             Err(e) => {
