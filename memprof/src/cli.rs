@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use crate::report::{Count, Format};
-use crate::session::{GcLiveness, Heap, Unwind};
+use crate::session::{CensusWhen, GcLiveness, Heap, Unwind};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -199,6 +199,17 @@ pub struct SessionArgs {
     /// not one it can read or the target cannot be traced (a debugger).
     #[arg(long, value_enum, default_value_t = GcLiveness::Marks)]
     pub gc_liveness: GcLiveness,
+    /// A census of the whole GC heap by type in the profile (what `memprof
+    /// heap` prints; `report --format types` shows it). start: at the
+    /// first held collection, the objects live before memprof attached
+    /// (attach's default). periodic: also at later collections as a budget
+    /// allows (at most ~1/20 of the time), the last kept as the end census
+    /// with what memprof tracked apart. off: none (run's default: memprof
+    /// saw every allocation). Each census holds the collector about 1 ms
+    /// per MB of GC heap while memprof copies the heap, and memprof keeps
+    /// that copy until the census is done.
+    #[arg(long, value_enum, value_name = "WHEN")]
+    pub census: Option<CensusWhen>,
     /// Write each mark-bit verdict to FILE: `<GC_gc_no> <address> live|dead <why>`.
     #[arg(long, hide = true, value_name = "FILE")]
     pub gc_verdicts: Option<PathBuf>,

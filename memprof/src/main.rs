@@ -148,6 +148,7 @@ fn session_options(args: &SessionArgs, duration: Option<Duration>) -> Result<Ses
         unwind: args.unwind,
         top: args.top,
         gc_liveness: args.gc_liveness,
+        census: args.census,
         gc_verdicts: args.gc_verdicts.clone(),
         live: LiveOptions {
             sample_period: (args.sample_period > 0)

@@ -1,14 +1,16 @@
-//! `attach` profiles carry a census of the whole GC heap by type at the
-//! first and last held collections, on `fixtures/crystal/attach_census.cr`:
+//! `attach --census periodic` profiles carry a census of the whole GC heap
+//! by type at the first and last held collections, on
+//! `fixtures/crystal/attach_census.cr`:
 //! 4,000 Early objects kept before memprof attaches, 2,500 Late objects
 //! kept after. The start census must list exactly the 4,000 Earlies (with
 //! the collector's bytes for them) as live before attach and no Late; the
 //! end census, at the fixture's last collection, the Earlies still before
 //! attach and exactly the 2,500 Lates as tracked, none before attach.
-//! Under `run` there is no start census (nothing was live before), and
-//! the end's has both classes tracked.
+//! Under `run` there is none by default; with `--census periodic` no start
+//! census (nothing was live before), and the end's has both classes tracked.
 
 use memprof_tests::*;
+use std::ffi::OsStr;
 use std::io::Write;
 use std::process::{Command, Stdio};
 
@@ -63,7 +65,7 @@ fn attach_profile_lists_what_was_live_before_attach() {
         panic!("bad ready line")
     };
 
-    let (mut memprof, mut stderr) = attach(target.pid(), &profile, &[]);
+    let (mut memprof, mut stderr) = attach(target.pid(), &profile, &["--census", "periodic"]);
     writeln!(stdin, "go").unwrap();
     stdin.flush().unwrap();
     let [late_id, late_bytes] = numbers(&stdout.wait_for("made ", TIMEOUT))[..] else {
@@ -148,7 +150,27 @@ fn squeeze(line: &str) -> String {
 fn run_profile_has_no_start_census_and_tracks_everything() {
     let dir = TempDir::new("run-census");
     let profile = dir.join("run.mprof");
-    let output = profile_run(&profile, &[fixture::crystal::ATTACH_CENSUS_DEBUG, "once"]);
+    // By default `run` takes no census (it saw every allocation).
+    let plain = dir.join("plain.mprof");
+    profile_run(&plain, &[fixture::crystal::ATTACH_CENSUS_DEBUG, "once"]);
+    assert!(
+        report_json(&plain)["census"].is_null(),
+        "a census by default in run"
+    );
+    let output = run_ok(
+        [
+            "run",
+            "--census",
+            "periodic",
+            "-o",
+            profile.to_str().unwrap(),
+            "--",
+            fixture::crystal::ATTACH_CENSUS_DEBUG,
+            "once",
+        ]
+        .map(OsStr::new)
+        .to_vec(),
+    );
     let stdout = String::from_utf8_lossy(&output.stdout);
     let line = |word: &str| {
         let line = stdout

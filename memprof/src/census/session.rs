@@ -4,7 +4,7 @@
 //!
 //! The mark-bit passes already hold the collector at each collection
 //! ([`crate::session`]'s `gc_watch`). At the first held collection, and
-//! later ones as the budget allows, the hold also copies the heap as
+//! (`--census periodic`) later ones as the budget allows, the hold also copies the heap as
 //! `memprof heap` does ([`HeapReader::copy`], large objects by their head
 //! only); once the collector runs again, a thread of its own judges every
 //! object ([`HeapCopy::census`]), names the types
@@ -22,8 +22,9 @@
 //!
 //! ```text
 //! attach: first hold  -> start = end = census at collection 12
-//!         later holds -> end = census at collection 40 (budget allowing)
-//! run:    first hold  -> end only (nothing was live before memprof: start is None)
+//!         later holds -> end = census at collection 40 (periodic, budget allowing)
+//! run:    none by default; periodic: first hold -> end only (nothing was
+//!         live before memprof: start is None)
 //! ```
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -53,6 +54,8 @@ pub struct SessionCensus {
     reader: HeapReader,
     exe: Arc<Module>,
     attach: bool,
+    /// Census again at later holds (`--census periodic`), not only the first.
+    periodic: bool,
     started: Instant,
     names: Option<Arc<TypeNames>>,
     start: Option<HeapCensus>,
@@ -76,6 +79,7 @@ impl SessionCensus {
         gc_module: &Path,
         exe: &Path,
         attach: bool,
+        periodic: bool,
         started: Instant,
     ) -> Result<SessionCensus> {
         Ok(SessionCensus {
@@ -83,6 +87,7 @@ impl SessionCensus {
             reader: HeapReader::new(modules.get(gc_module)?)?,
             exe: modules.get(exe)?,
             attach,
+            periodic,
             started,
             names: None,
             start: None,
@@ -106,6 +111,7 @@ impl SessionCensus {
         self.join();
         match self.last {
             None => true,
+            Some(_) if !self.periodic => false,
             Some((at, cost)) => at.elapsed().as_secs_f64() >= BUDGET * cost,
         }
     }

@@ -254,12 +254,21 @@ impl GcWatch {
         pid: u32,
         exe: &std::path::Path,
         attach: bool,
+        periodic: bool,
     ) {
         let Some(judge) = &self.judge else {
             return;
         };
         let started = std::time::Instant::now();
-        match SessionCensus::new(&plan.modules, pid, judge.module(), exe, attach, started) {
+        match SessionCensus::new(
+            &plan.modules,
+            pid,
+            judge.module(),
+            exe,
+            attach,
+            periodic,
+            started,
+        ) {
             Ok(census) => self.census = Some(census),
             Err(e) => eprintln!("memprof: no heap census ({e:#})"),
         }

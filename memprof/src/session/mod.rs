@@ -88,6 +88,8 @@ pub struct SessionOptions {
     /// Timeline sampling, `--interval`, `--snapshot-every`.
     pub live: LiveOptions,
     pub gc_liveness: GcLiveness,
+    /// `--census` (`None`: the mode's default, [`CensusWhen::or_default`]).
+    pub census: Option<CensusWhen>,
     /// Write every mark-bit verdict here (`--gc-verdicts`, for tests).
     pub gc_verdicts: Option<PathBuf>,
 }
@@ -102,6 +104,30 @@ pub enum GcLiveness {
     /// Only address reuse: an object counts as live until GC_free or
     /// until its address is allocated again (no tracing, no pause).
     Reuse,
+}
+
+/// When a profile gets a census of the whole GC heap by type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CensusWhen {
+    /// At the first held collection: what was live before memprof.
+    Start,
+    /// Also at later collections as a budget allows; the last is the end census.
+    Periodic,
+    /// None.
+    Off,
+}
+
+impl CensusWhen {
+    /// `--census`, or the mode's default: `attach` censuses what was
+    /// live before it; `run` saw every allocation, and a census at every
+    /// few collections would hold the collector ~1 ms per MB of heap (and
+    /// keep a copy of the heap in memprof) for what the profile has.
+    pub fn or_default(when: Option<CensusWhen>, mode: Mode) -> CensusWhen {
+        when.unwrap_or(match mode {
+            Mode::Attach => CensusWhen::Start,
+            Mode::Run => CensusWhen::Off,
+        })
+    }
 }
 
 impl SessionOptions {

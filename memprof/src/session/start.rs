@@ -7,7 +7,7 @@ use std::time::{Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
 
-use super::{update_ranges, GcWatch, Mode, Output, Plan, Session, SessionOptions};
+use super::{update_ranges, CensusWhen, GcWatch, Mode, Output, Plan, Session, SessionOptions};
 use crate::allocators;
 use crate::live::Live;
 use crate::modules::ModuleCache;
@@ -169,7 +169,17 @@ impl Session {
         let started = (Instant::now(), SystemTime::now());
         let mut probes = probes;
         let mut gc = GcWatch::new(&plan, options, target.pid);
-        gc.census_heap(&plan, target.pid, &target.exe, mode == Mode::Attach);
+        let census = CensusWhen::or_default(options.census, mode);
+        if census != CensusWhen::Off {
+            let periodic = census == CensusWhen::Periodic;
+            gc.census_heap(
+                &plan,
+                target.pid,
+                &target.exe,
+                mode == Mode::Attach,
+                periodic,
+            );
+        }
         gc.keep_copy(&mut probes)?;
         Ok(Session {
             mode,
