@@ -129,7 +129,7 @@ fn markdown(report: &HeapReport, top: Option<usize>, out: &mut dyn Write) -> Res
         "# memprof heap: pid {} ({}), GC collection {}",
         report.target.pid,
         report.target.exe.display(),
-        copy.gc_no + 1
+        copy.gc_no
     )?;
     writeln!(out)?;
     writeln!(
@@ -320,7 +320,7 @@ pub fn to_json(report: &HeapReport) -> serde_json::Value {
         "target": {"pid": report.target.pid, "exe": report.target.exe.display().to_string(),
                    "command": report.target.command},
         "gc": {
-            "collection": copy.gc_no + 1,
+            "collection": copy.gc_no,
             "held_seconds": report.held.as_secs_f64(),
             "census_seconds": report.judged.as_secs_f64(),
             "copied_bytes": copy.copied_bytes(),

@@ -296,7 +296,9 @@ pub(crate) fn vm_read(pid: u32, addr: u64, buf: &mut [u8]) -> io::Result<()> {
 
 /// What was copied at the hold ([`HeapReader::copy`]).
 pub struct HeapCopy {
-    /// `GC_gc_no` at the hold: the collection just marked is the next one.
+    /// `GC_gc_no` at the hold: the collection just marked (the hold
+    /// signal is taken after the probed `GC_gc_no++` has run; the
+    /// program's own `GC_get_gc_no()` after that collection agrees).
     pub gc_no: u64,
     pub hblksize: u64,
     granule_shift: u32,
