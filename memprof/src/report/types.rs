@@ -56,36 +56,17 @@ pub fn write(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
         writeln!(out, "No live objects.")?;
         return censuses(profile, options, out);
     }
-    let cells: Vec<(String, String)> = rows
+    let rows: Vec<[String; 3]> = rows
         .iter()
-        .map(|r| (thousands(r.objects), thousands(r.bytes)))
+        .map(|r| {
+            [
+                thousands(r.objects),
+                thousands(r.bytes),
+                markdown::escape_text(&r.name),
+            ]
+        })
         .collect();
-    let objects = cells
-        .iter()
-        .map(|c| c.0.len())
-        .fold("Objects".len(), usize::max);
-    let bytes = cells
-        .iter()
-        .map(|c| c.1.len())
-        .fold("Bytes".len(), usize::max);
-    writeln!(
-        out,
-        "| {:>objects$} | {:>bytes$} | Type |",
-        "Objects", "Bytes"
-    )?;
-    writeln!(
-        out,
-        "|{}:|{}:|------|",
-        "-".repeat(objects + 1),
-        "-".repeat(bytes + 1)
-    )?;
-    for (row, (n, b)) in rows.iter().zip(&cells) {
-        writeln!(
-            out,
-            "| {n:>objects$} | {b:>bytes$} | {} |",
-            markdown::escape_text(&row.name)
-        )?;
-    }
+    table(&["Objects", "Bytes", "Type"], &rows, out)?;
     censuses(profile, options, out)
 }
 
