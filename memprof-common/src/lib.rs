@@ -216,6 +216,19 @@ pub struct PendingCall {
     /// return probe of this call sees `sp + 8`. An entry above it means this
     /// call's frame is gone and its return was missed (a stale call).
     pub sp: u64,
+    /// The thread's last clock read for a GC object, reused (see
+    /// `gc_time` in the kernel programs): kept across the thread's calls.
+    pub clock: ThreadClock,
+}
+
+/// A clock read and what it is valid for: the jiffy (4 ms at HZ=250) and
+/// the collection count it was read at.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ThreadClock {
+    pub ns: u64,
+    pub jiffies: u64,
+    pub epoch: u64,
 }
 
 /// One live block: value of the `LIVE` map, keyed by address.

@@ -20,7 +20,8 @@
 //! still stopped. While it does (`config::GC_COPY`), GC objects are not put
 //! in `LIVE`: allocations and `GC_free`s are streamed to `GC_EVENTS` and
 //! memprof's copy is the only record (their number is not bounded by
-//! `LIVE`'s size). Every allocation is tagged with the epoch it was made in
+//! `LIVE`'s size), and the copy sums their per-site totals (they are not in
+//! `SITE_TOTALS`). Every allocation is tagged with the epoch it was made in
 //! (only older ones are judged); an allocation at an address still live
 //! proves the old object died (found here for `LIVE`, by memprof for the
 //! copy). `LIVE_BY_KIND` keeps `LIVE`'s blocks and bytes per kind.
@@ -56,7 +57,7 @@ mod probes {
     use memprof_common::{
         cfa, config, cookie, errno, gc_event, layout, lifetime_bucket, module_table, op, AllocKind,
         AllocSite, DwarfStack, GcEvent, KernelCounters, KindLive, LiveAlloc, ModuleRange,
-        PendingCall, SiteTotals, UnwindRow, CALLER_ONLY, FOLD_WINDOW, HOLD_SIGNAL,
+        PendingCall, SiteTotals, ThreadClock, UnwindRow, CALLER_ONLY, FOLD_WINDOW, HOLD_SIGNAL,
         LIBRARY_LOAD_SIGNAL, MAX_FRAMES, MAX_STEPS, NO_STACK, ROW_CACHE_SLOTS, SAMPLE_QUANTILES,
         SHORT_FRAMES, SITES_OVERFLOW,
     };
@@ -363,6 +364,7 @@ mod probes {
             active: 1,
             _pad: 0,
             sp,
+            clock: unsafe { (*slot).clock },
         };
         // Only this thread writes its slot.
         unsafe { *slot = call };
@@ -386,6 +388,11 @@ mod probes {
             active: 0,
             _pad: 0,
             sp: 0,
+            clock: ThreadClock {
+                ns: 0,
+                jiffies: 0,
+                epoch: 0,
+            },
         };
         let _ = PENDING.insert(&thread, &idle, BPF_NOEXIST as u64);
         PENDING.get_ptr_mut(&thread)
@@ -883,32 +890,42 @@ mod probes {
         } else {
             0
         };
-        record(addr, &call, replaces);
+        record(addr, &call, replaces, pending);
         0
     }
 
+    /// Records an allocation at `addr`; `slot`: the thread's `PENDING` slot.
     #[inline(always)]
-    fn record(addr: u64, call: &PendingCall, replaces: u64) {
+    fn record(addr: u64, call: &PendingCall, replaces: u64, slot: *mut PendingCall) {
         bump(|c| &mut c.allocs);
-        let now = unsafe { bpf_ktime_get_ns() };
-        // The site's totals first: when the site table is full, the block
-        // is recorded under its kind's overflow site, live entry included.
-        let (site, totals) = site_totals(&call.site);
-        let in_totals = match totals {
-            Some(totals) => unsafe {
-                (*totals).count += 1;
-                (*totals).bytes += call.size;
-                true
-            },
-            None => false,
+        let epoch = GC_EPOCH.get(0).copied().unwrap_or(0);
+        let copied = in_copy(call.site.kind);
+        let (site, in_totals, now) = if copied {
+            // Userspace's copy sums the totals from the event: no per-site
+            // lookup here.
+            (call.site, true, gc_time(slot, epoch, replaces != 0))
+        } else {
+            // The site's totals first: when the site table is full, the
+            // block is recorded under its kind's overflow site, live entry
+            // included.
+            let (site, totals) = site_totals(&call.site);
+            let in_totals = match totals {
+                Some(totals) => unsafe {
+                    (*totals).count += 1;
+                    (*totals).bytes += call.size;
+                    true
+                },
+                None => false,
+            };
+            (site, in_totals, unsafe { bpf_ktime_get_ns() })
         };
         let live = LiveAlloc {
             site,
             size: call.size,
             timestamp_ns: now,
-            epoch: GC_EPOCH.get(0).copied().unwrap_or(0),
+            epoch,
         };
-        let in_live = if in_copy(live.site.kind) {
+        let in_live = if copied {
             // Userspace's copy is the only one (address reuse is seen there);
             // an event the ring had no room for is counted as such.
             gc_event(addr, gc_event::ALLOC, &live, replaces);
@@ -941,6 +958,27 @@ mod probes {
             (true, false) => bump(|c| &mut c.sites_map_full),
             (false, false) => bump(|c| &mut c.both_maps_full),
         }
+    }
+
+    /// The time of a GC object's allocation: the thread's last clock read
+    /// while the jiffy and the collection count are the same (a clock read
+    /// is a quarter of the return probe's time here), so up to a jiffy old.
+    /// That is finer than GC lifetimes (an object is found dead at a
+    /// collection), and keeps what userspace's copy needs: times follow
+    /// the thread's order, and every time of an epoch is later than every
+    /// time of the epochs before (a new epoch reads the clock). A
+    /// `GC_realloc` (`fresh`) reads it: its object is matched to the one it
+    /// replaced, which another thread may have made, by time.
+    #[inline(always)]
+    fn gc_time(slot: *mut PendingCall, epoch: u64, fresh: bool) -> u64 {
+        let jiffies = unsafe { gen::bpf_jiffies64() };
+        let clock = unsafe { &mut (*slot).clock };
+        if !fresh && clock.jiffies == jiffies && clock.epoch == epoch {
+            return clock.ns;
+        }
+        let ns = unsafe { bpf_ktime_get_ns() };
+        *clock = ThreadClock { ns, jiffies, epoch };
+        ns
     }
 
     /// The site an allocation is recorded under and its totals (this CPU's

@@ -163,6 +163,18 @@ pub fn collect(maps: &HeapMaps, gc: Option<GcFigures<'_>>) -> Result<RawGroups> 
         group.collected_count += totals.reused;
         group.collected_bytes += totals.reused_bytes;
     }
+    // The copy's allocation totals first: a `GC_realloc` retyped by
+    // `add_gc` moves its totals from the group that counted it.
+    let copied = match &gc {
+        Some(GcFigures::Borrowed(sites)) => *sites,
+        Some(GcFigures::Owned(sites)) => sites.as_slice(),
+        None => &[],
+    };
+    for (site, s) in copied {
+        let group = grouper.group(*site);
+        group.total_count += s.allocated_count;
+        group.total_bytes += s.allocated_bytes;
+    }
     match gc {
         Some(GcFigures::Borrowed(sites)) => {
             for (site, s) in sites {

@@ -282,11 +282,14 @@ impl GcCopy {
 
     /// A GC object allocated at `addr`.
     pub fn allocated(&mut self, addr: u64, block: &LiveBlock) {
+        let site = self.site_number(block.site);
+        let totals = &mut self.sites[site as usize].1;
+        totals.allocated_count += 1;
+        totals.allocated_bytes += block.size;
         if !Record::holds(addr) {
             self.unrepresentable += 1;
             return;
         }
-        let site = self.site_number(block.site);
         if block.size >= BIG {
             self.big.insert(addr, block.size);
         }

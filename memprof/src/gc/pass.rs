@@ -54,6 +54,11 @@ const HISTORY_POINTS: usize = 64;
 /// What the passes learned about one allocation site.
 #[derive(Debug, Clone, Default)]
 pub struct SiteGc {
+    /// Allocations of this site, and their requested bytes: the kernel
+    /// streams every GC allocation to the copy, which sums them (the
+    /// kernel's per-site totals hold the other kinds).
+    pub allocated_count: u64,
+    pub allocated_bytes: u64,
     /// Objects found unmarked (collected), and their requested bytes.
     pub collected_count: u64,
     pub collected_bytes: u64,
