@@ -488,6 +488,9 @@ pub mod programs {
     /// the verifier walks the unwinder once, not once per layout (~0.2 s each).
     pub const ALLOC_ENTER: &str = "alloc_enter";
     pub const ALLOC_EXIT: &str = "alloc_exit";
+    /// Both in one program, a uprobe session (Linux 6.13): its entry says
+    /// whether the return runs at all. Preferred where the kernel has it.
+    pub const ALLOC_SESSION: &str = "alloc_session";
     pub const FREE_ENTER: &str = "free_enter";
     pub const MUNMAP_ENTER: &str = "munmap_enter";
     /// Does nothing: `cargo xtask bench` uses it to measure the bare probe cost.
@@ -500,6 +503,11 @@ pub mod programs {
     /// Raw tracepoint `sched_process_exit`: a thread's `PENDING` slot goes.
     pub const THREAD_EXIT: &str = "thread_exit";
 }
+
+/// The number the kernel programs call `bpf_session_is_return()` by: a
+/// helper call with this number (no helper has it) that userspace rewrites
+/// into the kfunc call, with the running kernel's BTF id for it.
+pub const SESSION_IS_RETURN: u32 = 0x0bad_5e55;
 
 /// Map names in the eBPF object.
 pub mod maps {

@@ -13,6 +13,10 @@
 //! 3. `free_enter` / `munmap_enter`: remove the block from `LIVE`, adding
 //!    its lifetime to its site's totals.
 //!
+//! With sampling, 1 and 2 are one program, `alloc_session` (a uprobe
+//! session): the entry of a call that is not followed tells the kernel
+//! not to probe its return at all, which is half the probes' cost.
+//!
 //! Boehm GC objects are never freed: `gc_collection` (on `GC_gc_no++`, the
 //! end of a collection's marking, world stopped) counts the collection in
 //! `GC_EPOCH` and stops the collecting thread with a signal memprof takes
@@ -59,7 +63,7 @@ mod probes {
         AllocSite, DwarfStack, GcEvent, KernelCounters, KindLive, LiveAlloc, ModuleRange,
         PendingCall, SiteTotals, ThreadClock, UnwindRow, CALLER_ONLY, FOLD_WINDOW, HOLD_SIGNAL,
         LIBRARY_LOAD_SIGNAL, MAX_FRAMES, MAX_STEPS, NO_STACK, ROW_CACHE_SLOTS, SAMPLE_QUANTILES,
-        SHORT_FRAMES, SITES_OVERFLOW,
+        SESSION_IS_RETURN, SHORT_FRAMES, SITES_OVERFLOW,
     };
 
     /// 1: fold recursion in DWARF stacks (`--keep-recursion` sets 0). A
@@ -280,9 +284,9 @@ mod probes {
     /// Records a call on entry. `size` is the requested size, `arg_ptr` the
     /// realloc'd block or the posix_memalign out-parameter.
     #[inline(always)]
-    fn enter(ctx: &ProbeContext, kind: u8, size: u64, arg_ptr: u64, op: u8) {
+    fn enter(ctx: &ProbeContext, kind: u8, size: u64, arg_ptr: u64, op: u8, session: bool) -> u32 {
         if !enabled() {
-            return;
+            return SKIP_RETURN;
         }
         let thread = bpf_get_current_pid_tgid();
         // Entry probes sit where %rsp and %rbp still have their entry values
@@ -295,9 +299,12 @@ mod probes {
         let slot = PENDING.get_ptr_mut(&thread);
         if let Some(outer) = slot.filter(|&p| unsafe { (*p).active } == 1) {
             if !is_stale(unsafe { &*outer }, sp) {
-                // Inside another allocator call of this thread: the outer call counts.
-                unsafe { (*outer).nested += 1 };
-                return;
+                // Inside another allocator call of this thread: the outer
+                // call counts. In a session its return is not run at all.
+                if !session {
+                    unsafe { (*outer).nested += 1 };
+                }
+                return SKIP_RETURN;
             }
             // Its return was missed: replaced below.
             bump(|c| &mut c.stale_calls);
@@ -313,7 +320,7 @@ mod probes {
                 if let Some(outer) = slot.filter(|_| stale) {
                     unsafe { (*outer).active = 0 };
                 }
-                return;
+                return SKIP_RETURN;
             }
             unsampled = 1;
         }
@@ -326,7 +333,7 @@ mod probes {
                 Some(slot) => slot,
                 None => {
                     bump(|c| &mut c.pending_full);
-                    return;
+                    return SKIP_RETURN;
                 }
             },
         };
@@ -368,7 +375,16 @@ mod probes {
         };
         // Only this thread writes its slot.
         unsafe { *slot = call };
+        RUN_RETURN
     }
+
+    /// What an entry returns in a uprobe session: whether the kernel runs
+    /// the program again at the call's return (for the pair of programs,
+    /// ignored: the return probe runs anyway). Skipping it skips the
+    /// return probe's whole cost, trap and trampoline: with sampling, most
+    /// calls.
+    const RUN_RETURN: u32 = 0;
+    const SKIP_RETURN: u32 = 1;
 
     /// Adds `thread`'s slot to `PENDING`, idle; `None` if the table is full.
     #[inline(always)]
@@ -805,57 +821,122 @@ mod probes {
     /// once at load, not once per layout.
     #[uprobe]
     pub fn alloc_enter(ctx: ProbeContext) -> u32 {
+        alloc_entry(&ctx, false);
+        0
+    }
+
+    #[inline(always)]
+    fn alloc_entry(ctx: &ProbeContext, session: bool) -> u32 {
         let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
         let layout = cookie::layout(cookie);
         let (size, arg_ptr, op) = match layout {
-            layout::MMAP => (arg(&ctx, 1), 0, op::ALLOC),
-            layout::CALLOC => (arg(&ctx, 0).wrapping_mul(arg(&ctx, 1)), 0, op::ALLOC),
-            layout::REALLOC => (arg(&ctx, 1), arg(&ctx, 0), op::REALLOC),
+            layout::MMAP => (arg(ctx, 1), 0, op::ALLOC),
+            layout::CALLOC => (arg(ctx, 0).wrapping_mul(arg(ctx, 1)), 0, op::ALLOC),
+            layout::REALLOC => (arg(ctx, 1), arg(ctx, 0), op::REALLOC),
             layout::REALLOCARRAY => (
-                arg(&ctx, 1).wrapping_mul(arg(&ctx, 2)),
-                arg(&ctx, 0),
+                arg(ctx, 1).wrapping_mul(arg(ctx, 2)),
+                arg(ctx, 0),
                 op::REALLOC,
             ),
-            layout::MEMALIGN => (arg(&ctx, 1), 0, op::ALLOC),
-            layout::POSIX_MEMALIGN => (arg(&ctx, 2), arg(&ctx, 0), op::OUT_PTR),
-            _ => (arg(&ctx, 0), 0, op::ALLOC),
+            layout::MEMALIGN => (arg(ctx, 1), 0, op::ALLOC),
+            layout::POSIX_MEMALIGN => (arg(ctx, 2), arg(ctx, 0), op::OUT_PTR),
+            _ => (arg(ctx, 0), 0, op::ALLOC),
         };
-        enter(&ctx, cookie::kind(cookie), size, arg_ptr, op);
-        0
+        enter(ctx, cookie::kind(cookie), size, arg_ptr, op, session)
+    }
+
+    /// Entry and return of every allocating function in one program: a
+    /// uprobe session (Linux 6.13). The entry decides whether the return
+    /// runs at all (`SKIP_RETURN`). Userspace uses it where the kernel
+    /// has it, else the pair `alloc_enter`/`alloc_exit`.
+    ///
+    /// Written out, not with `#[uprobe]`: that macro's wrapper returns 0
+    /// whatever the function returns, and here the value is the decision.
+    #[unsafe(no_mangle)]
+    #[unsafe(link_section = "uprobe")]
+    pub fn alloc_session(ctx: *mut core::ffi::c_void) -> u32 {
+        let regs = ctx as *mut aya_ebpf::bindings::pt_regs;
+        if session_is_return() {
+            session_return(regs);
+            0
+        } else {
+            session_entry(regs)
+        }
+    }
+
+    // The two halves as functions of their own: each gets its own
+    // 512-byte stack frame (together, inlined, they overflow one).
+    #[inline(never)]
+    fn session_entry(regs: *mut aya_ebpf::bindings::pt_regs) -> u32 {
+        alloc_entry(&ProbeContext::new(regs as *mut core::ffi::c_void), true)
+    }
+
+    #[inline(never)]
+    fn session_return(regs: *mut aya_ebpf::bindings::pt_regs) {
+        alloc_return(unsafe { &*regs });
+    }
+
+    /// The kfunc `bpf_session_is_return()`. A kfunc call names its
+    /// function by the kernel's BTF id, which only the running kernel
+    /// knows: this is a helper call with [`SESSION_IS_RETURN`] as its
+    /// number, which userspace rewrites into the kfunc call before loading.
+    #[inline(always)]
+    fn session_is_return() -> bool {
+        let r: u64;
+        unsafe {
+            core::arch::asm!(
+                "call {n}",
+                n = const SESSION_IS_RETURN,
+                lateout("r0") r,
+                lateout("r1") _,
+                lateout("r2") _,
+                lateout("r3") _,
+                lateout("r4") _,
+                lateout("r5") _,
+            )
+        };
+        r & 0xff != 0
     }
 
     /// Return probe for every allocating function.
     #[uretprobe]
     pub fn alloc_exit(ctx: RetProbeContext) -> u32 {
+        alloc_return(unsafe { &*ctx.regs });
+        0
+    }
+
+    /// The return of an allocating function: `regs` after its `ret`.
+    #[inline(always)]
+    fn alloc_return(regs: &aya_ebpf::bindings::pt_regs) {
         if !enabled() {
-            return 0;
+            return;
         }
         let thread = bpf_get_current_pid_tgid();
         let Some(pending) = PENDING.get_ptr_mut(&thread) else {
-            return 0;
+            return;
         };
         if unsafe { (*pending).active } == 0 {
-            return 0;
+            return;
         }
         let call = unsafe { *pending };
         // After `ret`: %rsp is the entry's + 8.
-        let entry_sp = unsafe { (*ctx.regs).rsp }.wrapping_sub(8);
+        let entry_sp = regs.rsp.wrapping_sub(8);
         if entry_sp > call.sp {
             // A call above the pending one returns: that one's return was missed.
             bump(|c| &mut c.stale_calls);
             unsafe { (*pending).active = 0 };
-            return 0;
+            return;
         }
         if call.nested > 0 {
             unsafe { (*pending).nested -= 1 };
-            return 0;
+            return;
         }
         if entry_sp < call.sp {
-            return 0; // a call inside the pending one, whose entry was not seen
+            return; // a call inside the pending one, whose entry was not seen
         }
         unsafe { (*pending).active = 0 };
 
-        let ret: u64 = ctx.ret();
+        let ret: u64 = regs.rax;
         let addr = if call.op == op::OUT_PTR {
             if ret as u32 == 0 {
                 unsafe { bpf_probe_read_user(call.arg_ptr as *const u64) }.unwrap_or(0)
@@ -877,13 +958,13 @@ mod probes {
             }
         }
         if call.unsampled == 1 {
-            return 0; // a realloc followed only to release the old block
+            return; // a realloc followed only to release the old block
         }
         if failed {
             if !(call.op == op::REALLOC && call.size == 0) {
                 bump(|c| &mut c.failed_allocs);
             }
-            return 0;
+            return;
         }
         let replaces = if call.op == op::REALLOC {
             call.arg_ptr
@@ -891,7 +972,6 @@ mod probes {
             0
         };
         record(addr, &call, replaces, pending);
-        0
     }
 
     /// Records an allocation at `addr`; `slot`: the thread's `PENDING` slot.

@@ -81,6 +81,9 @@ pub struct Probes {
     empty: bool,
     /// The programs, loaded on first use.
     programs: multi::Programs,
+    /// Whether the session program loads (see `Probes::attach`); None:
+    /// not tried yet.
+    session: Option<bool>,
     /// Every link: (program name, link). A link holds many probes.
     links: Vec<(&'static str, std::os::fd::OwnedFd)>,
     /// How many probes (entry + return) are attached.
@@ -131,6 +134,7 @@ impl Probes {
             config: Settings(Array::try_from(take_map(&mut ebpf, maps::CONFIG)?)?),
             ebpf,
             empty: options.empty,
+            session: None,
             links: Vec::new(),
             attached: 0,
             modules: ModuleTable::default(),

@@ -19,8 +19,9 @@ use anyhow::{anyhow, bail, Context, Result};
 use aya::maps::Map;
 use aya::Ebpf;
 use aya_obj::generated::{
-    bpf_attach_type, bpf_attr, bpf_cmd, bpf_prog_type, BPF_F_UPROBE_MULTI_RETURN,
+    bpf_attach_type, bpf_attr, bpf_cmd, bpf_insn, bpf_prog_type, BPF_F_UPROBE_MULTI_RETURN,
 };
+use memprof_common::programs;
 
 /// The eBPF object's programs, relocated once, loaded on first use.
 pub(super) struct Programs {
@@ -73,11 +74,60 @@ impl Programs {
             .get(name)
             .ok_or_else(|| anyhow!("eBPF object has no program {name}"))?;
         let function = &self.object.functions[&program.function_key()];
-        let fd = load(name, &function.instructions)?;
+        let fd = if name == programs::ALLOC_SESSION {
+            let mut instructions = function.instructions.clone();
+            call_session_is_return(&mut instructions)?;
+            load(name, &instructions, Attach::Session)?
+        } else {
+            load(name, &function.instructions, Attach::Multi)?
+        };
         let raw = fd.as_raw_fd();
         self.loaded.insert(name.to_string(), fd);
         Ok(raw)
     }
+}
+
+/// How a program is attached: decides the expected attach type it is
+/// loaded with, and its links'.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, PartialOrd, Ord)]
+pub(super) enum Attach {
+    /// At returns (first in this order: see `Probes::attach`).
+    Return,
+    /// At entries and, where the entry asks, at the returns of the same
+    /// calls (`BPF_TRACE_UPROBE_SESSION`, Linux 6.13).
+    Session,
+    /// At function entries (`BPF_TRACE_UPROBE_MULTI`).
+    Multi,
+}
+
+/// `BPF_TRACE_UPROBE_SESSION`: newer than aya-obj's bindings.
+const BPF_TRACE_UPROBE_SESSION: u32 = 57;
+
+/// Rewrites the placeholder helper calls of `bpf_session_is_return()`
+/// ([`memprof_common::SESSION_IS_RETURN`]) into calls of the kfunc, by the
+/// running kernel's BTF id for it.
+fn call_session_is_return(instructions: &mut [bpf_insn]) -> Result<()> {
+    const BPF_CALL: u8 = 0x85; // BPF_JMP | BPF_CALL
+    const BPF_PSEUDO_KFUNC_CALL: u8 = 2;
+    let btf = aya_obj::btf::Btf::from_sys_fs().context("reading the kernel's BTF")?;
+    let id = btf
+        .id_by_type_name_kind("bpf_session_is_return", aya_obj::btf::BtfKind::Func)
+        .context("the kernel has no bpf_session_is_return (uprobe sessions: Linux 6.13)")?;
+    let mut patched = 0;
+    for insn in instructions.iter_mut() {
+        if insn.code == BPF_CALL
+            && insn.src_reg() == 0
+            && insn.imm as u32 == memprof_common::SESSION_IS_RETURN
+        {
+            insn.set_src_reg(BPF_PSEUDO_KFUNC_CALL);
+            insn.imm = id as i32;
+            patched += 1;
+        }
+    }
+    if patched == 0 {
+        bail!("no bpf_session_is_return call to link in program alloc_session");
+    }
+    Ok(())
 }
 
 /// The descriptor of a map, whatever its type.
@@ -105,7 +155,7 @@ fn bpf(cmd: bpf_cmd, attr: &mut bpf_attr) -> std::io::Result<OwnedFd> {
 
 /// Loads one program for multi-uprobe links. A verifier rejection keeps
 /// the end of the verifier's log in the error.
-fn load(name: &str, instructions: &[aya_obj::generated::bpf_insn]) -> Result<OwnedFd> {
+fn load(name: &str, instructions: &[bpf_insn], how: Attach) -> Result<OwnedFd> {
     let license = c"GPL";
     let prog_name = CString::new(name.chars().take(15).collect::<String>())?;
     let mut log = vec![0u8; 1 << 20];
@@ -114,7 +164,10 @@ fn load(name: &str, instructions: &[aya_obj::generated::bpf_insn]) -> Result<Own
         let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
         let u = unsafe { &mut attr.__bindgen_anon_3 };
         u.prog_type = bpf_prog_type::BPF_PROG_TYPE_KPROBE as u32;
-        u.expected_attach_type = bpf_attach_type::BPF_TRACE_UPROBE_MULTI as u32;
+        u.expected_attach_type = match how {
+            Attach::Session => BPF_TRACE_UPROBE_SESSION,
+            Attach::Multi | Attach::Return => bpf_attach_type::BPF_TRACE_UPROBE_MULTI as u32,
+        };
         u.insn_cnt = instructions.len() as u32;
         u.insns = instructions.as_ptr() as u64;
         u.license = license.as_ptr() as u64;
@@ -161,7 +214,7 @@ pub(super) fn attach(
     path: &Path,
     probes: &[(u64, u64)],
     pid: u32,
-    at_return: bool,
+    how: Attach,
 ) -> Result<OwnedFd> {
     if probes.is_empty() {
         bail!("no offsets to attach");
@@ -174,13 +227,16 @@ pub(super) fn attach(
     let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
     let link = unsafe { &mut attr.link_create };
     link.__bindgen_anon_1.prog_fd = program as u32;
-    link.attach_type = bpf_attach_type::BPF_TRACE_UPROBE_MULTI as u32;
+    link.attach_type = match how {
+        Attach::Session => BPF_TRACE_UPROBE_SESSION,
+        Attach::Multi | Attach::Return => bpf_attach_type::BPF_TRACE_UPROBE_MULTI as u32,
+    };
     let multi = unsafe { &mut link.__bindgen_anon_3.uprobe_multi };
     multi.path = path.as_ptr() as u64;
     multi.offsets = offsets.as_ptr() as u64;
     multi.cookies = cookies.as_ptr() as u64;
     multi.cnt = offsets.len() as u32;
-    multi.flags = if at_return {
+    multi.flags = if how == Attach::Return {
         BPF_F_UPROBE_MULTI_RETURN
     } else {
         0
