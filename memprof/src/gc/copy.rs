@@ -839,6 +839,8 @@ mod tests {
         copy.allocated(0x10, &block(6, 0)); // after a free: not a reuse
         copy.settle(None).unwrap();
         let s = &copy.sites()[0].1;
+        // Every allocation in the site's totals, dead or alive.
+        assert_eq!((s.allocated_count, s.allocated_bytes), (4, 64));
         assert_eq!((s.tracked_count, s.tracked_bytes), (2, 32));
         assert_eq!((s.collected_count, s.lifetimes.died), (1, 2));
         assert_eq!(s.lifetimes.total_ns, (3 + 3) * TICK_NS);
