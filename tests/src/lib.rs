@@ -49,6 +49,9 @@ pub mod fixture {
     /// Three freed sites of known byte shares and a leaking one, for
     /// `--sample-bytes 4096` (`fixtures/c/sampling.c`).
     pub const SAMPLING: &str = env!("FIXTURE_SAMPLING");
+    /// malloc, realloc to grow, half freed: sampled reallocs
+    /// (`fixtures/c/sampled_realloc.c`).
+    pub const SAMPLED_REALLOC: &str = env!("FIXTURE_SAMPLED_REALLOC");
     /// `fixtures/c/gc_verdicts.c` (`gc_verdicts OUT [SLEEP]`) linked with libgc.so.
     pub const GC_VERDICTS: &str = env!("FIXTURE_GC_VERDICTS");
     /// The same source with libgc.a linked in.

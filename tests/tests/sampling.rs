@@ -86,3 +86,39 @@ fn sampled_estimates_are_within_5_percent_per_stack() {
         );
     }
 }
+
+/// A realloc that sampling does not follow still runs its return when the
+/// block it replaces was followed, and releases it: with uprobe sessions
+/// an unfollowed call's return is otherwise never probed. Every block
+/// `make()` allocated was realloc'd away: exactly none is live.
+#[test]
+fn unsampled_reallocs_release_sampled_blocks() {
+    let dir = TempDir::new("sampled_realloc");
+    let profile = dir.join("sampled_realloc.mprof");
+    run_ok([
+        OsStr::new("run"),
+        OsStr::new("-o"),
+        profile.as_os_str(),
+        OsStr::new("--heap"),
+        OsStr::new("libc"),
+        OsStr::new("--sample-bytes"),
+        OsStr::new("4096"),
+        OsStr::new("--"),
+        OsStr::new(fixture::SAMPLED_REALLOC),
+    ]);
+    let json = report_json(&profile);
+    assert_eq!(uint(&json, "/lost_events"), 0);
+    let group = |function: &str| {
+        groups(&json)
+            .iter()
+            .find(|g| g["frames"][0]["function"].as_str() == Some(function))
+            .map(Counts::of)
+            .unwrap_or_else(|| panic!("no group for {function}:\n{}", list_groups(&json)))
+    };
+    let make = group("make");
+    assert_eq!((make.live_count, make.live_bytes), (0, 0));
+    within_5_percent("make bytes", make.total_bytes, 20_000 * 1024);
+    let grow = group("grow");
+    within_5_percent("grow bytes", grow.total_bytes, 20_000 * 4096);
+    within_5_percent("grow live bytes", grow.live_bytes, 10_000 * 4096);
+}
