@@ -202,42 +202,47 @@ mod probes {
         }
     }
 
-    /// Bytes of the target's stack copied at once: an aligned block, so
-    /// a copy never crosses a page boundary (the top of a stack is the end
-    /// of its mapping: a copy past it would fail).
-    const WINDOW_BYTES: u64 = 1024;
+    /// The most bytes of the target's stack copied at once.
+    const WINDOW_BYTES: u64 = 2048;
     const WINDOW_WORDS: usize = WINDOW_BYTES as usize / 8;
     const _: () = assert!(WINDOW_BYTES.is_power_of_two() && 4096 % WINDOW_BYTES == 0);
 
-    /// The block of the target's stack copied into `Scratch::window`
-    /// (its address; 0: none yet). Each `bpf_probe_read_user` costs
+    /// The part of the target's stack copied into `Scratch::window`:
+    /// `[start, end)` (empty: none yet). Each `bpf_probe_read_user` costs
     /// ~0.1 µs whatever its size (the fault-safe copy and its checks) and
     /// the unwinder reads one or two words a frame, all upward from
-    /// `%rsp`: one copy serves the frames of a block.
+    /// `%rsp`: a copy runs from the first word missed to the end of its
+    /// page (a copy past the top of a stack, the end of its mapping, would
+    /// fail), at most `WINDOW_BYTES`, so most walks need one copy.
     struct Window {
-        block: u64,
+        start: u64,
+        end: u64,
     }
 
     impl Window {
         /// The word at `addr` in the target's stack: from the copy, or
-        /// copying `addr`'s block first. A misaligned slot (no compiler
+        /// copying from `addr` first. A misaligned slot (no compiler
         /// makes one: `%rsp` and `%rbp` stay 8-aligned) is not followed.
         #[inline(always)]
         fn word(&mut self, copy: &mut [u64; WINDOW_WORDS], addr: u64) -> Option<u64> {
             if addr & 7 != 0 {
                 return None;
             }
-            let block = addr & !(WINDOW_BYTES - 1);
-            if block != self.block {
+            if addr.wrapping_sub(self.start) >= self.end.wrapping_sub(self.start) {
+                let mut len = 4096 - (addr & 4095);
+                if len > WINDOW_BYTES {
+                    len = WINDOW_BYTES;
+                }
                 let dst = copy.as_mut_ptr() as *mut core::ffi::c_void;
-                let src = block as *const core::ffi::c_void;
-                if unsafe { gen::bpf_probe_read_user(dst, WINDOW_BYTES as u32, src) } != 0 {
-                    self.block = 0;
+                let src = addr as *const core::ffi::c_void;
+                if unsafe { gen::bpf_probe_read_user(dst, len as u32, src) } != 0 {
+                    self.end = self.start;
                     return None;
                 }
-                self.block = block;
+                self.start = addr;
+                self.end = addr + len;
             }
-            Some(copy[(addr >> 3) as usize & (WINDOW_WORDS - 1)])
+            Some(copy[(addr.wrapping_sub(self.start) >> 3) as usize & (WINDOW_WORDS - 1)])
         }
     }
 
@@ -494,7 +499,7 @@ mod probes {
         let cache = unsafe { &mut *cache };
         // At entry the CFA is %rsp + 8 and the return address, the
         // caller, is at %rsp. The stack is read a window at a time.
-        let mut window = Window { block: 0 };
+        let mut window = Window { start: 0, end: 0 };
         let caller = window.word(&mut scratch.window, regs.rsp).unwrap_or(0);
         (
             caller,
