@@ -475,7 +475,9 @@ counters! {
         pub stacks_stored: u64,
         pub sites_stored: u64,
         /// Allocation calls not followed because sampling skipped them
-        /// (`--sample-bytes`): not a loss, the reports scale the sampled ones.
+        /// (`--sample-bytes`): not a loss, the reports scale the sampled
+        /// ones. Includes calls made inside another allocator call (a
+        /// `realloc(NULL, n)` calling `malloc`): sampling draws first.
         pub unsampled_allocs: u64,
     }
 }

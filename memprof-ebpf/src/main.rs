@@ -293,12 +293,27 @@ mod probes {
         if !enabled() {
             return SKIP_RETURN;
         }
+        // Sampling draws first: a call it skips needs no slot lookup (with
+        // a session, its whole cost is this). A call nested in a followed
+        // one draws too, which costs no accuracy: the draws are memoryless,
+        // so an outer call is followed with the same probability, and a
+        // nested one is never recorded (below).
+        let mut unsampled = 0;
+        if SAMPLING.load() == 1 && !sampled(size) {
+            bump(|c| &mut c.unsampled_allocs);
+            // Not followed: no stack, no return probe work. Except a
+            // realloc of a tracked block: its return must still release it.
+            let tracked = op == op::REALLOC && arg_ptr != 0 && LIVE.get_ptr(&arg_ptr).is_some();
+            if !tracked {
+                return SKIP_RETURN;
+            }
+            unsampled = 1;
+        }
         let thread = bpf_get_current_pid_tgid();
         // Entry probes sit where %rsp and %rbp still have their entry values
         // (userspace guarantees it), so the return address is at the top of
         // the stack and the caller's frame is intact.
         let sp = unsafe { (*ctx.regs).rsp };
-        let mut stale = false;
         // The thread's slot, kept between calls (`thread_exit` removes it):
         // a call is written into it in place, with no insert or delete.
         let slot = PENDING.get_ptr_mut(&thread);
@@ -313,21 +328,6 @@ mod probes {
             }
             // Its return was missed: replaced below.
             bump(|c| &mut c.stale_calls);
-            stale = true;
-        }
-        let mut unsampled = 0;
-        if SAMPLING.load() == 1 && !sampled(size) {
-            bump(|c| &mut c.unsampled_allocs);
-            // Not followed: no stack, no return probe work. Except a
-            // realloc of a tracked block: its return must still release it.
-            let tracked = op == op::REALLOC && arg_ptr != 0 && LIVE.get_ptr(&arg_ptr).is_some();
-            if !tracked {
-                if let Some(outer) = slot.filter(|_| stale) {
-                    unsafe { (*outer).active = 0 };
-                }
-                return SKIP_RETURN;
-            }
-            unsampled = 1;
         }
         // A thread's first call adds its slot (idle). From here on `slot`
         // is a valid pointer on every path: the verifier walks the
