@@ -479,6 +479,10 @@ counters! {
         /// ones. Includes calls made inside another allocator call (a
         /// `realloc(NULL, n)` calling `malloc`): sampling draws first.
         pub unsampled_allocs: u64,
+        /// Allocation calls whose return the kernel probed: every call with
+        /// the pair of programs; with a uprobe session (sampling), only
+        /// those the entry followed.
+        pub returns_probed: u64,
     }
 }
 

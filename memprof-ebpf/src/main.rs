@@ -916,6 +916,7 @@ mod probes {
         if !enabled() {
             return;
         }
+        bump(|c| &mut c.returns_probed);
         let thread = bpf_get_current_pid_tgid();
         let Some(pending) = PENDING.get_ptr_mut(&thread) else {
             return;

@@ -264,6 +264,7 @@ fn report_counters(kernel: KernelCounters) -> Counters {
         stacks_stored,
         sites_stored,
         unsampled_allocs,
+        returns_probed,
         // Reported in the GC summary (`Probes::collections_not_held`,
         // `Probes::gc_events_lost`), not here.
         gc_collections: _,
@@ -289,6 +290,7 @@ fn report_counters(kernel: KernelCounters) -> Counters {
         stacks_stored,
         sites_stored,
         unsampled_allocs,
+        returns_probed,
     }
 }
 
@@ -322,6 +324,7 @@ mod tests {
             c.stacks_stored,
             c.sites_stored,
             c.unsampled_allocs,
+            c.returns_probed,
         ];
         assert_eq!(
             read,
@@ -344,6 +347,7 @@ mod tests {
                 kernel.stacks_stored,
                 kernel.sites_stored,
                 kernel.unsampled_allocs,
+                kernel.returns_probed,
             ]
         );
         // Every field had its own value: no two report counters read one field.

@@ -307,6 +307,11 @@ pub struct Counters {
     /// not a loss; the groups' figures are estimates scaled from the others.
     #[serde(default)]
     pub unsampled_allocs: u64,
+    /// Allocation calls whose return was probed: all of them, except with
+    /// sampling on a kernel with uprobe sessions, where only the followed
+    /// ones are (the others cost their entry probe alone).
+    #[serde(default)]
+    pub returns_probed: u64,
 }
 
 impl Counters {
