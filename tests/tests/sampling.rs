@@ -22,10 +22,10 @@ fn within_5_percent(what: &str, estimate: u64, truth: u64) {
     );
 }
 
-#[test]
-fn sampled_estimates_are_within_5_percent_per_stack() {
-    let dir = TempDir::new("sampling");
-    let profile = dir.join("sampling.mprof");
+/// `memprof run --heap libc --sample-bytes 4096` of `exe`, profile in
+/// `dir`: the profile's path and memprof's output.
+fn run_sampled(dir: &TempDir, exe: &str) -> (std::path::PathBuf, std::process::Output) {
+    let profile = dir.join("sampled.mprof");
     let output = run_ok([
         OsStr::new("run"),
         OsStr::new("-o"),
@@ -35,8 +35,15 @@ fn sampled_estimates_are_within_5_percent_per_stack() {
         OsStr::new("--sample-bytes"),
         OsStr::new("4096"),
         OsStr::new("--"),
-        OsStr::new(fixture::SAMPLING),
+        OsStr::new(exe),
     ]);
+    (profile, output)
+}
+
+#[test]
+fn sampled_estimates_are_within_5_percent_per_stack() {
+    let dir = TempDir::new("sampling");
+    let (profile, output) = run_sampled(&dir, fixture::SAMPLING);
     let json = report_json(&profile);
     let c = |name: &str| uint(&json, &format!("/counters/{name}"));
     // Every call is either followed or skipped by sampling; frees all seen.
@@ -97,18 +104,7 @@ fn sampled_estimates_are_within_5_percent_per_stack() {
 #[test]
 fn unsampled_reallocs_release_sampled_blocks() {
     let dir = TempDir::new("sampled_realloc");
-    let profile = dir.join("sampled_realloc.mprof");
-    run_ok([
-        OsStr::new("run"),
-        OsStr::new("-o"),
-        profile.as_os_str(),
-        OsStr::new("--heap"),
-        OsStr::new("libc"),
-        OsStr::new("--sample-bytes"),
-        OsStr::new("4096"),
-        OsStr::new("--"),
-        OsStr::new(fixture::SAMPLED_REALLOC),
-    ]);
+    let (profile, _) = run_sampled(&dir, fixture::SAMPLED_REALLOC);
     let json = report_json(&profile);
     assert_eq!(uint(&json, "/lost_events"), 0);
     let group = |function: &str| {
