@@ -852,8 +852,9 @@ mod probes {
 
     /// Entry and return of every allocating function in one program: a
     /// uprobe session (Linux 6.13). The entry decides whether the return
-    /// runs at all (`SKIP_RETURN`). Userspace uses it where the kernel
-    /// has it, else the pair `alloc_enter`/`alloc_exit`.
+    /// runs at all (`SKIP_RETURN`). Userspace uses it with sampling, where
+    /// the kernel has it; else (and in exact mode, where every return is
+    /// needed and the pair costs less) the pair `alloc_enter`/`alloc_exit`.
     ///
     /// Written out, not with `#[uprobe]`: that macro's wrapper returns 0
     /// whatever the function returns, and here the value is the decision.
