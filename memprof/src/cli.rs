@@ -200,16 +200,24 @@ pub struct SessionArgs {
     #[arg(long, value_enum, default_value_t = GcLiveness::Marks)]
     pub gc_liveness: GcLiveness,
     /// A census of the whole GC heap by type in the profile (what `memprof
-    /// heap` prints; `report --format types` shows it). start: at the
-    /// first held collection, the objects live before memprof attached
-    /// (attach's default). periodic: also at later collections as a budget
-    /// allows (at most ~1/20 of the time), the last kept as the end census
-    /// with what memprof tracked apart. off: none (run's default: memprof
-    /// saw every allocation). Each census holds the collector about 1 ms
-    /// per MB of GC heap while memprof copies the heap, and memprof keeps
-    /// that copy until the census is done.
+    /// heap` prints; `report --format types` shows it), each object judged
+    /// by the collector at a held collection. start: at the first one, the
+    /// objects live before memprof attached. end: at the first one after
+    /// the session is asked to end (Ctrl-C, SIGTERM, --duration), what is
+    /// live as memprof leaves; memprof waits up to --census-wait for it
+    /// (Ctrl-C again skips). both: start and end (attach's default).
+    /// periodic: both, and at collections in between as a budget allows
+    /// (at most ~1/20 of the time). off: none (run's default: memprof saw
+    /// every allocation). Each census holds the collector about 1 ms per
+    /// MB of GC heap while memprof copies the heap, and memprof keeps that
+    /// copy until the census is done.
     #[arg(long, value_enum, value_name = "WHEN")]
     pub census: Option<CensusWhen>,
+    /// How long the end census waits for the target to collect, in
+    /// seconds (an idle program may not collect at all: then the last
+    /// census taken stands for the end, and the profile says so).
+    #[arg(long, default_value_t = 5.0, value_name = "SECS")]
+    pub census_wait: f64,
     /// Write each mark-bit verdict to FILE: `<GC_gc_no> <address> live|dead <why>`.
     #[arg(long, hide = true, value_name = "FILE")]
     pub gc_verdicts: Option<PathBuf>,

@@ -149,6 +149,10 @@ fn session_options(args: &SessionArgs, duration: Option<Duration>) -> Result<Ses
         top: args.top,
         gc_liveness: args.gc_liveness,
         census: args.census,
+        census_wait: match args.census_wait {
+            s if s >= 0.0 && s.is_finite() => Duration::from_secs_f64(s),
+            _ => bail!("--census-wait must be a number of seconds, 0 or more"),
+        },
         gc_verdicts: args.gc_verdicts.clone(),
         live: LiveOptions {
             sample_period: (args.sample_period > 0)

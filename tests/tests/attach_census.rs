@@ -1,18 +1,21 @@
-//! `attach --census periodic` profiles carry a census of the whole GC heap
-//! by type at the first and last held collections, on
+//! `attach` profiles carry a census of the whole GC heap by type at the
+//! first held collection and at the first one after Ctrl-C, on
 //! `fixtures/crystal/attach_census.cr`:
 //! 4,000 Early objects kept before memprof attaches, 2,500 Late objects
 //! kept after. The start census must list exactly the 4,000 Earlies (with
 //! the collector's bytes for them) as live before attach and no Late; the
-//! end census, at the fixture's last collection, the Earlies still before
-//! attach and exactly the 2,500 Lates as tracked, none before attach.
+//! end census, at the collection the fixture makes while memprof waits
+//! after Ctrl-C, the Earlies still before attach and exactly the 2,500
+//! Lates as tracked, none before attach. With `--census periodic` and no
+//! collection while memprof waits, the last census taken (the fixture's
+//! collection after the Lates) stands for the end, and the profile says so.
 //! Under `run` there is none by default; with `--census periodic` no start
 //! census (nothing was live before), and the end's has both classes tracked.
 
 use memprof_tests::*;
 use std::ffi::OsStr;
 use std::io::Write;
-use std::process::{Command, Stdio};
+use std::process::{ChildStdin, Command, Stdio};
 
 /// The numbers after the first word of a line the fixture printed.
 fn numbers(line: &str) -> Vec<u64> {
@@ -48,10 +51,31 @@ fn split(row: &Value) -> [u64; 4] {
     .map(|k| row[k].as_u64().unwrap_or_else(|| panic!("{k} in {row}")))
 }
 
-#[test]
-fn attach_profile_lists_what_was_live_before_attach() {
-    let dir = TempDir::new("attach-census");
-    let profile = dir.join("attach.mprof");
+fn say(stdin: &mut ChildStdin, line: &str) {
+    writeln!(stdin, "{line}").unwrap();
+    stdin.flush().unwrap();
+}
+
+/// The fixture's figures, read as it runs under `attach EXTRA`.
+struct Attached {
+    early_id: u64,
+    early_bytes: u64,
+    late_id: u64,
+    late_bytes: u64,
+    /// `GC_gc_no` after the collection that follows the Lates.
+    last: u64,
+}
+
+/// Starts the fixture, attaches with `extra`, lets it make the Lates and
+/// collect; then Ctrl-C. `at_end`: whether to have the fixture collect
+/// once memprof says it waits for the end census (the collection number
+/// it printed), or to let the wait run out. Returns the figures, the
+/// end collection, and memprof's stderr.
+fn attach_and_stop(
+    profile: &std::path::Path,
+    extra: &[&str],
+    at_end: bool,
+) -> (Attached, Option<u64>, Vec<String>) {
     let exe = fixture::crystal::ATTACH_CENSUS_DEBUG;
     let child = Command::new(exe)
         .stdin(Stdio::piped())
@@ -65,9 +89,8 @@ fn attach_profile_lists_what_was_live_before_attach() {
         panic!("bad ready line")
     };
 
-    let (mut memprof, mut stderr) = attach(target.pid(), &profile, &["--census", "periodic"]);
-    writeln!(stdin, "go").unwrap();
-    stdin.flush().unwrap();
+    let (mut memprof, mut stderr) = attach(target.pid(), profile, extra);
+    say(&mut stdin, "go");
     let [late_id, late_bytes] = numbers(&stdout.wait_for("made ", TIMEOUT))[..] else {
         panic!("bad made line")
     };
@@ -75,37 +98,67 @@ fn attach_profile_lists_what_was_live_before_attach() {
         panic!("bad collected line")
     };
     memprof.signal(libc::SIGINT);
+    stderr.wait_for("for the end census", TIMEOUT);
+    let end = at_end.then(|| {
+        say(&mut stdin, "collect");
+        let [end] = numbers(&stdout.wait_for("collected ", TIMEOUT))[..] else {
+            panic!("bad collected line")
+        };
+        end
+    });
     let status = memprof.wait_timeout(TIMEOUT);
+    let stderr = stderr.all();
     assert!(
         status.success(),
         "memprof attach ended with {status}; stderr:\n{}",
-        stderr.all().join("\n")
+        stderr.join("\n")
     );
     assert!(target.is_running(), "attach_census died");
+    let figures = Attached {
+        early_id,
+        early_bytes,
+        late_id,
+        late_bytes,
+        last,
+    };
+    (figures, end, stderr)
+}
+
+#[test]
+fn attach_profile_lists_what_was_live_before_attach_and_at_the_end() {
+    let dir = TempDir::new("attach-census");
+    let profile = dir.join("attach.mprof");
+    // The defaults: a census at the start and at the end.
+    let (f, end_no, _) = attach_and_stop(&profile, &[], true);
+    let end_no = end_no.unwrap();
+    assert_eq!(end_no, f.last + 1);
 
     let json = report_json(&profile);
     let census = &json["census"];
+    assert!(census["note"].is_null(), "{census}");
     let start = &census["start"];
     assert!(start.is_object(), "no start census: {census}");
     // The first held collection is the one after "go": the Lates came later.
-    assert!(uint(start, "/collection") < last, "{census}");
-    let early = row(start, early_id).unwrap_or_else(|| panic!("no Early in {start}"));
+    assert!(uint(start, "/collection") < f.last, "{census}");
+    let early = row(start, f.early_id).unwrap_or_else(|| panic!("no Early in {start}"));
     assert_eq!(early["name"], "Early");
     assert_eq!(early["kind"], "atomic");
-    assert_eq!(split(early), [4_000, early_bytes, 0, 0]);
+    assert_eq!(split(early), [4_000, f.early_bytes, 0, 0]);
     assert!(
-        row(start, late_id).is_none(),
+        row(start, f.late_id).is_none(),
         "a Late before it was made: {start}"
     );
 
+    // The end census: at the collection made after Ctrl-C (not the
+    // fixture's collection before it: no census in between by default).
     let end = &census["end"];
-    assert_eq!(uint(end, "/collection"), last, "{census}");
-    let early = row(end, early_id).unwrap_or_else(|| panic!("no Early in {end}"));
-    assert_eq!(split(early), [4_000, early_bytes, 0, 0]);
-    let late = row(end, late_id).unwrap_or_else(|| panic!("no Late in {end}"));
+    assert_eq!(uint(end, "/collection"), end_no, "{census}");
+    let early = row(end, f.early_id).unwrap_or_else(|| panic!("no Early in {end}"));
+    assert_eq!(split(early), [4_000, f.early_bytes, 0, 0]);
+    let late = row(end, f.late_id).unwrap_or_else(|| panic!("no Late in {end}"));
     assert_eq!(late["name"], "Late");
     assert_eq!(late["kind"], "normal");
-    assert_eq!(split(late), [0, 0, 2_500, late_bytes]);
+    assert_eq!(split(late), [0, 0, 2_500, f.late_bytes]);
     // What the census cost is said (and a small heap's is small).
     for c in [start, end] {
         let held = c["held_s"].as_f64().expect("held_s");
@@ -123,7 +176,7 @@ fn attach_profile_lists_what_was_live_before_attach() {
     let line = format!(
         "| {} | {} | Early |",
         thousands(4_000),
-        thousands(early_bytes)
+        thousands(f.early_bytes)
     );
     assert!(
         section.lines().any(|l| squeeze(l) == line),
@@ -133,6 +186,38 @@ fn attach_profile_lists_what_was_live_before_attach() {
     assert!(
         !section.lines().any(|l| l.trim_end().ends_with("| Late |")),
         "a Late before attach:\n{section}"
+    );
+}
+
+#[test]
+fn periodic_census_stands_for_the_end_when_no_collection_comes() {
+    let dir = TempDir::new("attach-census-periodic");
+    let profile = dir.join("attach.mprof");
+    let (f, _, stderr) = attach_and_stop(
+        &profile,
+        &["--census", "periodic", "--census-wait", "1"],
+        false,
+    );
+    assert!(
+        stderr.iter().any(|l| l.contains("no collection came")),
+        "{stderr:?}"
+    );
+    let json = report_json(&profile);
+    let census = &json["census"];
+    assert!(uint(&census["start"], "/collection") < f.last, "{census}");
+    // The fixture's collection after the Lates, censused in between.
+    let end = &census["end"];
+    assert_eq!(uint(end, "/collection"), f.last, "{census}");
+    let late = row(end, f.late_id).unwrap_or_else(|| panic!("no Late in {end}"));
+    assert_eq!(split(late), [0, 0, 2_500, f.late_bytes]);
+    let note = census["note"].as_str().unwrap_or_default();
+    assert_eq!(
+        note,
+        format!(
+            "no collection came while memprof waited for the end census: the last census, at collection {}, stands for the end",
+            f.last
+        ),
+        "{census}"
     );
 }
 

@@ -3,8 +3,10 @@
 //! those it did not — in `attach`, the objects live before it attached.
 //!
 //! The mark-bit passes already hold the collector at each collection
-//! ([`crate::session`]'s `gc_watch`). At the first held collection, and
-//! (`--census periodic`) later ones as the budget allows, the hold also copies the heap as
+//! ([`crate::session`]'s `gc_watch`). At the first held collection, at
+//! the first one after the session is asked to end (the session waits
+//! for it, `--census-wait`), and (`--census periodic`) at ones in between
+//! as the budget allows, the hold also copies the heap as
 //! `memprof heap` does ([`HeapReader::copy`], large objects by their head
 //! only); once the collector runs again, a thread of its own judges every
 //! object ([`HeapCopy::census`]), names the types
@@ -23,8 +25,10 @@
 //! ```text
 //! attach: first hold  -> start = end = census at collection 12
 //!         later holds -> end = census at collection 40 (periodic, budget allowing)
-//! run:    none by default; periodic: first hold -> end only (nothing was
-//!         live before memprof: start is None)
+//!         Ctrl-C      -> wait for a hold: end = census at collection 43
+//!                        (none within --census-wait: end stays 40, a note says so)
+//! run:    none by default; with --census: no start (nothing was live
+//!         before memprof), end as in attach
 //! ```
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -40,6 +44,34 @@ use crate::gc::census::{kind_name, HeapCopy, HeapReader, Word};
 use crate::modules::{Module, ModuleCache};
 use crate::profile::{CensusType, Censuses, HeapCensus};
 
+/// When a profile gets a census of the whole GC heap by type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CensusWhen {
+    /// At the first held collection: what was live before memprof.
+    Start,
+    /// At the first collection after the session is asked to end
+    /// (waiting up to `--census-wait`): what is live as memprof leaves.
+    End,
+    /// Both (attach's default).
+    Both,
+    /// Both, and at collections in between as a budget allows.
+    Periodic,
+    /// None.
+    Off,
+}
+
+impl CensusWhen {
+    /// Whether the first held collection is censused.
+    pub fn at_first(self) -> bool {
+        matches!(self, CensusWhen::Start | CensusWhen::Both | CensusWhen::Periodic)
+    }
+
+    /// Whether the session waits for a collection to census at its end.
+    pub fn at_end(self) -> bool {
+        matches!(self, CensusWhen::End | CensusWhen::Both | CensusWhen::Periodic)
+    }
+}
+
 /// A census is taken only when the time since the last one is at least
 /// this many times its cost.
 pub const BUDGET: f64 = 20.0;
@@ -54,8 +86,7 @@ pub struct SessionCensus {
     reader: HeapReader,
     exe: Arc<Module>,
     attach: bool,
-    /// Census again at later holds (`--census periodic`), not only the first.
-    periodic: bool,
+    when: CensusWhen,
     started: Instant,
     names: Option<Arc<TypeNames>>,
     start: Option<HeapCensus>,
@@ -68,6 +99,10 @@ pub struct SessionCensus {
     last: Option<(Instant, f64)>,
     /// Censuses stop after a failure (the note says it).
     failed: bool,
+    /// The session is ending: census the next held collection.
+    end_wanted: bool,
+    /// The end census is copied (its collector held, then let go).
+    end_copied: bool,
 }
 
 impl SessionCensus {
@@ -79,7 +114,7 @@ impl SessionCensus {
         gc_module: &Path,
         exe: &Path,
         attach: bool,
-        periodic: bool,
+        when: CensusWhen,
         started: Instant,
     ) -> Result<SessionCensus> {
         Ok(SessionCensus {
@@ -87,7 +122,7 @@ impl SessionCensus {
             reader: HeapReader::new(modules.get(gc_module)?)?,
             exe: modules.get(exe)?,
             attach,
-            periodic,
+            when,
             started,
             names: None,
             start: None,
@@ -97,21 +132,26 @@ impl SessionCensus {
             working: None,
             last: None,
             failed: false,
+            end_wanted: false,
+            end_copied: false,
         })
     }
 
     /// Whether to census at this hold ([`BUDGET`]).
     fn due(&mut self) -> bool {
-        if self.failed || self.pending.is_some() {
+        if self.failed || self.pending.is_some() || self.end_copied {
             return false;
         }
         if self.working.as_ref().is_some_and(|w| !w.is_finished()) {
             return false;
         }
         self.join();
+        if self.end_wanted {
+            return true;
+        }
         match self.last {
-            None => true,
-            Some(_) if !self.periodic => false,
+            None => self.when.at_first(),
+            Some(_) if self.when != CensusWhen::Periodic => false,
             Some((at, cost)) => at.elapsed().as_secs_f64() >= BUDGET * cost,
         }
     }
@@ -129,9 +169,28 @@ impl SessionCensus {
                 let t_s = at.duration_since(self.started).as_secs_f64();
                 self.pending = Some((copy, held, t_s));
                 self.last = Some((at, held));
+                self.end_copied = self.end_wanted;
             }
             Err(e) => self.fail(format!("copying the GC heap failed: {e:#}")),
         }
+    }
+
+    /// The session is ending: the next held collection is censused (the
+    /// end census), whatever the budget. Waits for a census still being
+    /// computed first (the collector is not held meanwhile), so that the
+    /// hold does not. Whether there is an end census to wait for.
+    pub fn want_end(&mut self) -> bool {
+        if !self.when.at_end() || self.failed {
+            return false;
+        }
+        self.join();
+        self.end_wanted = !self.failed;
+        self.end_wanted
+    }
+
+    /// Whether the end census asked for is copied, or will not be (a failure).
+    pub fn end_copied(&self) -> bool {
+        self.end_copied || self.failed
     }
 
     fn fail(&mut self, why: String) {
@@ -187,7 +246,8 @@ impl SessionCensus {
                 if let Some(last) = &mut self.last {
                     last.1 += census.census_s;
                 }
-                if self.attach && self.start.is_none() {
+                // The end census is not a start, even if it is the first.
+                if self.attach && self.start.is_none() && !self.end_copied {
                     self.start = Some(census.clone());
                 }
                 self.end = Some(census);
@@ -201,18 +261,22 @@ impl SessionCensus {
         // A copy whose collector was never let go is not censused.
         self.pending = None;
         self.join();
-        if !self.attach && self.note.is_none() {
-            self.note = Some(
-                "run: memprof saw every allocation from the program's first instruction, so nothing was live before it (no start census)".into(),
-            );
+        let mut notes: Vec<String> = self.note.take().into_iter().collect();
+        if !self.attach {
+            notes.push("run: memprof saw every allocation from the program's first instruction, so nothing was live before it (no start census)".into());
         }
-        if self.end.is_none() && self.note.is_none() {
-            self.note = Some("no collection was held while profiled".into());
+        match &self.end {
+            None if !self.failed => notes.push("no collection was held while profiled".into()),
+            Some(end) if self.end_wanted && !self.end_copied && !self.failed => notes.push(format!(
+                "no collection came while memprof waited for the end census: the last census, at collection {}, stands for the end",
+                end.collection
+            )),
+            _ => {}
         }
         Censuses {
             start: self.start,
             end: self.end,
-            note: self.note,
+            note: (!notes.is_empty()).then(|| notes.join("; ")),
         }
     }
 }

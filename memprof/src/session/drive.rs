@@ -33,6 +33,9 @@ pub fn run(command: &[String], options: &SessionOptions) -> Result<i32> {
         }
         let now = Instant::now();
         if grace.is_some_and(|g| now >= g) || deadline.is_some_and(|d| now >= d) {
+            if let Some(status) = end_census(&mut session, &signals, options.census_wait)? {
+                break status;
+            }
             session.release(false)?;
             eprintln!(
                 "memprof: stopped profiling; pid {} keeps running",
@@ -61,19 +64,61 @@ pub fn attach(pid: u32, options: &SessionOptions) -> Result<i32> {
             break None;
         }
         if let Step::Exited(status) = session.step()? {
-            eprintln!("memprof: pid {pid} exited");
             break Some(status);
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
             break None;
         }
     };
+    let exited = match exited {
+        None => end_census(&mut session, &signals, options.census_wait)?,
+        exited => exited,
+    };
+    if exited.is_some() {
+        eprintln!("memprof: pid {pid} exited");
+    }
     // No new holds, then let every thread go.
     session.release(exited.is_some())?;
     // `signals` stays blocked until the profile is written (dropped on
     // return): a second Ctrl-C must not lose it.
     session.finish(exited.map(|status| status.map_or(ExitInfo::UNKNOWN, exit_info)))?;
     Ok(0)
+}
+
+/// Before memprof lets go of a target still running: the end census, at
+/// the next collection the target makes (none is forced: memprof runs
+/// nothing in the target). Waits up to `wait`; Ctrl-C or SIGTERM skips
+/// it. Returns the target's exit status if it exits meanwhile.
+fn end_census(
+    session: &mut Session,
+    signals: &Signals,
+    wait: Duration,
+) -> Result<Option<Option<ExitStatus>>> {
+    if wait.is_zero() || !session.want_end_census() {
+        return Ok(None);
+    }
+    eprintln!(
+        "memprof: waiting up to {} s for a collection, for the end census (Ctrl-C to skip)",
+        wait.as_secs_f64()
+    );
+    let deadline = Instant::now() + wait;
+    loop {
+        if session.end_census_copied() {
+            return Ok(None);
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            eprintln!("memprof: no collection came; the last census stands for the end");
+            return Ok(None);
+        }
+        if let Some(libc::SIGINT | libc::SIGTERM) = signals.wait(session.timeout().min(left)) {
+            eprintln!("memprof: end census skipped");
+            return Ok(None);
+        }
+        if let Step::Exited(status) = session.step()? {
+            return Ok(Some(status));
+        }
+    }
 }
 
 fn exit_info(status: ExitStatus) -> ExitInfo {

@@ -19,7 +19,7 @@ use std::thread::JoinHandle;
 
 use anyhow::Result;
 
-use super::{GcLiveness, Plan, SessionOptions};
+use super::{CensusWhen, GcLiveness, Plan, SessionOptions};
 use crate::census::session::SessionCensus;
 use crate::gc::copy::GcCopy;
 use crate::gc::pass::{Judge, Marks, SiteGc};
@@ -254,7 +254,7 @@ impl GcWatch {
         pid: u32,
         exe: &std::path::Path,
         attach: bool,
-        periodic: bool,
+        when: CensusWhen,
     ) {
         let Some(judge) = &self.judge else {
             return;
@@ -266,12 +266,23 @@ impl GcWatch {
             judge.module(),
             exe,
             attach,
-            periodic,
+            when,
             started,
         ) {
             Ok(census) => self.census = Some(census),
             Err(e) => eprintln!("memprof: no heap census ({e:#})"),
         }
+    }
+
+    /// Asks for a census at the next held collection, the end census;
+    /// whether there is one to wait for (a census kept and not failed).
+    pub(super) fn want_end_census(&mut self) -> bool {
+        self.census.as_mut().is_some_and(SessionCensus::want_end)
+    }
+
+    /// Whether the end census asked for has been copied (or cannot be).
+    pub(super) fn end_census_copied(&self) -> bool {
+        self.census.as_ref().is_none_or(SessionCensus::end_copied)
     }
 
     /// The censuses taken, at the end (`None` without a GC heap held).

@@ -90,6 +90,8 @@ pub struct SessionOptions {
     pub gc_liveness: GcLiveness,
     /// `--census` (`None`: the mode's default, [`CensusWhen::or_default`]).
     pub census: Option<CensusWhen>,
+    /// How long the end census waits for a collection (`--census-wait`).
+    pub census_wait: Duration,
     /// Write every mark-bit verdict here (`--gc-verdicts`, for tests).
     pub gc_verdicts: Option<PathBuf>,
 }
@@ -106,25 +108,16 @@ pub enum GcLiveness {
     Reuse,
 }
 
-/// When a profile gets a census of the whole GC heap by type.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum CensusWhen {
-    /// At the first held collection: what was live before memprof.
-    Start,
-    /// Also at later collections as a budget allows; the last is the end census.
-    Periodic,
-    /// None.
-    Off,
-}
+pub use crate::census::session::CensusWhen;
 
 impl CensusWhen {
     /// `--census`, or the mode's default: `attach` censuses what was
-    /// live before it; `run` saw every allocation, and a census at every
-    /// few collections would hold the collector ~1 ms per MB of heap (and
-    /// keep a copy of the heap in memprof) for what the profile has.
+    /// live before it and what is live as it leaves; `run` saw every
+    /// allocation, and a census holds the collector ~1 ms per MB of heap
+    /// (and keeps a copy of the heap in memprof) for what the profile has.
     pub fn or_default(when: Option<CensusWhen>, mode: Mode) -> CensusWhen {
         when.unwrap_or(match mode {
-            Mode::Attach => CensusWhen::Start,
+            Mode::Attach => CensusWhen::Both,
             Mode::Run => CensusWhen::Off,
         })
     }
@@ -191,6 +184,17 @@ pub struct Session {
 impl Session {
     pub fn pid(&self) -> u32 {
         self.target.pid
+    }
+
+    /// Asks for the end census at the next held collection; whether there
+    /// is one to wait for.
+    pub fn want_end_census(&mut self) -> bool {
+        self.gc.want_end_census()
+    }
+
+    /// Whether the end census asked for is copied (or cannot be).
+    pub fn end_census_copied(&self) -> bool {
+        self.gc.end_census_copied()
     }
 
     /// How long the driver may wait for a signal before the next step.

@@ -171,14 +171,7 @@ impl Session {
         let mut gc = GcWatch::new(&plan, options, target.pid);
         let census = CensusWhen::or_default(options.census, mode);
         if census != CensusWhen::Off {
-            let periodic = census == CensusWhen::Periodic;
-            gc.census_heap(
-                &plan,
-                target.pid,
-                &target.exe,
-                mode == Mode::Attach,
-                periodic,
-            );
+            gc.census_heap(&plan, target.pid, &target.exe, mode == Mode::Attach, census);
         }
         gc.keep_copy(&mut probes)?;
         Ok(Session {
