@@ -115,7 +115,6 @@ impl SessionCensus {
         exe: &Path,
         attach: bool,
         when: CensusWhen,
-        started: Instant,
     ) -> Result<SessionCensus> {
         Ok(SessionCensus {
             pid,
@@ -123,7 +122,7 @@ impl SessionCensus {
             exe: modules.get(exe)?,
             attach,
             when,
-            started,
+            started: Instant::now(),
             names: None,
             start: None,
             end: None,

@@ -259,7 +259,6 @@ impl GcWatch {
         let Some(judge) = &self.judge else {
             return;
         };
-        let started = std::time::Instant::now();
         match SessionCensus::new(
             &plan.modules,
             pid,
@@ -267,7 +266,6 @@ impl GcWatch {
             exe,
             attach,
             when,
-            started,
         ) {
             Ok(census) => self.census = Some(census),
             Err(e) => eprintln!("memprof: no heap census ({e:#})"),
