@@ -265,6 +265,9 @@ impl SessionCensus {
             notes.push("run: memprof saw every allocation from the program's first instruction, so nothing was live before it (no start census)".into());
         }
         match &self.end {
+            None if !self.failed && self.end_wanted => notes.push(
+                "no collection was held while profiled, nor while memprof waited for one at the end".into(),
+            ),
             None if !self.failed => notes.push("no collection was held while profiled".into()),
             Some(end) if self.end_wanted && !self.end_copied && !self.failed => notes.push(format!(
                 "no collection came while memprof waited for the end census: the last census, at collection {}, stands for the end",

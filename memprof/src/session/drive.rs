@@ -108,7 +108,10 @@ fn end_census(
         }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            eprintln!("memprof: no collection came; the last census stands for the end");
+            eprintln!(
+                "memprof: no collection came within {} s: no end census of its own (the profile's census note says what stands for it)",
+                wait.as_secs_f64()
+            );
             return Ok(None);
         }
         if let Some(libc::SIGINT | libc::SIGTERM) = signals.wait(session.timeout().min(left)) {
