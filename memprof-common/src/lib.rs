@@ -97,6 +97,10 @@ pub mod layout {
     pub const MEMALIGN: u8 = 5;
     /// `posix_memalign(void **out, align, size)`.
     pub const POSIX_MEMALIGN: u8 = 6;
+    /// `GC_malloc(size)`, `GC_malloc_atomic(size)`: served from the
+    /// calling thread's free list when it has an object of the size's
+    /// class, whose head is then the result ([`GcPredict`](super::GcPredict)).
+    pub const GC_THREAD_LOCAL: u8 = 7;
 }
 
 /// The attach cookie of an allocator probe: the [`AllocKind`] in the low
@@ -219,7 +223,65 @@ pub struct PendingCall {
     /// The thread's last clock read for a GC object, reused (see
     /// `gc_time` in the kernel programs): kept across the thread's calls.
     pub clock: ThreadClock,
+    /// The thread's Boehm free lists ([`GcPredict`]); 0: not known yet,
+    /// 1: not found (tried again at the next collection, `tlfs_epoch`).
+    pub tlfs: u64,
+    pub tlfs_epoch: u64,
+    /// The result predicted for this call, to check at its return (0: none).
+    pub predicted: u64,
 }
+
+/// Where a thread's Boehm free lists are, so that the entry of `GC_malloc`
+/// knows its result (layout [`layout::GC_THREAD_LOCAL`]): with thread-local
+/// allocation the collector hands out the head of the thread's free list
+/// for the size's class when that list has one (bdwgc's
+/// `GC_FAST_MALLOC_GRANS`), so the call's return need not be probed.
+/// Found per thread: the thread's `fs` base (from its task), its TLS
+/// vector (`dtv`, at `fs:8`), libgc's TLS block (`dtv[module]`, the module
+/// id read from libgc's GOT), `GC_thread_tls` in it: the free lists.
+/// Checked before trusted: predictions are compared with the returns until
+/// [`PREDICT_TRUST_AFTER`] matched, then one in [`PREDICT_CHECK_EVERY`];
+/// one wrong turns prediction off.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GcPredict {
+    /// One of [`predict`].
+    pub state: u64,
+    /// Predictions that matched their return, while checking.
+    pub matched: u64,
+    /// Address of libgc's `R_X86_64_DTPMOD64` GOT slot in the target (0:
+    /// the module id is `module_id`, libgc linked into the executable).
+    pub module_slot: u64,
+    pub module_id: u64,
+    /// Offset of `GC_thread_tls` in libgc's TLS block.
+    pub tls_offset: u64,
+    /// Offset of `thread.fsbase` in the kernel's `task_struct`.
+    pub fsbase_offset: u64,
+    /// Bytes the collector adds to a request before rounding it up to
+    /// granules (`EXTRA_BYTES`: 1 with interior pointers recognized).
+    pub extra_bytes: u64,
+}
+
+/// States of [`GcPredict`].
+pub mod predict {
+    /// No prediction: every return is probed.
+    pub const OFF: u64 = 0;
+    /// Predicting, every prediction checked against its return.
+    pub const CHECKING: u64 = 1;
+    /// Predictions recorded at the entry, one in `PREDICT_CHECK_EVERY` checked.
+    pub const TRUSTED: u64 = 2;
+}
+
+/// Predictions that must match their returns before they are trusted.
+pub const PREDICT_TRUST_AFTER: u64 = 4096;
+/// Once trusted, one prediction in this many is still checked (per CPU).
+pub const PREDICT_CHECK_EVERY: u64 = 256;
+/// Objects per free list kind (`GC_TINY_FREELISTS`, 64-bit bdwgc): a
+/// request of this many granules or more is not served from it.
+pub const GC_TINY_FREELISTS: u64 = 25;
+/// A free-list head at or below this is a count, not an object
+/// (`DIRECT_GRANULES + GC_TINY_FREELISTS + 1`).
+pub const GC_FREELIST_COUNTS: u64 = 256 + GC_TINY_FREELISTS + 1;
 
 /// A clock read and what it is valid for: the jiffy (4 ms at HZ=250) and
 /// the collection count it was read at.
@@ -483,6 +545,14 @@ counters! {
         /// the pair of programs; with a uprobe session (sampling), only
         /// those the entry followed.
         pub returns_probed: u64,
+        /// GC allocations recorded at their entry, their result read from
+        /// the thread's free list ([`GcPredict`](crate::GcPredict)): no return probed.
+        pub gc_predicted: u64,
+        /// Predictions checked against the return (the first ones, then
+        /// one in [`PREDICT_CHECK_EVERY`](crate::PREDICT_CHECK_EVERY)).
+        pub gc_predictions_checked: u64,
+        /// Of those, wrong: prediction is then turned off for the session.
+        pub gc_predictions_wrong: u64,
     }
 }
 
@@ -546,6 +616,8 @@ pub mod maps {
     pub const HELD: &str = "HELD";
     /// Ring buffer of [`GcEvent`](super::GcEvent)s.
     pub const GC_EVENTS: &str = "GC_EVENTS";
+    /// Where threads' Boehm free lists are ([`GcPredict`](crate::GcPredict)).
+    pub const GC_PREDICT: &str = "GC_PREDICT";
     /// Per-CPU [`KindLive`](super::KindLive): what `LIVE` holds, per kind.
     pub const LIVE_BY_KIND: &str = "LIVE_BY_KIND";
 }
@@ -739,6 +811,7 @@ mod pod {
     unsafe impl aya::Pod for super::UnwindRow {}
     unsafe impl aya::Pod for super::ModuleRange {}
     unsafe impl aya::Pod for super::DwarfStack {}
+    unsafe impl aya::Pod for super::GcPredict {}
     unsafe impl aya::Pod for super::KernelCounters {}
 }
 

@@ -50,8 +50,9 @@ mod probes {
             BPF_F_USER_STACK, BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP,
         },
         helpers::{
-            bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_ktime_get_ns,
-            bpf_probe_read_user, bpf_send_signal_thread, generated as gen,
+            bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_get_current_task,
+            bpf_get_prandom_u32, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user,
+            bpf_send_signal_thread, generated as gen,
         },
         macros::{map, raw_tracepoint, uprobe, uretprobe},
         maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf, StackTrace},
@@ -59,11 +60,12 @@ mod probes {
         EbpfContext,
     };
     use memprof_common::{
-        cfa, config, cookie, errno, gc_event, layout, lifetime_bucket, module_table, op, AllocKind,
-        AllocSite, DwarfStack, GcEvent, KernelCounters, KindLive, LiveAlloc, ModuleRange,
-        PendingCall, SiteTotals, ThreadClock, UnwindRow, CALLER_ONLY, FOLD_WINDOW, HOLD_SIGNAL,
-        LIBRARY_LOAD_SIGNAL, MAX_FRAMES, MAX_STEPS, NO_STACK, ROW_CACHE_SLOTS, SAMPLE_QUANTILES,
-        SESSION_IS_RETURN, SHORT_FRAMES, SITES_OVERFLOW,
+        cfa, config, cookie, errno, gc_event, layout, lifetime_bucket, module_table, op, predict,
+        AllocKind, AllocSite, DwarfStack, GcEvent, GcPredict, KernelCounters, KindLive, LiveAlloc,
+        ModuleRange, PendingCall, SiteTotals, ThreadClock, UnwindRow, CALLER_ONLY, FOLD_WINDOW,
+        GC_FREELIST_COUNTS, GC_TINY_FREELISTS, HOLD_SIGNAL, LIBRARY_LOAD_SIGNAL, MAX_FRAMES,
+        MAX_STEPS, NO_STACK, PREDICT_CHECK_EVERY, PREDICT_TRUST_AFTER, ROW_CACHE_SLOTS,
+        SAMPLE_QUANTILES, SESSION_IS_RETURN, SHORT_FRAMES, SITES_OVERFLOW,
     };
 
     /// 1: fold recursion in DWARF stacks (`--keep-recursion` sets 0). A
@@ -83,6 +85,11 @@ mod probes {
     /// Distances between sample points (see `sample_distance`).
     #[map]
     static SAMPLE_DISTANCES: Array<u64> = Array::with_max_entries(SAMPLE_QUANTILES, 0);
+
+    /// Where threads' Boehm free lists are and whether to predict from
+    /// them ([`GcPredict`]): written by userspace once libgc is mapped.
+    #[map]
+    static GC_PREDICT: Array<GcPredict> = Array::with_max_entries(1, 0);
 
     // Sizes are defaults; userspace sets them from --max-live / --max-stacks.
     #[map]
@@ -289,7 +296,15 @@ mod probes {
     /// Records a call on entry. `size` is the requested size, `arg_ptr` the
     /// realloc'd block or the posix_memalign out-parameter.
     #[inline(always)]
-    fn enter(ctx: &ProbeContext, kind: u8, size: u64, arg_ptr: u64, op: u8, session: bool) -> u32 {
+    fn enter(
+        ctx: &ProbeContext,
+        kind: u8,
+        size: u64,
+        arg_ptr: u64,
+        op: u8,
+        session: bool,
+        predictable: bool,
+    ) -> u32 {
         if !enabled() {
             return SKIP_RETURN;
         }
@@ -361,26 +376,168 @@ mod probes {
                 NO_STACK
             }
         };
-        let call = PendingCall {
-            site: AllocSite {
+        // Written in place, field by field (no copy of the call on the
+        // stack, where the unwinder needs the room); the thread's clock
+        // and free lists stay. Only this thread writes its slot.
+        unsafe {
+            let call = &mut *slot;
+            call.site = AllocSite {
                 caller,
                 stack_id,
                 kind,
                 _pad: [0; 7],
-            },
-            size,
-            arg_ptr,
-            nested: 0,
-            op,
-            unsampled,
-            active: 1,
-            _pad: 0,
-            sp,
-            clock: unsafe { (*slot).clock },
+            };
+            call.size = size;
+            call.arg_ptr = arg_ptr;
+            call.nested = 0;
+            call.op = op;
+            call.unsampled = unsampled;
+            call.active = 1;
+            call.sp = sp;
+            call.predicted = 0;
+        }
+        if predictable && unsampled == 0 {
+            predict_call(slot, kind, size)
+        } else {
+            RUN_RETURN
+        }
+    }
+
+    /// A followed `GC_malloc`/`GC_malloc_atomic` call, in `slot`: its
+    /// result predicted from the thread's free list and, trusted,
+    /// recorded now with no return to probe; else checked at the return.
+    /// Its own function: its stack is not the unwinder's.
+    #[inline(never)]
+    fn predict_call(slot: *mut PendingCall, kind: u8, size: u64) -> u32 {
+        let (addr, trusted) = predicted(slot, kind, size);
+        if !trusted {
+            unsafe { (*slot).predicted = addr };
+            return RUN_RETURN;
+        }
+        unsafe { (*slot).active = 0 };
+        bump(|c| &mut c.gc_predicted);
+        record(addr, unsafe { &*slot }, 0, slot);
+        SKIP_RETURN
+    }
+
+    /// The result of a `GC_malloc`/`GC_malloc_atomic` call of `size` bytes
+    /// entering now, if the thread's free list for its class has an object
+    /// (0 if not), and whether it is trusted: recorded at the entry. See
+    /// [`GcPredict`].
+    #[inline(always)]
+    fn predicted(slot: *mut PendingCall, kind: u8, size: u64) -> (u64, bool) {
+        let Some(p) = GC_PREDICT.get_ptr_mut(0) else {
+            return (0, false);
         };
-        // Only this thread writes its slot.
-        unsafe { *slot = call };
-        RUN_RETURN
+        let state = unsafe { (*p).state };
+        if state == predict::OFF {
+            return (0, false);
+        }
+        let p = unsafe { &*p };
+        let granules = (size + 15 + p.extra_bytes) >> 4;
+        if granules >= GC_TINY_FREELISTS {
+            return (0, false);
+        }
+        let tlfs = free_lists(slot, p);
+        if tlfs == 0 {
+            return (0, false);
+        }
+        // `_freelists[kind][granules]`: PTRFREE (0) for atomic objects, NORMAL (1).
+        let list = if kind == AllocKind::GcAtomic as u8 {
+            0
+        } else {
+            1
+        };
+        let at = tlfs + (list * GC_TINY_FREELISTS + granules) * 8;
+        let head = unsafe { bpf_probe_read_user(at as *const u64) }.unwrap_or(0);
+        if head <= GC_FREELIST_COUNTS {
+            return (0, false); // a count or empty: the collector's slow path
+        }
+        // Every prediction counts in one of the two: each
+        // `PREDICT_CHECK_EVERY`th on this CPU is checked.
+        let trusted = state == predict::TRUSTED
+            && COUNTERS.get_ptr(0).is_some_and(|c| unsafe {
+                ((*c).gc_predicted + (*c).gc_predictions_checked) % PREDICT_CHECK_EVERY != 0
+            });
+        (head, trusted)
+    }
+
+    /// The thread's free lists (0: not found), found once per thread and
+    /// kept in its slot; not found, tried again after the next collection.
+    #[inline(always)]
+    fn free_lists(slot: *mut PendingCall, p: &GcPredict) -> u64 {
+        let known = unsafe { (*slot).tlfs };
+        if known > 1 {
+            return known;
+        }
+        let epoch = GC_EPOCH.get(0).copied().unwrap_or(0);
+        if known == 1 && unsafe { (*slot).tlfs_epoch } == epoch {
+            return 0;
+        }
+        let found = find_free_lists(p).unwrap_or(1);
+        unsafe {
+            (*slot).tlfs = found;
+            (*slot).tlfs_epoch = epoch;
+        }
+        if found > 1 {
+            found
+        } else {
+            0
+        }
+    }
+
+    /// `GC_thread_tls` of the current thread: `fs` base, TLS vector, libgc's block.
+    #[inline(always)]
+    fn find_free_lists(p: &GcPredict) -> Option<u64> {
+        let task = unsafe { bpf_get_current_task() };
+        let fsbase: u64 =
+            unsafe { bpf_probe_read_kernel((task + p.fsbase_offset) as *const u64) }.ok()?;
+        let dtv: u64 = unsafe { bpf_probe_read_user((fsbase + 8) as *const u64) }.ok()?;
+        let module: u64 = if p.module_slot == 0 {
+            p.module_id
+        } else {
+            unsafe { bpf_probe_read_user(p.module_slot as *const u64) }.ok()?
+        };
+        if module == 0 || module > 1 << 16 {
+            return None;
+        }
+        // glibc's dtv entries are 16 bytes, the block's address first;
+        // -1 (unallocated) until the thread first touches it.
+        let block: u64 = unsafe { bpf_probe_read_user((dtv + module * 16) as *const u64) }.ok()?;
+        if block == 0 || block == u64::MAX {
+            return None;
+        }
+        let tlfs: u64 =
+            unsafe { bpf_probe_read_user((block + p.tls_offset) as *const u64) }.ok()?;
+        (tlfs > GC_FREELIST_COUNTS).then_some(tlfs)
+    }
+
+    /// At the return of a call whose result was predicted: whether it was
+    /// right. Trusted after `PREDICT_TRUST_AFTER` right; off at the first wrong.
+    #[inline(always)]
+    fn check_prediction(predicted: u64, addr: u64) {
+        bump(|c| &mut c.gc_predictions_checked);
+        let Some(p) = GC_PREDICT.get_ptr_mut(0) else {
+            return;
+        };
+        if predicted != addr {
+            bump(|c| &mut c.gc_predictions_wrong);
+            unsafe { (*p).state = predict::OFF };
+            return;
+        }
+        // Every CPU adds to one count (its read after is close enough):
+        // BPF's atomic add (core has no 64-bit atomics for BPF).
+        unsafe {
+            core::arch::asm!(
+                "lock *(u64 *)({p} + 0) += {v}",
+                p = in(reg) core::ptr::addr_of_mut!((*p).matched),
+                v = in(reg) 1u64,
+            )
+        };
+        let matched = unsafe { core::ptr::read_volatile(core::ptr::addr_of!((*p).matched)) };
+        if matched >= PREDICT_TRUST_AFTER && unsafe { (*p).state } == predict::CHECKING {
+            unsafe { (*p).state = predict::TRUSTED };
+        }
     }
 
     /// What an entry returns in a uprobe session: whether the kernel runs
@@ -392,7 +549,8 @@ mod probes {
     const SKIP_RETURN: u32 = 1;
 
     /// Adds `thread`'s slot to `PENDING`, idle; `None` if the table is full.
-    #[inline(always)]
+    /// Its own function: the idle slot's copy is not on the unwinder's stack.
+    #[inline(never)]
     fn new_slot(thread: u64) -> Option<*mut PendingCall> {
         let idle = PendingCall {
             site: AllocSite {
@@ -414,6 +572,9 @@ mod probes {
                 jiffies: 0,
                 epoch: 0,
             },
+            tlfs: 0,
+            tlfs_epoch: 0,
+            predicted: 0,
         };
         let _ = PENDING.insert(&thread, &idle, BPF_NOEXIST as u64);
         PENDING.get_ptr_mut(&thread)
@@ -847,7 +1008,16 @@ mod probes {
             layout::POSIX_MEMALIGN => (arg(ctx, 2), arg(ctx, 0), op::OUT_PTR),
             _ => (arg(ctx, 0), 0, op::ALLOC),
         };
-        enter(ctx, cookie::kind(cookie), size, arg_ptr, op, session)
+        let thread_local = layout == layout::GC_THREAD_LOCAL;
+        enter(
+            ctx,
+            cookie::kind(cookie),
+            size,
+            arg_ptr,
+            op,
+            session,
+            session && thread_local,
+        )
     }
 
     /// Entry and return of every allocating function in one program: a
@@ -953,6 +1123,9 @@ mod probes {
         } else {
             ret
         };
+        if call.predicted != 0 {
+            check_prediction(call.predicted, addr);
+        }
         // mmap fails with MAP_FAILED (-1), the others with NULL.
         let failed = addr == 0 || addr > (-4096i64) as u64;
         let mut call = call;

@@ -19,8 +19,14 @@ use super::{AllocFn, ArgReg::*};
 use AllocKind::{Gc, GcAtomic};
 
 pub static BOEHM: &[AllocFn] = &[
-    AllocFn::alloc("GC_malloc", l::SIZE, Gc, &[Rdi], false),
-    AllocFn::alloc("GC_malloc_atomic", l::SIZE, GcAtomic, &[Rdi], true),
+    AllocFn::alloc("GC_malloc", l::GC_THREAD_LOCAL, Gc, &[Rdi], false),
+    AllocFn::alloc(
+        "GC_malloc_atomic",
+        l::GC_THREAD_LOCAL,
+        GcAtomic,
+        &[Rdi],
+        true,
+    ),
     AllocFn::alloc("GC_realloc", l::REALLOC, Gc, &[Rdi, Rsi], true),
     AllocFn::alloc("GC_malloc_uncollectable", l::SIZE, Gc, &[Rdi], true),
     AllocFn::alloc("GC_malloc_ignore_off_page", l::SIZE, Gc, &[Rdi], true),

@@ -63,12 +63,18 @@ pub enum CensusWhen {
 impl CensusWhen {
     /// Whether the first held collection is censused.
     pub fn at_first(self) -> bool {
-        matches!(self, CensusWhen::Start | CensusWhen::Both | CensusWhen::Periodic)
+        matches!(
+            self,
+            CensusWhen::Start | CensusWhen::Both | CensusWhen::Periodic
+        )
     }
 
     /// Whether the session waits for a collection to census at its end.
     pub fn at_end(self) -> bool {
-        matches!(self, CensusWhen::End | CensusWhen::Both | CensusWhen::Periodic)
+        matches!(
+            self,
+            CensusWhen::End | CensusWhen::Both | CensusWhen::Periodic
+        )
     }
 }
 

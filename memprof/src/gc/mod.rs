@@ -40,6 +40,7 @@ pub mod heap_stats;
 pub mod layout;
 pub mod lookup;
 pub mod pass;
+pub mod predict;
 mod symbolic;
 
 use std::collections::HashSet;

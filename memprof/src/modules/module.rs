@@ -65,6 +65,8 @@ pub struct Module {
     slots: Slots,
     /// Whole names of Crystal symbols of a module without `.symtab`.
     versioned: HashMap<u64, String>,
+    /// Bytes of its thread-local storage block (`PT_TLS`), if it has one.
+    tls_size: Option<u64>,
 }
 
 impl std::fmt::Debug for Module {
@@ -144,6 +146,18 @@ impl Module {
                 }
             }
         }
+        // PT_TLS (`segments()` has the loadable ones only).
+        let tls_size = match &parsed {
+            object::File::Elf64(elf) => {
+                use object::read::elf::ProgramHeader;
+                let endian = elf.endian();
+                elf.elf_program_headers()
+                    .iter()
+                    .find(|h| h.p_type(endian) == object::elf::PT_TLS)
+                    .map(|h| h.p_memsz(endian))
+            }
+            _ => None,
+        };
         let got = parsed
             .sections()
             .filter(|s| matches!(s.name(), Ok(".got" | ".got.plt")))
@@ -160,6 +174,7 @@ impl Module {
             segments,
             sections,
             symbols,
+            tls_size,
             data,
         })
     }
@@ -381,6 +396,17 @@ impl Module {
             .wrapping_add(mapping.file_offset)
             .wrapping_sub(segment.file_offset);
         Some(mapping.start.wrapping_sub(address))
+    }
+
+    /// Bytes of the module's thread-local storage block, if it has one.
+    pub fn tls_size(&self) -> Option<u64> {
+        self.tls_size
+    }
+
+    /// A GOT slot the dynamic linker fills with this module's TLS module
+    /// id (the index of its block in each thread's TLS vector).
+    pub fn tls_module_slot(&self) -> Option<u64> {
+        self.slots.tls_module
     }
 
     /// The load bias of this module in process `pid` ([`Self::bias`] of an

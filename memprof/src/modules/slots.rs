@@ -18,6 +18,10 @@ pub(super) struct Slots {
     /// `.got` / `.got.plt` ranges, whose file contents are already final in
     /// a module linked without dynamic relocations for them.
     got: Vec<(u64, u64)>,
+    /// A slot the dynamic linker fills with this module's own TLS module
+    /// id (`R_X86_64_DTPMOD64` of the module's own TLS: local-dynamic
+    /// access, or a symbol it defines).
+    pub(super) tls_module: Option<u64>,
 }
 
 impl Slots {
@@ -26,7 +30,10 @@ impl Slots {
     /// (`RELATIVE`), plain `R_X86_64_64`. Symbols the module does not define
     /// are left out, and kept apart: the slots of other modules' symbols.
     pub fn read(file: &object::File, got: Vec<(u64, u64)>) -> Slots {
-        use object::elf::{R_X86_64_64, R_X86_64_GLOB_DAT, R_X86_64_JUMP_SLOT, R_X86_64_RELATIVE};
+        use object::elf::{
+            R_X86_64_64, R_X86_64_DTPMOD64, R_X86_64_GLOB_DAT, R_X86_64_JUMP_SLOT,
+            R_X86_64_RELATIVE,
+        };
         let mut slots = Slots {
             got,
             ..Slots::default()
@@ -40,6 +47,20 @@ impl Slots {
             let RelocationFlags::Elf { r_type } = relocation.flags() else {
                 continue;
             };
+            if r_type == R_X86_64_DTPMOD64 {
+                let own = match relocation.target() {
+                    RelocationTarget::Absolute => true,
+                    RelocationTarget::Symbol(i) => symbols
+                        .as_ref()
+                        .and_then(|t| t.symbol_by_index(i).ok())
+                        .is_some_and(|s| s.is_definition()),
+                    _ => false,
+                };
+                if own {
+                    slots.tls_module.get_or_insert(slot);
+                }
+                continue;
+            }
             let addend = relocation.addend() as u64;
             let value = match (r_type, relocation.target()) {
                 (R_X86_64_RELATIVE, _) => Some(addend),

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use aya::programs::RawTracePoint;
-use memprof_common::programs;
+use memprof_common::{layout, programs};
 
 use super::multi::{self, Attach};
 use super::{permission_hint, Probes};
@@ -45,7 +45,12 @@ impl Probes {
         // empty-probe floor, against 1.18× with the pair). Following every
         // call, the pair is cheaper (1.63× against 1.72×: the session's
         // return goes through the kernel's per-consumer bookkeeping).
+        //
+        // `GC_malloc` and `GC_malloc_atomic` get a session in exact mode
+        // too when their results are predicted (`crate::gc::predict`):
+        // their entry skips the return of most calls.
         let session = !self.empty && self.sample_bytes > 0 && self.session_available();
+        self.predict_gc = self.predict_gc && !self.empty && self.session_available();
         let mut links: BTreeMap<(Attach, &'static str, PathBuf), LinkPlan> = BTreeMap::new();
         for planned in plan {
             let f = &planned.func;
@@ -59,7 +64,11 @@ impl Probes {
                     (Attach::Return, programs::EMPTY_RET),
                     (Attach::Multi, programs::EMPTY),
                 ],
-                (Some(_), false) if session && f.func.entry_program == programs::ALLOC_ENTER => {
+                (Some(_), false)
+                    if (session
+                        || (self.predict_gc && f.func.layout == layout::GC_THREAD_LOCAL))
+                        && f.func.entry_program == programs::ALLOC_ENTER =>
+                {
                     vec![(Attach::Session, programs::ALLOC_SESSION)]
                 }
                 (Some(exit), false) => vec![

@@ -213,6 +213,18 @@ impl Probes {
         self.config.set(config::GC_COPY, 1)
     }
 
+    /// Starts predicting `GC_malloc`'s results with `settings` ([`memprof_common::GcPredict`]).
+    pub fn predict_gc_results(&mut self, settings: &memprof_common::GcPredict) -> Result<()> {
+        let map = self
+            .ebpf
+            .map_mut(memprof_common::maps::GC_PREDICT)
+            .ok_or_else(|| anyhow::anyhow!("no GC_PREDICT map"))?;
+        let mut array: aya::maps::Array<_, memprof_common::GcPredict> =
+            aya::maps::Array::try_from(map)?;
+        array.set(0, *settings, 0)?;
+        Ok(())
+    }
+
     /// GC events the ring buffer had no room for (summed over CPUs).
     pub fn gc_events_lost(&self) -> Result<u64> {
         Ok(self.kernel_counters()?.gc_events_lost)

@@ -97,6 +97,9 @@ pub struct Probes {
     sample_bytes: u64,
     /// Stacks are unwound with the CFI tables (`DWARF_STACKS`), not frame pointers.
     dwarf: bool,
+    /// `GC_malloc`'s result is read at its entry where it can be
+    /// ([`crate::gc::predict`]): its functions get a uprobe session.
+    pub predict_gc: bool,
 }
 
 impl Probes {
@@ -137,6 +140,7 @@ impl Probes {
             session: None,
             links: Vec::new(),
             attached: 0,
+            predict_gc: false,
             modules: ModuleTable::default(),
             sample_bytes: options.sample_bytes,
             dwarf: unwind_tables.is_some(),

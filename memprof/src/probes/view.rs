@@ -265,6 +265,9 @@ fn report_counters(kernel: KernelCounters) -> Counters {
         sites_stored,
         unsampled_allocs,
         returns_probed,
+        gc_predicted,
+        gc_predictions_checked,
+        gc_predictions_wrong,
         // Reported in the GC summary (`Probes::collections_not_held`,
         // `Probes::gc_events_lost`), not here.
         gc_collections: _,
@@ -291,6 +294,9 @@ fn report_counters(kernel: KernelCounters) -> Counters {
         sites_stored,
         unsampled_allocs,
         returns_probed,
+        gc_predicted,
+        gc_predictions_checked,
+        gc_predictions_wrong,
     }
 }
 
@@ -325,6 +331,9 @@ mod tests {
             c.sites_stored,
             c.unsampled_allocs,
             c.returns_probed,
+            c.gc_predicted,
+            c.gc_predictions_checked,
+            c.gc_predictions_wrong,
         ];
         assert_eq!(
             read,
@@ -348,6 +357,9 @@ mod tests {
                 kernel.sites_stored,
                 kernel.unsampled_allocs,
                 kernel.returns_probed,
+                kernel.gc_predicted,
+                kernel.gc_predictions_checked,
+                kernel.gc_predictions_wrong,
             ]
         );
         // Every field had its own value: no two report counters read one field.

@@ -312,6 +312,17 @@ pub struct Counters {
     /// ones are (the others cost their entry probe alone).
     #[serde(default)]
     pub returns_probed: u64,
+    /// GC allocations recorded at their entry, their result read from the
+    /// thread's free list (no return probed; see the README's "GC
+    /// allocations without their return").
+    #[serde(default)]
+    pub gc_predicted: u64,
+    /// Predictions checked against their return, and of those wrong (one
+    /// wrong turns prediction off for the rest of the session).
+    #[serde(default)]
+    pub gc_predictions_checked: u64,
+    #[serde(default)]
+    pub gc_predictions_wrong: u64,
 }
 
 impl Counters {

@@ -259,14 +259,7 @@ impl GcWatch {
         let Some(judge) = &self.judge else {
             return;
         };
-        match SessionCensus::new(
-            &plan.modules,
-            pid,
-            judge.module(),
-            exe,
-            attach,
-            when,
-        ) {
+        match SessionCensus::new(&plan.modules, pid, judge.module(), exe, attach, when) {
             Ok(census) => self.census = Some(census),
             Err(e) => eprintln!("memprof: no heap census ({e:#})"),
         }

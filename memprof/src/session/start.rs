@@ -9,6 +9,7 @@ use anyhow::{bail, Context, Result};
 
 use super::{update_ranges, CensusWhen, GcWatch, Mode, Output, Plan, Session, SessionOptions};
 use crate::allocators;
+use crate::gc::predict::Predictor;
 use crate::live::Live;
 use crate::modules::ModuleCache;
 use crate::probes::{ProbeOptions, Probes};
@@ -68,8 +69,10 @@ impl Session {
     /// of a command held after its `exec`.
     fn prepare_launched(&mut self) -> Result<()> {
         let pid = self.pid();
+        let predictor = self.gc_predictor();
         self.probes
             .attach(pid, &self.plan.probes, &self.plan.modules)?;
+        self.predict_gc_results(predictor);
         self.probes.set_traced(pid)?;
         self.gc.start(&mut self.probes, pid)?;
         if self.plan.tables.is_some() {
@@ -125,6 +128,7 @@ impl Session {
         // Collections are watched before allocations are: every GC object
         // recorded then reaches the mark-bit pass's copy.
         session.tracer = session.gc.trace(&mut session.probes, pid)?;
+        let predictor = session.gc_predictor();
         session
             .probes
             .attach(pid, &session.plan.probes, &session.plan.modules)
@@ -135,6 +139,7 @@ impl Session {
                     anyhow::anyhow!("pid {pid} exited while memprof was attaching")
                 }
             })?;
+        session.predict_gc_results(predictor);
         session.start_clock();
         eprintln!(
             "memprof: attached to pid {pid} ({} probes, {} unwinding); Ctrl-C to stop{}",
@@ -149,6 +154,48 @@ impl Session {
     }
 
     /// Profiling starts now: the duration and the timeline count from here.
+    /// Before attaching: whether `GC_malloc`'s results can be read at its
+    /// entry ([`Predictor`]); if so its functions get a uprobe session.
+    fn gc_predictor(&mut self) -> Option<Predictor> {
+        let module = self.plan.gc_module()?;
+        let found = self
+            .plan
+            .modules
+            .get(&module)
+            .map_err(anyhow::Error::from)
+            .and_then(|libgc| Predictor::new(&libgc, module == self.target.exe));
+        match found {
+            Ok(predictor) => {
+                self.probes.predict_gc = true;
+                Some(predictor)
+            }
+            Err(e) => {
+                eprintln!("memprof: note: every GC allocation's return is probed ({e:#})");
+                None
+            }
+        }
+    }
+
+    /// After attaching: the kernel starts predicting (checking first).
+    fn predict_gc_results(&mut self, predictor: Option<Predictor>) {
+        let Some(predictor) = predictor.filter(|_| self.probes.predict_gc) else {
+            return;
+        };
+        let pid = self.pid();
+        let started = self
+            .plan
+            .gc_module()
+            .ok_or_else(|| anyhow::anyhow!("no libgc"))
+            .and_then(|module| Ok(self.plan.modules.get(&module)?.load_bias(pid)?))
+            .and_then(|bias| {
+                self.probes
+                    .predict_gc_results(&predictor.settings(pid, bias))
+            });
+        if let Err(e) = started {
+            eprintln!("memprof: note: every GC allocation's return is probed ({e:#})");
+        }
+    }
+
     fn start_clock(&mut self) {
         self.started = (Instant::now(), SystemTime::now());
         self.live = Live::new(
