@@ -238,7 +238,7 @@ pub struct PendingCall {
 /// `GC_FAST_MALLOC_GRANS`), so the call's return need not be probed.
 /// Found per thread: the thread's `fs` base (from its task), its TLS
 /// vector (`dtv`, at `fs:8`), libgc's TLS block (`dtv[module]`, the module
-/// id read from libgc's GOT), `GC_thread_tls` in it: the free lists.
+/// id read from libgc's GOT), `GC_thread_key` in it: the free lists.
 /// Checked before trusted: predictions are compared with the returns until
 /// [`PREDICT_TRUST_AFTER`] matched, then one in [`PREDICT_CHECK_EVERY`];
 /// one wrong turns prediction off.
@@ -253,7 +253,7 @@ pub struct GcPredict {
     /// the module id is `module_id`, libgc linked into the executable).
     pub module_slot: u64,
     pub module_id: u64,
-    /// Offset of `GC_thread_tls` in libgc's TLS block.
+    /// Offset of `GC_thread_key` in libgc's TLS block.
     pub tls_offset: u64,
     /// Offset of `thread.fsbase` in the kernel's `task_struct`.
     pub fsbase_offset: u64,

@@ -486,7 +486,7 @@ mod probes {
         }
     }
 
-    /// `GC_thread_tls` of the current thread: `fs` base, TLS vector, libgc's block.
+    /// `GC_thread_key` of the current thread: `fs` base, TLS vector, libgc's block.
     #[inline(always)]
     fn find_free_lists(p: &GcPredict) -> Option<u64> {
         let task = unsafe { bpf_get_current_task() };

@@ -7,7 +7,7 @@
 //! `GC_malloc` from the calling thread's free list for its size class: the
 //! result is that list's head, readable at the entry. The kernel finds each
 //! thread's free lists once (`fs` base → TLS vector → libgc's TLS block →
-//! `GC_thread_tls`) and, where the head is an object, records the
+//! `GC_thread_key`) and, where the head is an object, records the
 //! allocation at the entry and skips the return (a uprobe session). An
 //! empty list, a large request, or anything unexpected: the return is
 //! probed as before.
@@ -19,7 +19,7 @@
 //!
 //! What is needed from outside the process: where libgc's TLS block is
 //! (its module id, which the dynamic linker writes into a GOT slot of
-//! libgc; the executable's is 1), where `GC_thread_tls` is in it, and where
+//! libgc; the executable's is 1), where `GC_thread_key` is in it, and where
 //! the kernel keeps a task's `fs` base (`task_struct.thread.fsbase`, from
 //! the kernel's BTF).
 use std::path::Path;
@@ -53,12 +53,14 @@ impl Predictor {
         let size = libgc
             .tls_size()
             .ok_or_else(|| anyhow!("libgc has no thread-local storage"))?;
-        // `GC_thread_tls`, by its symbol; a libgc whose TLS block holds one
-        // word has only it (Debian's libgc.so.1).
-        let tls_offset = match libgc.symbol("GC_thread_tls") {
-            Some(s) if s.address < size => s.address,
+        // `GC_thread_key`, thread-local with the compiler's TLS (bdwgc's
+        // `USE_COMPILER_TLS`: it holds the free lists' address itself), by
+        // its symbol; a libgc whose TLS block holds one word has only it
+        // (Debian's libgc.so.1, whose symbol is not exported).
+        let tls_offset = match libgc.tls_symbol("GC_thread_key") {
+            Some(offset) if offset + 8 <= size => offset,
             _ if size == 8 => 0,
-            _ => bail!("GC_thread_tls not found in libgc's thread-local storage"),
+            _ => bail!("GC_thread_key not found in libgc's thread-local storage"),
         };
         let module = match (libgc.tls_module_slot(), in_executable) {
             (Some(slot), _) => ModuleId::Slot(slot),

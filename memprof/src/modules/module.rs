@@ -403,6 +403,17 @@ impl Module {
         self.tls_size
     }
 
+    /// The offset of thread-local variable `name` in the module's TLS
+    /// block, from `.symtab` or `.dynsym` (a stripped file has neither
+    /// for a hidden one). Read once: the symbol map keeps addresses only.
+    pub fn tls_symbol(&self, name: &str) -> Option<u64> {
+        let parsed = object::File::parse(&*self.data).ok()?;
+        let found = parsed.symbols().chain(parsed.dynamic_symbols()).find(|s| {
+            s.kind() == object::SymbolKind::Tls && !s.is_undefined() && s.name() == Ok(name)
+        });
+        found.map(|s| s.address())
+    }
+
     /// A GOT slot the dynamic linker fills with this module's TLS module
     /// id (the index of its block in each thread's TLS vector).
     pub fn tls_module_slot(&self) -> Option<u64> {

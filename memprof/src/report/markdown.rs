@@ -91,6 +91,23 @@ pub fn header(profile: &Profile, out: &mut dyn Write) -> Result<()> {
     }
     writeln!(out, "{}.", capitalize(&loss_summary(profile)))?;
     writeln!(out)?;
+    if c.gc_predicted > 0 || c.gc_predictions_checked > 0 {
+        let wrong = if c.gc_predictions_wrong > 0 {
+            format!(
+                ", {} wrong: prediction turned off, and GC allocations predicted before it (at most 255 per CPU) may carry wrong addresses",
+                thousands(c.gc_predictions_wrong)
+            )
+        } else {
+            ", none wrong".into()
+        };
+        writeln!(
+            out,
+            "GC allocations recorded at their entry (result read from the thread's free list, return not probed): {}; predictions checked against the return: {}{wrong}.",
+            thousands(c.gc_predicted),
+            thousands(c.gc_predictions_checked)
+        )?;
+        writeln!(out)?;
+    }
     for note in super::symbol_notes(profile) {
         writeln!(out, "Symbols: {}", escape_text(&note))?;
         writeln!(out)?;
