@@ -56,6 +56,8 @@ pub mod fixture {
     pub const GC_VERDICTS: &str = env!("FIXTURE_GC_VERDICTS");
     /// The same source with libgc.a linked in.
     pub const GC_VERDICTS_STATIC: &str = env!("FIXTURE_GC_VERDICTS_STATIC");
+    /// 4 GC-registered threads, 100,000 kept objects each (`fixtures/c/gc_threads.c`).
+    pub const GC_THREADS: &str = env!("FIXTURE_GC_THREADS");
     /// `fixtures/cpp/records.cc` built with g++ -O2: `new Record` and
     /// `std::vector` buffers under known functions.
     pub const CXX_RECORDS: &str = env!("FIXTURE_CXX_RECORDS");

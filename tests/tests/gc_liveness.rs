@@ -542,3 +542,31 @@ fn reuse_only_is_said_in_the_report() {
     let text = report(&profile, "markdown", &[]);
     assert!(text.contains("GC liveness: address reuse only"), "{text}");
 }
+
+/// 4 threads, each with its own free lists: every GC allocation counted
+/// under its function with its exact bytes, all live, the results read
+/// at the entry for most of them and never wrong.
+#[test]
+fn threads_each_with_their_free_lists() {
+    let dir = TempDir::new("gc-threads");
+    let profile = dir.join("threads.mprof");
+    profile_run(&profile, &[fixture::GC_THREADS]);
+    let json = report_json(&profile);
+    let counter = |name: &str| uint(&json, &format!("/counters/{name}"));
+    assert_eq!(counter("gc_predictions_wrong"), 0, "{:#}", json["counters"]);
+    assert_eq!(uint(&json, "/lost_events"), 0, "{:#}", json["counters"]);
+    // 4,096 checked before trusting, then one in 256 per CPU.
+    assert!(
+        counter("gc_predictions_checked") >= 4_096,
+        "{:#}",
+        json["counters"]
+    );
+    assert!(counter("gc_predicted") >= 300_000, "{:#}", json["counters"]);
+    for (function, bytes) in [("alloc_scanned", 9_600_000), ("alloc_atomic", 9_599_936)] {
+        let groups = gc_groups_with(&json, function);
+        assert_eq!(sum(&groups, "total_count"), 200_000, "{function}");
+        assert_eq!(sum(&groups, "total_bytes"), bytes, "{function}");
+        assert_eq!(sum(&groups, "live_count"), 200_000, "{function}");
+        assert_eq!(sum(&groups, "live_bytes"), bytes, "{function}");
+    }
+}
