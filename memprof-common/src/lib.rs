@@ -99,8 +99,11 @@ pub mod layout {
     pub const POSIX_MEMALIGN: u8 = 6;
     /// `GC_malloc(size)`, `GC_malloc_atomic(size)`: served from the
     /// calling thread's free list when it has an object of the size's
-    /// class, whose head is then the result ([`GcPredict`](super::GcPredict)).
+    /// class, whose head is then the result ([`Predict`](super::Predict)).
     pub const GC_THREAD_LOCAL: u8 = 7;
+    /// glibc's `malloc(size)`: served from the thread's tcache when it has
+    /// a chunk of the size's bin ([`Predict`](super::Predict)).
+    pub const MALLOC_TCACHE: u8 = 8;
 }
 
 /// The attach cookie of an allocator probe: the [`AllocKind`] in the low
@@ -223,46 +226,67 @@ pub struct PendingCall {
     /// The thread's last clock read for a GC object, reused (see
     /// `gc_time` in the kernel programs): kept across the thread's calls.
     pub clock: ThreadClock,
-    /// The thread's Boehm free lists ([`GcPredict`]); 0: not known yet,
-    /// 1: not found (tried again at the next collection, `tlfs_epoch`).
-    pub tlfs: u64,
-    pub tlfs_epoch: u64,
+    /// Where the thread's caches are ([`Predict`]), read each call (a
+    /// thread that leaves the collector, or frees its tcache, clears
+    /// them): the address of its `GC_thread_key`, and of its `tcache`.
+    /// 0: not known yet, 1: not found (tried again at the next
+    /// collection, `found_epoch`).
+    pub gc_key: u64,
+    pub tcache: u64,
+    pub found_epoch: u64,
     /// The result predicted for this call, to check at its return (0: none).
     pub predicted: u64,
 }
 
-/// Where a thread's Boehm free lists are, so that the entry of `GC_malloc`
-/// knows its result (layout [`layout::GC_THREAD_LOCAL`]): with thread-local
-/// allocation the collector hands out the head of the thread's free list
-/// for the size's class when that list has one (bdwgc's
-/// `GC_FAST_MALLOC_GRANS`), so the call's return need not be probed.
-/// Found per thread: the thread's `fs` base (from its task), its TLS
-/// vector (`dtv`, at `fs:8`), libgc's TLS block (`dtv[module]`, the module
-/// id read from libgc's GOT), `GC_thread_key` in it: the free lists.
+/// How the entry of an allocator knows its result, so that its return need
+/// not be probed (a uprobe session skips it): the allocator serves a small
+/// request from the calling thread's cache, whose head for the request's
+/// class is the result. Two predictors ([`predictor`]), each found per
+/// thread through its thread-local storage (the `fs` base, from the task):
+///
+/// - Boehm (`GC_malloc`, `GC_malloc_atomic`; layout
+///   [`layout::GC_THREAD_LOCAL`]): bdwgc's `GC_FAST_MALLOC_GRANS` hands out
+///   the head of the thread's free list for the size's granules. The free
+///   lists are `GC_thread_key` (a TLS variable): the TLS vector at `fs:8`,
+///   libgc's block `dtv[module]` (the module id read from libgc's GOT, or
+///   1 for the executable), the variable at `tls_offset` in it.
+/// - glibc (`malloc`; layout [`layout::MALLOC_TCACHE`]): `__libc_malloc`
+///   returns `tcache->entries[idx]` when the thread's tcache has a chunk
+///   of the size's bin. `tcache` is a TLS variable at `fs + tp_offset`,
+///   the offset read from the GOT slot `malloc`'s code loads it from.
+///
 /// Checked before trusted: predictions are compared with the returns until
 /// [`PREDICT_TRUST_AFTER`] matched, then one in [`PREDICT_CHECK_EVERY`];
-/// one wrong turns prediction off.
+/// one wrong turns that predictor off.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct GcPredict {
+pub struct Predict {
     /// One of [`predict`].
     pub state: u64,
     /// Predictions that matched their return, while checking.
     pub matched: u64,
-    /// Address of libgc's `R_X86_64_DTPMOD64` GOT slot in the target (0:
-    /// the module id is `module_id`, libgc linked into the executable).
-    pub module_slot: u64,
+    /// Address of the GOT slot in the target the kernel reads once per
+    /// thread: Boehm, libgc's TLS module id (0: `module_id` instead);
+    /// glibc, `tcache`'s offset from the thread pointer.
+    pub slot: u64,
     pub module_id: u64,
-    /// Offset of `GC_thread_key` in libgc's TLS block.
+    /// Boehm: offset of `GC_thread_key` in libgc's TLS block.
     pub tls_offset: u64,
     /// Offset of `thread.fsbase` in the kernel's `task_struct`.
     pub fsbase_offset: u64,
-    /// Bytes the collector adds to a request before rounding it up to
-    /// granules (`EXTRA_BYTES`: 1 with interior pointers recognized).
+    /// Boehm: bytes the collector adds to a request before rounding it up
+    /// to granules (`EXTRA_BYTES`: 1 with interior pointers recognized).
     pub extra_bytes: u64,
 }
 
-/// States of [`GcPredict`].
+/// The predictors: indexes of the `PREDICT` map.
+pub mod predictor {
+    pub const GC: u32 = 0;
+    pub const MALLOC: u32 = 1;
+    pub const COUNT: u32 = 2;
+}
+
+/// States of a [`Predict`].
 pub mod predict {
     /// No prediction: every return is probed.
     pub const OFF: u64 = 0;
@@ -282,6 +306,9 @@ pub const GC_TINY_FREELISTS: u64 = 25;
 /// A free-list head at or below this is a count, not an object
 /// (`DIRECT_GRANULES + GC_TINY_FREELISTS + 1`).
 pub const GC_FREELIST_COUNTS: u64 = 256 + GC_TINY_FREELISTS + 1;
+/// glibc's tcache bins (`TCACHE_MAX_BINS`): `tcache_perthread_struct` is
+/// `u16 counts[64]` then `entries[64]`.
+pub const TCACHE_BINS: u64 = 64;
 
 /// A clock read and what it is valid for: the jiffy (4 ms at HZ=250) and
 /// the collection count it was read at.
@@ -545,14 +572,14 @@ counters! {
         /// the pair of programs; with a uprobe session (sampling), only
         /// those the entry followed.
         pub returns_probed: u64,
-        /// GC allocations recorded at their entry, their result read from
-        /// the thread's free list ([`GcPredict`](crate::GcPredict)): no return probed.
-        pub gc_predicted: u64,
+        /// Allocations recorded at their entry, their result read from the
+        /// thread's cache ([`Predict`](crate::Predict)): no return probed.
+        pub predicted: u64,
         /// Predictions checked against the return (the first ones, then
         /// one in [`PREDICT_CHECK_EVERY`](crate::PREDICT_CHECK_EVERY)).
-        pub gc_predictions_checked: u64,
-        /// Of those, wrong: prediction is then turned off for the session.
-        pub gc_predictions_wrong: u64,
+        pub predictions_checked: u64,
+        /// Of those, wrong: that predictor is then off for the session.
+        pub predictions_wrong: u64,
     }
 }
 
@@ -616,8 +643,8 @@ pub mod maps {
     pub const HELD: &str = "HELD";
     /// Ring buffer of [`GcEvent`](super::GcEvent)s.
     pub const GC_EVENTS: &str = "GC_EVENTS";
-    /// Where threads' Boehm free lists are ([`GcPredict`](crate::GcPredict)).
-    pub const GC_PREDICT: &str = "GC_PREDICT";
+    /// How allocators' results are read at their entry ([`Predict`](crate::Predict)).
+    pub const PREDICT: &str = "PREDICT";
     /// Per-CPU [`KindLive`](super::KindLive): what `LIVE` holds, per kind.
     pub const LIVE_BY_KIND: &str = "LIVE_BY_KIND";
 }
@@ -811,7 +838,7 @@ mod pod {
     unsafe impl aya::Pod for super::UnwindRow {}
     unsafe impl aya::Pod for super::ModuleRange {}
     unsafe impl aya::Pod for super::DwarfStack {}
-    unsafe impl aya::Pod for super::GcPredict {}
+    unsafe impl aya::Pod for super::Predict {}
     unsafe impl aya::Pod for super::KernelCounters {}
 }
 

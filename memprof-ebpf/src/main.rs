@@ -61,11 +61,11 @@ mod probes {
     };
     use memprof_common::{
         cfa, config, cookie, errno, gc_event, layout, lifetime_bucket, module_table, op, predict,
-        AllocKind, AllocSite, DwarfStack, GcEvent, GcPredict, KernelCounters, KindLive, LiveAlloc,
-        ModuleRange, PendingCall, SiteTotals, ThreadClock, UnwindRow, CALLER_ONLY, FOLD_WINDOW,
-        GC_FREELIST_COUNTS, GC_TINY_FREELISTS, HOLD_SIGNAL, LIBRARY_LOAD_SIGNAL, MAX_FRAMES,
-        MAX_STEPS, NO_STACK, PREDICT_CHECK_EVERY, PREDICT_TRUST_AFTER, ROW_CACHE_SLOTS,
-        SAMPLE_QUANTILES, SESSION_IS_RETURN, SHORT_FRAMES, SITES_OVERFLOW,
+        predictor, AllocKind, AllocSite, DwarfStack, GcEvent, KernelCounters, KindLive, LiveAlloc,
+        ModuleRange, PendingCall, Predict, SiteTotals, ThreadClock, UnwindRow, CALLER_ONLY,
+        FOLD_WINDOW, GC_FREELIST_COUNTS, GC_TINY_FREELISTS, HOLD_SIGNAL, LIBRARY_LOAD_SIGNAL,
+        MAX_FRAMES, MAX_STEPS, NO_STACK, PREDICT_CHECK_EVERY, PREDICT_TRUST_AFTER, ROW_CACHE_SLOTS,
+        SAMPLE_QUANTILES, SESSION_IS_RETURN, SHORT_FRAMES, SITES_OVERFLOW, TCACHE_BINS,
     };
 
     /// 1: fold recursion in DWARF stacks (`--keep-recursion` sets 0). A
@@ -86,10 +86,10 @@ mod probes {
     #[map]
     static SAMPLE_DISTANCES: Array<u64> = Array::with_max_entries(SAMPLE_QUANTILES, 0);
 
-    /// Where threads' Boehm free lists are and whether to predict from
-    /// them ([`GcPredict`]): written by userspace once libgc is mapped.
+    /// How allocators' results are read at their entry, per predictor
+    /// ([`Predict`]): written by userspace once attached.
     #[map]
-    static GC_PREDICT: Array<GcPredict> = Array::with_max_entries(1, 0);
+    static PREDICT: Array<Predict> = Array::with_max_entries(predictor::COUNT, 0);
 
     // Sizes are defaults; userspace sets them from --max-live / --max-stacks.
     #[map]
@@ -403,10 +403,10 @@ mod probes {
         }
     }
 
-    /// A followed `GC_malloc`/`GC_malloc_atomic` call, in `slot`: its
-    /// result predicted from the thread's free list and, trusted,
-    /// recorded now with no return to probe; else checked at the return.
-    /// Its own function: its stack is not the unwinder's.
+    /// A followed call of an allocator with a thread cache, in `slot`:
+    /// its result predicted from that cache and, trusted, recorded now
+    /// with no return to probe; else checked at the return. Its own
+    /// function: its stack is not the unwinder's.
     #[inline(never)]
     fn predict_call(slot: *mut PendingCall, kind: u8, size: u64) -> u32 {
         let (addr, trusted) = predicted(slot, kind, size);
@@ -415,69 +415,141 @@ mod probes {
             return RUN_RETURN;
         }
         unsafe { (*slot).active = 0 };
-        bump(|c| &mut c.gc_predicted);
+        bump(|c| &mut c.predicted);
         record(addr, unsafe { &*slot }, 0, slot);
         SKIP_RETURN
     }
 
-    /// The result of a `GC_malloc`/`GC_malloc_atomic` call of `size` bytes
-    /// entering now, if the thread's free list for its class has an object
-    /// (0 if not), and whether it is trusted: recorded at the entry. See
-    /// [`GcPredict`].
+    /// The predictor of allocations of `kind` ([`predictor`]).
+    #[inline(always)]
+    fn predictor_of(kind: u8) -> u32 {
+        if is_gc(kind) {
+            predictor::GC
+        } else {
+            predictor::MALLOC
+        }
+    }
+
+    /// The result of a call of `size` bytes entering now, read from the
+    /// thread's cache (0 if it has none for the size), and whether it is
+    /// trusted: recorded at the entry. See [`Predict`].
     #[inline(always)]
     fn predicted(slot: *mut PendingCall, kind: u8, size: u64) -> (u64, bool) {
-        let Some(p) = GC_PREDICT.get_ptr_mut(0) else {
+        let which = predictor_of(kind);
+        let Some(p) = PREDICT.get_ptr(which) else {
             return (0, false);
         };
-        let state = unsafe { (*p).state };
-        if state == predict::OFF {
+        let p = unsafe { &*p };
+        if p.state == predict::OFF {
             return (0, false);
         }
-        let p = unsafe { &*p };
+        let head = if which == predictor::GC {
+            gc_list_head(slot, p, kind, size)
+        } else {
+            tcache_head(slot, p, size)
+        };
+        if head == 0 {
+            return (0, false);
+        }
+        let result = unsafe { bpf_probe_read_user(head as *const u64) }.unwrap_or(0);
+        // Boehm: a word at or below the counts is a count (the slow path);
+        // glibc: an empty bin is NULL, a chunk is 16-aligned.
+        let object = if which == predictor::GC {
+            result > GC_FREELIST_COUNTS
+        } else {
+            result != 0 && result & 15 == 0
+        };
+        if !object {
+            return (0, false);
+        }
+        // Every prediction counts in one of the two: each
+        // `PREDICT_CHECK_EVERY`th on this CPU is checked.
+        let trusted = p.state == predict::TRUSTED
+            && COUNTERS.get_ptr(0).is_some_and(|c| unsafe {
+                ((*c).predicted + (*c).predictions_checked) % PREDICT_CHECK_EVERY != 0
+            });
+        (result, trusted)
+    }
+
+    /// Boehm: where the head of the thread's free list for `size` bytes
+    /// of `kind` is (`_freelists[kind][granules]`; 0: none).
+    #[inline(always)]
+    fn gc_list_head(slot: *mut PendingCall, p: &Predict, kind: u8, size: u64) -> u64 {
         let granules = (size + 15 + p.extra_bytes) >> 4;
         if granules >= GC_TINY_FREELISTS {
-            return (0, false);
+            return 0;
         }
-        let tlfs = free_lists(slot, p);
-        if tlfs == 0 {
-            return (0, false);
+        let key = cached_address(slot, p, predictor::GC);
+        if key == 0 {
+            return 0;
         }
-        // `_freelists[kind][granules]`: PTRFREE (0) for atomic objects, NORMAL (1).
+        let tlfs = unsafe { bpf_probe_read_user(key as *const u64) }.unwrap_or(0);
+        if tlfs <= GC_FREELIST_COUNTS {
+            return 0; // the thread is not (or no longer) the collector's
+        }
+        // PTRFREE (0) for atomic objects, NORMAL (1).
         let list = if kind == AllocKind::GcAtomic as u8 {
             0
         } else {
             1
         };
-        let at = tlfs + (list * GC_TINY_FREELISTS + granules) * 8;
-        let head = unsafe { bpf_probe_read_user(at as *const u64) }.unwrap_or(0);
-        if head <= GC_FREELIST_COUNTS {
-            return (0, false); // a count or empty: the collector's slow path
-        }
-        // Every prediction counts in one of the two: each
-        // `PREDICT_CHECK_EVERY`th on this CPU is checked.
-        let trusted = state == predict::TRUSTED
-            && COUNTERS.get_ptr(0).is_some_and(|c| unsafe {
-                ((*c).gc_predicted + (*c).gc_predictions_checked) % PREDICT_CHECK_EVERY != 0
-            });
-        (head, trusted)
+        tlfs + (list * GC_TINY_FREELISTS + granules) * 8
     }
 
-    /// The thread's free lists (0: not found), found once per thread and
-    /// kept in its slot; not found, tried again after the next collection.
+    /// glibc: where `tcache->entries[idx]` for `size` bytes is (0: none).
     #[inline(always)]
-    fn free_lists(slot: *mut PendingCall, p: &GcPredict) -> u64 {
-        let known = unsafe { (*slot).tlfs };
+    fn tcache_head(slot: *mut PendingCall, p: &Predict, size: u64) -> u64 {
+        // `request2size` and `csize2tidx`: chunks of 32, 48, … bytes.
+        if size > 1 << 32 {
+            return 0;
+        }
+        let chunk = if size + 23 < 32 {
+            32
+        } else {
+            (size + 23) & !15
+        };
+        let idx = (chunk - 17) >> 4;
+        if idx >= TCACHE_BINS {
+            return 0;
+        }
+        let var = cached_address(slot, p, predictor::MALLOC);
+        if var == 0 {
+            return 0;
+        }
+        let tcache = unsafe { bpf_probe_read_user(var as *const u64) }.unwrap_or(0);
+        if tcache == 0 {
+            return 0; // not made yet, or freed as the thread ends
+        }
+        tcache + TCACHE_BINS * 2 + idx * 8
+    }
+
+    /// The address of the thread's cache variable for predictor `which`
+    /// (0: not found), found once per thread and kept in its slot; not
+    /// found, tried again after the next collection.
+    #[inline(always)]
+    fn cached_address(slot: *mut PendingCall, p: &Predict, which: u32) -> u64 {
+        let known = unsafe {
+            if which == predictor::GC {
+                (*slot).gc_key
+            } else {
+                (*slot).tcache
+            }
+        };
         if known > 1 {
             return known;
         }
         let epoch = GC_EPOCH.get(0).copied().unwrap_or(0);
-        if known == 1 && unsafe { (*slot).tlfs_epoch } == epoch {
+        if known == 1 && unsafe { (*slot).found_epoch } == epoch {
             return 0;
         }
-        let found = find_free_lists(p).unwrap_or(1);
+        let found = find_cache_variable(p, which).unwrap_or(1);
         unsafe {
-            (*slot).tlfs = found;
-            (*slot).tlfs_epoch = epoch;
+            if which == predictor::GC {
+                (*slot).gc_key = found;
+            } else {
+                (*slot).tcache = found;
+            }
+            (*slot).found_epoch = epoch;
         }
         if found > 1 {
             found
@@ -486,17 +558,25 @@ mod probes {
         }
     }
 
-    /// `GC_thread_key` of the current thread: `fs` base, TLS vector, libgc's block.
+    /// The current thread's `GC_thread_key` (fs base, TLS vector, libgc's
+    /// block) or `tcache` (fs base + the offset in glibc's GOT).
     #[inline(always)]
-    fn find_free_lists(p: &GcPredict) -> Option<u64> {
+    fn find_cache_variable(p: &Predict, which: u32) -> Option<u64> {
         let task = unsafe { bpf_get_current_task() };
         let fsbase: u64 =
             unsafe { bpf_probe_read_kernel((task + p.fsbase_offset) as *const u64) }.ok()?;
+        if fsbase == 0 {
+            return None;
+        }
+        if which == predictor::MALLOC {
+            let offset: u64 = unsafe { bpf_probe_read_user(p.slot as *const u64) }.ok()?;
+            return Some(fsbase.wrapping_add(offset));
+        }
         let dtv: u64 = unsafe { bpf_probe_read_user((fsbase + 8) as *const u64) }.ok()?;
-        let module: u64 = if p.module_slot == 0 {
+        let module: u64 = if p.slot == 0 {
             p.module_id
         } else {
-            unsafe { bpf_probe_read_user(p.module_slot as *const u64) }.ok()?
+            unsafe { bpf_probe_read_user(p.slot as *const u64) }.ok()?
         };
         if module == 0 || module > 1 << 16 {
             return None;
@@ -507,21 +587,19 @@ mod probes {
         if block == 0 || block == u64::MAX {
             return None;
         }
-        let tlfs: u64 =
-            unsafe { bpf_probe_read_user((block + p.tls_offset) as *const u64) }.ok()?;
-        (tlfs > GC_FREELIST_COUNTS).then_some(tlfs)
+        Some(block + p.tls_offset)
     }
 
     /// At the return of a call whose result was predicted: whether it was
     /// right. Trusted after `PREDICT_TRUST_AFTER` right; off at the first wrong.
     #[inline(always)]
-    fn check_prediction(predicted: u64, addr: u64) {
-        bump(|c| &mut c.gc_predictions_checked);
-        let Some(p) = GC_PREDICT.get_ptr_mut(0) else {
+    fn check_prediction(kind: u8, predicted: u64, addr: u64) {
+        bump(|c| &mut c.predictions_checked);
+        let Some(p) = PREDICT.get_ptr_mut(predictor_of(kind)) else {
             return;
         };
         if predicted != addr {
-            bump(|c| &mut c.gc_predictions_wrong);
+            bump(|c| &mut c.predictions_wrong);
             unsafe { (*p).state = predict::OFF };
             return;
         }
@@ -572,8 +650,9 @@ mod probes {
                 jiffies: 0,
                 epoch: 0,
             },
-            tlfs: 0,
-            tlfs_epoch: 0,
+            gc_key: 0,
+            tcache: 0,
+            found_epoch: 0,
             predicted: 0,
         };
         let _ = PENDING.insert(&thread, &idle, BPF_NOEXIST as u64);
@@ -1008,7 +1087,8 @@ mod probes {
             layout::POSIX_MEMALIGN => (arg(ctx, 2), arg(ctx, 0), op::OUT_PTR),
             _ => (arg(ctx, 0), 0, op::ALLOC),
         };
-        let thread_local = layout == layout::GC_THREAD_LOCAL;
+        // An allocator whose result its entry can read ([`Predict`]).
+        let cached = layout == layout::GC_THREAD_LOCAL || layout == layout::MALLOC_TCACHE;
         enter(
             ctx,
             cookie::kind(cookie),
@@ -1016,7 +1096,7 @@ mod probes {
             arg_ptr,
             op,
             session,
-            session && thread_local,
+            session && cached,
         )
     }
 
@@ -1124,7 +1204,7 @@ mod probes {
             ret
         };
         if call.predicted != 0 {
-            check_prediction(call.predicted, addr);
+            check_prediction(call.site.kind, call.predicted, addr);
         }
         // mmap fails with MAP_FAILED (-1), the others with NULL.
         let failed = addr == 0 || addr > (-4096i64) as u64;

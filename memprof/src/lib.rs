@@ -31,6 +31,7 @@ pub mod memory;
 pub mod modules;
 pub mod outfile;
 pub mod placement;
+pub mod predict;
 pub mod probes;
 pub mod profile;
 pub mod progress;

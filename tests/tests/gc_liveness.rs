@@ -222,13 +222,13 @@ fn verdicts_with(name: &str, fixture: &str, options: &[&str]) {
     // first 4,096 predictions matched their returns; none wrong, and every
     // verdict above exact with them.
     let counter = |name: &str| uint(&json, &format!("/counters/{name}"));
-    assert_eq!(counter("gc_predictions_wrong"), 0, "{:#}", json["counters"]);
+    assert_eq!(counter("predictions_wrong"), 0, "{:#}", json["counters"]);
     assert!(
-        counter("gc_predictions_checked") >= 4_096,
+        counter("predictions_checked") >= 4_096,
         "{:#}",
         json["counters"]
     );
-    assert!(counter("gc_predicted") >= 100_000, "{:#}", json["counters"]);
+    assert!(counter("predicted") >= 100_000, "{:#}", json["counters"]);
     for field in [
         "last_collection",
         "marked_count",
@@ -553,15 +553,15 @@ fn threads_each_with_their_free_lists() {
     profile_run(&profile, &[fixture::GC_THREADS]);
     let json = report_json(&profile);
     let counter = |name: &str| uint(&json, &format!("/counters/{name}"));
-    assert_eq!(counter("gc_predictions_wrong"), 0, "{:#}", json["counters"]);
+    assert_eq!(counter("predictions_wrong"), 0, "{:#}", json["counters"]);
     assert_eq!(uint(&json, "/lost_events"), 0, "{:#}", json["counters"]);
     // 4,096 checked before trusting, then one in 256 per CPU.
     assert!(
-        counter("gc_predictions_checked") >= 4_096,
+        counter("predictions_checked") >= 4_096,
         "{:#}",
         json["counters"]
     );
-    assert!(counter("gc_predicted") >= 300_000, "{:#}", json["counters"]);
+    assert!(counter("predicted") >= 300_000, "{:#}", json["counters"]);
     for (function, bytes) in [("alloc_scanned", 9_600_000), ("alloc_atomic", 9_599_936)] {
         let groups = gc_groups_with(&json, function);
         assert_eq!(sum(&groups, "total_count"), 200_000, "{function}");

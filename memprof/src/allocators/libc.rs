@@ -11,7 +11,7 @@ use super::{AllocFn, ArgReg::*};
 use AllocKind::{Libc, Mmap};
 
 pub static LIBC: &[AllocFn] = &[
-    AllocFn::alloc("malloc", l::SIZE, Libc, &[Rdi], false),
+    AllocFn::alloc("malloc", l::MALLOC_TCACHE, Libc, &[Rdi], false),
     AllocFn::alloc("calloc", l::CALLOC, Libc, &[Rdi, Rsi], true),
     AllocFn::alloc("realloc", l::REALLOC, Libc, &[Rdi, Rsi], true),
     AllocFn::alloc(

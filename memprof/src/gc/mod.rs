@@ -40,7 +40,6 @@ pub mod heap_stats;
 pub mod layout;
 pub mod lookup;
 pub mod pass;
-pub mod predict;
 mod symbolic;
 
 use std::collections::HashSet;

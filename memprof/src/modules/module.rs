@@ -414,6 +414,12 @@ impl Module {
         found.map(|s| s.address())
     }
 
+    /// Whether the dynamic linker fills `slot` with the thread-pointer
+    /// offset of one of the module's own TLS variables.
+    pub fn is_tls_offset_slot(&self, slot: u64) -> bool {
+        self.slots.tls_offsets.contains(&slot)
+    }
+
     /// A GOT slot the dynamic linker fills with this module's TLS module
     /// id (the index of its block in each thread's TLS vector).
     pub fn tls_module_slot(&self) -> Option<u64> {

@@ -22,6 +22,9 @@ pub(super) struct Slots {
     /// id (`R_X86_64_DTPMOD64` of the module's own TLS: local-dynamic
     /// access, or a symbol it defines).
     pub(super) tls_module: Option<u64>,
+    /// Slots the dynamic linker fills with the thread-pointer offset of a
+    /// TLS variable of this module (`R_X86_64_TPOFF64`: initial-exec access).
+    pub(super) tls_offsets: HashSet<u64>,
 }
 
 impl Slots {
@@ -32,7 +35,7 @@ impl Slots {
     pub fn read(file: &object::File, got: Vec<(u64, u64)>) -> Slots {
         use object::elf::{
             R_X86_64_64, R_X86_64_DTPMOD64, R_X86_64_GLOB_DAT, R_X86_64_JUMP_SLOT,
-            R_X86_64_RELATIVE,
+            R_X86_64_RELATIVE, R_X86_64_TPOFF64,
         };
         let mut slots = Slots {
             got,
@@ -47,6 +50,12 @@ impl Slots {
             let RelocationFlags::Elf { r_type } = relocation.flags() else {
                 continue;
             };
+            if r_type == R_X86_64_TPOFF64 {
+                if relocation.target() == RelocationTarget::Absolute {
+                    slots.tls_offsets.insert(slot);
+                }
+                continue;
+            }
             if r_type == R_X86_64_DTPMOD64 {
                 let own = match relocation.target() {
                     RelocationTarget::Absolute => true,

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use aya::programs::RawTracePoint;
-use memprof_common::{layout, programs};
+use memprof_common::programs;
 
 use super::multi::{self, Attach};
 use super::{permission_hint, Probes};
@@ -46,11 +46,13 @@ impl Probes {
         // call, the pair is cheaper (1.63× against 1.72×: the session's
         // return goes through the kernel's per-consumer bookkeeping).
         //
-        // `GC_malloc` and `GC_malloc_atomic` get a session in exact mode
-        // too when their results are predicted (`crate::gc::predict`):
-        // their entry skips the return of most calls.
+        // Allocators whose results are predicted (`crate::gc::predict`:
+        // `GC_malloc`, `GC_malloc_atomic`, glibc's `malloc`) get a session
+        // in exact mode too: their entry skips the return of most calls.
         let session = !self.empty && self.sample_bytes > 0 && self.session_available();
-        self.predict_gc = self.predict_gc && !self.empty && self.session_available();
+        if self.empty || (!self.predicted_layouts.is_empty() && !self.session_available()) {
+            self.predicted_layouts.clear();
+        }
         let mut links: BTreeMap<(Attach, &'static str, PathBuf), LinkPlan> = BTreeMap::new();
         for planned in plan {
             let f = &planned.func;
@@ -65,8 +67,7 @@ impl Probes {
                     (Attach::Multi, programs::EMPTY),
                 ],
                 (Some(_), false)
-                    if (session
-                        || (self.predict_gc && f.func.layout == layout::GC_THREAD_LOCAL))
+                    if (session || self.predicted_layouts.contains(&f.func.layout))
                         && f.func.entry_program == programs::ALLOC_ENTER =>
                 {
                     vec![(Attach::Session, programs::ALLOC_SESSION)]

@@ -213,15 +213,20 @@ impl Probes {
         self.config.set(config::GC_COPY, 1)
     }
 
-    /// Starts predicting `GC_malloc`'s results with `settings` ([`memprof_common::GcPredict`]).
-    pub fn predict_gc_results(&mut self, settings: &memprof_common::GcPredict) -> Result<()> {
+    /// Starts predicting results with `settings` ([`memprof_common::Predict`]),
+    /// for predictor `which` ([`memprof_common::predictor`]).
+    pub fn predict_results(
+        &mut self,
+        which: u32,
+        settings: &memprof_common::Predict,
+    ) -> Result<()> {
         let map = self
             .ebpf
-            .map_mut(memprof_common::maps::GC_PREDICT)
-            .ok_or_else(|| anyhow::anyhow!("no GC_PREDICT map"))?;
-        let mut array: aya::maps::Array<_, memprof_common::GcPredict> =
+            .map_mut(memprof_common::maps::PREDICT)
+            .ok_or_else(|| anyhow::anyhow!("no PREDICT map"))?;
+        let mut array: aya::maps::Array<_, memprof_common::Predict> =
             aya::maps::Array::try_from(map)?;
-        array.set(0, *settings, 0)?;
+        array.set(which, *settings, 0)?;
         Ok(())
     }
 

@@ -97,9 +97,10 @@ pub struct Probes {
     sample_bytes: u64,
     /// Stacks are unwound with the CFI tables (`DWARF_STACKS`), not frame pointers.
     dwarf: bool,
-    /// `GC_malloc`'s result is read at its entry where it can be
-    /// ([`crate::gc::predict`]): its functions get a uprobe session.
-    pub predict_gc: bool,
+    /// Allocators whose result is read at their entry where it can be
+    /// ([`crate::gc::predict`]), by layout (`GC_THREAD_LOCAL`,
+    /// `MALLOC_TCACHE`): they get a uprobe session.
+    pub predicted_layouts: Vec<u8>,
 }
 
 impl Probes {
@@ -140,7 +141,7 @@ impl Probes {
             session: None,
             links: Vec::new(),
             attached: 0,
-            predict_gc: false,
+            predicted_layouts: Vec::new(),
             modules: ModuleTable::default(),
             sample_bytes: options.sample_bytes,
             dwarf: unwind_tables.is_some(),

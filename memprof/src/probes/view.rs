@@ -265,9 +265,9 @@ fn report_counters(kernel: KernelCounters) -> Counters {
         sites_stored,
         unsampled_allocs,
         returns_probed,
-        gc_predicted,
-        gc_predictions_checked,
-        gc_predictions_wrong,
+        predicted,
+        predictions_checked,
+        predictions_wrong,
         // Reported in the GC summary (`Probes::collections_not_held`,
         // `Probes::gc_events_lost`), not here.
         gc_collections: _,
@@ -294,9 +294,9 @@ fn report_counters(kernel: KernelCounters) -> Counters {
         sites_stored,
         unsampled_allocs,
         returns_probed,
-        gc_predicted,
-        gc_predictions_checked,
-        gc_predictions_wrong,
+        predicted,
+        predictions_checked,
+        predictions_wrong,
     }
 }
 
@@ -331,9 +331,9 @@ mod tests {
             c.sites_stored,
             c.unsampled_allocs,
             c.returns_probed,
-            c.gc_predicted,
-            c.gc_predictions_checked,
-            c.gc_predictions_wrong,
+            c.predicted,
+            c.predictions_checked,
+            c.predictions_wrong,
         ];
         assert_eq!(
             read,
@@ -357,9 +357,9 @@ mod tests {
                 kernel.sites_stored,
                 kernel.unsampled_allocs,
                 kernel.returns_probed,
-                kernel.gc_predicted,
-                kernel.gc_predictions_checked,
-                kernel.gc_predictions_wrong,
+                kernel.predicted,
+                kernel.predictions_checked,
+                kernel.predictions_wrong,
             ]
         );
         // Every field had its own value: no two report counters read one field.

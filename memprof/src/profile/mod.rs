@@ -316,13 +316,13 @@ pub struct Counters {
     /// thread's free list (no return probed; see the README's "GC
     /// allocations without their return").
     #[serde(default)]
-    pub gc_predicted: u64,
+    pub predicted: u64,
     /// Predictions checked against their return, and of those wrong (one
     /// wrong turns prediction off for the rest of the session).
     #[serde(default)]
-    pub gc_predictions_checked: u64,
+    pub predictions_checked: u64,
     #[serde(default)]
-    pub gc_predictions_wrong: u64,
+    pub predictions_wrong: u64,
 }
 
 impl Counters {

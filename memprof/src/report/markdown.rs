@@ -91,20 +91,20 @@ pub fn header(profile: &Profile, out: &mut dyn Write) -> Result<()> {
     }
     writeln!(out, "{}.", capitalize(&loss_summary(profile)))?;
     writeln!(out)?;
-    if c.gc_predicted > 0 || c.gc_predictions_checked > 0 {
-        let wrong = if c.gc_predictions_wrong > 0 {
+    if c.predicted > 0 || c.predictions_checked > 0 {
+        let wrong = if c.predictions_wrong > 0 {
             format!(
-                ", {} wrong: prediction turned off, and GC allocations predicted before it (at most 255 per CPU) may carry wrong addresses",
-                thousands(c.gc_predictions_wrong)
+                ", {} wrong: that predictor turned off, and allocations it predicted before (at most 255 per CPU) may carry wrong addresses",
+                thousands(c.predictions_wrong)
             )
         } else {
             ", none wrong".into()
         };
         writeln!(
             out,
-            "GC allocations recorded at their entry (result read from the thread's free list, return not probed): {}; predictions checked against the return: {}{wrong}.",
-            thousands(c.gc_predicted),
-            thousands(c.gc_predictions_checked)
+            "Allocations recorded at their entry (result read from the thread's cache, the collector's free list or glibc's tcache; return not probed): {}; predictions checked against the return: {}{wrong}.",
+            thousands(c.predicted),
+            thousands(c.predictions_checked)
         )?;
         writeln!(out)?;
     }

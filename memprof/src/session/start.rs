@@ -9,9 +9,9 @@ use anyhow::{bail, Context, Result};
 
 use super::{update_ranges, CensusWhen, GcWatch, Mode, Output, Plan, Session, SessionOptions};
 use crate::allocators;
-use crate::gc::predict::Predictor;
 use crate::live::Live;
 use crate::modules::ModuleCache;
+use crate::predict::Predictor;
 use crate::probes::{ProbeOptions, Probes};
 use crate::target::maps::{self, MapsCache};
 use crate::target::{self, launch, startup, Target};
@@ -69,10 +69,10 @@ impl Session {
     /// of a command held after its `exec`.
     fn prepare_launched(&mut self) -> Result<()> {
         let pid = self.pid();
-        let predictor = self.gc_predictor();
+        let predictors = self.predictors();
         self.probes
             .attach(pid, &self.plan.probes, &self.plan.modules)?;
-        self.predict_gc_results(predictor);
+        self.predict_results(predictors);
         self.probes.set_traced(pid)?;
         self.gc.start(&mut self.probes, pid)?;
         if self.plan.tables.is_some() {
@@ -128,7 +128,7 @@ impl Session {
         // Collections are watched before allocations are: every GC object
         // recorded then reaches the mark-bit pass's copy.
         session.tracer = session.gc.trace(&mut session.probes, pid)?;
-        let predictor = session.gc_predictor();
+        let predictors = session.predictors();
         session
             .probes
             .attach(pid, &session.plan.probes, &session.plan.modules)
@@ -139,7 +139,7 @@ impl Session {
                     anyhow::anyhow!("pid {pid} exited while memprof was attaching")
                 }
             })?;
-        session.predict_gc_results(predictor);
+        session.predict_results(predictors);
         session.start_clock();
         eprintln!(
             "memprof: attached to pid {pid} ({} probes, {} unwinding); Ctrl-C to stop{}",
@@ -154,45 +154,73 @@ impl Session {
     }
 
     /// Profiling starts now: the duration and the timeline count from here.
-    /// Before attaching: whether `GC_malloc`'s results can be read at its
-    /// entry ([`Predictor`]); if so its functions get a uprobe session.
-    fn gc_predictor(&mut self) -> Option<Predictor> {
-        let module = self.plan.gc_module()?;
-        let found = self
-            .plan
-            .modules
-            .get(&module)
-            .map_err(anyhow::Error::from)
-            .and_then(|libgc| Predictor::new(&libgc, module == self.target.exe));
-        match found {
-            Ok(predictor) => {
-                self.probes.predict_gc = true;
-                Some(predictor)
-            }
-            Err(e) => {
-                eprintln!("memprof: note: every GC allocation's return is probed ({e:#})");
-                None
+    /// Before attaching: the allocators whose results can be read at
+    /// their entry ([`Predictor`]: Boehm's `GC_malloc`, glibc's `malloc`);
+    /// their functions get a uprobe session. Each with its module.
+    fn predictors(&mut self) -> Vec<(Predictor, PathBuf)> {
+        let mut found = Vec::new();
+        let planned = |symbol: &str| {
+            self.plan
+                .probes
+                .iter()
+                .find(|p| p.func.func.symbol == symbol)
+                .map(|p| p.func.module.clone())
+        };
+        let wanted = [
+            ("GC_malloc", planned("GC_malloc")),
+            ("malloc", planned("malloc")),
+        ];
+        for (symbol, module) in wanted {
+            let Some(module) = module else { continue };
+            let made = self
+                .plan
+                .modules
+                .get(&module)
+                .map_err(anyhow::Error::from)
+                .and_then(|m| {
+                    if symbol == "malloc" {
+                        Predictor::malloc(&m)
+                    } else {
+                        Predictor::gc(&m, module == self.target.exe)
+                    }
+                });
+            match made {
+                Ok(predictor) => {
+                    self.probes.predicted_layouts.push(predictor.which().1);
+                    found.push((predictor, module));
+                }
+                Err(e) => eprintln!("memprof: note: every {symbol} return is probed ({e:#})"),
             }
         }
+        found
     }
 
     /// After attaching: the kernel starts predicting (checking first).
-    fn predict_gc_results(&mut self, predictor: Option<Predictor>) {
-        let Some(predictor) = predictor.filter(|_| self.probes.predict_gc) else {
-            return;
-        };
+    fn predict_results(&mut self, predictors: Vec<(Predictor, PathBuf)>) {
         let pid = self.pid();
-        let started = self
-            .plan
-            .gc_module()
-            .ok_or_else(|| anyhow::anyhow!("no libgc"))
-            .and_then(|module| Ok(self.plan.modules.get(&module)?.load_bias(pid)?))
-            .and_then(|bias| {
-                self.probes
-                    .predict_gc_results(&predictor.settings(pid, bias))
-            });
-        if let Err(e) = started {
-            eprintln!("memprof: note: every GC allocation's return is probed ({e:#})");
+        for (predictor, module) in predictors {
+            let (which, layout) = predictor.which();
+            if !self.probes.predicted_layouts.contains(&layout) {
+                continue; // no uprobe sessions here (said once)
+            }
+            let started = self
+                .plan
+                .modules
+                .get(&module)
+                .map_err(anyhow::Error::from)
+                .and_then(|m| Ok(m.load_bias(pid)?))
+                .and_then(|bias| {
+                    let settings = predictor.settings(pid, bias);
+                    if std::env::var_os("MEMPROF_DEBUG_PREDICT").is_some() {
+                        eprintln!(
+                            "memprof: debug: predictor {which}: {settings:x?} bias {bias:#x}"
+                        );
+                    }
+                    self.probes.predict_results(which, &settings)
+                });
+            if let Err(e) = started {
+                eprintln!("memprof: note: results read at the return ({e:#})");
+            }
         }
     }
 
