@@ -52,8 +52,9 @@ fn sampled_estimates_are_within_5_percent_per_stack() {
     assert!(c("unsampled_allocs") > calls / 2, "most are skipped");
     assert_eq!(c("frees"), calls - 160_000);
     // A uprobe session: only the followed calls' returns are probed (the
-    // fixture has no realloc, no nested call).
-    assert_eq!(c("returns_probed"), c("allocs"));
+    // fixture has no realloc, no nested call), except those whose result
+    // was read at the entry (a chunk in the thread's tcache).
+    assert_eq!(c("returns_probed") + c("predicted"), c("allocs"));
     assert_eq!(uint(&json, "/lost_events"), 0);
 
     for (function, blocks, size, live) in SITES {

@@ -1,5 +1,8 @@
 //! `memprof run` on `fixtures/c/threads.c`: 4 threads × 100,000 malloc(32)
-//! from one call site, 1,000 kept per thread.
+//! from one call site, 1,000 kept per thread. The 99,000 freed at once
+//! per thread go back to the thread's own tcache, where the next malloc
+//! finds them: memprof reads each result at the entry from that thread's
+//! tcache (`predict.rs`), and the counts stay exact.
 
 use memprof_tests::*;
 
@@ -20,4 +23,19 @@ fn threads_lose_nothing() {
         }
     );
     assert_eq!(uint(&json, "/lost_events"), 0);
+    let counter = |name: &str| uint(&json, &format!("/counters/{name}"));
+    assert_eq!(counter("predictions_wrong"), 0, "{:#}", json["counters"]);
+    // 4,096 checked before trusting, then one in 256 per CPU.
+    assert!(
+        counter("predictions_checked") >= 4_096,
+        "{:#}",
+        json["counters"]
+    );
+    // Every malloc after a free (4 × 98,999) finds its chunk in the
+    // thread's tcache: each predicted, then recorded or checked.
+    assert!(
+        counter("predicted") + counter("predictions_checked") >= 4 * 98_999,
+        "{:#}",
+        json["counters"]
+    );
 }

@@ -312,13 +312,13 @@ pub struct Counters {
     /// ones are (the others cost their entry probe alone).
     #[serde(default)]
     pub returns_probed: u64,
-    /// GC allocations recorded at their entry, their result read from the
-    /// thread's free list (no return probed; see the README's "GC
-    /// allocations without their return").
+    /// Allocations recorded at their entry, their result read from the
+    /// thread's cache (no return probed; see the README's "Allocations
+    /// without their return").
     #[serde(default)]
     pub predicted: u64,
     /// Predictions checked against their return, and of those wrong (one
-    /// wrong turns prediction off for the rest of the session).
+    /// wrong turns that predictor off for the rest of the session).
     #[serde(default)]
     pub predictions_checked: u64,
     #[serde(default)]
