@@ -40,19 +40,24 @@ impl Probes {
         // probe and no pending entry (ignored), never a pending entry whose
         // return nobody sees. (A session is both at once.)
         //
-        // A session only when sampling: its entry skips the return of
-        // every call it does not follow (binary-trees 12: 0.71× the
-        // empty-probe floor, against 1.18× with the pair). Following every
-        // call, the pair is cheaper (1.63× against 1.72×: the session's
-        // return goes through the kernel's per-consumer bookkeeping).
-        //
-        // Allocators whose results are predicted (`crate::gc::predict`:
-        // `GC_malloc`, `GC_malloc_atomic`, glibc's `malloc`) get a session
-        // in exact mode too: their entry skips the return of most calls.
-        let session = !self.empty && self.sample_bytes > 0 && self.session_available();
+        // A session when sampling: its entry skips the return of every
+        // call it does not follow (binary-trees 12: 0.71× the empty-probe
+        // floor, against 1.18× with the pair). And when an allocator's
+        // results are read at its entry (`crate::predict`: `GC_malloc`,
+        // `GC_malloc_atomic`, glibc's `malloc`): its entry skips the return
+        // of most calls. Else the pair: following every call, it is
+        // cheaper (1.63× against 1.72×: the session's return goes through
+        // the kernel's per-consumer bookkeeping).
         if self.empty || (!self.predicted_layouts.is_empty() && !self.session_available()) {
             self.predicted_layouts.clear();
         }
+        // With a predicted allocator, every allocating function gets the
+        // session: one program to load and verify, not three (`memprof
+        // run -- /bin/true`: 0.59 s against 0.79 s), for a return that
+        // costs a little more on the functions not predicted.
+        let session = !self.empty
+            && (self.sample_bytes > 0 || !self.predicted_layouts.is_empty())
+            && self.session_available();
         let mut links: BTreeMap<(Attach, &'static str, PathBuf), LinkPlan> = BTreeMap::new();
         for planned in plan {
             let f = &planned.func;
@@ -66,10 +71,7 @@ impl Probes {
                     (Attach::Return, programs::EMPTY_RET),
                     (Attach::Multi, programs::EMPTY),
                 ],
-                (Some(_), false)
-                    if (session || self.predicted_layouts.contains(&f.func.layout))
-                        && f.func.entry_program == programs::ALLOC_ENTER =>
-                {
+                (Some(_), false) if session && f.func.entry_program == programs::ALLOC_ENTER => {
                     vec![(Attach::Session, programs::ALLOC_SESSION)]
                 }
                 (Some(exit), false) => vec![
