@@ -210,16 +210,11 @@ impl Session {
                 .map_err(anyhow::Error::from)
                 .and_then(|m| Ok(m.load_bias(pid)?))
                 .and_then(|bias| {
-                    let settings = predictor.settings(pid, bias);
-                    if std::env::var_os("MEMPROF_DEBUG_PREDICT").is_some() {
-                        eprintln!(
-                            "memprof: debug: predictor {which}: {settings:x?} bias {bias:#x}"
-                        );
-                    }
-                    self.probes.predict_results(which, &settings)
+                    self.probes
+                        .predict_results(which, &predictor.settings(pid, bias))
                 });
             if let Err(e) = started {
-                eprintln!("memprof: note: results read at the return ({e:#})");
+                eprintln!("memprof: note: every result read at the return ({e:#})");
             }
         }
     }
