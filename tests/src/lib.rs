@@ -280,6 +280,17 @@ pub fn report_json(profile: &Path) -> Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("report is not JSON ({e}):\n{text}"))
 }
 
+/// The result-prediction counters of a profile (`predict.rs`): none
+/// wrong, at least the 4,096 checks made before trusting, and returns
+/// `(predicted, predictions_checked)` for the caller's own bounds.
+pub fn assert_predictions_right(json: &Value) -> (u64, u64) {
+    let counter = |name: &str| uint(json, &format!("/counters/{name}"));
+    assert_eq!(counter("predictions_wrong"), 0, "{:#}", json["counters"]);
+    let checked = counter("predictions_checked");
+    assert!(checked >= 4_096, "{:#}", json["counters"]);
+    (counter("predicted"), checked)
+}
+
 /// The unsigned integer at a JSON pointer (e.g. `/counters/failed_allocs`); panics if absent.
 pub fn uint(json: &Value, pointer: &str) -> u64 {
     json.pointer(pointer)
