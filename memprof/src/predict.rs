@@ -29,7 +29,7 @@ use std::path::Path;
 
 use anyhow::{anyhow, bail, Context, Result};
 use iced_x86::{Decoder, DecoderOptions, Mnemonic, OpKind};
-use memprof_common::{layout, predict, predictor, Predict};
+use memprof_common::{predict, predictor, Predict};
 
 use crate::modules::Module;
 
@@ -125,11 +125,11 @@ impl Predictor {
         })
     }
 
-    /// The kernel's predictor ([`predictor`]) and the layout it serves.
-    pub fn which(&self) -> (u32, u8) {
+    /// The kernel's predictor ([`predictor`]).
+    pub fn which(&self) -> u32 {
         match self.kind {
-            Kind::Gc { .. } => (predictor::GC, layout::GC_THREAD_LOCAL),
-            Kind::Malloc { .. } => (predictor::MALLOC, layout::MALLOC_TCACHE),
+            Kind::Gc { .. } => predictor::GC,
+            Kind::Malloc { .. } => predictor::MALLOC,
         }
     }
 

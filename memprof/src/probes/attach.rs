@@ -48,16 +48,13 @@ impl Probes {
         // of most calls. Else the pair: following every call, it is
         // cheaper (1.63× against 1.72×: the session's return goes through
         // the kernel's per-consumer bookkeeping).
-        if self.empty || (!self.predicted_layouts.is_empty() && !self.session_available()) {
-            self.predicted_layouts.clear();
-        }
+        self.predict = self.predict && !self.empty && self.session_available();
         // With a predicted allocator, every allocating function gets the
         // session: one program to load and verify, not three (`memprof
         // run -- /bin/true`: 0.59 s against 0.79 s), for a return that
         // costs a little more on the functions not predicted.
-        let session = !self.empty
-            && (self.sample_bytes > 0 || !self.predicted_layouts.is_empty())
-            && self.session_available();
+        let session =
+            !self.empty && (self.sample_bytes > 0 || self.predict) && self.session_available();
         let mut links: BTreeMap<(Attach, &'static str, PathBuf), LinkPlan> = BTreeMap::new();
         for planned in plan {
             let f = &planned.func;

@@ -97,10 +97,10 @@ pub struct Probes {
     sample_bytes: u64,
     /// Stacks are unwound with the CFI tables (`DWARF_STACKS`), not frame pointers.
     dwarf: bool,
-    /// Allocators whose result is read at their entry where it can be
-    /// ([`crate::gc::predict`]), by layout (`GC_THREAD_LOCAL`,
-    /// `MALLOC_TCACHE`): they get a uprobe session.
-    pub predicted_layouts: Vec<u8>,
+    /// Some allocator's results are read at its entry ([`crate::predict`]):
+    /// every allocating function gets a uprobe session. Cleared by
+    /// `attach` where there are none.
+    pub predict: bool,
 }
 
 impl Probes {
@@ -141,7 +141,7 @@ impl Probes {
             session: None,
             links: Vec::new(),
             attached: 0,
-            predicted_layouts: Vec::new(),
+            predict: false,
             modules: ModuleTable::default(),
             sample_bytes: options.sample_bytes,
             dwarf: unwind_tables.is_some(),

@@ -186,7 +186,7 @@ impl Session {
                 });
             match made {
                 Ok(predictor) => {
-                    self.probes.predicted_layouts.push(predictor.which().1);
+                    self.probes.predict = true;
                     found.push((predictor, module));
                 }
                 Err(e) => eprintln!("memprof: note: every {symbol} return is probed ({e:#})"),
@@ -199,10 +199,10 @@ impl Session {
     fn predict_results(&mut self, predictors: Vec<(Predictor, PathBuf)>) {
         let pid = self.pid();
         for (predictor, module) in predictors {
-            let (which, layout) = predictor.which();
-            if !self.probes.predicted_layouts.contains(&layout) {
-                continue; // no uprobe sessions here (said once)
+            if !self.probes.predict {
+                return; // no uprobe sessions here (said once)
             }
+            let which = predictor.which();
             let started = self
                 .plan
                 .modules
