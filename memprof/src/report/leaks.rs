@@ -12,7 +12,10 @@
 //!   above the one before (steady growth, not a cache warmed up once and
 //!   then full, nor a level of buffers held by open connections);
 //! - the lowest count of the last quarter is above the highest of the first
-//!   (what was gained was never given back).
+//!   (what was gained was never given back);
+//! - the count rose from one collection to the next at a quarter or more of
+//!   them (a few stragglers, like buffers a conservative collector keeps
+//!   alive by a stale word, rise in steps, not steadily).
 //!
 //! Stacks are ranked by growth in bytes (objects gained × mean object size).
 //! libc and mmap blocks have no collections: for them, "still live at the
@@ -84,8 +87,11 @@ pub fn assess(group: &Group, judged: u64) -> Option<Leak> {
     if !steady || !kept || last[1] <= first[1] {
         return None;
     }
-    let growth = last[1] - first[1];
     let rises = h.windows(2).filter(|w| w[1][1] > w[0][1]).count();
+    if rises * 4 < h.len() - 1 {
+        return None;
+    }
+    let growth = last[1] - first[1];
     let mean = group
         .total_bytes
         .checked_div(group.total_count)
@@ -278,5 +284,14 @@ mod tests {
         );
         assert_eq!(assess(&group(&points(&[10, 20, 30, 40, 50, 5])), 6), None);
         assert_eq!(assess(&group(&points(&[10, 20])), 0), None);
+        // Held buffers of which three stayed alive, one at a time, by stale
+        // words (seen in CI): 15 → 18 in three steps over 41 collections.
+        let stragglers: Vec<u64> = (0..41)
+            .map(|c| 15 + u64::from(c >= 3) + u64::from(c >= 22) + u64::from(c >= 30))
+            .collect();
+        assert_eq!(assess(&group(&points(&stragglers)), 41), None);
+        // A slow leak still counts when it rises at a quarter of them.
+        let slow: Vec<u64> = (0..41).map(|c| 100 + c / 4).collect();
+        assert!(assess(&group(&points(&slow)), 41).is_some());
     }
 }
