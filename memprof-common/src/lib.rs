@@ -104,6 +104,16 @@ pub mod layout {
     /// glibc's `malloc(size)`: served from the thread's tcache when it has
     /// a chunk of the size's bin ([`Predict`](super::Predict)).
     pub const MALLOC_TCACHE: u8 = 8;
+    /// `GC_malloc_kind_global(size, kind)`: one object, of the collector
+    /// kind in the second argument (0: pointer-free). Probed with
+    /// `--gc-sampling refill`, where it is every allocation the free lists
+    /// do not serve (a thread's first few of a size, and large objects).
+    pub const GC_KIND_GLOBAL: u8 = 9;
+    /// `GC_generic_malloc_many(lb, kind, &list)`: a thread's free list of
+    /// `lb`-byte objects refilled (`--gc-sampling refill`, [`Refill`]). The
+    /// allocation that ran it out gets the new list's head, and stands for
+    /// the objects of the list.
+    pub const GC_REFILL: u8 = 10;
 }
 
 /// The attach cookie of an allocator probe: the [`AllocKind`] in the low
@@ -136,6 +146,9 @@ pub mod op {
     pub const REALLOC: u8 = 1;
     /// `posix_memalign`: the new pointer is written to `*out_ptr`; return value 0 on success.
     pub const OUT_PTR: u8 = 2;
+    /// A free-list refill ([`layout::GC_REFILL`](super::layout::GC_REFILL)):
+    /// the new list's head is written to `*out_ptr`.
+    pub const REFILL: u8 = 3;
 }
 
 /// Stack id stored when no stack could be captured; counted in [`KernelCounters::stack_errors`].
@@ -236,6 +249,37 @@ pub struct PendingCall {
     pub found_epoch: u64,
     /// The result predicted for this call, to check at its return (0: none).
     pub predicted: u64,
+    /// A refill ([`op::REFILL`]): the size of the list's objects, and
+    /// the collector's `GC_bytes_allocd` at the entry (`u64::MAX`: not read).
+    pub refill_lb: u64,
+    pub allocd_before: u64,
+}
+
+/// How the kernel weighs a free-list refill (`--gc-sampling refill`, the
+/// `REFILL` map's one entry, written after attaching). A refill hands out
+/// `N` objects of `lb` bytes; the sample (the allocation that ran the list
+/// out) stands for them. `N` is the rise of `GC_bytes_allocd` over the call
+/// over `lb` (exact when no other thread allocates meanwhile), at most the
+/// objects from the head's block start to the head (the collector builds a
+/// block's list from its end down).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Refill {
+    /// 1: the fields below are set; 0: `N` from the head's place alone.
+    pub on: u64,
+    /// Where `GC_arrays` is: its address, or (`arrays_in_slot`) the GOT
+    /// slot holding it, read at each refill (filled by the dynamic linker).
+    pub arrays: u64,
+    pub arrays_in_slot: u64,
+    /// Offset of `GC_bytes_allocd` in `GC_arrays`.
+    pub bytes_allocd: u64,
+    /// LOG_HBLKSIZE: the collector's blocks are `1 << log_hblksize` bytes.
+    pub log_hblksize: u64,
+    /// Index in `pt_regs` (as `u64`s) of the register holding the caller's
+    /// requested size at the refill's entry (`GC_malloc_kind` keeps it in
+    /// a callee-saved register across the call); `u64::MAX`: not known,
+    /// the sample's size is `lb`.
+    pub size_reg: u64,
 }
 
 /// How the entry of an allocator knows its result, so that its return need
@@ -360,7 +404,10 @@ pub struct GcEvent {
     pub kind: u8,
     /// One of [`gc_event`].
     pub op: u8,
-    pub _pad: [u8; 2],
+    pub _pad: u8,
+    /// Objects this allocation stands for: 1 (0 read as 1), or a refill
+    /// sample's `N` (`--gc-sampling refill`).
+    pub objects: u16,
 }
 
 /// Blocks and bytes in `LIVE` per [`AllocKind`], changed by this CPU's
@@ -580,6 +627,9 @@ counters! {
         pub predictions_checked: u64,
         /// Of those, wrong: that predictor is then off for the session.
         pub predictions_wrong: u64,
+        /// `--gc-sampling refill`: free-list refills recorded, each a sample
+        /// standing for the objects of the list (counted in `allocs`).
+        pub refills: u64,
     }
 }
 
@@ -645,6 +695,8 @@ pub mod maps {
     pub const GC_EVENTS: &str = "GC_EVENTS";
     /// How allocators' results are read at their entry ([`Predict`](crate::Predict)).
     pub const PREDICT: &str = "PREDICT";
+    /// [`Refill`](super::Refill) settings, one entry.
+    pub const REFILL: &str = "REFILL";
     /// Per-CPU [`KindLive`](super::KindLive): what `LIVE` holds, per kind.
     pub const LIVE_BY_KIND: &str = "LIVE_BY_KIND";
 }
@@ -839,6 +891,7 @@ mod pod {
     unsafe impl aya::Pod for super::ModuleRange {}
     unsafe impl aya::Pod for super::DwarfStack {}
     unsafe impl aya::Pod for super::Predict {}
+    unsafe impl aya::Pod for super::Refill {}
     unsafe impl aya::Pod for super::KernelCounters {}
 }
 

@@ -62,7 +62,7 @@ mod probes {
     use memprof_common::{
         cfa, config, cookie, errno, gc_event, layout, lifetime_bucket, module_table, op, predict,
         predictor, AllocKind, AllocSite, DwarfStack, GcEvent, KernelCounters, KindLive, LiveAlloc,
-        ModuleRange, PendingCall, Predict, SiteTotals, ThreadClock, UnwindRow, CALLER_ONLY,
+        ModuleRange, PendingCall, Predict, Refill, SiteTotals, ThreadClock, UnwindRow, CALLER_ONLY,
         FOLD_WINDOW, GC_FREELIST_COUNTS, GC_TINY_FREELISTS, HOLD_SIGNAL, LIBRARY_LOAD_SIGNAL,
         MAX_FRAMES, MAX_STEPS, NO_STACK, PREDICT_CHECK_EVERY, PREDICT_TRUST_AFTER, ROW_CACHE_SLOTS,
         SAMPLE_QUANTILES, SESSION_IS_RETURN, SHORT_FRAMES, SITES_OVERFLOW, TCACHE_BINS,
@@ -90,6 +90,11 @@ mod probes {
     /// ([`Predict`]): written by userspace once attached.
     #[map]
     static PREDICT: Array<Predict> = Array::with_max_entries(predictor::COUNT, 0);
+
+    /// How a free-list refill is weighed (`--gc-sampling refill`,
+    /// [`Refill`]): written by userspace once attached.
+    #[map]
+    static REFILL: Array<Refill> = Array::with_max_entries(1, 0);
 
     // Sizes are defaults; userspace sets them from --max-live / --max-stacks.
     #[map]
@@ -304,6 +309,7 @@ mod probes {
         op: u8,
         session: bool,
         predictable: bool,
+        refill_lb: u64,
     ) -> u32 {
         if !enabled() {
             return SKIP_RETURN;
@@ -361,7 +367,9 @@ mod probes {
         let (caller, stack) = if unsampled == 1 {
             (read_caller(), Some(NO_STACK)) // never recorded
         } else if UNWIND_DWARF.load() == 1 {
-            dwarf_unwind(ctx)
+            // A refill's stack starts at the allocator that ran its list
+            // out (`GC_malloc_kind`), whose caller is the program's frame.
+            dwarf_unwind(ctx, u64::from(refill_lb != 0))
         } else {
             let id = ctx
                 .get_stackid(&STACKS, BPF_F_USER_STACK as u64)
@@ -395,6 +403,10 @@ mod probes {
             call.active = 1;
             call.sp = sp;
             call.predicted = 0;
+            call.refill_lb = refill_lb;
+        }
+        if refill_lb != 0 {
+            unsafe { (*slot).allocd_before = bytes_allocd() };
         }
         if predictable && unsampled == 0 {
             predict_call(slot, kind, size)
@@ -416,7 +428,7 @@ mod probes {
         }
         unsafe { (*slot).active = 0 };
         bump(|c| &mut c.predicted);
-        record(addr, unsafe { &*slot }, 0, slot);
+        record(addr, unsafe { &*slot }, 0, slot, 1);
         SKIP_RETURN
     }
 
@@ -654,6 +666,8 @@ mod probes {
             tcache: 0,
             found_epoch: 0,
             predicted: 0,
+            refill_lb: 0,
+            allocd_before: u64::MAX,
         };
         let _ = PENDING.insert(&thread, &idle, BPF_NOEXIST as u64);
         PENDING.get_ptr_mut(&thread)
@@ -725,7 +739,7 @@ mod probes {
     /// occurrence, and the walk goes on to the callers (up to `MAX_STEPS`
     /// frames walked, `MAX_FRAMES` kept).
     #[inline(always)]
-    fn dwarf_unwind(ctx: &ProbeContext) -> (u64, Option<u64>) {
+    fn dwarf_unwind(ctx: &ProbeContext, skip: u64) -> (u64, Option<u64>) {
         let regs = unsafe { &*ctx.regs };
         let Some(scratch) = SCRATCH.get_ptr_mut(0) else {
             let caller = unsafe { bpf_probe_read_user(regs.rsp as *const u64) }.unwrap_or(0);
@@ -741,10 +755,18 @@ mod probes {
         // caller, is at %rsp. The stack is read a window at a time.
         let mut window = Window { start: 0, end: 0 };
         let caller = window.word(&mut scratch.window, regs.rsp).unwrap_or(0);
-        (
-            caller,
-            unwind_from(scratch, cache, &mut window, regs, caller),
-        )
+        let stack = unwind_from(scratch, cache, &mut window, regs, caller, skip);
+        // With the first frame skipped, the caller is the first one kept.
+        let caller = if skip == 1 {
+            if scratch.stack.len > 0 {
+                scratch.stack.frames[0]
+            } else {
+                0
+            }
+        } else {
+            caller
+        };
+        (caller, stack)
     }
 
     /// [`dwarf_unwind`] from the caller's frame (`caller`: its pc).
@@ -755,6 +777,7 @@ mod probes {
         window: &mut Window,
         regs: &aya_ebpf::bindings::pt_regs,
         caller: u64,
+        skip: u64,
     ) -> Option<u64> {
         let mut sp = regs.rsp + 8;
         let mut bp = regs.rbp;
@@ -774,6 +797,8 @@ mod probes {
         // Functions of the last kept frames, newest first (none: MAX, no
         // function's address).
         let mut recent: [u64; FOLD_WINDOW] = [u64::MAX; FOLD_WINDOW];
+        // 1 while the first frame is to be skipped (neither kept nor folded).
+        let mut skip = skip & 1;
         for _ in 0..MAX_STEPS {
             if pc == 0 {
                 truncated = 0;
@@ -793,8 +818,10 @@ mod probes {
                 & differ(func, recent[1])
                 & differ(func, recent[2])
                 & differ(func, recent[3]);
-            let keep = new | (fold ^ 1);
-            let fold_it = keep ^ 1;
+            let wanted = new | (fold ^ 1);
+            let keep = wanted & (skip ^ 1);
+            let fold_it = (wanted ^ 1) & (skip ^ 1);
+            skip = 0;
             if keep & (len as u64 >> MAX_FRAMES.trailing_zeros()) != 0 {
                 break; // MAX_FRAMES kept, another to keep: truncated
             }
@@ -1085,19 +1112,108 @@ mod probes {
             ),
             layout::MEMALIGN => (arg(ctx, 1), 0, op::ALLOC),
             layout::POSIX_MEMALIGN => (arg(ctx, 2), arg(ctx, 0), op::OUT_PTR),
+            layout::GC_REFILL => (requested_size(ctx), arg(ctx, 2), op::REFILL),
             _ => (arg(ctx, 0), 0, op::ALLOC),
+        };
+        // The collector's kind is an argument of these two (0: pointer-free).
+        let kind = if layout == layout::GC_KIND_GLOBAL || layout == layout::GC_REFILL {
+            if arg(ctx, 1) == 0 {
+                AllocKind::GcAtomic as u8
+            } else {
+                AllocKind::Gc as u8
+            }
+        } else {
+            cookie::kind(cookie)
+        };
+        let refill_lb = if layout == layout::GC_REFILL {
+            arg(ctx, 0).max(1)
+        } else {
+            0
         };
         // An allocator whose result its entry can read ([`Predict`]).
         let cached = layout == layout::GC_THREAD_LOCAL || layout == layout::MALLOC_TCACHE;
         enter(
             ctx,
-            cookie::kind(cookie),
+            kind,
             size,
             arg_ptr,
             op,
             session,
             session && cached,
+            refill_lb,
         )
+    }
+
+    /// A refill's sample size: what the allocation that ran the list out
+    /// asked for, in the caller's register ([`Refill::size_reg`]), else
+    /// the list's object size. `pt_regs` is read at constant offsets only.
+    #[inline(always)]
+    fn requested_size(ctx: &ProbeContext) -> u64 {
+        let regs = unsafe { &*ctx.regs };
+        let lb = regs.rdi;
+        let Some(r) = REFILL.get(0) else { return lb };
+        let size = match r.size_reg {
+            0 => regs.r15,
+            1 => regs.r14,
+            2 => regs.r13,
+            3 => regs.r12,
+            4 => regs.rbp,
+            5 => regs.rbx,
+            _ => lb,
+        };
+        // Never more than the object holds.
+        if size == 0 || size > lb {
+            lb
+        } else {
+            size
+        }
+    }
+
+    /// The collector's `GC_bytes_allocd` now (`u64::MAX`: not known).
+    #[inline(never)]
+    fn bytes_allocd() -> u64 {
+        let Some(r) = REFILL.get(0) else {
+            return u64::MAX;
+        };
+        if r.on != 1 {
+            return u64::MAX;
+        }
+        let arrays = if r.arrays_in_slot == 1 {
+            match unsafe { bpf_probe_read_user(r.arrays as *const u64) } {
+                Ok(a) => a,
+                Err(_) => return u64::MAX,
+            }
+        } else {
+            r.arrays
+        };
+        unsafe { bpf_probe_read_user(arrays.wrapping_add(r.bytes_allocd) as *const u64) }
+            .unwrap_or(u64::MAX)
+    }
+
+    /// The objects a refill handed out, its list's head at `head` (see
+    /// [`Refill`]): the rise of `GC_bytes_allocd` over `lb` (after a
+    /// collection inside the call, what was allocated since), at most the
+    /// objects from the head's block start to the head; at least 1.
+    #[inline(never)]
+    fn refill_objects(lb: u64, before: u64, head: u64) -> u16 {
+        let lb = lb.max(1);
+        let log = match REFILL.get(0) {
+            Some(r) if r.on == 1 => r.log_hblksize & 31,
+            _ => 12,
+        };
+        let mut n = (head & ((1u64 << log) - 1)) / lb + 1;
+        if before != u64::MAX {
+            let after = bytes_allocd();
+            if after != u64::MAX {
+                let allocd = if after >= before {
+                    after - before
+                } else {
+                    after
+                };
+                n = n.min(allocd / lb);
+            }
+        }
+        n.clamp(1, u16::MAX as u64) as u16
     }
 
     /// Entry and return of every allocating function in one program: a
@@ -1194,6 +1310,19 @@ mod probes {
         unsafe { (*pending).active = 0 };
 
         let ret: u64 = regs.rax;
+        if call.op == op::REFILL {
+            // The new list's head: the object the allocation that ran the
+            // list out gets (the collector takes it right after).
+            let head = unsafe { bpf_probe_read_user(call.arg_ptr as *const u64) }.unwrap_or(0);
+            if head == 0 {
+                bump(|c| &mut c.failed_allocs);
+                return;
+            }
+            let objects = refill_objects(call.refill_lb, call.allocd_before, head);
+            bump(|c| &mut c.refills);
+            record(head, &call, 0, pending, objects);
+            return;
+        }
         let addr = if call.op == op::OUT_PTR {
             if ret as u32 == 0 {
                 unsafe { bpf_probe_read_user(call.arg_ptr as *const u64) }.unwrap_or(0)
@@ -1231,12 +1360,12 @@ mod probes {
         } else {
             0
         };
-        record(addr, &call, replaces, pending);
+        record(addr, &call, replaces, pending, 1);
     }
 
     /// Records an allocation at `addr`; `slot`: the thread's `PENDING` slot.
     #[inline(always)]
-    fn record(addr: u64, call: &PendingCall, replaces: u64, slot: *mut PendingCall) {
+    fn record(addr: u64, call: &PendingCall, replaces: u64, slot: *mut PendingCall, objects: u16) {
         bump(|c| &mut c.allocs);
         let epoch = GC_EPOCH.get(0).copied().unwrap_or(0);
         let copied = in_copy(call.site.kind);
@@ -1268,7 +1397,7 @@ mod probes {
         let in_live = if copied {
             // Userspace's copy is the only one (address reuse is seen there);
             // an event the ring had no room for is counted as such.
-            gc_event(addr, gc_event::ALLOC, &live, replaces);
+            gc_event(addr, gc_event::ALLOC, &live, replaces, objects);
             true
         } else {
             // Added if new (one hash operation, the usual case). An address
@@ -1381,7 +1510,7 @@ mod probes {
 
     /// Tells userspace's copy of the GC objects.
     #[inline(always)]
-    fn gc_event(addr: u64, op: u8, object: &LiveAlloc, replaces: u64) {
+    fn gc_event(addr: u64, op: u8, object: &LiveAlloc, replaces: u64, objects: u16) {
         let event = GcEvent {
             addr,
             caller: object.site.caller,
@@ -1392,7 +1521,8 @@ mod probes {
             epoch: object.epoch as u32,
             kind: object.site.kind,
             op,
-            _pad: [0; 2],
+            _pad: 0,
+            objects,
         };
         // Waking the reader for every event would cost a wakeup per
         // allocation: it reads every few ms by itself, and is woken only
@@ -1454,7 +1584,7 @@ mod probes {
                 timestamp_ns: now,
                 epoch: 0,
             };
-            gc_event(addr, gc_event::GONE, &gone, 0);
+            gc_event(addr, gc_event::GONE, &gone, 0, 1);
             return None;
         }
         match LIVE.get_ptr(&addr) {

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use crate::report::{Count, Format};
-use crate::session::{CensusWhen, GcLiveness, Heap, Unwind};
+use crate::session::{CensusWhen, GcLiveness, GcSampling, Heap, Unwind};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -187,6 +187,21 @@ pub struct SessionArgs {
     /// 0 follows every allocation.
     #[arg(long, default_value_t = 0, value_name = "N")]
     pub sample_bytes: u64,
+    /// How Boehm GC allocations are followed. exact: every GC_malloc and
+    /// GC_malloc_atomic call is probed (about a microsecond each). refill:
+    /// the collector's fast path is left alone; memprof probes where a
+    /// thread's free list runs out and is refilled (GC_generic_malloc_many,
+    /// about one call per block of objects: 1 in 72 allocations on
+    /// binary-trees), and what the free lists do not serve (a thread's
+    /// first objects of each size, large objects: exact). The allocation
+    /// that ran a list out is a sample standing for the list's objects:
+    /// its stack, its object tracked and judged by the mark bits; reports
+    /// scale counts and bytes to estimates and say so. Needs mark bits
+    /// (--gc-liveness marks) and DWARF unwinding; where the target's libgc
+    /// lacks those functions memprof says so and samples by bytes
+    /// (--sample-bytes 524288) instead. libc allocations stay exact.
+    #[arg(long, value_enum, default_value_t = GcSampling::Exact, value_name = "HOW")]
+    pub gc_sampling: GcSampling,
     /// How dead Boehm GC objects are found. marks: after every collection,
     /// read the collector's own mark bits (memprof traces the target with
     /// ptrace and holds the collecting thread, world already stopped, while

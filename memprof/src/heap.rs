@@ -96,16 +96,7 @@ impl RawGroup {
         }
         let weight = sampling::weight(mean_size, sample_bytes);
         let times = |n: &mut u64| *n = (*n as f64 * weight).round() as u64;
-        let l = &mut self.lifetimes;
-        for n in [
-            &mut l.died,
-            &mut l.total_ns,
-            &mut l.within_first_collection,
-            &mut l.collections_survived,
-        ] {
-            times(n);
-        }
-        l.buckets.iter_mut().for_each(times);
+        self.lifetimes.scale(weight);
         for point in &mut self.gc_history {
             times(&mut point[1]);
         }
@@ -209,8 +200,16 @@ pub fn collect(maps: &HeapMaps, gc: Option<GcFigures<'_>>) -> Result<RawGroups> 
     })
 }
 
-/// Adds what the passes learned about `site` to its group.
+/// Adds what the passes learned about `site` to its group (estimates of
+/// all the objects, where refills were sampled).
 fn add_gc(grouper: &mut Grouper<'_>, site: Site, s: &SiteGc) {
+    let estimated;
+    let s = if s.objects_per_record() == 1.0 {
+        s
+    } else {
+        estimated = s.estimated();
+        &estimated
+    };
     let group = grouper.group(site);
     group.collected_count += s.collected_count;
     group.collected_bytes += s.collected_bytes;

@@ -9,6 +9,7 @@
 //! | each module file of the target, mapped and parsed once | [`modules`] |
 //! | which functions to probe, where they are | [`allocators`] |
 //! | where in each function to put the probe (x86 analysis: `x86`) | [`placement`] |
+//! | `--gc-sampling refill`: what weighs a free-list refill | [`refill`] |
 //! | the eBPF programs: loading, attaching, their tables, the GC hold | [`probes`] |
 //! | the kernel's tables → groups per stack | [`heap`] |
 //! | addresses → names and `file:line` | [`symbolize`] |
@@ -35,6 +36,7 @@ pub mod predict;
 pub mod probes;
 pub mod profile;
 pub mod progress;
+pub mod refill;
 pub mod report;
 pub mod sampling;
 pub mod session;

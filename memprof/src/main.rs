@@ -11,7 +11,7 @@ use memprof::live::LiveOptions;
 use memprof::outfile::OutFile;
 use memprof::probes::ProbeOptions;
 use memprof::report::{diff, filter, Format};
-use memprof::session::{self, SessionOptions};
+use memprof::session::{self, GcLiveness, GcSampling, SessionOptions, Unwind};
 use memprof::{allocators, profile, report};
 
 fn main() -> ExitCode {
@@ -131,6 +131,17 @@ fn session_options(args: &SessionArgs, duration: Option<Duration>) -> Result<Ses
             bail!("{name} must be at least 1");
         }
     }
+    if args.gc_sampling == GcSampling::Refill {
+        if args.sample_bytes > 0 {
+            bail!("--gc-sampling refill and --sample-bytes sample GC allocations two ways: choose one");
+        }
+        if args.gc_liveness == GcLiveness::Reuse {
+            bail!("--gc-sampling refill needs --gc-liveness marks (a sample's objects are judged by the collector's mark bits)");
+        }
+        if args.unwind == Unwind::Fp {
+            bail!("--gc-sampling refill needs --unwind dwarf (a refill's stack starts inside the collector)");
+        }
+    }
     Ok(SessionOptions {
         output: args.output.clone(),
         probes: ProbeOptions {
@@ -148,6 +159,7 @@ fn session_options(args: &SessionArgs, duration: Option<Duration>) -> Result<Ses
         unwind: args.unwind,
         top: args.top,
         gc_liveness: args.gc_liveness,
+        gc_sampling: args.gc_sampling,
         census: args.census,
         census_wait: match args.census_wait {
             s if s >= 0.0 && s.is_finite() => Duration::from_secs_f64(s),

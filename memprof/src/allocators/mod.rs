@@ -28,7 +28,7 @@ use memprof_common::AllocKind;
 
 use crate::modules::{Module, ModuleCache};
 
-pub use self::boehm::BOEHM;
+pub use self::boehm::{BOEHM, BOEHM_REFILL};
 pub use self::libc::LIBC;
 
 /// An x86-64 System V argument register, as the entry probe reads it.

@@ -282,10 +282,19 @@ impl GcCopy {
 
     /// A GC object allocated at `addr`.
     pub fn allocated(&mut self, addr: u64, block: &LiveBlock) {
+        self.allocated_as(addr, block, 1);
+    }
+
+    /// [`Self::allocated`] of a sample standing for `objects` objects of
+    /// its size (`--gc-sampling refill`): the site's allocated totals count
+    /// them all; the object itself is tracked and judged like any other.
+    pub fn allocated_as(&mut self, addr: u64, block: &LiveBlock, objects: u64) {
         let site = self.site_number(block.site);
         let totals = &mut self.sites[site as usize].1;
-        totals.allocated_count += 1;
-        totals.allocated_bytes += block.size;
+        let objects = objects.max(1);
+        totals.allocated_count += objects;
+        totals.allocated_bytes += block.size * objects;
+        totals.records += 1;
         if !Record::holds(addr) {
             self.unrepresentable += 1;
             return;
@@ -298,8 +307,8 @@ impl GcCopy {
         self.incoming
             .push(Record::new(addr, block.size, ticks, site));
         let k = &mut self.per_kind[block.site.kind as usize & 3];
-        k[0] += 1;
-        k[1] += block.size;
+        k[0] += objects;
+        k[1] += block.size * objects;
     }
 
     /// The GC object allocated at `addr` at `time_ns` (just given to
@@ -545,8 +554,9 @@ impl GcCopy {
         self.per_kind = [[0; 2]; 4];
         for (site, s) in &self.sites {
             let k = &mut self.per_kind[site.kind as usize & 3];
-            k[0] += s.tracked_count;
-            k[1] += s.tracked_bytes;
+            let f = s.objects_per_record();
+            k[0] += (s.tracked_count as f64 * f).round() as u64;
+            k[1] += (s.tracked_bytes as f64 * f).round() as u64;
         }
         if let Some(j) = &judging {
             // Marked counts are "as of the last pass"; every site gets a
@@ -555,12 +565,19 @@ impl GcCopy {
             // allocated since (judging runs after the collector does).
             // Sites first seen after it get their first point at the next.
             let sites = self.sites.iter_mut().zip(&per_site_marked);
+            let (mut count, mut bytes_all) = (0.0, 0.0);
             for (n, ((_, s), &(marked, bytes))) in sites.enumerate() {
+                // What the collector's marks stand for (sampled refills).
+                let f = s.objects_per_record();
+                count += marked as f64 * f;
+                bytes_all += bytes as f64 * f;
                 (s.marked_count, s.marked_bytes) = (marked, bytes);
                 if n < j.sites {
                     super::pass::push_point(&mut s.history, [j.gc_no, marked]);
                 }
             }
+            judged.marked_count = count.round() as u64;
+            judged.marked_bytes = bytes_all.round() as u64;
         }
         match failure {
             Some(e) => Err(e),

@@ -66,6 +66,10 @@ pub struct HeapStatsLayout {
     pub heap_size_less_unmapped: bool,
     /// `GC_get_free_bytes` subtracts the unmapped bytes (8.x does).
     pub free_less_unmapped: bool,
+    /// Offset of `GC_bytes_allocd` (bytes allocated since the last
+    /// collection), from `GC_get_bytes_since_gc`; `None` where that getter
+    /// has another shape (not needed for the figures above).
+    pub bytes_allocd: Option<u64>,
 }
 
 /// The figures, as the getters in the target would return them.
@@ -271,6 +275,16 @@ pub(crate) fn derive(image: &Module) -> Result<HeapStatsLayout> {
             off - arrays
         }
     };
+    // Reached the same way as the others, or not used.
+    let bytes_allocd = match returned("GC_get_bytes_since_gc") {
+        Ok(Returned::Words(words)) => match words.as_slice() {
+            &[(slot, off, false)] if slot == slots[0] && (slot.is_some() || off >= arrays) => {
+                Some(offset((slot, off)))
+            }
+            _ => None,
+        },
+        _ => None,
+    };
     Ok(HeapStatsLayout {
         arrays,
         arrays_slot,
@@ -279,6 +293,7 @@ pub(crate) fn derive(image: &Module) -> Result<HeapStatsLayout> {
         unmapped: unmapped.map(offset),
         heap_size_less_unmapped: heap_less,
         free_less_unmapped: free_less,
+        bytes_allocd,
     })
 }
 
@@ -313,6 +328,7 @@ mod tests {
             unmapped: Some(0xb8),
             heap_size_less_unmapped: true,
             free_less_unmapped: true,
+            bytes_allocd: Some(0x40),
         }
     }
 
@@ -379,6 +395,8 @@ mod tests {
                 unmapped: Some(0x68),
                 heap_size_less_unmapped: true,
                 free_less_unmapped: true,
+                // No GC_get_bytes_since_gc in this library.
+                bytes_allocd: None,
             };
             assert_eq!(layout, expected, "{name}");
             assert_eq!(

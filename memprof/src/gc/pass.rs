@@ -79,6 +79,49 @@ pub struct SiteGc {
     /// `[GC_gc_no, live objects]` after each pass, in 32 bits each: every
     /// site gets a point at every pass, and a big program has 100,000s.
     pub history: Vec<[u32; 2]>,
+    /// Allocations the copy recorded for this site: `allocated_count`
+    /// itself, except with `--gc-sampling refill`, where a refill's sample
+    /// stands for the objects of its list (`allocated_count` sums those).
+    pub records: u64,
+}
+
+impl SiteGc {
+    /// Objects each recorded allocation stands for, on average: 1 unless
+    /// sampled at refills.
+    pub fn objects_per_record(&self) -> f64 {
+        if self.records == 0 || self.records == self.allocated_count {
+            1.0
+        } else {
+            self.allocated_count as f64 / self.records as f64
+        }
+    }
+
+    /// What the recorded allocations stand for: every figure counted per
+    /// record (live, marked, collected, lifetimes, history) times
+    /// [`Self::objects_per_record`]; the allocated totals already are.
+    pub fn estimated(&self) -> SiteGc {
+        let f = self.objects_per_record();
+        let mut s = self.clone();
+        if f == 1.0 {
+            return s;
+        }
+        let times = |n: &mut u64| *n = (*n as f64 * f).round() as u64;
+        for n in [
+            &mut s.collected_count,
+            &mut s.collected_bytes,
+            &mut s.marked_count,
+            &mut s.marked_bytes,
+            &mut s.tracked_count,
+            &mut s.tracked_bytes,
+        ] {
+            times(n);
+        }
+        s.lifetimes.scale(f);
+        for point in &mut s.history {
+            point[1] = (point[1] as f64 * f).round().min(u32::MAX as f64) as u32;
+        }
+        s
+    }
 }
 
 /// Judges tracked GC objects after each collection.

@@ -41,6 +41,8 @@ pub enum GcChange {
         addr: u64,
         block: LiveBlock,
         replaces: u64,
+        /// Objects it stands for: 1, or a refill sample's list.
+        objects: u64,
     },
     /// The GC object at `addr` was freed (`GC_free`, `GC_realloc`) at `time_ns`.
     Freed { addr: u64, time_ns: u64 },
@@ -65,6 +67,7 @@ impl TryFrom<&GcEvent> for GcChange {
                     epoch: event.epoch as u64,
                 },
                 replaces: event.replaces,
+                objects: u64::from(event.objects.max(1)),
             }),
             gc_event::GONE => Ok(GcChange::Freed {
                 addr: event.addr,
@@ -227,6 +230,19 @@ impl Probes {
         let mut array: aya::maps::Array<_, memprof_common::Predict> =
             aya::maps::Array::try_from(map)?;
         array.set(which, *settings, 0)?;
+        Ok(())
+    }
+
+    /// `--gc-sampling refill`: how the kernel weighs a refill
+    /// ([`memprof_common::Refill`]).
+    pub fn refill_settings(&mut self, settings: &memprof_common::Refill) -> Result<()> {
+        let map = self
+            .ebpf
+            .map_mut(memprof_common::maps::REFILL)
+            .ok_or_else(|| anyhow::anyhow!("no REFILL map"))?;
+        let mut array: aya::maps::Array<_, memprof_common::Refill> =
+            aya::maps::Array::try_from(map)?;
+        array.set(0, *settings, 0)?;
         Ok(())
     }
 

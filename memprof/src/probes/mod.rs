@@ -104,6 +104,12 @@ pub struct Probes {
 }
 
 impl Probes {
+    /// Sampling's mean distance (`--sample-bytes`, or its stand-in for
+    /// refill sampling), 0 without.
+    pub fn sample_bytes(&self) -> u64 {
+        self.sample_bytes
+    }
+
     /// Loads the eBPF object into the kernel (no probe attached yet).
     /// With `unwind_tables`, stacks are unwound in the kernel with those CFI
     /// rows; without, by frame pointers.

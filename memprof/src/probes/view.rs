@@ -268,6 +268,7 @@ fn report_counters(kernel: KernelCounters) -> Counters {
         predicted,
         predictions_checked,
         predictions_wrong,
+        refills,
         // Reported in the GC summary (`Probes::collections_not_held`,
         // `Probes::gc_events_lost`), not here.
         gc_collections: _,
@@ -297,6 +298,7 @@ fn report_counters(kernel: KernelCounters) -> Counters {
         predicted,
         predictions_checked,
         predictions_wrong,
+        refills,
     }
 }
 
@@ -334,6 +336,7 @@ mod tests {
             c.predicted,
             c.predictions_checked,
             c.predictions_wrong,
+            c.refills,
         ];
         assert_eq!(
             read,
@@ -360,6 +363,7 @@ mod tests {
                 kernel.predicted,
                 kernel.predictions_checked,
                 kernel.predictions_wrong,
+                kernel.refills,
             ]
         );
         // Every field had its own value: no two report counters read one field.

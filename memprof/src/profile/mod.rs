@@ -64,6 +64,12 @@ pub struct Profile {
     /// unbiased estimates. 0: every allocation was followed.
     #[serde(default)]
     pub sample_bytes: u64,
+    /// `refill`: Boehm GC allocations were sampled at the collector's
+    /// free-list refills (`--gc-sampling refill`), each sample standing for
+    /// its list's objects: the GC groups' figures are estimates. Empty:
+    /// every GC allocation was followed (or sampled by bytes).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub gc_sampling: String,
     pub counters: Counters,
     pub probes: Vec<ProbeInfo>,
     pub groups: Vec<Group>,
@@ -323,6 +329,11 @@ pub struct Counters {
     pub predictions_checked: u64,
     #[serde(default)]
     pub predictions_wrong: u64,
+    /// `--gc-sampling refill`: free-list refills recorded, each a sample
+    /// standing for the objects of the list it refilled (see the README's
+    /// "Sampling at the collector's refills"). Included in `allocs`.
+    #[serde(default)]
+    pub refills: u64,
 }
 
 impl Counters {
@@ -554,6 +565,20 @@ impl Lifetimes {
     }
 
     /// Adds `other`'s deaths.
+    /// Every count times `f` (sampled lifetimes to estimates).
+    pub fn scale(&mut self, f: f64) {
+        let times = |n: &mut u64| *n = (*n as f64 * f).round() as u64;
+        for n in [
+            &mut self.died,
+            &mut self.total_ns,
+            &mut self.within_first_collection,
+            &mut self.collections_survived,
+        ] {
+            times(n);
+        }
+        self.buckets.iter_mut().for_each(times);
+    }
+
     pub fn add(&mut self, other: &Lifetimes) {
         self.died += other.died;
         self.total_ns += other.total_ns;

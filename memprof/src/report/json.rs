@@ -146,6 +146,7 @@ fn top(profile: &Profile) -> Map<String, Value> {
         "start_unix_s": profile.start_unix_s,
         "duration_s": profile.duration_s,
         "sample_bytes": profile.sample_bytes,
+        "gc_sampling": if profile.gc_sampling.is_empty() { "exact" } else { profile.gc_sampling.as_str() },
         "unwind": profile.unwind,
         "gc": profile.gc,
         "census": profile.census,

@@ -89,6 +89,21 @@ pub fn header(profile: &Profile, out: &mut dyn Write) -> Result<()> {
         )?;
         writeln!(out)?;
     }
+    if profile.gc_sampling == "refill" {
+        let gc_objects: u64 = profile
+            .groups
+            .iter()
+            .filter(|g| g.kind.starts_with("gc"))
+            .map(|g| g.total_count)
+            .sum();
+        writeln!(
+            out,
+            "GC allocations sampled at the collector's free-list refills (--gc-sampling refill): {} refills, each the allocation that ran its thread's list out, standing for the list's objects; with the GC allocations the lists did not serve (exact), they stand for {} GC objects. GC counts and bytes are estimates: a stack with k samples is within about ±2/√k of its figure (95%), if its allocations are not in step with the lists' length.",
+            thousands(c.refills),
+            thousands(gc_objects)
+        )?;
+        writeln!(out)?;
+    }
     writeln!(out, "{}.", capitalize(&loss_summary(profile)))?;
     writeln!(out)?;
     if c.predicted > 0 || c.predictions_checked > 0 {

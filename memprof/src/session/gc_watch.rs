@@ -77,8 +77,9 @@ fn apply(copy: &mut GcCopy, change: &GcChange) {
             addr,
             block,
             replaces,
+            objects,
         } => {
-            copy.allocated(addr, &block);
+            copy.allocated_as(addr, &block, objects);
             if replaces != 0 {
                 copy.reallocated(replaces, addr, block.timestamp_ns);
             }
@@ -236,6 +237,16 @@ impl GcWatch {
         };
         self.feeder = Some(Feeder::start(events)?);
         probes.keep_gc_copy()
+    }
+
+    /// Whether GC objects are kept in memprof's copy (judged by mark bits).
+    pub(super) fn copies(&self) -> bool {
+        self.feeder.is_some()
+    }
+
+    /// Why mark bits are not read, if they are not.
+    pub(super) fn why_no_marks(&self) -> Option<&str> {
+        self.fallback.as_deref()
     }
 
     /// Says once why mark bits are not read, and stops reading them. The

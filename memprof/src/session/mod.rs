@@ -88,6 +88,8 @@ pub struct SessionOptions {
     /// Timeline sampling, `--interval`, `--snapshot-every`.
     pub live: LiveOptions,
     pub gc_liveness: GcLiveness,
+    /// `--gc-sampling`: every Boehm allocation, or samples at refills.
+    pub gc_sampling: GcSampling,
     /// `--census` (`None`: the mode's default, [`CensusWhen::or_default`]).
     pub census: Option<CensusWhen>,
     /// How long the end census waits for a collection (`--census-wait`).
@@ -106,6 +108,17 @@ pub enum GcLiveness {
     /// Only address reuse: an object counts as live until GC_free or
     /// until its address is allocated again (no tracing, no pause).
     Reuse,
+}
+
+/// How Boehm GC allocations are followed (`--gc-sampling`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum GcSampling {
+    /// Every `GC_malloc`/`GC_malloc_atomic` call is probed.
+    Exact,
+    /// Samples where a thread's free list is refilled, each standing for
+    /// the objects of the list; the free lists' fast path is not probed
+    /// ([`crate::refill`]).
+    Refill,
 }
 
 pub use crate::census::session::CensusWhen;
@@ -130,6 +143,7 @@ impl SessionOptions {
             heap: self.heap,
             unwind: self.unwind,
             probe_at_entry: self.probe_at_entry,
+            gc_refill: self.gc_sampling == GcSampling::Refill,
         }
     }
 }
@@ -503,7 +517,11 @@ impl Session {
                 .map(|d| d.as_secs_f64())
                 .unwrap_or(0.0),
             unwind: self.plan.unwind_name().to_string(),
-            sample_bytes: self.options.probes.sample_bytes,
+            sample_bytes: self.probes.sample_bytes(),
+            gc_sampling: match self.plan.gc_sampling {
+                plan::PlannedGcSampling::Refill { .. } => "refill".to_string(),
+                _ => String::new(),
+            },
             probes: self
                 .plan
                 .probes

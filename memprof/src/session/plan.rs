@@ -9,7 +9,7 @@ use anyhow::Result;
 use memprof_common::AllocKind;
 
 use super::{GcLiveness, Heap, SessionOptions, Unwind};
-use crate::allocators::{self, BOEHM, LIBC};
+use crate::allocators::{self, ResolvedFn, BOEHM, BOEHM_REFILL, LIBC};
 use crate::modules::ModuleCache;
 use crate::placement::{self, Planned};
 use crate::probes::ProbeOptions;
@@ -30,6 +30,8 @@ pub struct Choice {
     pub heap: Heap,
     pub unwind: Unwind,
     pub probe_at_entry: bool,
+    /// `--gc-sampling refill`.
+    pub gc_refill: bool,
 }
 
 /// What to attach where.
@@ -39,7 +41,26 @@ pub struct Plan {
     pub probes: Vec<Planned>,
     /// CFI tables of the target's modules (DWARF unwinding), else `None`.
     pub tables: Option<Tables>,
+    /// How Boehm allocations are sampled, as planned.
+    pub gc_sampling: PlannedGcSampling,
 }
+
+/// `--gc-sampling refill`, as the target's libgc allows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PlannedGcSampling {
+    /// Every allocation (`--gc-sampling exact`, or no libgc).
+    Exact,
+    /// At refills, with this libgc's layout (in `module`).
+    Refill {
+        module: PathBuf,
+        layout: crate::refill::RefillLayout,
+    },
+    /// Asked for, not possible here (why): sampled by bytes instead.
+    ByBytes(String),
+}
+
+/// `--sample-bytes` when refill sampling is not possible.
+pub const REFILL_FALLBACK_SAMPLE_BYTES: u64 = 512 * 1024;
 
 impl Plan {
     /// The probes are loaded (the kernel has the unwind rows): what was
@@ -64,10 +85,19 @@ impl Plan {
     ) -> Result<Plan> {
         let modules = target::modules(exe, loaded);
         let libc = allocators::resolve(&cache, &modules, LIBC)?;
-        let gc = allocators::resolve(&cache, &modules, BOEHM)?;
+        let mut gc = allocators::resolve(&cache, &modules, BOEHM)?;
+        let mut gc_table = BOEHM;
+        let mut gc_sampling = PlannedGcSampling::Exact;
+        if choice.gc_refill && choice.heap != Heap::Libc {
+            gc_sampling = plan_refill(&cache, &gc);
+            if let PlannedGcSampling::Refill { .. } = gc_sampling {
+                gc = allocators::resolve(&cache, &modules, BOEHM_REFILL)?;
+                gc_table = BOEHM_REFILL;
+            }
+        }
         let (libc_ok, gc_ok) = (
             allocators::require(&libc, LIBC, &modules),
-            allocators::require(&gc, BOEHM, &modules),
+            allocators::require(&gc, gc_table, &modules),
         );
         let resolved: Vec<_> = match choice.heap {
             Heap::Libc => {
@@ -103,6 +133,7 @@ impl Plan {
             modules: cache,
             probes: placement::plan(&resolved, choice.probe_at_entry),
             tables,
+            gc_sampling,
         })
     }
 
@@ -128,7 +159,40 @@ impl Plan {
         if self.gc_module().is_some() && options.gc_liveness == GcLiveness::Marks {
             probes.gc_events_bytes = GC_EVENTS_BYTES;
         }
+        if let PlannedGcSampling::ByBytes(_) = self.gc_sampling {
+            probes.sample_bytes = REFILL_FALLBACK_SAMPLE_BYTES;
+        }
         probes
+    }
+}
+
+/// Refill sampling in the libgc of `gc` (the resolved `BOEHM` functions),
+/// or why not (said here once).
+fn plan_refill(cache: &ModuleCache, gc: &[ResolvedFn]) -> PlannedGcSampling {
+    let Some(module) = gc.first().map(|f| f.module.clone()) else {
+        return PlannedGcSampling::Exact; // no libgc: nothing to sample
+    };
+    let layout = cache
+        .get(&module)
+        .map_err(anyhow::Error::from)
+        .and_then(|m| crate::refill::RefillLayout::derive(&m));
+    match layout {
+        Ok(layout) => {
+            if layout.size_reg.is_none() {
+                eprintln!(
+                    "memprof: note: --gc-sampling refill: the requested size is not kept across the refill in {}; samples count the collector's object size",
+                    module.display()
+                );
+            }
+            PlannedGcSampling::Refill { module, layout }
+        }
+        Err(e) => {
+            let why = format!("{e:#}");
+            eprintln!(
+                "memprof: note: --gc-sampling refill is not possible here ({why}); sampling by bytes instead (--sample-bytes {REFILL_FALLBACK_SAMPLE_BYTES})"
+            );
+            PlannedGcSampling::ByBytes(why)
+        }
     }
 }
 
@@ -140,6 +204,7 @@ pub fn plan_for_pid(pid: u32, probe_at_entry: bool, heap: Heap) -> Result<Vec<Pl
         heap,
         unwind: Unwind::Fp, // the tables are not needed to show placements
         probe_at_entry,
+        gc_refill: false,
     };
     Ok(Plan::new(ModuleCache::of_process(pid), &target.exe, &loaded, &choice)?.probes)
 }

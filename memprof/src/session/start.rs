@@ -7,6 +7,7 @@ use std::time::{Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
 
+use super::plan::PlannedGcSampling;
 use super::{update_ranges, CensusWhen, GcWatch, Mode, Output, Plan, Session, SessionOptions};
 use crate::allocators;
 use crate::live::Live;
@@ -54,7 +55,13 @@ impl Session {
             }
         };
         target.command = command.to_vec();
-        let mut session = Session::new(Mode::Run, target, plan, probes, output, options)?;
+        let mut session = match Session::new(Mode::Run, target, plan, probes, output, options) {
+            Ok(session) => session,
+            Err(e) => {
+                kill(&mut tracer);
+                return Err(e);
+            }
+        };
         session.tracer = Some(tracer);
         if let Err(e) = session.prepare_launched() {
             if let Some(tracer) = &mut session.tracer {
@@ -73,6 +80,7 @@ impl Session {
         self.probes
             .attach(pid, &self.plan.probes, &self.plan.modules)?;
         self.predict_results(predictors);
+        self.weigh_refills();
         self.probes.set_traced(pid)?;
         self.gc.start(&mut self.probes, pid)?;
         if self.plan.tables.is_some() {
@@ -140,6 +148,7 @@ impl Session {
                 }
             })?;
         session.predict_results(predictors);
+        session.weigh_refills();
         session.start_clock();
         eprintln!(
             "memprof: attached to pid {pid} ({} probes, {} unwinding); Ctrl-C to stop{}",
@@ -219,6 +228,27 @@ impl Session {
         }
     }
 
+    /// After attaching, `--gc-sampling refill`: where the collector's
+    /// `GC_bytes_allocd` is, for the kernel to weigh each refill by.
+    fn weigh_refills(&mut self) {
+        let PlannedGcSampling::Refill { module, layout } = &self.plan.gc_sampling else {
+            return;
+        };
+        let pid = self.pid();
+        let set = self
+            .plan
+            .modules
+            .get(module)
+            .map_err(anyhow::Error::from)
+            .and_then(|m| Ok(m.load_bias(pid)?))
+            .and_then(|bias| self.probes.refill_settings(&layout.settings(bias)));
+        if let Err(e) = set {
+            eprintln!(
+                "memprof: note: each refill weighed by its list's place in its block alone ({e:#})"
+            );
+        }
+    }
+
     fn start_clock(&mut self) {
         self.started = (Instant::now(), SystemTime::now());
         self.live = Live::new(
@@ -244,6 +274,12 @@ impl Session {
             gc.census_heap(&plan, target.pid, &target.exe, mode == Mode::Attach, census);
         }
         gc.keep_copy(&mut probes)?;
+        if matches!(plan.gc_sampling, PlannedGcSampling::Refill { .. }) && !gc.copies() {
+            bail!(
+                "--gc-sampling refill needs the collector's mark bits ({}); use --gc-sampling exact",
+                gc.why_no_marks().unwrap_or("--gc-liveness reuse")
+            );
+        }
         Ok(Session {
             mode,
             tables: probes.peek()?,

@@ -59,6 +59,19 @@ pub(crate) trait Hooks {
 
     /// A return from the explored function, with what `%rax` holds.
     fn returned(&mut self, _rax: V<Self::Role>) {}
+
+    /// A call to `target` (known), with what the registers hold (by
+    /// [`gpr_index`]); whether to follow it (else it is opaque: the
+    /// caller-saved registers are lost).
+    fn call(&mut self, _target: u64, _regs: &[V<Self::Role>; 16]) -> bool {
+        true
+    }
+
+    /// An unconditional jump to `target` (known): whether to follow it
+    /// (else the path ends there, as a tail call out of interest).
+    fn jump(&mut self, _target: u64) -> bool {
+        true
+    }
 }
 
 /// Calls followed into at most this depth.
@@ -213,6 +226,7 @@ impl<H: Hooks> Run<'_, H> {
             }
             FlowControl::UnconditionalBranch | FlowControl::IndirectBranch => {
                 match self.branch_target(state, &insn) {
+                    Some(target) if !self.hooks.jump(target) => Next::End,
                     Some(target) => {
                         state.ip = target;
                         Next::Continue
@@ -253,9 +267,15 @@ impl<H: Hooks> Run<'_, H> {
                 }
             }
             FlowControl::Call | FlowControl::IndirectCall => {
-                match self.branch_target(state, &insn) {
+                let target = self.branch_target(state, &insn);
+                let follow = match target {
+                    Some(target) => self.hooks.call(target, &state.regs),
+                    None => false,
+                };
+                match target {
                     Some(target)
-                        if state.depth < MAX_DEPTH
+                        if follow
+                            && state.depth < MAX_DEPTH
                             && self.push(
                                 state,
                                 V::Ptr {
