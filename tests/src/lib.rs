@@ -102,6 +102,15 @@ pub mod fixture {
         /// `fixtures/crystal/attach_census.cr`: 4,000 Early objects kept
         /// before memprof attaches, 2,500 Late ones after (on a line on stdin).
         pub const ATTACH_CENSUS_DEBUG: &str = env!("FIXTURE_CR_ATTACH_CENSUS_DEBUG");
+        /// `fixtures/crystal/refill_sites.cr`: 400,000 Small, 80,000 Kept
+        /// (all kept) and 200,000 40-byte buffers, interleaved, then a
+        /// collection: debug, static and stripped static builds.
+        pub const REFILL_SITES_DEBUG: &str = env!("FIXTURE_CR_REFILL_SITES_DEBUG");
+        pub const REFILL_SITES_STATIC: &str = env!("FIXTURE_CR_REFILL_SITES_STATIC");
+        pub const REFILL_SITES_STRIPPED: &str = env!("FIXTURE_CR_REFILL_SITES_STRIPPED");
+        /// `fixtures/crystal/refill_alias.cr`: 127 Common then 1 Rare
+        /// object of one size class, 4,000 rounds (debug build).
+        pub const REFILL_ALIAS_DEBUG: &str = env!("FIXTURE_CR_REFILL_ALIAS_DEBUG");
         /// crystal-samples' binary-trees.cr (`binary-trees DEPTH`), `--release`.
         pub const BINARY_TREES_RELEASE: &str = env!("FIXTURE_CR_BINARY_TREES_RELEASE");
     }

@@ -1,0 +1,190 @@
+//! `--gc-sampling refill`: Boehm allocations sampled where the collector
+//! refills a thread's free list. `fixtures/crystal/refill_sites.cr` makes
+//! known numbers of objects at three sites, interleaved: each site gets
+//! thousands of samples (one per refilled list, about a 4 KiB block of one
+//! size), so its estimates land within a few percent of the truth; the
+//! bounds here are the issue's, 10 % for what was allocated and 15 % for
+//! what is live. The large object (the array's buffer) is exact.
+//!
+//! `fixtures/crystal/refill_alias.cr` shows the method's known risk:
+//! allocations in step with the lists' length.
+use memprof_tests::fixture::crystal::*;
+use memprof_tests::*;
+
+/// `memprof run --gc-sampling refill` of `exe`: its JSON report.
+fn run_refill(dir: &TempDir, exe: &str) -> Value {
+    let profile = dir.join("refill.mprof");
+    run_ok([
+        OsStr::new("run"),
+        OsStr::new("--gc-sampling"),
+        OsStr::new("refill"),
+        OsStr::new("-o"),
+        profile.as_os_str(),
+        OsStr::new("--"),
+        OsStr::new(exe),
+    ]);
+    let json = report_json(&profile);
+    assert_eq!(json["gc_sampling"], "refill", "{json:#}");
+    assert_eq!(uint(&json, "/lost_events"), 0, "{json:#}");
+    json
+}
+
+/// The one group of `kind` allocated by `function` called from `caller`.
+fn site<'a>(json: &'a Value, kind: &str, function: &str, caller: &str) -> &'a Value {
+    let found: Vec<&Value> = groups_at(json, kind, function)
+        .into_iter()
+        .filter(|g| g.pointer("/frames/1/function").and_then(Value::as_str) == Some(caller))
+        .collect();
+    match found.as_slice() {
+        [group] => group,
+        _ => panic!(
+            "expected one {kind} group at {function} from {caller}, found {}:\n{}",
+            found.len(),
+            list_groups(json)
+        ),
+    }
+}
+
+fn within(what: &str, estimate: u64, truth: u64, bound: f64) {
+    let error = (estimate as f64 - truth as f64).abs() / truth as f64;
+    assert!(
+        error <= bound,
+        "{what}: estimated {estimate}, truth {truth} ({:.1} % off, bound {:.0} %)",
+        error * 100.0,
+        bound * 100.0
+    );
+}
+
+/// (kind, function, caller, objects, object size, all kept)
+const SITES: [(&str, &str, &str, u64, u64, bool); 3] = [
+    ("gc_atomic", "Small.new", "make_small", 400_000, 24, false),
+    ("gc", "Kept.new", "make_kept", 80_000, 32, true),
+    (
+        "gc_atomic",
+        "Slice(UInt8).new",
+        "make_buffer",
+        200_000,
+        40,
+        false,
+    ),
+];
+
+/// Each site's estimates against the truth; the array's buffer exact.
+fn assert_sites(flavour: &str, json: &Value) {
+    for (kind, function, caller, objects, size, kept) in SITES {
+        let g = site(json, kind, function, caller);
+        let what = format!("{flavour} {function}");
+        within(
+            &format!("{what} allocated"),
+            uint(g, "/total_count"),
+            objects,
+            0.10,
+        );
+        within(
+            &format!("{what} allocated bytes"),
+            uint(g, "/total_bytes"),
+            objects * size,
+            0.10,
+        );
+        let live = uint(g, "/live_count");
+        if kept {
+            within(&format!("{what} live"), live, objects, 0.15);
+        } else {
+            // Garbage at the last collection: a sample the collector
+            // still held by a stale word would stand for its whole list.
+            assert!(live * 100 <= objects, "{what}: {live} live of {objects}");
+        }
+    }
+    // The kept array's buffer: one large object, never sampled.
+    let buffer = site(json, "gc", "Array(Kept)#initialize", "Array(Kept).new");
+    assert_eq!(
+        (
+            uint(buffer, "/total_count"),
+            uint(buffer, "/total_bytes"),
+            uint(buffer, "/live_count")
+        ),
+        (1, 80_000 * 8, 1),
+        "{flavour}"
+    );
+    // A refill hands out one 4 KiB block of its size: 128 objects of 32
+    // bytes (Small, 24 + 1 rounded up to 16), 85 of 48 (Kept and the
+    // buffers, 32 + 1 and 40 + 1), so the fixture's own refills are about
+    // 3,125 + 941 + 2,353 (the runtime's add a few dozen).
+    let refills = uint(json, "/counters/refills");
+    within(
+        &format!("{flavour} refills"),
+        refills,
+        3_125 + 941 + 2_353,
+        0.10,
+    );
+}
+
+#[test]
+fn three_sites_estimated_within_bounds() {
+    let dir = TempDir::new("refill-debug");
+    let json = run_refill(&dir, REFILL_SITES_DEBUG);
+    assert_sites("debug", &json);
+    // The report says how it was sampled.
+    let markdown = report(&dir.join("refill.mprof"), "markdown", &[]);
+    assert!(
+        markdown.contains(&format!(
+            "(--gc-sampling refill): {} refills",
+            thousands(uint(&json, "/counters/refills"))
+        )),
+        "{markdown}"
+    );
+}
+
+#[test]
+fn static_and_stripped_builds() {
+    for (flavour, exe) in [
+        ("static", REFILL_SITES_STATIC),
+        ("stripped", REFILL_SITES_STRIPPED),
+    ] {
+        let dir = TempDir::new(&format!("refill-{flavour}"));
+        assert_sites(flavour, &run_refill(&dir, exe));
+    }
+}
+
+/// 127 `Common` then one `Rare` object of one size class, each round,
+/// the collector off: the period is the length of a refilled list (128
+/// objects of 32 bytes, one block), so a list runs out at the same place
+/// of round after round, and the samples land on whichever site is there.
+/// The class's total stays right; the split between the two sites does
+/// not. Runs here (other environments, other phases) put Rare, 4,000
+/// objects, anywhere from 12 to 11,716. Each sample on it stands for a
+/// whole list. The README says so.
+#[test]
+fn allocations_in_step_with_the_lists_alias() {
+    let dir = TempDir::new("refill-alias");
+    let json = run_refill(&dir, REFILL_ALIAS_DEBUG);
+    let count = |function, caller| uint(site(&json, "gc_atomic", function, caller), "/total_count");
+    let (common, rare) = (count("Common.new", "common"), count("Rare.new", "rare"));
+    within("Common + Rare", common + rare, 4_000 * 128, 0.02);
+    let error = (rare as f64 - 4_000.0).abs() / 4_000.0;
+    assert!(
+        error > 0.25,
+        "Rare estimated at {rare} (truth 4,000): within 25 %, no longer aliased? Update the README"
+    );
+}
+
+#[test]
+fn refill_with_another_sampling_is_one_clear_error() {
+    for (extra, words) in [
+        (
+            &["--sample-bytes", "4096"][..],
+            &["--gc-sampling refill", "--sample-bytes", "choose one"][..],
+        ),
+        (&["--unwind", "fp"][..], &["--unwind dwarf"][..]),
+        (
+            &["--gc-liveness", "reuse"][..],
+            &["--gc-liveness marks"][..],
+        ),
+    ] {
+        let mut args = vec!["run", "--gc-sampling", "refill"];
+        args.extend(extra);
+        args.extend(["--", "/bin/true"]);
+        let output = run(args);
+        assert_one_line_error(&output, words);
+    }
+}
