@@ -92,6 +92,10 @@ const GC_WAYS: &[Way] = &[
         name: "memprof --sample-bytes 512K",
         memprof: Some(&["--sample-bytes", "524288"]),
     },
+    Way {
+        name: "memprof --gc-sampling refill",
+        memprof: Some(&["--gc-sampling", "refill"]),
+    },
 ];
 
 /// The way whose time is the floor the others are compared with: the
@@ -202,8 +206,117 @@ pub fn bench() -> Result<()> {
     }
     let binary_trees = target_dir().join("bench/binary-trees");
     end_to_end(&memprof, &binary_trees, "15", &profile)?;
+    http_throughput(&memprof, &profile)?;
     fixed_cost(&memprof, &profile)?;
     Ok(())
+}
+
+/// Seconds of each `wrk` run, and the runs per way (the better one counts:
+/// the machine's other work only ever lowers a run).
+const WRK_SECONDS: u32 = 5;
+const WRK_RUNS: usize = 2;
+
+/// crystal-samples' http_server (port 8080) under `wrk` on 127.0.0.1:
+/// requests per second untraced, then while `memprof attach` profiles it
+/// with `--gc-sampling refill` (the attach's own start and end excluded).
+fn http_throughput(memprof: &Path, profile: &Path) -> Result<()> {
+    let server = target_dir().join("bench/http_server");
+    if !server.exists() {
+        println!("bench: compiling http_server.cr (crystal build --release)");
+        crate::run(
+            Command::new("crystal")
+                .args(["build", "--release", "-o"])
+                .arg(&server)
+                .arg("/usr/share/doc/crystal/examples/http_server.cr"),
+        )?;
+    }
+    let mut child = Command::new(&server)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .with_context(|| format!("cannot start {}", server.display()))?;
+    let result = (|| -> Result<(f64, f64)> {
+        wait_for_port(8080)?;
+        let untraced = best_wrk()?;
+        let mut attach = Command::new(memprof)
+            .args(["attach", "--pid", &child.id().to_string()])
+            .args(["--gc-sampling", "refill", "--census", "off", "-o"])
+            .arg(profile)
+            .stderr(std::process::Stdio::piped())
+            .spawn()?;
+        let attached = wait_for_line(attach.stderr.take().context("no stderr")?, "attached to pid");
+        let traced = attached.and_then(|_| best_wrk());
+        send_signal(attach.id(), 2); // SIGINT: memprof ends its session
+        let status = attach.wait()?;
+        ensure!(status.success(), "memprof attach failed ({status})");
+        Ok((untraced, traced?))
+    })();
+    let _ = child.kill();
+    let _ = child.wait();
+    let (untraced, traced) = result?;
+    println!("\nbench: crystal-samples' http_server under wrk -t2 -c20 -d{WRK_SECONDS}s on 127.0.0.1, best of {WRK_RUNS}");
+    println!("| way                                 | requests/s | vs untraced |");
+    println!("|-------------------------------------|-----------:|------------:|");
+    println!("| untraced                            | {untraced:>10.0} |     100.0 % |");
+    println!(
+        "| memprof attach --gc-sampling refill | {traced:>10.0} | {:>9.1} % |",
+        traced * 100.0 / untraced
+    );
+    Ok(())
+}
+
+/// The better requests/s of [`WRK_RUNS`] runs of `wrk` against port 8080.
+fn best_wrk() -> Result<f64> {
+    let mut best: f64 = 0.0;
+    for _ in 0..WRK_RUNS {
+        let out = output(
+            Command::new("wrk")
+                .args(["-t2", "-c20", &format!("-d{WRK_SECONDS}s")])
+                .arg("http://127.0.0.1:8080/"),
+        )?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let rate = text
+            .lines()
+            .find_map(|l| l.strip_prefix("Requests/sec:"))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .with_context(|| format!("wrk printed no Requests/sec:\n{text}"))?;
+        best = best.max(rate);
+    }
+    Ok(best)
+}
+
+/// Waits (at most 10 s) until something listens on 127.0.0.1:`port`.
+fn wait_for_port(port: u16) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        ensure!(Instant::now() < deadline, "nothing listens on port {port} after 10 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// Reads `pipe` until a line contains `needle` (at most 60 s), then keeps
+/// draining it in the background.
+fn wait_for_line(pipe: impl std::io::Read + Send + 'static, needle: &str) -> Result<()> {
+    use std::io::BufRead;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let needle = needle.to_string();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(pipe).lines().map_while(Result::ok) {
+            if line.contains(&needle) {
+                let _ = tx.send(());
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(60))
+        .context("memprof attach did not say it attached within 60 s")
+}
+
+/// Sends `signal` to process `pid` (`kill`, to need no libc crate).
+fn send_signal(pid: u32, signal: i32) {
+    let _ = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status();
 }
 
 /// Times `workload` every way; prints a table with each way's time per

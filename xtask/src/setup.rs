@@ -13,8 +13,9 @@ use std::process::Command;
 
 /// Debian packages: Crystal and Boehm GC (Crystal targets and fixtures),
 /// Crystal sample programs (real workloads), Go (`go tool pprof` reads the
-/// pprof reports back), Chromium (renders the HTML report headless) and C
-/// and C++ toolchains (fixtures).
+/// pprof reports back), Chromium (renders the HTML report headless), C
+/// and C++ toolchains (fixtures) and wrk (loads crystal-samples'
+/// http_server in the benchmark).
 const APT_PACKAGES: &[&str] = &[
     "crystal",
     "libgc-dev",
@@ -24,6 +25,7 @@ const APT_PACKAGES: &[&str] = &[
     "gcc",
     "g++",
     "make",
+    "wrk",
 ];
 
 /// The newest bpf-linker that works with the Rust toolchain's own LLVM here
