@@ -98,7 +98,7 @@ pub fn header(profile: &Profile, out: &mut dyn Write) -> Result<()> {
             .sum();
         writeln!(
             out,
-            "GC allocations sampled at the collector's free-list refills (--gc-sampling refill): {} refills, each the allocation that ran its thread's list out, standing for the list's objects; with the GC allocations the lists did not serve (exact), they stand for {} GC objects. GC counts and bytes are estimates: a stack with k samples is within about ±2/√k of its figure (95%), if its allocations are not in step with the lists' length.",
+            "GC allocations sampled at the collector's free-list refills (--gc-sampling refill): {} refills, each the allocation that ran its thread's list out, standing for the list's objects; with the GC allocations the lists did not serve (exact), they stand for {} GC objects. GC counts and bytes are estimates: a stack with k samples is within about ±2/√k of its figure (95%), if its allocations are not in step with the lists' length. GC_free of an object served by a list is a free of an unknown block.",
             thousands(c.refills),
             thousands(gc_objects)
         )?;
