@@ -243,7 +243,10 @@ fn http_throughput(memprof: &Path, profile: &Path) -> Result<()> {
             .arg(profile)
             .stderr(std::process::Stdio::piped())
             .spawn()?;
-        let attached = wait_for_line(attach.stderr.take().context("no stderr")?, "attached to pid");
+        let attached = wait_for_line(
+            attach.stderr.take().context("no stderr")?,
+            "attached to pid",
+        );
         let traced = attached.and_then(|_| best_wrk());
         send_signal(attach.id(), 2); // SIGINT: memprof ends its session
         let status = attach.wait()?;
@@ -288,7 +291,10 @@ fn best_wrk() -> Result<f64> {
 fn wait_for_port(port: u16) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(10);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        ensure!(Instant::now() < deadline, "nothing listens on port {port} after 10 s");
+        ensure!(
+            Instant::now() < deadline,
+            "nothing listens on port {port} after 10 s"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     Ok(())

@@ -170,7 +170,8 @@ impl Plan {
 /// or why not (said here once).
 fn plan_refill(cache: &ModuleCache, gc: &[ResolvedFn]) -> PlannedGcSampling {
     let Some(module) = gc.first().map(|f| f.module.clone()) else {
-        return PlannedGcSampling::Exact; // no libgc: nothing to sample
+        eprintln!("memprof: note: --gc-sampling refill: the target has no Boehm GC; its allocations are followed as usual");
+        return PlannedGcSampling::Exact;
     };
     let layout = cache
         .get(&module)
