@@ -368,8 +368,9 @@ mod probes {
             (read_caller(), Some(NO_STACK)) // never recorded
         } else if UNWIND_DWARF.load() == 1 {
             // A refill's stack starts at the allocator that ran its list
-            // out (`GC_malloc_kind`), whose caller is the program's frame.
-            dwarf_unwind(ctx, u64::from(refill_lb != 0))
+            // out (`GC_malloc_kind`): userspace leaves that frame out (a
+            // skip here would cost the verifier another walk of the loop).
+            dwarf_unwind(ctx)
         } else {
             let id = ctx
                 .get_stackid(&STACKS, BPF_F_USER_STACK as u64)
@@ -739,7 +740,7 @@ mod probes {
     /// occurrence, and the walk goes on to the callers (up to `MAX_STEPS`
     /// frames walked, `MAX_FRAMES` kept).
     #[inline(always)]
-    fn dwarf_unwind(ctx: &ProbeContext, skip: u64) -> (u64, Option<u64>) {
+    fn dwarf_unwind(ctx: &ProbeContext) -> (u64, Option<u64>) {
         let regs = unsafe { &*ctx.regs };
         let Some(scratch) = SCRATCH.get_ptr_mut(0) else {
             let caller = unsafe { bpf_probe_read_user(regs.rsp as *const u64) }.unwrap_or(0);
@@ -755,18 +756,10 @@ mod probes {
         // caller, is at %rsp. The stack is read a window at a time.
         let mut window = Window { start: 0, end: 0 };
         let caller = window.word(&mut scratch.window, regs.rsp).unwrap_or(0);
-        let stack = unwind_from(scratch, cache, &mut window, regs, caller, skip);
-        // With the first frame skipped, the caller is the first one kept.
-        let caller = if skip == 1 {
-            if scratch.stack.len > 0 {
-                scratch.stack.frames[0]
-            } else {
-                0
-            }
-        } else {
-            caller
-        };
-        (caller, stack)
+        (
+            caller,
+            unwind_from(scratch, cache, &mut window, regs, caller),
+        )
     }
 
     /// [`dwarf_unwind`] from the caller's frame (`caller`: its pc).
@@ -777,7 +770,6 @@ mod probes {
         window: &mut Window,
         regs: &aya_ebpf::bindings::pt_regs,
         caller: u64,
-        skip: u64,
     ) -> Option<u64> {
         let mut sp = regs.rsp + 8;
         let mut bp = regs.rbp;
@@ -797,8 +789,6 @@ mod probes {
         // Functions of the last kept frames, newest first (none: MAX, no
         // function's address).
         let mut recent: [u64; FOLD_WINDOW] = [u64::MAX; FOLD_WINDOW];
-        // 1 while the first frame is to be skipped (neither kept nor folded).
-        let mut skip = skip & 1;
         for _ in 0..MAX_STEPS {
             if pc == 0 {
                 truncated = 0;
@@ -818,10 +808,8 @@ mod probes {
                 & differ(func, recent[1])
                 & differ(func, recent[2])
                 & differ(func, recent[3]);
-            let wanted = new | (fold ^ 1);
-            let keep = wanted & (skip ^ 1);
-            let fold_it = (wanted ^ 1) & (skip ^ 1);
-            skip = 0;
+            let keep = new | (fold ^ 1);
+            let fold_it = keep ^ 1;
             if keep & (len as u64 >> MAX_FRAMES.trailing_zeros()) != 0 {
                 break; // MAX_FRAMES kept, another to keep: truncated
             }
@@ -1116,22 +1104,17 @@ mod probes {
             _ => (arg(ctx, 0), 0, op::ALLOC),
         };
         // The collector's kind is an argument of these two (0: pointer-free).
-        let kind = if layout == layout::GC_KIND_GLOBAL || layout == layout::GC_REFILL {
-            if arg(ctx, 1) == 0 {
-                AllocKind::GcAtomic as u8
-            } else {
-                AllocKind::Gc as u8
-            }
-        } else {
-            cookie::kind(cookie)
-        };
-        let refill_lb = if layout == layout::GC_REFILL {
-            arg(ctx, 0).max(1)
-        } else {
-            0
-        };
+        // Chosen without a branch: the verifier then walks the unwinder
+        // with one state for the kind, not one per constant.
+        let layout = layout as u64;
+        let is_refill = differ(layout, layout::GC_REFILL as u64) ^ 1;
+        let takes_kind = is_refill | (differ(layout, layout::GC_KIND_GLOBAL as u64) ^ 1);
+        let gc_kind = AllocKind::GcAtomic as u64 - differ(arg(ctx, 1), 0);
+        let kind = select(takes_kind, gc_kind, cookie::kind(cookie) as u64) as u8;
+        let refill_lb = select(is_refill, arg(ctx, 0), 0);
         // An allocator whose result its entry can read ([`Predict`]).
-        let cached = layout == layout::GC_THREAD_LOCAL || layout == layout::MALLOC_TCACHE;
+        let cached =
+            layout == layout::GC_THREAD_LOCAL as u64 || layout == layout::MALLOC_TCACHE as u64;
         enter(
             ctx,
             kind,

@@ -268,6 +268,15 @@ struct Grouper<'a> {
 }
 
 impl Grouper<'_> {
+    /// `frames` without a leading frame in the refill function
+    /// ([`HeapMaps::refill_frame`]).
+    fn without_refill_frame<'f>(&self, frames: &'f [u64]) -> &'f [u64] {
+        match (&self.maps.refill_frame, frames.split_first()) {
+            (Some(range), Some((first, rest))) if range.contains(first) => rest,
+            _ => frames,
+        }
+    }
+
     fn group(&mut self, site: Site) -> &mut RawGroup {
         if let Some(&i) = self.by_site.get(&site) {
             return &mut self.groups[i];
@@ -280,7 +289,7 @@ impl Grouper<'_> {
                     truncated,
                     folded,
                 } => Known::Stack(Stack {
-                    frames: self.ids(&frames),
+                    frames: self.ids(self.without_refill_frame(&frames)),
                     truncated,
                     folded,
                     overflow: false,

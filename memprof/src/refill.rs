@@ -59,6 +59,8 @@ pub struct RefillLayout {
     /// The register `GC_malloc_kind` keeps the requested size in across
     /// its call of `GC_generic_malloc_many`, if one does on every path.
     pub size_reg: Option<Register>,
+    /// `GC_malloc_kind`'s code (link time): a refill's stack starts there.
+    pub caller: Option<std::ops::Range<u64>>,
 }
 
 /// The callee-saved registers, as `memprof_common::Refill::size_reg`
@@ -107,6 +109,9 @@ impl RefillLayout {
             bytes_allocd,
             log_hblksize: marks.log_hblksize,
             size_reg: size_register(module),
+            caller: module
+                .symbol("GC_malloc_kind")
+                .map(|s| s.address..s.address + s.size.max(1)),
         })
     }
 
@@ -206,6 +211,7 @@ mod tests {
                 bytes_allocd: 0x40,
                 log_hblksize: 12,
                 size_reg: Some(Register::R12),
+                caller: Some(0x1f020..0x1f162),
             }
         );
         let settings = layout.settings(0x7f00_0000_0000);

@@ -104,6 +104,11 @@ pub struct HeapMaps {
     dwarf: bool,
     /// Allocations were sampled with this mean distance (`--sample-bytes`); 0: all followed.
     pub sample_bytes: u64,
+    /// `--gc-sampling refill`: where `GC_malloc_kind` is in the target. A
+    /// refill's stack starts with its frame (the kernel unwinds from the
+    /// refill), left out here so that samples and exact allocations of
+    /// one stack are one group.
+    pub refill_frame: Option<std::ops::Range<u64>>,
     counters: PerCpuArray<MapData, KernelCounters>,
     live_by_kind: PerCpuArray<MapData, KindLive>,
 }
@@ -220,6 +225,7 @@ impl Probes {
             short_stacks: HashMap::try_from(open(maps::SHORT_STACKS)?)?,
             dwarf: self.dwarf,
             sample_bytes: self.sample_bytes,
+            refill_frame: None,
             counters: PerCpuArray::try_from(open(maps::COUNTERS)?)?,
             live_by_kind: PerCpuArray::try_from(open(maps::LIVE_BY_KIND)?)?,
         })

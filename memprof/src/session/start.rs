@@ -241,7 +241,13 @@ impl Session {
             .get(module)
             .map_err(anyhow::Error::from)
             .and_then(|m| Ok(m.load_bias(pid)?))
-            .and_then(|bias| self.probes.refill_settings(&layout.settings(bias)));
+            .and_then(|bias| {
+                self.tables.refill_frame = layout
+                    .caller
+                    .as_ref()
+                    .map(|r| r.start.wrapping_add(bias)..r.end.wrapping_add(bias));
+                self.probes.refill_settings(&layout.settings(bias))
+            });
         if let Err(e) = set {
             eprintln!(
                 "memprof: note: each refill weighed by its list's place in its block alone ({e:#})"
