@@ -124,14 +124,34 @@ fn three_sites_estimated_within_bounds() {
     let dir = TempDir::new("refill-debug");
     let json = run_refill(&dir, REFILL_SITES_DEBUG);
     assert_sites("debug", &json);
-    // The report says how it was sampled.
+    // The reports say how it was sampled: markdown, and pprof's comments.
+    let refills = uint(&json, "/counters/refills");
     let markdown = report(&dir.join("refill.mprof"), "markdown", &[]);
     assert!(
         markdown.contains(&format!(
             "(--gc-sampling refill): {} refills",
-            thousands(uint(&json, "/counters/refills"))
+            thousands(refills)
         )),
         "{markdown}"
+    );
+    let pprof = dir.join("refill.pb.gz");
+    run_ok([
+        OsStr::new("report"),
+        dir.join("refill.mprof").as_os_str(),
+        OsStr::new("--format"),
+        OsStr::new("pprof"),
+        OsStr::new("-o"),
+        pprof.as_os_str(),
+    ]);
+    let comments = std::process::Command::new("go")
+        .args(["tool", "pprof", "-comments"])
+        .arg(&pprof)
+        .output()
+        .expect("cannot run go tool pprof (cargo xtask setup installs golang-go)");
+    let comments = String::from_utf8_lossy(&comments.stdout);
+    assert!(
+        comments.contains(&format!("(--gc-sampling refill, {refills} refills)")),
+        "{comments}"
     );
 }
 

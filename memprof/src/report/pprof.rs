@@ -229,11 +229,24 @@ pub fn build(profile: &Profile, options: &Options) -> proto::Profile {
         });
     }
     bar.finish_and_clear();
-    let comment = vec![b.string(&format!(
+    let mut comment = vec![b.string(&format!(
         "memprof {} of {}",
         profile.mode,
         super::flamegraph::target_name(profile)
     ))];
+    // Sampled figures are estimates: say so where pprof shows it (`-comments`).
+    if profile.sample_bytes > 0 {
+        comment.push(b.string(&format!(
+            "sampled: one allocation per {} bytes on average (--sample-bytes); counts and bytes are estimates",
+            profile.sample_bytes
+        )));
+    }
+    if profile.gc_sampling == "refill" {
+        comment.push(b.string(&format!(
+            "GC allocations sampled at the collector's free-list refills (--gc-sampling refill, {} refills); GC counts and bytes are estimates",
+            profile.counters.refills
+        )));
+    }
     let period_type = Some(proto::ValueType {
         r#type: b.string("space"),
         unit: b.string("bytes"),
