@@ -52,6 +52,11 @@ pub use plan::{plan_for_pid, Choice, Plan};
 /// How often the mappings are re-read while the target runs.
 const MAPS_REFRESH: Duration = Duration::from_secs(1);
 
+/// How often `attach` without a tracer looks in /proc for the target's
+/// exit (a step can come 60 times a second, one per held collection, and
+/// each look is a file read).
+const EXIT_CHECK: Duration = Duration::from_millis(50);
+
 /// Which allocator families to probe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Heap {
@@ -193,6 +198,7 @@ pub struct Session {
     deferred: Vec<Event>,
     started: (Instant, SystemTime),
     last_refresh: Instant,
+    last_exit_check: Instant,
 }
 
 impl Session {
@@ -224,8 +230,11 @@ impl Session {
             return Ok(Step::Exited(Some(status)));
         }
         // Without a tracer, an attached process's exit is seen in /proc.
-        if self.mode == Mode::Attach && !crate::target::is_alive(self.pid()) {
-            return Ok(Step::Exited(None));
+        if self.mode == Mode::Attach && self.last_exit_check.elapsed() >= EXIT_CHECK {
+            self.last_exit_check = Instant::now();
+            if !crate::target::is_alive(self.pid()) {
+                return Ok(Step::Exited(None));
+            }
         }
         if self.last_refresh.elapsed() >= MAPS_REFRESH {
             self.refresh_maps()?;

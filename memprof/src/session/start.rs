@@ -301,6 +301,7 @@ impl Session {
             deferred: Vec::new(),
             started,
             last_refresh: Instant::now(),
+            last_exit_check: Instant::now(),
         })
     }
 }
