@@ -18,13 +18,54 @@ use super::{AllocFn, ArgReg::*};
 
 use AllocKind::{Gc, GcAtomic};
 
+/// A table of Boehm functions: `entries`, then what every mode probes
+/// (`GC_realloc`, the rarer variants, `GC_free`).
+macro_rules! boehm_table {
+    ($($entry:expr),* $(,)?) => {
+        &[
+            $($entry,)*
+            AllocFn::alloc("GC_realloc", l::REALLOC, Gc, &[Rdi, Rsi], true),
+            AllocFn::alloc("GC_malloc_uncollectable", l::SIZE, Gc, &[Rdi], true),
+            AllocFn::alloc("GC_malloc_ignore_off_page", l::SIZE, Gc, &[Rdi], true),
+            AllocFn::alloc(
+                "GC_malloc_atomic_ignore_off_page",
+                l::SIZE,
+                GcAtomic,
+                &[Rdi],
+                true,
+            ),
+            AllocFn {
+                symbol: "GC_free",
+                entry_program: p::FREE_ENTER,
+                exit_program: None,
+                layout: 0,
+                kind: Gc,
+                args: &[Rdi],
+                optional: false,
+            },
+        ]
+    };
+}
+
+/// Every allocation: the thread-local fast path's entry points.
+pub static BOEHM: &[AllocFn] = boehm_table![
+    AllocFn::alloc("GC_malloc", l::GC_THREAD_LOCAL, Gc, &[Rdi], false),
+    AllocFn::alloc(
+        "GC_malloc_atomic",
+        l::GC_THREAD_LOCAL,
+        GcAtomic,
+        &[Rdi],
+        true,
+    ),
+];
+
 /// `--gc-sampling refill` ([`crate::refill`]): the thread-local fast path
 /// (`GC_malloc`, `GC_malloc_atomic`) is not probed; what it does not serve
 /// is. `GC_malloc_kind` refills a thread's free list with
 /// `GC_generic_malloc_many` (a sample standing for the list) and hands
 /// every other request (a thread's first few of a size, large objects) to
-/// `GC_malloc_kind_global` (exact). The rest as in [`BOEHM`].
-pub static BOEHM_REFILL: &[AllocFn] = &[
+/// `GC_malloc_kind_global` (exact).
+pub static BOEHM_REFILL: &[AllocFn] = boehm_table![
     AllocFn::alloc(
         "GC_malloc_kind_global",
         l::GC_KIND_GLOBAL,
@@ -39,53 +80,4 @@ pub static BOEHM_REFILL: &[AllocFn] = &[
         &[Rdi, Rsi, Rdx],
         false,
     ),
-    AllocFn::alloc("GC_realloc", l::REALLOC, Gc, &[Rdi, Rsi], true),
-    AllocFn::alloc("GC_malloc_uncollectable", l::SIZE, Gc, &[Rdi], true),
-    AllocFn::alloc("GC_malloc_ignore_off_page", l::SIZE, Gc, &[Rdi], true),
-    AllocFn::alloc(
-        "GC_malloc_atomic_ignore_off_page",
-        l::SIZE,
-        GcAtomic,
-        &[Rdi],
-        true,
-    ),
-    AllocFn {
-        symbol: "GC_free",
-        entry_program: p::FREE_ENTER,
-        exit_program: None,
-        layout: 0,
-        kind: Gc,
-        args: &[Rdi],
-        optional: false,
-    },
-];
-
-pub static BOEHM: &[AllocFn] = &[
-    AllocFn::alloc("GC_malloc", l::GC_THREAD_LOCAL, Gc, &[Rdi], false),
-    AllocFn::alloc(
-        "GC_malloc_atomic",
-        l::GC_THREAD_LOCAL,
-        GcAtomic,
-        &[Rdi],
-        true,
-    ),
-    AllocFn::alloc("GC_realloc", l::REALLOC, Gc, &[Rdi, Rsi], true),
-    AllocFn::alloc("GC_malloc_uncollectable", l::SIZE, Gc, &[Rdi], true),
-    AllocFn::alloc("GC_malloc_ignore_off_page", l::SIZE, Gc, &[Rdi], true),
-    AllocFn::alloc(
-        "GC_malloc_atomic_ignore_off_page",
-        l::SIZE,
-        GcAtomic,
-        &[Rdi],
-        true,
-    ),
-    AllocFn {
-        symbol: "GC_free",
-        entry_program: p::FREE_ENTER,
-        exit_program: None,
-        layout: 0,
-        kind: Gc,
-        args: &[Rdi],
-        optional: false,
-    },
 ];
