@@ -223,26 +223,19 @@ impl Probes {
         which: u32,
         settings: &memprof_common::Predict,
     ) -> Result<()> {
-        let map = self
-            .ebpf
-            .map_mut(memprof_common::maps::PREDICT)
-            .ok_or_else(|| anyhow::anyhow!("no PREDICT map"))?;
-        let mut array: aya::maps::Array<_, memprof_common::Predict> =
-            aya::maps::Array::try_from(map)?;
-        array.set(which, *settings, 0)?;
-        Ok(())
+        self.set_entry(memprof_common::maps::PREDICT, which, settings)
     }
 
     /// `--gc-sampling refill`: how the kernel weighs a refill
     /// ([`memprof_common::Refill`]).
     pub fn refill_settings(&mut self, settings: &memprof_common::Refill) -> Result<()> {
-        let map = self
-            .ebpf
-            .map_mut(memprof_common::maps::REFILL)
-            .ok_or_else(|| anyhow::anyhow!("no REFILL map"))?;
-        let mut array: aya::maps::Array<_, memprof_common::Refill> =
-            aya::maps::Array::try_from(map)?;
-        array.set(0, *settings, 0)?;
+        self.set_entry(memprof_common::maps::REFILL, 0, settings)
+    }
+
+    /// Writes entry `index` of the settings array `map`.
+    fn set_entry<T: aya::Pod>(&mut self, map: &str, index: u32, value: &T) -> Result<()> {
+        let mut array: aya::maps::Array<_, T> = aya::maps::Array::try_from(self.map_mut(map)?)?;
+        array.set(index, *value, 0)?;
         Ok(())
     }
 

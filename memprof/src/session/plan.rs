@@ -55,8 +55,8 @@ pub enum PlannedGcSampling {
         module: PathBuf,
         layout: crate::refill::RefillLayout,
     },
-    /// Asked for, not possible here (why): sampled by bytes instead.
-    ByBytes(String),
+    /// Asked for, not possible here (said once): sampled by bytes instead.
+    ByBytes,
 }
 
 /// `--sample-bytes` when refill sampling is not possible.
@@ -159,7 +159,7 @@ impl Plan {
         if self.gc_module().is_some() && options.gc_liveness == GcLiveness::Marks {
             probes.gc_events_bytes = GC_EVENTS_BYTES;
         }
-        if let PlannedGcSampling::ByBytes(_) = self.gc_sampling {
+        if let PlannedGcSampling::ByBytes = self.gc_sampling {
             probes.sample_bytes = REFILL_FALLBACK_SAMPLE_BYTES;
         }
         probes
@@ -188,11 +188,10 @@ fn plan_refill(cache: &ModuleCache, gc: &[ResolvedFn]) -> PlannedGcSampling {
             PlannedGcSampling::Refill { module, layout }
         }
         Err(e) => {
-            let why = format!("{e:#}");
             eprintln!(
-                "memprof: note: --gc-sampling refill is not possible here ({why}); sampling by bytes instead (--sample-bytes {REFILL_FALLBACK_SAMPLE_BYTES})"
+                "memprof: note: --gc-sampling refill is not possible here ({e:#}); sampling by bytes instead (--sample-bytes {REFILL_FALLBACK_SAMPLE_BYTES})"
             );
-            PlannedGcSampling::ByBytes(why)
+            PlannedGcSampling::ByBytes
         }
     }
 }
