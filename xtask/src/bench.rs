@@ -211,14 +211,17 @@ pub fn bench() -> Result<()> {
     Ok(())
 }
 
-/// Seconds of each `wrk` run, and the runs per way (the better one counts:
-/// the machine's other work only ever lowers a run).
-const WRK_SECONDS: u32 = 5;
-const WRK_RUNS: usize = 2;
+/// Seconds of each `wrk` run, and the rounds: each round runs `wrk`
+/// untraced, then attached. On these 2-core machines one run of `wrk`
+/// varies by ±15 % from the next (untraced alike), so the ways alternate
+/// and the median of the rounds' ratios counts, not one run of each.
+const WRK_SECONDS: u32 = 4;
+const WRK_ROUNDS: usize = 7;
 
 /// crystal-samples' http_server (port 8080) under `wrk` on 127.0.0.1:
-/// requests per second untraced, then while `memprof attach` profiles it
-/// with `--gc-sampling refill` (the attach's own start and end excluded).
+/// requests per second untraced and while `memprof attach` profiles it
+/// with `--gc-sampling refill` (the attach's own start and end excluded),
+/// in alternating rounds.
 fn http_throughput(memprof: &Path, profile: &Path) -> Result<()> {
     let server = target_dir().join("bench/http_server");
     if !server.exists() {
@@ -234,57 +237,64 @@ fn http_throughput(memprof: &Path, profile: &Path) -> Result<()> {
         .stdout(std::process::Stdio::null())
         .spawn()
         .with_context(|| format!("cannot start {}", server.display()))?;
-    let result = (|| -> Result<(f64, f64)> {
+    let result = (|| -> Result<Vec<(f64, f64)>> {
         wait_for_port(8080)?;
-        let untraced = best_wrk()?;
-        let mut attach = Command::new(memprof)
-            .args(["attach", "--pid", &child.id().to_string()])
-            .args(["--gc-sampling", "refill", "--census", "off", "-o"])
-            .arg(profile)
-            .stderr(std::process::Stdio::piped())
-            .spawn()?;
-        let attached = wait_for_line(
-            attach.stderr.take().context("no stderr")?,
-            "attached to pid",
-        );
-        let traced = attached.and_then(|_| best_wrk());
-        send_signal(attach.id(), 2); // SIGINT: memprof ends its session
-        let status = attach.wait()?;
-        ensure!(status.success(), "memprof attach failed ({status})");
-        Ok((untraced, traced?))
+        let mut rounds = Vec::new();
+        for _ in 0..WRK_ROUNDS {
+            let untraced = wrk()?;
+            let mut attach = Command::new(memprof)
+                .args(["attach", "--pid", &child.id().to_string()])
+                .args(["--gc-sampling", "refill", "--census", "off", "-o"])
+                .arg(profile)
+                .stderr(std::process::Stdio::piped())
+                .spawn()?;
+            let attached = wait_for_line(
+                attach.stderr.take().context("no stderr")?,
+                "attached to pid",
+            );
+            let traced = attached.and_then(|_| wrk());
+            send_signal(attach.id(), 2); // SIGINT: memprof ends its session
+            let status = attach.wait()?;
+            ensure!(status.success(), "memprof attach failed ({status})");
+            rounds.push((untraced, traced?));
+        }
+        Ok(rounds)
     })();
     let _ = child.kill();
     let _ = child.wait();
-    let (untraced, traced) = result?;
-    println!("\nbench: crystal-samples' http_server under wrk -t2 -c20 -d{WRK_SECONDS}s on 127.0.0.1, best of {WRK_RUNS}");
-    println!("| way                                 | requests/s | vs untraced |");
-    println!("|-------------------------------------|-----------:|------------:|");
-    println!("| untraced                            | {untraced:>10.0} |     100.0 % |");
+    let rounds = result?;
+    let untraced = median(rounds.iter().map(|r| r.0).collect());
+    let traced = median(rounds.iter().map(|r| r.1).collect());
+    let ratio = median(rounds.iter().map(|r| r.1 / r.0).collect());
+    let (low, high) = rounds
+        .iter()
+        .map(|r| r.1 / r.0)
+        .fold((f64::MAX, 0.0f64), |(l, h), x| (l.min(x), h.max(x)));
+    println!("\nbench: crystal-samples' http_server under wrk -t2 -c20 -d{WRK_SECONDS}s on 127.0.0.1, {WRK_ROUNDS} alternating rounds (medians)");
+    println!("| way                                 | requests/s | vs untraced (median of rounds; range) |");
+    println!("|-------------------------------------|-----------:|--------------------------------------:|");
+    println!("| untraced                            | {untraced:>10.0} |                               100.0 % |");
     println!(
-        "| memprof attach --gc-sampling refill | {traced:>10.0} | {:>9.1} % |",
-        traced * 100.0 / untraced
+        "| memprof attach --gc-sampling refill | {traced:>10.0} | {:>13.1} % ({:.0}–{:.0} %) |",
+        ratio * 100.0,
+        low * 100.0,
+        high * 100.0
     );
     Ok(())
 }
 
-/// The better requests/s of [`WRK_RUNS`] runs of `wrk` against port 8080.
-fn best_wrk() -> Result<f64> {
-    let mut best: f64 = 0.0;
-    for _ in 0..WRK_RUNS {
-        let out = output(
-            Command::new("wrk")
-                .args(["-t2", "-c20", &format!("-d{WRK_SECONDS}s")])
-                .arg("http://127.0.0.1:8080/"),
-        )?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        let rate = text
-            .lines()
-            .find_map(|l| l.strip_prefix("Requests/sec:"))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .with_context(|| format!("wrk printed no Requests/sec:\n{text}"))?;
-        best = best.max(rate);
-    }
-    Ok(best)
+/// The requests/s of one run of `wrk` against port 8080.
+fn wrk() -> Result<f64> {
+    let out = output(
+        Command::new("wrk")
+            .args(["-t2", "-c20", &format!("-d{WRK_SECONDS}s")])
+            .arg("http://127.0.0.1:8080/"),
+    )?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|l| l.strip_prefix("Requests/sec:"))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .with_context(|| format!("wrk printed no Requests/sec:\n{text}"))
 }
 
 /// Waits (at most 10 s) until something listens on 127.0.0.1:`port`.
@@ -611,4 +621,10 @@ fn profile_duration(memprof: &Path, profile: &Path) -> Result<Duration> {
         .as_f64()
         .with_context(|| format!("no duration_s in the report of {}", profile.display()))?;
     Ok(Duration::from_secs_f64(seconds))
+}
+
+/// The median of `values` (the middle one; `values` is not empty).
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
 }

@@ -21,6 +21,7 @@ const EXIT_GRACE: Duration = Duration::from_secs(1);
 pub fn run(command: &[String], options: &SessionOptions) -> Result<i32> {
     let signals = Signals::block()?;
     let mut session = Session::launch(command, options, &signals.original)?;
+    serve_promptly();
     session.begin();
     let deadline = options.duration.map(|d| Instant::now() + d);
     let mut grace: Option<Instant> = None;
@@ -58,6 +59,7 @@ pub fn run(command: &[String], options: &SessionOptions) -> Result<i32> {
 pub fn attach(pid: u32, options: &SessionOptions) -> Result<i32> {
     let signals = Signals::block()?;
     let mut session = Session::attach(pid, options)?;
+    serve_promptly();
     let deadline = options.duration.map(|d| Instant::now() + d);
     let exited = loop {
         if let Some(libc::SIGINT | libc::SIGTERM) = signals.wait(session.timeout()) {
@@ -121,6 +123,28 @@ fn end_census(
         if let Step::Exited(status) = session.step()? {
             return Ok(Some(status));
         }
+    }
+}
+
+/// memprof's threads run at this nice value once the target runs.
+const NICE: i32 = -10;
+
+/// Raises memprof's threads (and those it starts later) to [`NICE`]: a
+/// target thread memprof stops (a held collection, a library load) waits
+/// for memprof to be scheduled, and on a busy machine that wait is most of
+/// the cost. Measured with crystal-samples' http_server under `wrk` on 2
+/// cores, 80 held collections a second: 85 % of the untraced throughput at
+/// nice 0, 96 % at -10. memprof uses a few % of a core, so what it takes
+/// from the rest of the machine stays small. A command `run` launches was
+/// forked before this and keeps its own nice value. Best effort: without
+/// the privilege, memprof runs at its normal priority.
+fn serve_promptly() {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return;
+    };
+    for tid in tasks.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok()) {
+        // SAFETY: a plain syscall on one of memprof's own threads.
+        unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, NICE) };
     }
 }
 
