@@ -88,6 +88,45 @@ pub struct Profile {
     /// allocated (targets with a GC heap whose collections were held).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub census: Option<Censuses>,
+    /// The processes of the session: the profiled target first, then (in
+    /// `run`) those the command started, listed but not profiled. Empty in
+    /// profiles from before processes were listed: [`Profile::processes`]
+    /// makes the target's entry.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub processes: Vec<ProcessInfo>,
+}
+
+/// One process of a session.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProcessInfo {
+    pub pid: u32,
+    /// Its parent (0: not known, an attached process's).
+    pub ppid: u32,
+    pub command: Vec<String>,
+    pub exe: String,
+    /// When it started and ended, seconds since profiling started (its
+    /// start is 0 for the target; `end_s` is `None` if it outlived the
+    /// session).
+    pub start_s: f64,
+    pub end_s: Option<f64>,
+    pub exit: Option<ExitInfo>,
+    /// Its allocations are in the profile's groups (those with its pid).
+    /// `false`: a process the command started, which memprof saw start,
+    /// `exec` and end but did not profile.
+    pub profiled: bool,
+}
+
+impl ProcessInfo {
+    /// The name `--comm` matches: the program's file name.
+    pub fn comm(&self) -> &str {
+        let program = self
+            .command
+            .first()
+            .map(String::as_str)
+            .filter(|c| !c.is_empty())
+            .unwrap_or(&self.exe);
+        program.rsplit('/').next().unwrap_or(program)
+    }
 }
 
 /// Censuses of the GC heap taken at held collections of a session
@@ -146,6 +185,24 @@ pub struct CensusType {
 }
 
 impl Profile {
+    /// The processes of the session, the profiled target first (made from
+    /// [`Profile::target`] for a profile that lists none).
+    pub fn processes(&self) -> Vec<ProcessInfo> {
+        if !self.processes.is_empty() {
+            return self.processes.clone();
+        }
+        vec![ProcessInfo {
+            pid: self.target.pid,
+            ppid: 0,
+            command: self.target.command.clone(),
+            exe: self.target.exe.clone(),
+            start_s: 0.0,
+            end_s: self.exit.map(|_| self.duration_s),
+            exit: self.exit,
+            profiled: true,
+        }]
+    }
+
     /// The frames of `group`'s stack, innermost first.
     pub fn frames<'a>(&'a self, group: &Group) -> impl Iterator<Item = &'a Frame> + Clone + 'a {
         self.stacks.frames(group.stack)
@@ -237,6 +294,22 @@ pub struct TargetInfo {
 pub struct ExitInfo {
     pub code: Option<i32>,
     pub signal: Option<i32>,
+}
+
+impl From<crate::target::launch::ExitStatus> for ExitInfo {
+    fn from(status: crate::target::launch::ExitStatus) -> ExitInfo {
+        use crate::target::launch::ExitStatus;
+        match status {
+            ExitStatus::Code(c) => ExitInfo {
+                code: Some(c),
+                signal: None,
+            },
+            ExitStatus::Signal(s) => ExitInfo {
+                code: None,
+                signal: Some(s),
+            },
+        }
+    }
 }
 
 impl ExitInfo {

@@ -100,6 +100,7 @@ fn group(profile: &Profile, options: &Options, g: &Group) -> Value {
         })
         .collect();
     json!({
+        "pid": profile.target.pid,
         "kind": g.kind,
         "live_count": g.live_count,
         "live_bytes": g.live_bytes,
@@ -118,6 +119,41 @@ fn group(profile: &Profile, options: &Options, g: &Group) -> Value {
         "gc_history": g.gc_history,
         "frames": frames,
     })
+}
+
+/// The session's processes. The profiled one carries the figures of the
+/// groups shown and the counters; one the command started and memprof did
+/// not profile has `null` figures.
+fn processes(profile: &Profile) -> Vec<Value> {
+    profile
+        .processes()
+        .into_iter()
+        .map(|p| {
+            let sum = |f: fn(&Group) -> u64| -> Value {
+                if p.profiled {
+                    Value::from(profile.groups.iter().map(f).sum::<u64>())
+                } else {
+                    Value::Null
+                }
+            };
+            json!({
+                "pid": p.pid,
+                "ppid": p.ppid,
+                "command": p.command,
+                "comm": p.comm(),
+                "exe": p.exe,
+                "start_s": p.start_s,
+                "end_s": p.end_s,
+                "exit": p.exit,
+                "profiled": p.profiled,
+                "live_count": sum(|g| g.live_count),
+                "live_bytes": sum(|g| g.live_bytes),
+                "total_count": sum(|g| g.total_count),
+                "total_bytes": sum(|g| g.total_bytes),
+                "counters": if p.profiled { json!(profile.counters) } else { Value::Null },
+            })
+        })
+        .collect()
 }
 
 /// The document's fields but `groups`.
@@ -162,6 +198,7 @@ fn top(profile: &Profile) -> Map<String, Value> {
         "counters": c,
         "probes": profile.probes,
         "timeline": profile.timeline,
+        "processes": processes(profile),
     });
     match doc {
         Value::Object(map) => map,

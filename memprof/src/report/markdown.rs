@@ -19,7 +19,7 @@ use std::io::Write;
 use anyhow::Result;
 
 use super::{frame_text, loss_summary, rows, thousands, Options, Row};
-use crate::profile::Profile;
+use crate::profile::{ExitInfo, Profile};
 
 /// Default `--min-bytes` for this format.
 pub const DEFAULT_MIN_BYTES: u64 = 1024;
@@ -42,6 +42,46 @@ pub fn filters(options: &Options, out: &mut dyn Write) -> Result<()> {
 }
 
 /// The run summary above the table.
+/// The processes the command started, when it started any: each with
+/// its parent, what it ran, when and how it ended. memprof lists them but
+/// profiles only the command: nothing of theirs is missing unsaid.
+fn processes(profile: &Profile, out: &mut dyn Write) -> Result<()> {
+    let all = profile.processes();
+    let others: Vec<_> = all.iter().filter(|p| !p.profiled).collect();
+    if others.is_empty() {
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "Processes: {} in all; the command started {} that memprof did not profile (it follows the command's own process only): their allocations are not in this profile.",
+        all.len(),
+        others.len()
+    )?;
+    writeln!(out)?;
+    writeln!(out, "| pid | parent | command | profiled | started s | ended s | exit |")?;
+    writeln!(out, "|----:|-------:|---------|----------|----------:|--------:|------|")?;
+    for p in &all {
+        let exit = match p.exit {
+            Some(ExitInfo { code: Some(c), .. }) => format!("code {c}"),
+            Some(ExitInfo { signal: Some(s), .. }) => format!("signal {s}"),
+            Some(_) => "exited".to_string(),
+            None => "running".to_string(),
+        };
+        writeln!(
+            out,
+            "| {} | {} | {} | {} | {:.3} | {} | {exit} |",
+            p.pid,
+            p.ppid,
+            escape_text(&p.command.join(" ")),
+            if p.profiled { "yes" } else { "no" },
+            p.start_s,
+            p.end_s.map_or("—".to_string(), |e| format!("{e:.3}")),
+        )?;
+    }
+    writeln!(out)?;
+    Ok(())
+}
+
 pub fn header(profile: &Profile, out: &mut dyn Write) -> Result<()> {
     let t = &profile.target;
     let live: u64 = profile.groups.iter().map(|g| g.live_bytes).sum();
@@ -79,6 +119,7 @@ pub fn header(profile: &Profile, out: &mut dyn Write) -> Result<()> {
         thousands(c.frees)
     )?;
     writeln!(out)?;
+    processes(profile, out)?;
     if profile.sample_bytes > 0 {
         writeln!(
             out,

@@ -21,7 +21,6 @@ const EXIT_GRACE: Duration = Duration::from_secs(1);
 pub fn run(command: &[String], options: &SessionOptions) -> Result<i32> {
     let signals = Signals::block()?;
     let mut session = Session::launch(command, options, &signals.original)?;
-    serve_promptly();
     session.begin();
     let deadline = options.duration.map(|d| Instant::now() + d);
     let mut grace: Option<Instant> = None;
@@ -50,7 +49,7 @@ pub fn run(command: &[String], options: &SessionOptions) -> Result<i32> {
     }
     // `signals` stays blocked until the profile is written (dropped on
     // return): a second Ctrl-C must not lose it.
-    session.finish(status.map(exit_info))?;
+    session.finish(status.map(ExitInfo::from))?;
     Ok(status.map_or(0, ExitStatus::shell_code))
 }
 
@@ -59,7 +58,6 @@ pub fn run(command: &[String], options: &SessionOptions) -> Result<i32> {
 pub fn attach(pid: u32, options: &SessionOptions) -> Result<i32> {
     let signals = Signals::block()?;
     let mut session = Session::attach(pid, options)?;
-    serve_promptly();
     let deadline = options.duration.map(|d| Instant::now() + d);
     let exited = loop {
         if let Some(libc::SIGINT | libc::SIGTERM) = signals.wait(session.timeout()) {
@@ -83,7 +81,7 @@ pub fn attach(pid: u32, options: &SessionOptions) -> Result<i32> {
     session.release(exited.is_some())?;
     // `signals` stays blocked until the profile is written (dropped on
     // return): a second Ctrl-C must not lose it.
-    session.finish(exited.map(|status| status.map_or(ExitInfo::UNKNOWN, exit_info)))?;
+    session.finish(exited.map(|status| status.map_or(ExitInfo::UNKNOWN, ExitInfo::from)))?;
     Ok(0)
 }
 
@@ -126,37 +124,3 @@ fn end_census(
     }
 }
 
-/// memprof's threads run at this nice value once the target runs.
-const NICE: i32 = -10;
-
-/// Raises memprof's threads (and those it starts later) to [`NICE`]: a
-/// target thread memprof stops (a held collection, a library load) waits
-/// for memprof to be scheduled, and on a busy machine that wait is most of
-/// the cost. Measured with crystal-samples' http_server under `wrk` on 2
-/// cores, 80 held collections a second: 85 % of the untraced throughput at
-/// nice 0, 96 % at -10. memprof uses a few % of a core, so what it takes
-/// from the rest of the machine stays small. A command `run` launches was
-/// forked before this and keeps its own nice value. Best effort: without
-/// the privilege, memprof runs at its normal priority.
-fn serve_promptly() {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return;
-    };
-    for tid in tasks.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok()) {
-        // SAFETY: a plain syscall on one of memprof's own threads.
-        unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, NICE) };
-    }
-}
-
-fn exit_info(status: ExitStatus) -> ExitInfo {
-    match status {
-        ExitStatus::Code(c) => ExitInfo {
-            code: Some(c),
-            signal: None,
-        },
-        ExitStatus::Signal(s) => ExitInfo {
-            code: None,
-            signal: Some(s),
-        },
-    }
-}

@@ -36,7 +36,9 @@ use anyhow::Result;
 use crate::live::{Live, LiveOptions};
 use crate::modules::ModuleCache;
 use crate::probes::{HeapMaps, ProbeOptions, Probes};
-use crate::profile::{Counters, ExitInfo, Group, ProbeInfo, Profile, Stacks, TargetInfo};
+use crate::profile::{
+    Counters, ExitInfo, Group, ProbeInfo, ProcessInfo, Profile, Stacks, TargetInfo,
+};
 use crate::report::{self, markdown};
 use crate::target::launch::ExitStatus;
 use crate::target::maps::MapsCache;
@@ -197,6 +199,8 @@ pub struct Session {
     /// Events of the target that came while a snapshot was published.
     deferred: Vec<Event>,
     started: (Instant, SystemTime),
+    /// The target's parent when the session started.
+    target_parent: u32,
     last_refresh: Instant,
     last_exit_check: Instant,
 }
@@ -447,6 +451,11 @@ impl Session {
     /// prints the summary. `exit`: how the target ended, if it did.
     pub fn finish(mut self, exit: Option<ExitInfo>) -> Result<()> {
         let header = self.describe();
+        // The processes the command started go now, not after the writing.
+        let processes = self.processes(exit);
+        if let Some(tracer) = &mut self.tracer {
+            tracer.detach();
+        }
         let gc = self.gc.summary(&self.probes);
         let census = self.gc.take_census();
         let attached = self.probes.attached;
@@ -484,6 +493,7 @@ impl Session {
             groups,
             stacks,
             timeline,
+            processes,
             ..header
         };
         self.output.write(&profile)?;
@@ -507,6 +517,35 @@ impl Session {
         eprintln!("memprof: detaching {attached} probes");
         detaching.wait();
         Ok(())
+    }
+
+    /// The target, then (in `run`) the processes it started: listed, not
+    /// profiled. `exit`: how the target ended, if it did.
+    fn processes(&self, exit: Option<ExitInfo>) -> Vec<ProcessInfo> {
+        let t0 = self.started.0;
+        let since = |at: Instant| at.saturating_duration_since(t0).as_secs_f64();
+        let mut list = vec![ProcessInfo {
+            pid: self.target.pid,
+            ppid: self.target_parent,
+            command: self.target.command.clone(),
+            exe: self.target.exe.display().to_string(),
+            start_s: 0.0,
+            end_s: exit.map(|_| since(Instant::now())),
+            exit,
+            profiled: true,
+        }];
+        let family = self.tracer.as_ref().map(|t| t.family()).unwrap_or_default();
+        list.extend(family.into_iter().map(|m| ProcessInfo {
+            pid: m.pid,
+            ppid: m.ppid,
+            command: m.command,
+            exe: m.exe,
+            start_s: since(m.started),
+            end_s: m.ended.map(|(at, _)| since(at)),
+            exit: m.ended.map(|(_, status)| ExitInfo::from(status)),
+            profiled: false,
+        }));
+        list
     }
 
     /// The metadata of a profile: target, mode, start, probes.

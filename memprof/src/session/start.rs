@@ -273,6 +273,8 @@ impl Session {
         options: &SessionOptions,
     ) -> Result<Session> {
         let started = (Instant::now(), SystemTime::now());
+        let target_parent =
+            crate::target::family::process_of(target.pid).map_or(0, |(_, parent)| parent);
         let mut probes = probes;
         let mut gc = GcWatch::new(&plan, options, target.pid);
         let census = CensusWhen::or_default(options.census, mode);
@@ -300,6 +302,7 @@ impl Session {
             output,
             deferred: Vec::new(),
             started,
+            target_parent,
             last_refresh: Instant::now(),
             last_exit_check: Instant::now(),
         })

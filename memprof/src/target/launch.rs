@@ -93,7 +93,7 @@ pub fn launch(exe: &Path, argv: &[String], child_mask: &libc::sigset_t) -> Resul
         libc::close(go_r);
         libc::close(err_w);
     }
-    let options = libc::PTRACE_O_TRACEEXEC | trace::OPTIONS;
+    let options = libc::PTRACE_O_TRACEEXEC | trace::OPTIONS | trace::FAMILY_OPTIONS;
     let seized = unsafe { libc::ptrace(libc::PTRACE_SEIZE, pid, 0, options as libc::c_long) };
     if seized == -1 {
         let err = std::io::Error::last_os_error();

@@ -9,12 +9,18 @@
 //! lets every thread go, handing back a signal that was about to be
 //! delivered; if memprof dies, the kernel detaches by itself.
 //!
+//! `run` also follows the processes the command starts ([`super::family`]):
+//! they are traced for their fork, `exec` and exit events only, never
+//! stopped otherwise, and let go like the command's threads.
+//!
 //! Why a signal and not `SIGSTOP`: a group-stop would be seen by the
 //! program's parent (a shell would take the terminal back).
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::time::Instant;
 
 use anyhow::{bail, Result};
 
+use super::family::{self, Member};
 use super::launch::ExitStatus;
 
 /// What [`Tracer::poll`] saw.
@@ -40,10 +46,19 @@ pub struct Tracer {
     /// The leader is stopped at `PTRACE_EVENT_EXIT`: resumed by the next poll.
     at_exit_stop: bool,
     status: Option<ExitStatus>,
+    /// `run`: the processes the command started, by pid (exited ones too).
+    members: HashMap<u32, Member>,
+    /// Their threads still traced, each with its process.
+    member_threads: HashMap<u32, u32>,
 }
 
 /// The options every traced thread gets.
 pub const OPTIONS: i32 = libc::PTRACE_O_TRACECLONE | libc::PTRACE_O_TRACEEXIT;
+
+/// What `run` adds: the processes the command starts are traced from
+/// birth, and their `exec`s seen.
+pub const FAMILY_OPTIONS: i32 =
+    libc::PTRACE_O_TRACEFORK | libc::PTRACE_O_TRACEVFORK | libc::PTRACE_O_TRACEEXEC;
 
 impl Tracer {
     /// A tracer for a process whose leader is already seized (by `launch`).
@@ -54,7 +69,16 @@ impl Tracer {
             stopped: HashSet::new(),
             at_exit_stop: false,
             status: None,
+            members: HashMap::new(),
+            member_threads: HashMap::new(),
         }
+    }
+
+    /// The processes the command started, in the order they started.
+    pub fn family(&self) -> Vec<Member> {
+        let mut members: Vec<Member> = self.members.values().cloned().collect();
+        members.sort_by_key(|m| (m.started, m.pid));
+        members
     }
 
     /// Seizes every thread of running process `pid`; it keeps running.
@@ -66,6 +90,8 @@ impl Tracer {
             stopped: HashSet::new(),
             at_exit_stop: false,
             status: None,
+            members: HashMap::new(),
+            member_threads: HashMap::new(),
         };
         // Threads may start while we list them: list until nothing is new
         // (once a thread is traced, its children are traced at birth).
@@ -115,6 +141,10 @@ impl Tracer {
             let Some((tid, status)) = wait_any(libc::WNOHANG)? else {
                 return Ok(None);
             };
+            if let Some(&pid) = self.member_threads.get(&tid) {
+                self.member_event(tid, pid, status);
+                continue;
+            }
             if let Some(exit) = ExitStatus::from_wait(status) {
                 self.threads.remove(&tid);
                 if tid == self.pid {
@@ -125,6 +155,15 @@ impl Tracer {
                 continue;
             }
             if !self.threads.contains(&tid) {
+                // A new process the command started, its first stop
+                // before its parent's fork event.
+                if let Some((process, parent)) = family::process_of(tid) {
+                    if process != self.pid {
+                        self.adopt(tid, process, parent);
+                        cont(tid, 0);
+                        continue;
+                    }
+                }
                 // A new thread's first stop, possibly before its parent's
                 // clone event.
                 self.threads.insert(tid);
@@ -145,8 +184,22 @@ impl Tracer {
                     let mut new: libc::c_ulong = 0;
                     unsafe { libc::ptrace(libc::PTRACE_GETEVENTMSG, tid as i32, 0, &mut new) };
                     let new = new as u32;
-                    if new != 0 && self.threads.insert(new) {
-                        on_new_thread(new);
+                    match family::process_of(new) {
+                        // A clone that is a process of its own.
+                        Some((process, _)) if process != self.pid => {
+                            self.adopt(new, process, self.pid)
+                        }
+                        _ => {
+                            if new != 0 && self.threads.insert(new) {
+                                on_new_thread(new);
+                            }
+                        }
+                    }
+                    cont(tid, 0);
+                }
+                libc::PTRACE_EVENT_FORK | libc::PTRACE_EVENT_VFORK => {
+                    if let Some(new) = event_message(tid) {
+                        self.adopt(new, new, self.pid);
                     }
                     cont(tid, 0);
                 }
@@ -155,20 +208,91 @@ impl Tracer {
                     self.at_exit_stop = true;
                     return Ok(Some(Event::Exiting));
                 }
-                libc::PTRACE_EVENT_STOP => {
-                    let signal = libc::WSTOPSIG(status);
-                    if matches!(
-                        signal,
-                        libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU
-                    ) {
-                        // group-stop (Ctrl-Z, SIGSTOP): stay stopped, keep receiving events
-                        unsafe { libc::ptrace(libc::PTRACE_LISTEN, tid as i32, 0, 0) };
-                    } else {
-                        cont(tid, 0); // a new thread's start, a stray interrupt
-                    }
-                }
+                libc::PTRACE_EVENT_STOP => event_stop(tid, status),
                 _ => cont(tid, 0), // exec, exit of another thread
             }
+        }
+    }
+
+    /// Follows thread `tid` of process `pid`, one the command started
+    /// (directly or not) with parent `parent`.
+    fn adopt(&mut self, tid: u32, pid: u32, parent: u32) {
+        if tid == 0 {
+            return;
+        }
+        self.members
+            .entry(pid)
+            .or_insert_with(|| Member::born(pid, parent));
+        self.member_threads.insert(tid, pid);
+    }
+
+    /// A state change of thread `tid` of member `pid`: its own signals
+    /// are delivered, what it starts is followed, its `exec` and exit
+    /// recorded.
+    fn member_event(&mut self, tid: u32, pid: u32, status: i32) {
+        if let Some(exit) = ExitStatus::from_wait(status) {
+            self.member_threads.remove(&tid);
+            if tid == pid {
+                if let Some(member) = self.members.get_mut(&pid) {
+                    member.ended = Some((Instant::now(), exit));
+                }
+            }
+            return;
+        }
+        match status >> 16 {
+            0 => cont(tid, libc::WSTOPSIG(status)),
+            libc::PTRACE_EVENT_FORK | libc::PTRACE_EVENT_VFORK => {
+                if let Some(new) = event_message(tid) {
+                    self.adopt(new, new, pid);
+                }
+                cont(tid, 0);
+            }
+            libc::PTRACE_EVENT_CLONE => {
+                if let Some(new) = event_message(tid) {
+                    match family::process_of(new) {
+                        Some((process, _)) if process != pid => self.adopt(new, process, pid),
+                        _ => self.adopt(new, pid, pid),
+                    }
+                }
+                cont(tid, 0);
+            }
+            libc::PTRACE_EVENT_EXEC => {
+                if let Some(member) = self.members.get_mut(&pid) {
+                    member.reread();
+                }
+                cont(tid, 0);
+            }
+            libc::PTRACE_EVENT_STOP => event_stop(tid, status),
+            _ => cont(tid, 0), // its exit stop
+        }
+    }
+
+    /// Lets every member thread go (each stopped first, so that a signal
+    /// about to be delivered is handed back, and a process it was just
+    /// starting is let go too).
+    fn detach_members(&mut self) {
+        let mut left: Vec<u32> = self.member_threads.drain().map(|(tid, _)| tid).collect();
+        for &tid in &left {
+            unsafe { libc::ptrace(libc::PTRACE_INTERRUPT, tid as i32, 0, 0) };
+        }
+        while let Some(tid) = left.pop() {
+            let mut status = 0;
+            let r = unsafe { libc::waitpid(tid as i32, &mut status, libc::__WALL) };
+            if r != tid as i32 || ExitStatus::from_wait(status).is_some() {
+                continue;
+            }
+            let signal = match status >> 16 {
+                0 => libc::WSTOPSIG(status),
+                libc::PTRACE_EVENT_FORK | libc::PTRACE_EVENT_VFORK | libc::PTRACE_EVENT_CLONE => {
+                    // Born traced: stops at its start, then goes too.
+                    if let Some(new) = event_message(tid) {
+                        left.push(new);
+                    }
+                    0
+                }
+                _ => 0,
+            };
+            unsafe { libc::ptrace(libc::PTRACE_DETACH, tid as i32, 0, signal as libc::c_long) };
         }
     }
 
@@ -182,6 +306,7 @@ impl Tracer {
     /// Stops tracing every thread, leaving the process running. Threads
     /// still stopped by [`Event::Signal`] go without the signal.
     pub fn detach(&mut self) {
+        self.detach_members();
         if self.status.is_some() {
             return;
         }
@@ -239,6 +364,28 @@ impl Drop for Tracer {
 fn is_ours(signal: i32) -> bool {
     signal == memprof_common::HOLD_SIGNAL as i32
         || signal == memprof_common::LIBRARY_LOAD_SIGNAL as i32
+}
+
+/// The pid a fork, vfork or clone event of `tid` names.
+fn event_message(tid: u32) -> Option<u32> {
+    let mut new: libc::c_ulong = 0;
+    let r = unsafe { libc::ptrace(libc::PTRACE_GETEVENTMSG, tid as i32, 0, &mut new) };
+    (r == 0 && new != 0).then_some(new as u32)
+}
+
+/// A `PTRACE_EVENT_STOP`: a group-stop (Ctrl-Z, SIGSTOP) stays a stop
+/// (events still come); anything else (a new thread's start, a stray
+/// interrupt) goes on.
+fn event_stop(tid: u32, status: i32) {
+    let signal = libc::WSTOPSIG(status);
+    if matches!(
+        signal,
+        libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU
+    ) {
+        unsafe { libc::ptrace(libc::PTRACE_LISTEN, tid as i32, 0, 0) };
+    } else {
+        cont(tid, 0);
+    }
 }
 
 fn cont(tid: u32, signal: i32) {

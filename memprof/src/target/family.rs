@@ -1,0 +1,64 @@
+//! The processes a `run` command starts (fork, vfork, and what they in
+//! turn start), followed by the same tracer as the command through their
+//! `exec`s to their exit: who started whom, what each ran, how it ended.
+//!
+//! Their allocations are not profiled (the probes are the command's
+//! alone): the profile lists them as processes not followed, so a
+//! script's children are never missing silently.
+use std::time::Instant;
+
+use super::launch::ExitStatus;
+
+/// One process the command started, directly or not.
+#[derive(Debug, Clone)]
+pub struct Member {
+    pub pid: u32,
+    /// The process that started it (the command or another member).
+    pub ppid: u32,
+    /// Its command line and executable: the parent's until it `exec`s.
+    pub command: Vec<String>,
+    pub exe: String,
+    pub started: Instant,
+    /// When it exited, and how, if it did while followed.
+    pub ended: Option<(Instant, ExitStatus)>,
+}
+
+impl Member {
+    /// A process just started by `ppid`, read from /proc (`pid`'s own
+    /// command line is its parent's copy until it `exec`s).
+    pub(super) fn born(pid: u32, ppid: u32) -> Member {
+        let mut member = Member {
+            pid,
+            ppid,
+            command: Vec::new(),
+            exe: String::new(),
+            started: Instant::now(),
+            ended: None,
+        };
+        member.reread();
+        member
+    }
+
+    /// Reads its command line and executable again (after an `exec`).
+    pub(super) fn reread(&mut self) {
+        if let Ok(target) = super::Target::attach(self.pid) {
+            self.command = target.command;
+            self.exe = target.exe.display().to_string();
+        }
+    }
+}
+
+/// The process (thread group) thread `tid` belongs to, and that process's
+/// parent, from /proc; `None` once the thread is gone.
+pub(crate) fn process_of(tid: u32) -> Option<(u32, u32)> {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    let field = |name: &str| -> Option<u32> {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))?
+            .trim()
+            .parse()
+            .ok()
+    };
+    Some((field("Tgid:")?, field("PPid:")?))
+}
