@@ -317,6 +317,15 @@ pub struct ReportArgs {
     /// Flamegraph: icicle graph, roots at the top (as flamegraph.pl --inverted).
     #[arg(long)]
     pub inverted: bool,
+    /// Only this process's allocations (repeatable). `memprof report FILE`
+    /// lists the processes of a session first; a profile from `run` lists
+    /// those the command started too, which memprof did not profile.
+    #[arg(long, value_name = "PID")]
+    pub pid: Vec<u32>,
+    /// Only the allocations of processes running this program (the file
+    /// name of its command, e.g. `sort`; repeatable).
+    #[arg(long, value_name = "NAME")]
+    pub comm: Vec<String>,
     /// Only these kinds: libc, mmap, gc, gc_atomic (comma-separated or repeated) [default: all].
     #[arg(long, value_name = "KIND")]
     pub kind: Vec<String>,

@@ -199,6 +199,8 @@ fn report_cmd(args: &ReportArgs) -> Result<()> {
         leaked: args.leaked,
         temporary: args.temporary,
         temporary_ns: args.temporary_ms.saturating_mul(1_000_000),
+        pids: args.pid.clone(),
+        comms: args.comm.clone(),
     };
     let mut options = report::Options {
         min_bytes: args.min_bytes,
@@ -229,13 +231,17 @@ fn report_cmd(args: &ReportArgs) -> Result<()> {
     }
     let mut loaded = match (&args.diff, &args.file) {
         (Some(files), _) => {
-            let before = filter.apply(profile::load(&files[0])?);
-            let after = filter.apply(profile::load(&files[1])?);
+            let [before, after] = [0, 1].map(|i| profile::load(&files[i]));
+            let (before, after) = (before?, after?);
+            filter.check_processes(&before)?;
+            filter.check_processes(&after)?;
+            let (before, after) = (filter.apply(before), filter.apply(after));
             diff::check_compatible(&before, &after)?;
             vec![before, after]
         }
         (None, Some(file)) => {
             let profile = profile::load(file)?;
+            filter.check_processes(&profile)?;
             vec![if filter.is_empty() {
                 profile
             } else {
@@ -293,6 +299,12 @@ fn describe_filters(args: &ReportArgs) -> Option<String> {
     let mut parts = Vec::new();
     if !args.kind.is_empty() {
         parts.push(format!("--kind {}", args.kind.join(",")));
+    }
+    for pid in &args.pid {
+        parts.push(format!("--pid {pid}"));
+    }
+    for comm in &args.comm {
+        parts.push(format!("--comm {comm}"));
     }
     for (flag, value) in [
         ("--function", &args.function),

@@ -51,6 +51,10 @@ pub struct Filter {
     pub temporary: bool,
     /// "Soon" for libc and mmap blocks, nanoseconds.
     pub temporary_ns: u64,
+    /// Only these processes, by pid and by program name (`--pid`,
+    /// `--comm`; empty: all). See [`Filter::check_processes`].
+    pub pids: Vec<u32>,
+    pub comms: Vec<String>,
 }
 
 impl Default for Filter {
@@ -65,6 +69,8 @@ impl Default for Filter {
             leaked: false,
             temporary: false,
             temporary_ns: DEFAULT_TEMPORARY_MS * 1_000_000,
+            pids: Vec::new(),
+            comms: Vec::new(),
         }
     }
 }
@@ -110,6 +116,39 @@ impl Filter {
             && self.size_max.is_none()
             && !self.leaked
             && !self.temporary
+    }
+
+    /// `--pid` / `--comm`: fails, in one line, unless they name a process
+    /// whose allocations `profile` has. (Every group is the profiled
+    /// process's, so the groups need no filtering past this.)
+    pub fn check_processes(&self, profile: &Profile) -> Result<()> {
+        if self.pids.is_empty() && self.comms.is_empty() {
+            return Ok(());
+        }
+        let all = profile.processes();
+        let chosen: Vec<_> = all
+            .iter()
+            .filter(|p| self.pids.contains(&p.pid) || self.comms.iter().any(|c| c == p.comm()))
+            .collect();
+        if chosen.iter().any(|p| p.profiled) {
+            return Ok(());
+        }
+        let list = all
+            .iter()
+            .map(|p| {
+                let mark = if p.profiled { "" } else { ", not profiled" };
+                format!("{} {}{mark}", p.pid, p.comm())
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+        match chosen.first() {
+            Some(p) => bail!(
+                "pid {} ({}) was started by the command but not profiled (memprof follows the command's own process only); this profile has: {list}",
+                p.pid,
+                p.comm()
+            ),
+            None => bail!("no such process in this profile (--pid/--comm); it has: {list}"),
+        }
     }
 
     /// `profile` with only the matching groups (rewritten for `--temporary`).

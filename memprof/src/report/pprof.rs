@@ -177,6 +177,9 @@ pub fn build(profile: &Profile, options: &Options) -> proto::Profile {
     })
     .collect();
     let kind_key = b.string("kind");
+    let (pid_key, comm_key) = (b.string("pid"), b.string("comm"));
+    let target = profile.processes().into_iter().find(|p| p.profiled);
+    let comm = b.string(target.as_ref().map_or("", |p| p.comm()));
     let groups = select(profile, options, 0, false);
     let bar = crate::progress::bar(groups.len() as u64, "writing pprof samples");
     let mut samples = Vec::with_capacity(groups.len());
@@ -213,6 +216,17 @@ pub fn build(profile: &Profile, options: &Options) -> proto::Profile {
             str: b.string(&g.kind),
             ..Default::default()
         }];
+        // Which process: a number label and its program's name.
+        label.push(proto::Label {
+            key: pid_key,
+            num: profile.target.pid as i64,
+            ..Default::default()
+        });
+        label.push(proto::Label {
+            key: comm_key,
+            str: comm,
+            ..Default::default()
+        });
         if g.folded {
             label.push(proto::Label {
                 key: b.string("stack"),
