@@ -41,6 +41,14 @@ pub enum Command {
     Run {
         #[command(flatten)]
         session: SessionArgs,
+        /// Profile the command's own process only. By default every process
+        /// it starts (and they start) that runs a program of its own
+        /// (`exec`) is profiled too, from that program's first instruction,
+        /// each a process of the one profile (`memprof report FILE --pid N`).
+        /// Either way, every process started is listed with its parent,
+        /// program and exit.
+        #[arg(long)]
+        no_follow: bool,
         /// The command and its arguments.
         #[arg(
             required = true,

@@ -32,9 +32,17 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> Result<i32> {
     match cli.command {
-        Command::Run { session, command } => {
+        Command::Run {
+            session,
+            no_follow,
+            command,
+        } => {
             refuse_attach_flags(&command[0])?;
-            session::run(&command, &session_options(&session, None)?)
+            let options = session::SessionOptions {
+                follow: !no_follow,
+                ..session_options(&session, None)?
+            };
+            session::run(&command, &options)
         }
         Command::Attach {
             pid,
@@ -166,6 +174,7 @@ fn session_options(args: &SessionArgs, duration: Option<Duration>) -> Result<Ses
             _ => bail!("--census-wait must be a number of seconds, 0 or more"),
         },
         gc_verdicts: args.gc_verdicts.clone(),
+        follow: false,
         live: LiveOptions {
             sample_period: (args.sample_period > 0)
                 .then(|| Duration::from_millis(args.sample_period)),

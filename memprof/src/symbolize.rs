@@ -185,6 +185,7 @@ pub fn symbolize(
                 AllocKind::Libc | AllocKind::Mmap => None,
             };
             Group {
+                pid: 0,
                 kind: g.kind().name().to_string(),
                 live_count: g.live_count,
                 live_bytes: g.live_bytes,

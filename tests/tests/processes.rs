@@ -1,82 +1,159 @@
-//! `memprof run` on a shell that starts processes: each one is listed with
-//! its parent, its program and its exit; only the command's own process is
-//! profiled, and the report's `--pid`/`--comm` say so in one line.
+//! `memprof run` on a shell that starts processes: every process that
+//! `exec`s a program is profiled from its first instruction, each one
+//! listed with its parent, program and exit, its allocations under its
+//! own pid; `--no-follow` lists them without profiling them; the report's
+//! `--pid`/`--comm` show one.
 
 use memprof_tests::*;
 use serde_json::Value;
 
-#[test]
-fn run_lists_the_processes_the_command_starts() {
-    let dir = TempDir::new("processes");
-    let profile = dir.join("family.mprof");
+/// sh starts basic twice and a second sh, which starts basic once more.
+/// The trailing `:` keeps each shell from exec'ing its last command.
+fn family() -> (Vec<String>, String) {
     let basic = fixture::BASIC;
-    // sh starts basic twice and a second sh, which starts basic once more.
-    // The trailing `:` keeps each shell from exec'ing its last command.
     let inner = format!("{basic} three; :");
     let script = format!("{basic} one; {basic} two; /bin/sh -c '{inner}'; :");
-    profile_run(&profile, &["/bin/sh", "-c", &script]);
-    let json = report_json(&profile);
+    (vec!["/bin/sh".into(), "-c".into(), script], inner)
+}
 
+/// Runs the family under memprof with `extra` flags; returns the report's JSON.
+fn profile_family(dir: &TempDir, name: &str, extra: &[&str]) -> (std::path::PathBuf, Value) {
+    let profile = dir.join(name);
+    let (command, _) = family();
+    let mut args = vec!["run", "-o", profile.to_str().unwrap()];
+    args.extend(extra);
+    args.push("--");
+    args.extend(command.iter().map(String::as_str));
+    run_ok(&args);
+    let json = report_json(&profile);
+    (profile, json)
+}
+
+/// The processes in the order they started, checked against the family:
+/// commands and parents. Returns their pids.
+fn check_family(json: &Value, profiled: bool) -> Vec<u64> {
+    let basic = fixture::BASIC;
+    let (_, inner) = family();
     let processes = json["processes"].as_array().expect("processes");
     let summary: Vec<String> = processes
         .iter()
-        .map(|p| format!("{} {} {}", p["pid"], p["ppid"], p["command"]))
+        .map(|p| {
+            format!(
+                "{} {} {} {}",
+                p["pid"], p["ppid"], p["profiled"], p["command"]
+            )
+        })
         .collect();
     assert_eq!(processes.len(), 5, "{summary:#?}");
     let pid = |i: usize| uint(&processes[i], "/pid");
-    let root = &processes[0];
-    assert_eq!(pid(0), uint(&json, "/target/pid"));
-    assert_eq!(root["profiled"], true);
-    assert_eq!(root["comm"], "sh");
-    assert_eq!(root["exit"]["code"], 0);
-    let command = |i: usize| -> Vec<String> {
-        serde_json::from_value(processes[i]["command"].clone()).unwrap()
-    };
-    // In the order they started, each with its parent.
+    assert_eq!(pid(0), uint(json, "/target/pid"));
+    assert_eq!(processes[0]["profiled"], true);
+    assert_eq!(processes[0]["comm"], "sh");
+    assert_eq!(processes[0]["exit"]["code"], 0);
     let expected: [(Vec<String>, u64); 4] = [
         (vec![basic.into(), "one".into()], pid(0)),
         (vec![basic.into(), "two".into()], pid(0)),
-        (vec!["/bin/sh".into(), "-c".into(), inner.clone()], pid(0)),
+        (vec!["/bin/sh".into(), "-c".into(), inner], pid(0)),
         (vec![basic.into(), "three".into()], pid(3)),
     ];
     for (i, (argv, parent)) in expected.iter().enumerate() {
         let p = &processes[i + 1];
-        assert_eq!(&command(i + 1), argv, "{summary:#?}");
+        let command: Vec<String> = serde_json::from_value(p["command"].clone()).unwrap();
+        assert_eq!(&command, argv, "{summary:#?}");
         assert_eq!(uint(p, "/ppid"), *parent, "{summary:#?}");
-        assert_eq!(p["profiled"], false);
+        assert_eq!(p["profiled"], profiled, "{summary:#?}");
         assert_eq!(p["exit"]["code"], 0, "{p:#}");
-        assert_eq!(p["live_bytes"], Value::Null, "not profiled: no figures");
         let (start, end) = (p["start_s"].as_f64().unwrap(), p["end_s"].as_f64().unwrap());
         assert!(end >= start, "{p:#}");
     }
-    // Only the shell is profiled: basic's 1,000 make_foo blocks are not here,
-    // and every group is the shell's; its figures are the groups' sums.
-    assert!(groups_at(&json, "libc", "make_foo").is_empty());
-    let all = groups(&json);
-    assert!(all.iter().all(|g| uint(g, "/pid") == pid(0)));
-    let sum = |field: &str| all.iter().map(|g| uint(g, &format!("/{field}"))).sum::<u64>();
-    for field in ["live_count", "live_bytes", "total_count", "total_bytes"] {
-        assert_eq!(uint(root, &format!("/{field}")), sum(field), "{field}");
-    }
+    (0..5).map(pid).collect()
+}
 
-    // The markdown report lists them, each with its parent.
-    let markdown = report(&profile, "markdown", &["--comm", "sh"]);
-    assert!(
-        markdown.contains("Processes: 5 in all; the command started 4 that memprof did not profile"),
-        "{markdown}"
-    );
-    for (i, p) in processes.iter().enumerate().skip(1) {
-        let row = format!("| {} | {} | ", pid(i), uint(p, "/ppid"));
+#[test]
+fn run_profiles_every_process_the_command_starts() {
+    let dir = TempDir::new("processes");
+    let (profile, json) = profile_family(&dir, "family.mprof", &[]);
+    let pids = check_family(&json, true);
+    let processes = json["processes"].as_array().unwrap();
+
+    // basic's 1,000 × malloc(48) at make_foo, 400 freed: once per run of
+    // it, each under its own pid; the shells have none.
+    let make_foo = groups_at(&json, "libc", "make_foo");
+    let mut make_foo_pids: Vec<u64> = make_foo.iter().map(|g| uint(g, "/pid")).collect();
+    make_foo_pids.sort();
+    let mut basics = vec![pids[1], pids[2], pids[4]];
+    basics.sort();
+    assert_eq!(make_foo_pids, basics, "{}", list_groups(&json));
+    for g in &make_foo {
+        assert_eq!(
+            Counts::of(g),
+            Counts {
+                live_count: 600,
+                live_bytes: 28_800,
+                total_count: 1_000,
+                total_bytes: 48_000
+            }
+        );
+    }
+    // Each process's figures are its groups' sums; the counters add up.
+    let all = groups(&json);
+    let mut allocs = 0;
+    for p in processes {
+        let pid = uint(p, "/pid");
+        let of_it: Vec<_> = all.iter().filter(|g| uint(g, "/pid") == pid).collect();
+        assert!(!of_it.is_empty(), "no groups of {pid}");
+        for field in ["live_count", "live_bytes", "total_count", "total_bytes"] {
+            let sum: u64 = of_it.iter().map(|g| uint(g, &format!("/{field}"))).sum();
+            assert_eq!(uint(p, &format!("/{field}")), sum, "{pid} {field}");
+        }
+        allocs += uint(p, "/counters/allocs");
+    }
+    assert_eq!(uint(&json, "/counters/allocs"), allocs);
+    assert_eq!(uint(&json, "/lost_events"), 0);
+
+    // One process: its stacks alone, as the target.
+    let one = report(&profile, "json", &["--pid", &pids[2].to_string()]);
+    let one: Value = serde_json::from_str(&one).unwrap();
+    assert_eq!(uint(&one, "/target/pid"), pids[2]);
+    assert!(groups(&one).iter().all(|g| uint(g, "/pid") == pids[2]));
+    assert_eq!(groups_at(&one, "libc", "make_foo").len(), 1);
+    let by_name = report(&profile, "json", &["--comm", "basic"]);
+    let by_name: Value = serde_json::from_str(&by_name).unwrap();
+    assert_eq!(groups_at(&by_name, "libc", "make_foo").len(), 3);
+    assert_eq!(by_name["processes"].as_array().unwrap().len(), 3);
+
+    // The markdown report lists them, each with its parent and figures.
+    let markdown = report(&profile, "markdown", &[]);
+    assert!(markdown.contains("Processes: 5, 5 profiled."), "{markdown}");
+    for (i, p) in processes.iter().enumerate() {
+        let row = format!("| {} | {} | ", pids[i], uint(p, "/ppid"));
         assert!(markdown.contains(&row), "no row {row:?} in\n{markdown}");
     }
+    // A process not in the profile: one line, naming what it has.
+    let output = run(["report", profile.to_str().unwrap(), "--pid", "1"]);
+    assert_one_line_error(&output, &["no such process", &pids[0].to_string()]);
+}
 
-    // A process listed but not profiled, and one not in the profile at all:
-    // one line each, naming what the profile has.
-    let child = pid(1).to_string();
+#[test]
+fn no_follow_lists_the_processes_without_profiling_them() {
+    let dir = TempDir::new("processes_no_follow");
+    let (profile, json) = profile_family(&dir, "family.mprof", &["--no-follow"]);
+    let pids = check_family(&json, false);
+    for p in &json["processes"].as_array().unwrap()[1..] {
+        assert_eq!(p["live_bytes"], Value::Null, "not profiled: no figures");
+    }
+    // Only the shell is profiled: basic's make_foo blocks are not here.
+    assert!(groups_at(&json, "libc", "make_foo").is_empty());
+    assert!(groups(&json).iter().all(|g| uint(g, "/pid") == pids[0]));
+    let markdown = report(&profile, "markdown", &[]);
+    assert!(
+        markdown.contains("Processes: 5, 1 profiled; 4 not"),
+        "{markdown}"
+    );
+
+    let child = pids[1].to_string();
     let output = run(["report", profile.to_str().unwrap(), "--pid", &child]);
     assert_one_line_error(&output, &[&child, "not profiled", "sh"]);
     let output = run(["report", profile.to_str().unwrap(), "--comm", "basic"]);
     assert_one_line_error(&output, &["basic", "not profiled"]);
-    let output = run(["report", profile.to_str().unwrap(), "--pid", "1"]);
-    assert_one_line_error(&output, &["no such process", &pid(0).to_string()]);
 }

@@ -33,7 +33,9 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
+pub mod family;
 mod stacks;
 pub use stacks::{Location, Stacks};
 
@@ -111,9 +113,13 @@ pub struct ProcessInfo {
     pub end_s: Option<f64>,
     pub exit: Option<ExitInfo>,
     /// Its allocations are in the profile's groups (those with its pid).
-    /// `false`: a process the command started, which memprof saw start,
-    /// `exec` and end but did not profile.
+    /// `false`: a process the command started, which memprof saw start
+    /// and end but did not profile (it never `exec`ed a program of its
+    /// own, or its session could not start).
     pub profiled: bool,
+    /// A profiled process's own counters (the profile's are the sum).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counters: Option<Counters>,
 }
 
 impl ProcessInfo {
@@ -200,7 +206,17 @@ impl Profile {
             end_s: self.exit.map(|_| self.duration_s),
             exit: self.exit,
             profiled: true,
+            counters: None,
         }]
+    }
+
+    /// The process `group`'s allocations were made in.
+    pub fn pid_of(&self, group: &Group) -> u32 {
+        if group.pid == 0 {
+            self.target.pid
+        } else {
+            group.pid
+        }
     }
 
     /// The frames of `group`'s stack, innermost first.
@@ -410,6 +426,23 @@ pub struct Counters {
 }
 
 impl Counters {
+    /// Adds `other`'s counts to these (the processes of one profile).
+    pub fn add(&mut self, other: &Counters) {
+        let (Ok(Value::Object(mut sum)), Ok(Value::Object(more))) =
+            (serde_json::to_value(&*self), serde_json::to_value(other))
+        else {
+            return;
+        };
+        for (name, n) in more {
+            if let (Some(a), Some(b)) = (sum.get(&name).and_then(Value::as_u64), n.as_u64()) {
+                sum.insert(name, Value::from(a.saturating_add(b)));
+            }
+        }
+        if let Ok(added) = serde_json::from_value(Value::Object(sum)) {
+            *self = added;
+        }
+    }
+
     /// Allocation calls not fully recorded, each counted once (the sum of
     /// the disjoint loss categories).
     pub fn lost_events(&self) -> u64 {
@@ -447,6 +480,10 @@ pub struct ProbeInfo {
 /// Allocations of one kind from one call stack.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Group {
+    /// The process (0 in profiles from before processes were followed:
+    /// the target; see [`Profile::pid_of`]).
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub pid: u32,
     /// `libc`, `mmap`, `gc`, `gc_atomic`.
     pub kind: String,
     pub live_count: u64,
@@ -507,6 +544,10 @@ pub use memprof_common::LIFETIME_BOUNDS_NS;
 
 /// Fields left out of the file when they hold nothing (most groups).
 fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+fn is_zero_u32(n: &u32) -> bool {
     *n == 0
 }
 

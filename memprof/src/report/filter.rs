@@ -116,11 +116,12 @@ impl Filter {
             && self.size_max.is_none()
             && !self.leaked
             && !self.temporary
+            && self.pids.is_empty()
+            && self.comms.is_empty()
     }
 
     /// `--pid` / `--comm`: fails, in one line, unless they name a process
-    /// whose allocations `profile` has. (Every group is the profiled
-    /// process's, so the groups need no filtering past this.)
+    /// whose allocations `profile` has ([`Filter::apply`] keeps those).
     pub fn check_processes(&self, profile: &Profile) -> Result<()> {
         if self.pids.is_empty() && self.comms.is_empty() {
             return Ok(());
@@ -143,7 +144,7 @@ impl Filter {
             .join("; ");
         match chosen.first() {
             Some(p) => bail!(
-                "pid {} ({}) was started by the command but not profiled (memprof follows the command's own process only); this profile has: {list}",
+                "pid {} ({}) was started by the command but not profiled (it never exec'd a program of its own, or the run was --no-follow); this profile has: {list}",
                 p.pid,
                 p.comm()
             ),
@@ -153,9 +154,15 @@ impl Filter {
 
     /// `profile` with only the matching groups (rewritten for `--temporary`).
     pub fn apply(&self, mut profile: Profile) -> Profile {
+        let chosen = self.choose_processes(&mut profile);
         let groups = std::mem::take(&mut profile.groups);
         profile.groups = groups
             .into_iter()
+            .filter(|g| {
+                chosen
+                    .as_ref()
+                    .is_none_or(|c| c.contains(&profile.pid_of(g)))
+            })
             .filter(|g| self.matches(&profile, g))
             .filter_map(|g| {
                 if !self.temporary {
@@ -170,6 +177,41 @@ impl Filter {
             })
             .collect();
         profile
+    }
+
+    /// `--pid` / `--comm`: the profiled processes chosen (`None`: all).
+    /// One process chosen becomes the profile's target, with its own
+    /// counters; the GC summary, census and timeline are the command's,
+    /// and go with another process.
+    fn choose_processes(&self, profile: &mut Profile) -> Option<Vec<u32>> {
+        if self.pids.is_empty() && self.comms.is_empty() {
+            return None;
+        }
+        let chosen: Vec<_> = profile
+            .processes()
+            .into_iter()
+            .filter(|p| p.profiled)
+            .filter(|p| self.pids.contains(&p.pid) || self.comms.iter().any(|c| c == p.comm()))
+            .collect();
+        profile.processes = chosen.clone();
+        if let [one] = &chosen[..] {
+            if one.pid != profile.target.pid {
+                profile.gc = None;
+                profile.census = None;
+                profile.timeline = Default::default();
+                profile.exit = one.exit;
+                profile.duration_s = one.end_s.unwrap_or(profile.duration_s) - one.start_s;
+            }
+            profile.target = crate::profile::TargetInfo {
+                pid: one.pid,
+                command: one.command.clone(),
+                exe: one.exe.clone(),
+            };
+            if let Some(counters) = &one.counters {
+                profile.counters = counters.clone();
+            }
+        }
+        Some(chosen.iter().map(|p| p.pid).collect())
     }
 
     /// Whether `group` (of `profile`) passes the kind, name, source, size

@@ -100,7 +100,7 @@ fn group(profile: &Profile, options: &Options, g: &Group) -> Value {
         })
         .collect();
     json!({
-        "pid": profile.target.pid,
+        "pid": profile.pid_of(g),
         "kind": g.kind,
         "live_count": g.live_count,
         "live_bytes": g.live_bytes,
@@ -121,9 +121,9 @@ fn group(profile: &Profile, options: &Options, g: &Group) -> Value {
     })
 }
 
-/// The session's processes. The profiled one carries the figures of the
-/// groups shown and the counters; one the command started and memprof did
-/// not profile has `null` figures.
+/// The session's processes. A profiled one carries the figures of its
+/// groups shown and its counters; one memprof did not profile has `null`
+/// figures.
 fn processes(profile: &Profile) -> Vec<Value> {
     profile
         .processes()
@@ -131,7 +131,8 @@ fn processes(profile: &Profile) -> Vec<Value> {
         .map(|p| {
             let sum = |f: fn(&Group) -> u64| -> Value {
                 if p.profiled {
-                    Value::from(profile.groups.iter().map(f).sum::<u64>())
+                    let of_it = profile.groups.iter().filter(|g| profile.pid_of(g) == p.pid);
+                    Value::from(of_it.map(f).sum::<u64>())
                 } else {
                     Value::Null
                 }
@@ -150,7 +151,12 @@ fn processes(profile: &Profile) -> Vec<Value> {
                 "live_bytes": sum(|g| g.live_bytes),
                 "total_count": sum(|g| g.total_count),
                 "total_bytes": sum(|g| g.total_bytes),
-                "counters": if p.profiled { json!(profile.counters) } else { Value::Null },
+                "counters": match (&p.counters, p.profiled) {
+                    (Some(c), _) => json!(c),
+                    // A profile of one process, from before processes had counters.
+                    (None, true) => json!(profile.counters),
+                    (None, false) => Value::Null,
+                },
             })
         })
         .collect()

@@ -42,34 +42,62 @@ pub fn filters(options: &Options, out: &mut dyn Write) -> Result<()> {
 }
 
 /// The run summary above the table.
-/// The processes the command started, when it started any: each with
-/// its parent, what it ran, when and how it ended. memprof lists them but
-/// profiles only the command: nothing of theirs is missing unsaid.
+/// The processes of the session, when there are more than one: each with
+/// its parent, what it ran, when and how it ended, and its live and
+/// allocated bytes; those memprof did not profile say so.
 fn processes(profile: &Profile, out: &mut dyn Write) -> Result<()> {
     let all = profile.processes();
-    let others: Vec<_> = all.iter().filter(|p| !p.profiled).collect();
-    if others.is_empty() {
+    if all.len() < 2 {
         return Ok(());
+    }
+    let unprofiled = all.iter().filter(|p| !p.profiled).count();
+    write!(
+        out,
+        "Processes: {}, {} profiled",
+        all.len(),
+        all.len() - unprofiled
+    )?;
+    if unprofiled > 0 {
+        write!(
+            out,
+            "; {unprofiled} not (never `exec`ed a program of their own, `--no-follow`, or memprof could not follow them: see its messages): their allocations are not in this profile"
+        )?;
     }
     writeln!(
         out,
-        "Processes: {} in all; the command started {} that memprof did not profile (it follows the command's own process only): their allocations are not in this profile.",
-        all.len(),
-        others.len()
+        ". The stacks below are every process's; `--pid`/`--comm` show one."
     )?;
     writeln!(out)?;
-    writeln!(out, "| pid | parent | command | profiled | started s | ended s | exit |")?;
-    writeln!(out, "|----:|-------:|---------|----------|----------:|--------:|------|")?;
+    writeln!(
+        out,
+        "| pid | parent | command | profiled | started s | ended s | exit | live bytes | allocated bytes |"
+    )?;
+    writeln!(
+        out,
+        "|----:|-------:|---------|----------|----------:|--------:|------|-----------:|----------------:|"
+    )?;
     for p in &all {
+        let (live, total) = profile
+            .groups
+            .iter()
+            .filter(|g| profile.pid_of(g) == p.pid)
+            .fold((0, 0), |(l, t), g| (l + g.live_bytes, t + g.total_bytes));
+        let figures = if p.profiled {
+            format!("{} | {}", thousands(live), thousands(total))
+        } else {
+            "— | —".to_string()
+        };
         let exit = match p.exit {
             Some(ExitInfo { code: Some(c), .. }) => format!("code {c}"),
-            Some(ExitInfo { signal: Some(s), .. }) => format!("signal {s}"),
+            Some(ExitInfo {
+                signal: Some(s), ..
+            }) => format!("signal {s}"),
             Some(_) => "exited".to_string(),
             None => "running".to_string(),
         };
         writeln!(
             out,
-            "| {} | {} | {} | {} | {:.3} | {} | {exit} |",
+            "| {} | {} | {} | {} | {:.3} | {} | {exit} | {figures} |",
             p.pid,
             p.ppid,
             escape_text(&p.command.join(" ")),

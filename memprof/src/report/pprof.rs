@@ -178,8 +178,11 @@ pub fn build(profile: &Profile, options: &Options) -> proto::Profile {
     .collect();
     let kind_key = b.string("kind");
     let (pid_key, comm_key) = (b.string("pid"), b.string("comm"));
-    let target = profile.processes().into_iter().find(|p| p.profiled);
-    let comm = b.string(target.as_ref().map_or("", |p| p.comm()));
+    let comms: std::collections::HashMap<u32, i64> = profile
+        .processes()
+        .iter()
+        .map(|p| (p.pid, b.string(p.comm())))
+        .collect();
     let groups = select(profile, options, 0, false);
     let bar = crate::progress::bar(groups.len() as u64, "writing pprof samples");
     let mut samples = Vec::with_capacity(groups.len());
@@ -217,16 +220,19 @@ pub fn build(profile: &Profile, options: &Options) -> proto::Profile {
             ..Default::default()
         }];
         // Which process: a number label and its program's name.
+        let pid = profile.pid_of(g);
         label.push(proto::Label {
             key: pid_key,
-            num: profile.target.pid as i64,
+            num: pid as i64,
             ..Default::default()
         });
-        label.push(proto::Label {
-            key: comm_key,
-            str: comm,
-            ..Default::default()
-        });
+        if let Some(&comm) = comms.get(&pid) {
+            label.push(proto::Label {
+                key: comm_key,
+                str: comm,
+                ..Default::default()
+            });
+        }
         if g.folded {
             label.push(proto::Label {
                 key: b.string("stack"),

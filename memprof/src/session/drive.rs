@@ -9,7 +9,7 @@ use anyhow::Result;
 
 use super::signals::Signals;
 use super::{Session, SessionOptions, Step};
-use crate::profile::ExitInfo;
+use crate::profile::{ExitInfo, Profile};
 use crate::target::launch::ExitStatus;
 
 /// `run`: after Ctrl-C, how long to wait for the command to exit by itself
@@ -22,15 +22,21 @@ pub fn run(command: &[String], options: &SessionOptions) -> Result<i32> {
     let signals = Signals::block()?;
     let mut session = Session::launch(command, options, &signals.original)?;
     session.begin();
+    let mut followed = Followed::default();
     let deadline = options.duration.map(|d| Instant::now() + d);
     let mut grace: Option<Instant> = None;
     let status = loop {
-        if let Some(libc::SIGINT | libc::SIGTERM) = signals.wait(session.timeout()) {
+        if let Some(libc::SIGINT | libc::SIGTERM) =
+            signals.wait(followed.timeout(session.timeout()))
+        {
             grace.get_or_insert(Instant::now() + EXIT_GRACE);
         }
-        if let Step::Exited(status) = session.step()? {
+        let step = session.step()?;
+        followed.adopt(session.take_execs(), options);
+        if let Step::Exited(status) = step {
             break status;
         }
+        followed.step(options);
         let now = Instant::now();
         if grace.is_some_and(|g| now >= g) || deadline.is_some_and(|d| now >= d) {
             if let Some(status) = end_census(&mut session, &signals, options.census_wait)? {
@@ -49,8 +55,90 @@ pub fn run(command: &[String], options: &SessionOptions) -> Result<i32> {
     }
     // `signals` stays blocked until the profile is written (dropped on
     // return): a second Ctrl-C must not lose it.
-    session.finish(status.map(ExitInfo::from))?;
+    let followed = followed.finish();
+    session.finish(status.map(ExitInfo::from), followed)?;
     Ok(status.map_or(0, ExitStatus::shell_code))
+}
+
+/// The processes `run` follows with sessions of their own: each one the
+/// command started (or one of those did) that `exec`ed a program, from
+/// that program's first instruction to its exit or the command's.
+#[derive(Default)]
+struct Followed {
+    running: Vec<Session>,
+    /// The profiles of those that ended.
+    done: Vec<Profile>,
+}
+
+impl Followed {
+    /// Sessions for the processes held after their `exec` (`pids`); one
+    /// that cannot start lets its process go, and says so.
+    fn adopt(&mut self, pids: Vec<u32>, options: &SessionOptions) {
+        if !options.follow {
+            pids.into_iter()
+                .for_each(crate::target::trace::Tracer::let_go);
+            return;
+        }
+        for pid in pids {
+            match Session::adopt(pid, options) {
+                Ok(mut session) => {
+                    session.begin();
+                    self.running.push(session);
+                }
+                Err(e) => eprintln!("memprof: pid {pid} runs on, not profiled: {e:#}"),
+            }
+        }
+    }
+
+    /// Steps every followed session; those whose process exited are
+    /// finished, and what they started in turn is adopted.
+    fn step(&mut self, options: &SessionOptions) {
+        let mut i = 0;
+        while i < self.running.len() {
+            let step = self.running[i].step();
+            let execs = self.running[i].take_execs();
+            match step {
+                Ok(Step::Running) => i += 1,
+                Ok(Step::Exited(status)) => {
+                    let session = self.running.swap_remove(i);
+                    self.finish_one(session, status.map(ExitInfo::from));
+                }
+                Err(e) => {
+                    let mut session = self.running.swap_remove(i);
+                    eprintln!("memprof: pid {} no longer followed: {e:#}", session.pid());
+                    let _ = session.release(false);
+                    self.finish_one(session, None);
+                }
+            }
+            self.adopt(execs, options);
+        }
+    }
+
+    fn finish_one(&mut self, session: Session, exit: Option<ExitInfo>) {
+        let pid = session.pid();
+        match session.into_profile(exit) {
+            Ok(profile) => self.done.push(profile),
+            Err(e) => eprintln!("memprof: the profile of pid {pid} could not be read: {e:#}"),
+        }
+    }
+
+    /// How long the driver may wait before the next step of any session.
+    fn timeout(&self, command: Duration) -> Duration {
+        self.running
+            .iter()
+            .map(Session::timeout)
+            .fold(command, Duration::min)
+    }
+
+    /// The profiles of every followed process; those still running are
+    /// let go first (they run on, untraced).
+    fn finish(mut self) -> Vec<Profile> {
+        for mut session in std::mem::take(&mut self.running) {
+            let _ = session.release(false);
+            self.finish_one(session, None);
+        }
+        self.done
+    }
 }
 
 /// `memprof attach`: profiles a running process until Ctrl-C, SIGTERM,
@@ -81,7 +169,10 @@ pub fn attach(pid: u32, options: &SessionOptions) -> Result<i32> {
     session.release(exited.is_some())?;
     // `signals` stays blocked until the profile is written (dropped on
     // return): a second Ctrl-C must not lose it.
-    session.finish(exited.map(|status| status.map_or(ExitInfo::UNKNOWN, ExitInfo::from)))?;
+    session.finish(
+        exited.map(|status| status.map_or(ExitInfo::UNKNOWN, ExitInfo::from)),
+        Vec::new(),
+    )?;
     Ok(0)
 }
 
@@ -123,4 +214,3 @@ fn end_census(
         }
     }
 }
-

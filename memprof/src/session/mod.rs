@@ -103,6 +103,8 @@ pub struct SessionOptions {
     pub census_wait: Duration,
     /// Write every mark-bit verdict here (`--gc-verdicts`, for tests).
     pub gc_verdicts: Option<PathBuf>,
+    /// `run`: profile the processes the command starts too (`--no-follow`: not).
+    pub follow: bool,
 }
 
 /// How dead Boehm GC objects are recognized.
@@ -449,7 +451,51 @@ impl Session {
 
     /// Detaches the probes, collects, symbolizes, writes the profile and
     /// prints the summary. `exit`: how the target ended, if it did.
-    pub fn finish(mut self, exit: Option<ExitInfo>) -> Result<()> {
+    /// `followed`: the profiles of the processes `run` followed with
+    /// sessions of their own ([`Session::into_profile`]), made part of it.
+    pub fn finish(self, exit: Option<ExitInfo>, followed: Vec<Profile>) -> Result<()> {
+        let top = self.options.top;
+        let mut output = Output::none();
+        let (mut profile, detaching) = self.collect(exit, Some(&mut output))?;
+        crate::profile::family::merge(&mut profile, followed);
+        output.write(&profile)?;
+        let path = output.path();
+
+        let mut stderr = std::io::stderr().lock();
+        writeln!(stderr)?;
+        markdown::header(&profile, &mut stderr)?;
+        let table = report::Options {
+            top: Some(top),
+            ..report::Options::default()
+        };
+        markdown::table(&profile, &table, &mut stderr)?;
+        writeln!(stderr)?;
+        writeln!(
+            stderr,
+            "memprof: profile written to {} (memprof report {} --format markdown|tsv|json)",
+            path.display(),
+            path.display()
+        )?;
+        eprintln!("memprof: detaching {} probes", detaching.1);
+        detaching.0.wait();
+        Ok(())
+    }
+
+    /// The profile of a process `run` followed, for the command's session
+    /// to take in ([`Session::finish`]): its probes detached, nothing written.
+    pub fn into_profile(self, exit: Option<ExitInfo>) -> Result<Profile> {
+        let (profile, detaching) = self.collect(exit, None)?;
+        detaching.0.wait();
+        Ok(profile)
+    }
+
+    /// Detaches the probes, collects and symbolizes; hands over the output
+    /// file (into `output`) and what is still detaching.
+    fn collect(
+        mut self,
+        exit: Option<ExitInfo>,
+        output: Option<&mut Output>,
+    ) -> Result<(Profile, (crate::probes::Detaching, usize))> {
         let header = self.describe();
         // The processes the command started go now, not after the writing.
         let processes = self.processes(exit);
@@ -479,11 +525,20 @@ impl Session {
         let mut counters = self.tables.counters()?;
         counters.unknown_frees += gc_counts.0;
         counters.sites_overflowed += gc_counts.1;
-        let (groups, stacks) = symbolize::symbolize(raw, &self.maps, &self.plan.modules, true);
+        let (mut groups, stacks) =
+            symbolize::symbolize(raw, &self.maps, &self.plan.modules, output.is_some());
+        for g in &mut groups {
+            g.pid = self.target.pid;
+        }
         let duration_s = self.started.0.elapsed().as_secs_f64();
         let timeline =
             self.live
                 .into_timeline(&groups, duration_s, gc.as_ref().and_then(|g| g.heap_size));
+        if let Some(output) = output {
+            *output = std::mem::replace(&mut self.output, Output::none());
+        }
+        let mut processes = processes;
+        processes[0].counters = Some(counters.clone());
         let profile = Profile {
             duration_s,
             exit,
@@ -496,27 +551,16 @@ impl Session {
             processes,
             ..header
         };
-        self.output.write(&profile)?;
-        let path = self.output.path();
+        Ok((profile, (detaching, attached)))
+    }
 
-        let mut stderr = std::io::stderr().lock();
-        writeln!(stderr)?;
-        markdown::header(&profile, &mut stderr)?;
-        let table = report::Options {
-            top: Some(self.options.top),
-            ..report::Options::default()
-        };
-        markdown::table(&profile, &table, &mut stderr)?;
-        writeln!(stderr)?;
-        writeln!(
-            stderr,
-            "memprof: profile written to {} (memprof report {} --format markdown|tsv|json)",
-            path.display(),
-            path.display()
-        )?;
-        eprintln!("memprof: detaching {attached} probes");
-        detaching.wait();
-        Ok(())
+    /// The processes the command started that have just `exec`ed a
+    /// program, held for sessions of their own ([`Session::adopt`]).
+    pub fn take_execs(&mut self) -> Vec<u32> {
+        self.tracer
+            .as_mut()
+            .map(|t| t.take_execs())
+            .unwrap_or_default()
     }
 
     /// The target, then (in `run`) the processes it started: listed, not
@@ -533,6 +577,7 @@ impl Session {
             end_s: exit.map(|_| since(Instant::now())),
             exit,
             profiled: true,
+            counters: None,
         }];
         let family = self.tracer.as_ref().map(|t| t.family()).unwrap_or_default();
         list.extend(family.into_iter().map(|m| ProcessInfo {
@@ -544,6 +589,7 @@ impl Session {
             end_s: m.ended.map(|(at, _)| since(at)),
             exit: m.ended.map(|(_, status)| ExitInfo::from(status)),
             profiled: false,
+            counters: None,
         }));
         list
     }

@@ -36,6 +36,15 @@ impl Output {
         })
     }
 
+    /// No file: a session whose profile becomes part of another's (a
+    /// process `run` follows).
+    pub(super) fn none() -> Output {
+        Output {
+            path: PathBuf::new(),
+            file: None,
+        }
+    }
+
     pub(super) fn path(&self) -> &Path {
         &self.path
     }

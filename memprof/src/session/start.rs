@@ -15,6 +15,7 @@ use crate::modules::ModuleCache;
 use crate::predict::Predictor;
 use crate::probes::{ProbeOptions, Probes};
 use crate::target::maps::{self, MapsCache};
+use crate::target::trace::Tracer;
 use crate::target::{self, launch, startup, Target};
 use memprof_common::LIBRARY_LOAD_SIGNAL;
 
@@ -31,11 +32,43 @@ impl Session {
         let program = target::find_command(&command[0])?;
         let output = Output::create(options.output.as_ref(), &program, None)?;
         let mut tracer = launch::launch(&program, command, child_mask)?;
+        tracer.hold_execs = options.follow;
+        Session::held_at_exec(tracer, Some(command), output, options, true)
+    }
+
+    /// `run`: a process the command started, stopped right after it
+    /// `exec`ed a program ([`Tracer::take_execs`]), profiled like the
+    /// command from its first instruction; [`Session::begin`] lets it go.
+    /// If that fails, it is let go untraced.
+    pub fn adopt(pid: u32, options: &SessionOptions) -> Result<Session> {
+        let tracer = Tracer::for_exec_stopped(pid);
+        let options = SessionOptions {
+            output: None,
+            live: Default::default(),
+            ..options.clone()
+        };
+        Session::held_at_exec(tracer, None, Output::none(), &options, false)
+    }
+
+    /// A session for the process `tracer` holds right after its `exec`,
+    /// every probe attached. `command`: the command line as given (else
+    /// the process's own). Until the probes are attached, a failure kills
+    /// the held process (`kill_on_failure`) or lets it go.
+    fn held_at_exec(
+        mut tracer: Tracer,
+        command: Option<&[String]>,
+        output: Output,
+        options: &SessionOptions,
+        kill_on_failure: bool,
+    ) -> Result<Session> {
         let pid = tracer.pid;
-        // Until the probes are attached, any failure ends the held command.
-        let kill = |tracer: &mut crate::target::trace::Tracer| {
-            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-            let _ = tracer.poll(&mut |_| {});
+        let give_up = |tracer: &mut Tracer| {
+            if kill_on_failure {
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                let _ = tracer.poll(&mut |_| {});
+            } else {
+                tracer.detach();
+            }
         };
         let started = Target::attach(pid).and_then(|target| {
             // The program the command became (a script's interpreter).
@@ -50,22 +83,24 @@ impl Session {
         let (mut target, plan, probes) = match started {
             Ok(parts) => parts,
             Err(e) => {
-                kill(&mut tracer);
+                give_up(&mut tracer);
                 return Err(e);
             }
         };
-        target.command = command.to_vec();
+        if let Some(command) = command {
+            target.command = command.to_vec();
+        }
         let mut session = match Session::new(Mode::Run, target, plan, probes, output, options) {
             Ok(session) => session,
             Err(e) => {
-                kill(&mut tracer);
+                give_up(&mut tracer);
                 return Err(e);
             }
         };
         session.tracer = Some(tracer);
         if let Err(e) = session.prepare_launched() {
             if let Some(tracer) = &mut session.tracer {
-                kill(tracer);
+                give_up(tracer);
             }
             return Err(e);
         }

@@ -21,6 +21,8 @@ pub struct Member {
     pub started: Instant,
     /// When it exited, and how, if it did while followed.
     pub ended: Option<(Instant, ExitStatus)>,
+    /// It `exec`ed a program and was handed to a session of its own.
+    pub handed_over: bool,
 }
 
 impl Member {
@@ -34,6 +36,7 @@ impl Member {
             exe: String::new(),
             started: Instant::now(),
             ended: None,
+            handed_over: false,
         };
         member.reread();
         member

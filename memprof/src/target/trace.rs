@@ -15,7 +15,8 @@
 //!
 //! Why a signal and not `SIGSTOP`: a group-stop would be seen by the
 //! program's parent (a shell would take the terminal back).
-use std::collections::{HashMap, HashSet};
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Instant;
 
 use anyhow::{bail, Result};
@@ -50,6 +51,78 @@ pub struct Tracer {
     members: HashMap<u32, Member>,
     /// Their threads still traced, each with its process.
     member_threads: HashMap<u32, u32>,
+    /// Members stopped right after an `exec`, for a session of their own
+    /// to take over ([`Tracer::take_execs`]).
+    execs: Vec<u32>,
+    /// Whether a member's `exec` is held for a session (`run`'s default);
+    /// `false` (`--no-follow`): it is only recorded.
+    pub hold_execs: bool,
+}
+
+/// memprof's tracers (the command's, and one per process `run` follows
+/// with a session of its own) share one `waitpid(-1)`: each state change
+/// goes to the tracer of its thread.
+#[derive(Default)]
+struct Router {
+    /// The tracer (by its process) of each traced thread.
+    route: HashMap<u32, u32>,
+    /// Changes taken for another tracer than the one waiting.
+    queued: HashMap<u32, VecDeque<(u32, i32)>>,
+}
+
+thread_local! {
+    // ptrace binds a tracee to the thread that traced it: one router per thread.
+    static ROUTER: RefCell<Router> = RefCell::default();
+}
+
+/// Thread `tid` is followed by the tracer of process `tracer`.
+fn route(tid: u32, tracer: u32) {
+    ROUTER.with(|r| r.borrow_mut().route.insert(tid, tracer));
+}
+
+/// The next state change of a thread of tracer `tracer`, without blocking.
+fn next_change(tracer: u32) -> Result<Option<(u32, i32)>> {
+    ROUTER.with(|r| {
+        let mut r = r.borrow_mut();
+        if let Some(change) = r.queued.get_mut(&tracer).and_then(VecDeque::pop_front) {
+            return Ok(Some(change));
+        }
+        loop {
+            let Some((tid, status)) = wait_any(libc::WNOHANG)? else {
+                return Ok(None);
+            };
+            // A thread not seen yet: its process's tracer, or for a new
+            // process (its first stop before its parent's fork event), its
+            // parent's.
+            let owner = r.route.get(&tid).copied().or_else(|| {
+                let (process, parent) = family::process_of(tid)?;
+                r.route
+                    .get(&process)
+                    .or_else(|| r.route.get(&parent))
+                    .copied()
+            });
+            let owner = owner.unwrap_or(tracer);
+            if ExitStatus::from_wait(status).is_some() {
+                r.route.remove(&tid);
+            }
+            if owner == tracer {
+                return Ok(Some((tid, status)));
+            }
+            r.queued.entry(owner).or_default().push_back((tid, status));
+        }
+    })
+}
+
+/// The changes already taken for tracer `tracer` (its threads stopped or
+/// gone in them), dropping its queue.
+fn take_queued(tracer: u32) -> Vec<(u32, i32)> {
+    ROUTER.with(|r| {
+        r.borrow_mut()
+            .queued
+            .remove(&tracer)
+            .map(Vec::from)
+            .unwrap_or_default()
+    })
 }
 
 /// The options every traced thread gets.
@@ -63,6 +136,7 @@ pub const FAMILY_OPTIONS: i32 =
 impl Tracer {
     /// A tracer for a process whose leader is already seized (by `launch`).
     pub(super) fn for_launched(pid: u32) -> Tracer {
+        route(pid, pid);
         Tracer {
             pid,
             threads: HashSet::from([pid]),
@@ -71,7 +145,33 @@ impl Tracer {
             status: None,
             members: HashMap::new(),
             member_threads: HashMap::new(),
+            execs: Vec::new(),
+            hold_execs: true,
         }
+    }
+
+    /// A tracer for process `pid`, one another tracer followed until it
+    /// stopped right after an `exec` ([`Tracer::take_execs`]); it stays
+    /// stopped until [`Tracer::resume_signal`].
+    pub fn for_exec_stopped(pid: u32) -> Tracer {
+        let mut tracer = Tracer::for_launched(pid);
+        // Stopped already (the stop was taken): let go without a wait.
+        tracer.stopped.insert(pid);
+        tracer
+    }
+
+    /// Lets go of a process stopped after its `exec` that no session took
+    /// over: it runs on, untraced.
+    pub fn let_go(pid: u32) {
+        ROUTER.with(|r| r.borrow_mut().route.remove(&pid));
+        unsafe { libc::ptrace(libc::PTRACE_DETACH, pid as i32, 0, 0) };
+    }
+
+    /// The processes the command started that have just `exec`ed a
+    /// program, each stopped before its first instruction: the caller
+    /// takes each over with [`Tracer::for_exec_stopped`] (or lets it go).
+    pub fn take_execs(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.execs)
     }
 
     /// The processes the command started, in the order they started.
@@ -92,6 +192,8 @@ impl Tracer {
             status: None,
             members: HashMap::new(),
             member_threads: HashMap::new(),
+            execs: Vec::new(),
+            hold_execs: false,
         };
         // Threads may start while we list them: list until nothing is new
         // (once a thread is traced, its children are traced at birth).
@@ -113,6 +215,7 @@ impl Tracer {
                     bail!("cannot trace pid {pid} (thread {tid}): {err} (is a debugger attached?)");
                 }
                 tracer.threads.insert(tid);
+                route(tid, pid);
                 on_new_thread(tid);
                 new += 1;
             }
@@ -138,7 +241,7 @@ impl Tracer {
             cont(self.pid, 0);
         }
         loop {
-            let Some((tid, status)) = wait_any(libc::WNOHANG)? else {
+            let Some((tid, status)) = next_change(self.pid)? else {
                 return Ok(None);
             };
             if let Some(&pid) = self.member_threads.get(&tid) {
@@ -167,6 +270,7 @@ impl Tracer {
                 // A new thread's first stop, possibly before its parent's
                 // clone event.
                 self.threads.insert(tid);
+                route(tid, self.pid);
                 on_new_thread(tid);
                 cont(tid, 0);
                 continue;
@@ -191,6 +295,7 @@ impl Tracer {
                         }
                         _ => {
                             if new != 0 && self.threads.insert(new) {
+                                route(new, self.pid);
                                 on_new_thread(new);
                             }
                         }
@@ -224,6 +329,7 @@ impl Tracer {
             .entry(pid)
             .or_insert_with(|| Member::born(pid, parent));
         self.member_threads.insert(tid, pid);
+        route(tid, self.pid);
     }
 
     /// A state change of thread `tid` of member `pid`: its own signals
@@ -257,10 +363,19 @@ impl Tracer {
                 cont(tid, 0);
             }
             libc::PTRACE_EVENT_EXEC => {
+                let hold = self.hold_execs;
                 if let Some(member) = self.members.get_mut(&pid) {
                     member.reread();
+                    member.handed_over = hold;
                 }
-                cont(tid, 0);
+                if !hold {
+                    cont(tid, 0);
+                    return;
+                }
+                // A new program: held here for a session of its own. The
+                // `exec` left one thread, now with the process's id.
+                self.member_threads.retain(|_, p| *p != pid);
+                self.execs.push(pid);
             }
             libc::PTRACE_EVENT_STOP => event_stop(tid, status),
             _ => cont(tid, 0), // its exit stop
@@ -270,15 +385,30 @@ impl Tracer {
     /// Lets every member thread go (each stopped first, so that a signal
     /// about to be delivered is handed back, and a process it was just
     /// starting is let go too).
-    fn detach_members(&mut self) {
+    fn detach_members(&mut self, taken: &mut HashMap<u32, i32>) {
+        // Members held after an `exec` that no session took over.
+        for pid in std::mem::take(&mut self.execs) {
+            Tracer::let_go(pid);
+        }
         let mut left: Vec<u32> = self.member_threads.drain().map(|(tid, _)| tid).collect();
         for &tid in &left {
-            unsafe { libc::ptrace(libc::PTRACE_INTERRUPT, tid as i32, 0, 0) };
+            if !taken.contains_key(&tid) {
+                unsafe { libc::ptrace(libc::PTRACE_INTERRUPT, tid as i32, 0, 0) };
+            }
         }
         while let Some(tid) = left.pop() {
-            let mut status = 0;
-            let r = unsafe { libc::waitpid(tid as i32, &mut status, libc::__WALL) };
-            if r != tid as i32 || ExitStatus::from_wait(status).is_some() {
+            let status = match taken.remove(&tid) {
+                Some(status) => status,
+                None => {
+                    let mut status = 0;
+                    let r = unsafe { libc::waitpid(tid as i32, &mut status, libc::__WALL) };
+                    if r != tid as i32 {
+                        continue;
+                    }
+                    status
+                }
+            };
+            if ExitStatus::from_wait(status).is_some() {
                 continue;
             }
             let signal = match status >> 16 {
@@ -306,7 +436,9 @@ impl Tracer {
     /// Stops tracing every thread, leaving the process running. Threads
     /// still stopped by [`Event::Signal`] go without the signal.
     pub fn detach(&mut self) {
-        self.detach_members();
+        // Threads whose stop was taken already (queued): not waited for again.
+        let mut taken: HashMap<u32, i32> = take_queued(self.pid).into_iter().collect();
+        self.detach_members(&mut taken);
         if self.status.is_some() {
             return;
         }
@@ -316,7 +448,7 @@ impl Tracer {
             stopped.insert(self.pid);
         }
         for &tid in &self.threads {
-            if !stopped.contains(&tid) {
+            if !stopped.contains(&tid) && !taken.contains_key(&tid) {
                 unsafe { libc::ptrace(libc::PTRACE_INTERRUPT, tid as i32, 0, 0) };
             }
         }
@@ -326,8 +458,14 @@ impl Tracer {
                 continue;
             }
             // Wait for it to stop; a signal it was about to receive is handed back on detach.
-            let mut status = 0;
-            let r = unsafe { libc::waitpid(tid as i32, &mut status, libc::__WALL) };
+            let (r, status) = match taken.remove(&tid) {
+                Some(status) => (tid as i32, status),
+                None => {
+                    let mut status = 0;
+                    let r = unsafe { libc::waitpid(tid as i32, &mut status, libc::__WALL) };
+                    (r, status)
+                }
+            };
             if r != tid as i32 || ExitStatus::from_wait(status).is_some() {
                 if tid == self.pid && r == tid as i32 {
                     self.status = ExitStatus::from_wait(status);

@@ -1,0 +1,60 @@
+//! One profile for a command and the processes `run` followed: each
+//! followed process (one that `exec`ed a program) has a session and a
+//! profile of its own; the command's profile takes them in: their groups,
+//! each with its pid, their stacks (interned again), their counters (the
+//! profile's are the sum; each process keeps its own), and their processes.
+//!
+//! The GC summary, census and timeline stay the command's.
+use super::{Frame, ProcessInfo, Profile};
+
+/// Makes `followed` part of `profile` (the command's).
+pub fn merge(profile: &mut Profile, followed: Vec<Profile>) {
+    if followed.is_empty() {
+        return;
+    }
+    if profile.processes.is_empty() {
+        profile.processes = profile.processes();
+    }
+    for other in followed {
+        // Its times count from its own start.
+        let shift = other.start_unix_s - profile.start_unix_s;
+        for (i, mut p) in other.processes().into_iter().enumerate() {
+            p.start_s += shift;
+            p.end_s = p.end_s.map(|e| e + shift);
+            if i == 0 && p.counters.is_none() {
+                p.counters = Some(other.counters.clone());
+            }
+            match profile.processes.iter_mut().find(|q| q.pid == p.pid) {
+                // The followed process itself, listed since its fork: its
+                // start and parent stay, the rest is its session's.
+                Some(q) if i == 0 => {
+                    q.profiled = true;
+                    q.command = p.command;
+                    q.exe = p.exe;
+                    q.end_s = p.end_s;
+                    q.exit = p.exit;
+                    q.counters = p.counters;
+                }
+                Some(_) => {}
+                None => profile.processes.push(p),
+            }
+        }
+        profile.counters.add(&other.counters);
+        for group in other.groups {
+            let frames: Vec<Frame> = other.stacks.frames(group.stack).cloned().collect();
+            profile.push(group, frames);
+        }
+    }
+    // The command first, then in the order they started.
+    let command = profile.target.pid;
+    profile.processes.sort_by(|a, b| {
+        (a.pid != command)
+            .cmp(&(b.pid != command))
+            .then(a.start_s.total_cmp(&b.start_s))
+    });
+}
+
+/// The entry of a process of the session.
+pub fn find(profile: &Profile, pid: u32) -> Option<ProcessInfo> {
+    profile.processes().into_iter().find(|p| p.pid == pid)
+}
