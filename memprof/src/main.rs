@@ -175,6 +175,7 @@ fn session_options(args: &SessionArgs, duration: Option<Duration>) -> Result<Ses
         },
         gc_verdicts: args.gc_verdicts.clone(),
         follow: false,
+        followed: false,
         live: LiveOptions {
             sample_period: (args.sample_period > 0)
                 .then(|| Duration::from_millis(args.sample_period)),

@@ -35,6 +35,9 @@ pub mod fixture {
     /// A Boehm GC program that collects on each SIGUSR1 (`fixtures/c/gc_attach_target.c`).
     pub const GC_ATTACH_TARGET: &str = env!("FIXTURE_GC_ATTACH_TARGET");
     pub const GROW: &str = env!("FIXTURE_GROW");
+    /// Forks two workers that never exec; each mallocs 500 × 64 bytes at
+    /// worker_alloc after 2.5 s (`fixtures/c/forker.c`).
+    pub const FORKER: &str = env!("FIXTURE_FORKER");
     pub const BENCH_LOOP: &str = env!("FIXTURE_BENCH_LOOP");
     pub const NO_LIBC: &str = env!("FIXTURE_NO_LIBC");
     /// dlopen/dlclose of libm.so.6 in a loop, forever (`fixtures/c/dlopen_loop.c`).

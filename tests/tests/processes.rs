@@ -157,3 +157,45 @@ fn no_follow_lists_the_processes_without_profiling_them() {
     let output = run(["report", profile.to_str().unwrap(), "--comm", "basic"]);
     assert_one_line_error(&output, &["basic", "not profiled"]);
 }
+
+#[test]
+fn forked_workers_are_attached_to() {
+    let dir = TempDir::new("processes_forker");
+    let profile = dir.join("forker.mprof");
+    profile_run(&profile, &[fixture::FORKER]);
+    let json = report_json(&profile);
+    let processes = json["processes"].as_array().expect("processes");
+    assert_eq!(processes.len(), 3, "{processes:#?}");
+    let parent = uint(&processes[0], "/pid");
+    let mut workers = Vec::new();
+    for p in &processes[1..] {
+        assert_eq!(uint(p, "/ppid"), parent);
+        assert_eq!(p["profiled"], true, "{p:#}");
+        // Attached to once it ran 0.2 s without an exec.
+        let from = p["profiled_from_s"].as_f64().expect("profiled_from_s");
+        assert!(from >= p["start_s"].as_f64().unwrap() + 0.2, "{p:#}");
+        // It exited; how is not known once memprof no longer traces it.
+        assert!(p["exit"].is_object() && p["end_s"].is_f64(), "{p:#}");
+        workers.push(uint(p, "/pid"));
+    }
+    // Each worker's 500 × malloc(64), under its own pid; none in the parent.
+    let at = groups_at(&json, "libc", "worker_alloc");
+    let mut pids: Vec<u64> = at.iter().map(|g| uint(g, "/pid")).collect();
+    pids.sort();
+    workers.sort();
+    assert_eq!(pids, workers, "{}", list_groups(&json));
+    for g in at {
+        assert_eq!(
+            Counts::of(g),
+            Counts {
+                live_count: 500,
+                live_bytes: 32_000,
+                total_count: 500,
+                total_bytes: 32_000
+            }
+        );
+    }
+    let markdown = report(&profile, "markdown", &[]);
+    assert!(markdown.contains("Processes: 3, 3 profiled."), "{markdown}");
+    assert!(markdown.contains("| from 0."), "{markdown}");
+}

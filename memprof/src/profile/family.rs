@@ -29,6 +29,10 @@ pub fn merge(profile: &mut Profile, followed: Vec<Profile>) {
                 // start and parent stay, the rest is its session's.
                 Some(q) if i == 0 => {
                     q.profiled = true;
+                    // Attached to a running worker: from then on only.
+                    if other.mode == "attach" {
+                        q.profiled_from_s = Some(p.start_s);
+                    }
                     q.command = p.command;
                     q.exe = p.exe;
                     q.end_s = p.end_s;

@@ -114,9 +114,14 @@ pub struct ProcessInfo {
     pub exit: Option<ExitInfo>,
     /// Its allocations are in the profile's groups (those with its pid).
     /// `false`: a process the command started, which memprof saw start
-    /// and end but did not profile (it never `exec`ed a program of its
-    /// own, or its session could not start).
+    /// and end but did not profile (`--no-follow`; a fork that ended
+    /// within 0.2 s without an `exec`; or its session could not start).
     pub profiled: bool,
+    /// Profiled from this time on only (seconds since profiling began): a
+    /// process forked without an `exec`, attached to once it ran a while;
+    /// `None`: from its start (or its `exec`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profiled_from_s: Option<f64>,
     /// A profiled process's own counters (the profile's are the sum).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub counters: Option<Counters>,
@@ -206,6 +211,7 @@ impl Profile {
             end_s: self.exit.map(|_| self.duration_s),
             exit: self.exit,
             profiled: true,
+            profiled_from_s: None,
             counters: None,
         }]
     }

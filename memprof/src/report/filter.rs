@@ -144,7 +144,7 @@ impl Filter {
             .join("; ");
         match chosen.first() {
             Some(p) => bail!(
-                "pid {} ({}) was started by the command but not profiled (it never exec'd a program of its own, or the run was --no-follow); this profile has: {list}",
+                "pid {} ({}) was started by the command but not profiled (--no-follow, or it ended within 0.2 s of a fork without an exec); this profile has: {list}",
                 p.pid,
                 p.comm()
             ),

@@ -147,6 +147,7 @@ fn processes(profile: &Profile) -> Vec<Value> {
                 "end_s": p.end_s,
                 "exit": p.exit,
                 "profiled": p.profiled,
+                "profiled_from_s": p.profiled_from_s,
                 "live_count": sum(|g| g.live_count),
                 "live_bytes": sum(|g| g.live_bytes),
                 "total_count": sum(|g| g.total_count),

@@ -60,7 +60,7 @@ fn processes(profile: &Profile, out: &mut dyn Write) -> Result<()> {
     if unprofiled > 0 {
         write!(
             out,
-            "; {unprofiled} not (never `exec`ed a program of their own, `--no-follow`, or memprof could not follow them: see its messages): their allocations are not in this profile"
+            "; {unprofiled} not (`--no-follow`, ended within 0.2 s of a fork without an `exec`, or memprof could not follow them: see its messages): their allocations are not in this profile"
         )?;
     }
     writeln!(
@@ -101,7 +101,11 @@ fn processes(profile: &Profile, out: &mut dyn Write) -> Result<()> {
             p.pid,
             p.ppid,
             escape_text(&p.command.join(" ")),
-            if p.profiled { "yes" } else { "no" },
+            match (p.profiled, p.profiled_from_s) {
+                (true, Some(from)) => format!("from {from:.2} s"),
+                (true, None) => "yes".to_string(),
+                (false, _) => "no".to_string(),
+            },
             p.start_s,
             p.end_s.map_or("—".to_string(), |e| format!("{e:.3}")),
         )?;

@@ -33,6 +33,7 @@ pub fn run(command: &[String], options: &SessionOptions) -> Result<i32> {
         }
         let step = session.step()?;
         followed.adopt(session.take_execs(), options);
+        followed.attach_forked(session.take_forked(FORK_AGE), options);
         if let Step::Exited(status) = step {
             break status;
         }
@@ -59,6 +60,10 @@ pub fn run(command: &[String], options: &SessionOptions) -> Result<i32> {
     session.finish(status.map(ExitInfo::from), followed)?;
     Ok(status.map_or(0, ExitStatus::shell_code))
 }
+
+/// A process the command forked is attached to once it has run this long
+/// without an `exec` (most forks `exec` at once: a shell's children).
+const FORK_AGE: Duration = Duration::from_millis(200);
 
 /// The processes `run` follows with sessions of their own: each one the
 /// command started (or one of those did) that `exec`ed a program, from
@@ -97,11 +102,14 @@ impl Followed {
         while i < self.running.len() {
             let step = self.running[i].step();
             let execs = self.running[i].take_execs();
+            let forked = self.running[i].take_forked(FORK_AGE);
             match step {
                 Ok(Step::Running) => i += 1,
                 Ok(Step::Exited(status)) => {
+                    // Without a tracer (an attached worker), how is not known.
+                    let exit = status.map_or(ExitInfo::UNKNOWN, ExitInfo::from);
                     let session = self.running.swap_remove(i);
-                    self.finish_one(session, status.map(ExitInfo::from));
+                    self.finish_one(session, Some(exit));
                 }
                 Err(e) => {
                     let mut session = self.running.swap_remove(i);
@@ -111,6 +119,18 @@ impl Followed {
                 }
             }
             self.adopt(execs, options);
+            self.attach_forked(forked, options);
+        }
+    }
+
+    /// Sessions attached to the processes forked a while ago that never
+    /// `exec`ed (workers); one that cannot start says so.
+    fn attach_forked(&mut self, pids: Vec<u32>, options: &SessionOptions) {
+        for pid in pids {
+            match Session::attach_forked(pid, options) {
+                Ok(session) => self.running.push(session),
+                Err(e) => eprintln!("memprof: pid {pid} runs on, not profiled: {e:#}"),
+            }
         }
     }
 
@@ -134,8 +154,10 @@ impl Followed {
     /// let go first (they run on, untraced).
     fn finish(mut self) -> Vec<Profile> {
         for mut session in std::mem::take(&mut self.running) {
-            let _ = session.release(false);
-            self.finish_one(session, None);
+            // Gone already (not seen yet): exited, how not known.
+            let exited = !crate::target::is_alive(session.pid());
+            let _ = session.release(exited);
+            self.finish_one(session, exited.then_some(ExitInfo::UNKNOWN));
         }
         self.done
     }

@@ -105,6 +105,8 @@ pub struct SessionOptions {
     pub gc_verdicts: Option<PathBuf>,
     /// `run`: profile the processes the command starts too (`--no-follow`: not).
     pub follow: bool,
+    /// This session is one of a process `run` follows (said in one line).
+    pub followed: bool,
 }
 
 /// How dead Boehm GC objects are recognized.
@@ -153,6 +155,7 @@ impl SessionOptions {
             unwind: self.unwind,
             probe_at_entry: self.probe_at_entry,
             gc_refill: self.gc_sampling == GcSampling::Refill,
+            quiet: self.followed,
         }
     }
 }
@@ -554,6 +557,16 @@ impl Session {
         Ok((profile, (detaching, attached)))
     }
 
+    /// The processes the command started that forked at least `age` ago
+    /// and never `exec`ed (workers), let go for sessions that attach to
+    /// them ([`Session::attach_forked`]).
+    pub fn take_forked(&mut self, age: Duration) -> Vec<u32> {
+        match &mut self.tracer {
+            Some(tracer) if self.options.follow || self.options.followed => tracer.take_forked(age),
+            _ => Vec::new(),
+        }
+    }
+
     /// The processes the command started that have just `exec`ed a
     /// program, held for sessions of their own ([`Session::adopt`]).
     pub fn take_execs(&mut self) -> Vec<u32> {
@@ -577,6 +590,7 @@ impl Session {
             end_s: exit.map(|_| since(Instant::now())),
             exit,
             profiled: true,
+            profiled_from_s: None,
             counters: None,
         }];
         let family = self.tracer.as_ref().map(|t| t.family()).unwrap_or_default();
@@ -589,6 +603,7 @@ impl Session {
             end_s: m.ended.map(|(at, _)| since(at)),
             exit: m.ended.map(|(_, status)| ExitInfo::from(status)),
             profiled: false,
+            profiled_from_s: None,
             counters: None,
         }));
         list

@@ -32,6 +32,9 @@ pub struct Choice {
     pub probe_at_entry: bool,
     /// `--gc-sampling refill`.
     pub gc_refill: bool,
+    /// A process `run` follows: what the command's plan said already
+    /// (unwind table sizes, sampling notes) is not said again.
+    pub quiet: bool,
 }
 
 /// What to attach where.
@@ -89,7 +92,7 @@ impl Plan {
         let mut gc_table = BOEHM;
         let mut gc_sampling = PlannedGcSampling::Exact;
         if choice.gc_refill && choice.heap != Heap::Libc {
-            gc_sampling = plan_refill(&cache, &gc);
+            gc_sampling = plan_refill(&cache, &gc, choice.quiet);
             if let PlannedGcSampling::Refill { .. } = gc_sampling {
                 gc = allocators::resolve(&cache, &modules, BOEHM_REFILL)?;
                 gc_table = BOEHM_REFILL;
@@ -120,12 +123,14 @@ impl Plan {
             Unwind::Auto | Unwind::Dwarf => {
                 let started = Instant::now();
                 let tables = Tables::build(&cache, &modules);
-                eprintln!(
-                    "memprof: unwind tables: {} rows from {} modules ({:.1} s)",
-                    report::thousands(tables.rows.len() as u64),
-                    tables.module_count(),
-                    started.elapsed().as_secs_f64()
-                );
+                if !choice.quiet {
+                    eprintln!(
+                        "memprof: unwind tables: {} rows from {} modules ({:.1} s)",
+                        report::thousands(tables.rows.len() as u64),
+                        tables.module_count(),
+                        started.elapsed().as_secs_f64()
+                    );
+                }
                 Some(tables)
             }
         };
@@ -168,9 +173,11 @@ impl Plan {
 
 /// Refill sampling in the libgc of `gc` (the resolved `BOEHM` functions),
 /// or why not (said here once).
-fn plan_refill(cache: &ModuleCache, gc: &[ResolvedFn]) -> PlannedGcSampling {
+fn plan_refill(cache: &ModuleCache, gc: &[ResolvedFn], quiet: bool) -> PlannedGcSampling {
     let Some(module) = gc.first().map(|f| f.module.clone()) else {
-        eprintln!("memprof: note: --gc-sampling refill: the target has no Boehm GC; its allocations are followed as usual");
+        if !quiet {
+            eprintln!("memprof: note: --gc-sampling refill: the target has no Boehm GC; its allocations are followed as usual");
+        }
         return PlannedGcSampling::Exact;
     };
     let layout = cache
@@ -205,6 +212,7 @@ pub fn plan_for_pid(pid: u32, probe_at_entry: bool, heap: Heap) -> Result<Vec<Pl
         unwind: Unwind::Fp, // the tables are not needed to show placements
         probe_at_entry,
         gc_refill: false,
+        quiet: false,
     };
     Ok(Plan::new(ModuleCache::of_process(pid), &target.exe, &loaded, &choice)?.probes)
 }

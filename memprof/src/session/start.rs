@@ -36,6 +36,20 @@ impl Session {
         Session::held_at_exec(tracer, Some(command), output, options, true)
     }
 
+    /// `run`: a process the command forked that has run a while without
+    /// `exec`ing (a worker), attached to as `attach` does: what it
+    /// allocated before is not seen.
+    pub fn attach_forked(pid: u32, options: &SessionOptions) -> Result<Session> {
+        let options = SessionOptions {
+            output: None,
+            live: Default::default(),
+            followed: true,
+            census: Some(CensusWhen::Off),
+            ..options.clone()
+        };
+        Session::attach(pid, &options)
+    }
+
     /// `run`: a process the command started, stopped right after it
     /// `exec`ed a program ([`Tracer::take_execs`]), profiled like the
     /// command from its first instruction; [`Session::begin`] lets it go.
@@ -45,6 +59,7 @@ impl Session {
         let options = SessionOptions {
             output: None,
             live: Default::default(),
+            followed: true,
             ..options.clone()
         };
         Session::held_at_exec(tracer, None, Output::none(), &options, false)
@@ -140,6 +155,14 @@ impl Session {
         if let Some(tracer) = &mut self.tracer {
             tracer.resume_signal(pid, 0, false);
         }
+        if self.options.followed {
+            eprintln!(
+                "memprof: following pid {pid} (started by {}): {}",
+                self.target_parent,
+                self.target.command.join(" ")
+            );
+            return;
+        }
         eprintln!(
             "memprof: profiling {} (pid {pid}, {} probes, {} unwinding)",
             self.target.command.join(" "),
@@ -157,7 +180,11 @@ impl Session {
         let target = Target::attach(pid)?;
         target::check_architecture(pid, &target.exe)?;
         let loaded = mapped_files(pid)?;
-        let output = Output::create(options.output.as_ref(), &target.exe, Some(pid))?;
+        let output = if options.followed {
+            Output::none()
+        } else {
+            Output::create(options.output.as_ref(), &target.exe, Some(pid))?
+        };
         let mut plan = Plan::new(
             ModuleCache::of_process(pid),
             &target.exe,
@@ -185,6 +212,14 @@ impl Session {
         session.predict_results(predictors);
         session.weigh_refills();
         session.start_clock();
+        if options.followed {
+            eprintln!(
+                "memprof: following pid {pid} (forked by {} without an exec; from now on): {}",
+                session.target_parent,
+                session.target.command.join(" ")
+            );
+            return Ok(session);
+        }
         eprintln!(
             "memprof: attached to pid {pid} ({} probes, {} unwinding); Ctrl-C to stop{}",
             session.probes.attached,

@@ -167,6 +167,37 @@ impl Tracer {
         unsafe { libc::ptrace(libc::PTRACE_DETACH, pid as i32, 0, 0) };
     }
 
+    /// The members forked at least `age` ago that never `exec`ed and still
+    /// run (workers): let go here, for a session to attach to each.
+    pub fn take_forked(&mut self, age: std::time::Duration) -> Vec<u32> {
+        let ripe: Vec<u32> = self
+            .members
+            .values()
+            .filter(|m| !m.handed_over && m.ended.is_none() && m.started.elapsed() >= age)
+            .map(|m| m.pid)
+            .collect();
+        if ripe.is_empty() {
+            return ripe;
+        }
+        let tids: Vec<u32> = self
+            .member_threads
+            .iter()
+            .filter(|(_, pid)| ripe.contains(pid))
+            .map(|(&tid, _)| tid)
+            .collect();
+        for tid in &tids {
+            self.member_threads.remove(tid);
+        }
+        let mut taken = take_queued_of(self.pid, &tids);
+        let_go_threads(tids, &mut taken);
+        for pid in &ripe {
+            if let Some(member) = self.members.get_mut(pid) {
+                member.handed_over = true;
+            }
+        }
+        ripe
+    }
+
     /// The processes the command started that have just `exec`ed a
     /// program, each stopped before its first instruction: the caller
     /// takes each over with [`Tracer::for_exec_stopped`] (or lets it go).
@@ -390,40 +421,8 @@ impl Tracer {
         for pid in std::mem::take(&mut self.execs) {
             Tracer::let_go(pid);
         }
-        let mut left: Vec<u32> = self.member_threads.drain().map(|(tid, _)| tid).collect();
-        for &tid in &left {
-            if !taken.contains_key(&tid) {
-                unsafe { libc::ptrace(libc::PTRACE_INTERRUPT, tid as i32, 0, 0) };
-            }
-        }
-        while let Some(tid) = left.pop() {
-            let status = match taken.remove(&tid) {
-                Some(status) => status,
-                None => {
-                    let mut status = 0;
-                    let r = unsafe { libc::waitpid(tid as i32, &mut status, libc::__WALL) };
-                    if r != tid as i32 {
-                        continue;
-                    }
-                    status
-                }
-            };
-            if ExitStatus::from_wait(status).is_some() {
-                continue;
-            }
-            let signal = match status >> 16 {
-                0 => libc::WSTOPSIG(status),
-                libc::PTRACE_EVENT_FORK | libc::PTRACE_EVENT_VFORK | libc::PTRACE_EVENT_CLONE => {
-                    // Born traced: stops at its start, then goes too.
-                    if let Some(new) = event_message(tid) {
-                        left.push(new);
-                    }
-                    0
-                }
-                _ => 0,
-            };
-            unsafe { libc::ptrace(libc::PTRACE_DETACH, tid as i32, 0, signal as libc::c_long) };
-        }
+        let left: Vec<u32> = self.member_threads.drain().map(|(tid, _)| tid).collect();
+        let_go_threads(left, taken);
     }
 
     /// Resumes a thread stopped by [`Event::Signal`], delivering the signal
@@ -502,6 +501,60 @@ impl Drop for Tracer {
 fn is_ours(signal: i32) -> bool {
     signal == memprof_common::HOLD_SIGNAL as i32
         || signal == memprof_common::LIBRARY_LOAD_SIGNAL as i32
+}
+
+/// Lets threads `left` go, each stopped first (so a signal about to be
+/// delivered is handed back, and a process one was just starting goes
+/// too). `taken`: stops already taken from the kernel (not waited for again).
+fn let_go_threads(mut left: Vec<u32>, taken: &mut HashMap<u32, i32>) {
+    for &tid in &left {
+        if !taken.contains_key(&tid) {
+            unsafe { libc::ptrace(libc::PTRACE_INTERRUPT, tid as i32, 0, 0) };
+        }
+    }
+    while let Some(tid) = left.pop() {
+        let status = match taken.remove(&tid) {
+            Some(status) => status,
+            None => {
+                let mut status = 0;
+                let r = unsafe { libc::waitpid(tid as i32, &mut status, libc::__WALL) };
+                if r != tid as i32 {
+                    continue;
+                }
+                status
+            }
+        };
+        if ExitStatus::from_wait(status).is_some() {
+            continue;
+        }
+        let signal = match status >> 16 {
+            0 => libc::WSTOPSIG(status),
+            libc::PTRACE_EVENT_FORK | libc::PTRACE_EVENT_VFORK | libc::PTRACE_EVENT_CLONE => {
+                // Born traced: stops at its start, then goes too.
+                if let Some(new) = event_message(tid) {
+                    left.push(new);
+                }
+                0
+            }
+            _ => 0,
+        };
+        unsafe { libc::ptrace(libc::PTRACE_DETACH, tid as i32, 0, signal as libc::c_long) };
+    }
+}
+
+/// The changes already taken for tracer `tracer` of threads `tids`; the
+/// others stay queued.
+fn take_queued_of(tracer: u32, tids: &[u32]) -> HashMap<u32, i32> {
+    ROUTER.with(|r| {
+        let mut r = r.borrow_mut();
+        let Some(queue) = r.queued.get_mut(&tracer) else {
+            return HashMap::new();
+        };
+        let (mine, rest): (Vec<_>, Vec<_>) =
+            queue.drain(..).partition(|(tid, _)| tids.contains(tid));
+        queue.extend(rest);
+        mine.into_iter().collect()
+    })
 }
 
 /// The pid a fork, vfork or clone event of `tid` names.
