@@ -129,6 +129,9 @@ impl Followed {
         for pid in pids {
             match Session::attach_forked(pid, options) {
                 Ok(session) => self.running.push(session),
+                Err(_) if !crate::target::is_alive(pid) => {
+                    eprintln!("memprof: pid {pid} ended before memprof could attach to it: not profiled")
+                }
                 Err(e) => eprintln!("memprof: pid {pid} runs on, not profiled: {e:#}"),
             }
         }

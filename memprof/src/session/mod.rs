@@ -601,7 +601,11 @@ impl Session {
             exe: m.exe,
             start_s: since(m.started),
             end_s: m.ended.map(|(at, _)| since(at)),
-            exit: m.ended.map(|(_, status)| ExitInfo::from(status)),
+            // Gone, and not seen ending (let go for a session that came
+            // too late): exited, how not known.
+            exit: m.ended.map(|(_, status)| ExitInfo::from(status)).or_else(|| {
+                (!crate::target::is_alive(m.pid)).then_some(ExitInfo::UNKNOWN)
+            }),
             profiled: false,
             profiled_from_s: None,
             counters: None,
