@@ -5,7 +5,7 @@
 //! profile's are the sum; each process keeps its own), and their processes.
 //!
 //! The GC summary, census and timeline stay the command's.
-use super::{Frame, ProcessInfo, Profile};
+use super::{Frame, Profile};
 
 /// Makes `followed` part of `profile` (the command's).
 pub fn merge(profile: &mut Profile, followed: Vec<Profile>) {
@@ -56,9 +56,4 @@ pub fn merge(profile: &mut Profile, followed: Vec<Profile>) {
             .cmp(&(b.pid != command))
             .then(a.start_s.total_cmp(&b.start_s))
     });
-}
-
-/// The entry of a process of the session.
-pub fn find(profile: &Profile, pid: u32) -> Option<ProcessInfo> {
-    profile.processes().into_iter().find(|p| p.pid == pid)
 }

@@ -67,7 +67,8 @@ const FORK_AGE: Duration = Duration::from_millis(200);
 
 /// The processes `run` follows with sessions of their own: each one the
 /// command started (or one of those did) that `exec`ed a program, from
-/// that program's first instruction to its exit or the command's.
+/// that program's first instruction, and each forked worker, from
+/// [`FORK_AGE`] after its fork; to its exit or the command's.
 #[derive(Default)]
 struct Followed {
     running: Vec<Session>,
@@ -79,11 +80,6 @@ impl Followed {
     /// Sessions for the processes held after their `exec` (`pids`); one
     /// that cannot start lets its process go, and says so.
     fn adopt(&mut self, pids: Vec<u32>, options: &SessionOptions) {
-        if !options.follow {
-            pids.into_iter()
-                .for_each(crate::target::trace::Tracer::let_go);
-            return;
-        }
         for pid in pids {
             match Session::adopt(pid, options) {
                 Ok(mut session) => {
@@ -130,7 +126,9 @@ impl Followed {
             match Session::attach_forked(pid, options) {
                 Ok(session) => self.running.push(session),
                 Err(_) if !crate::target::is_alive(pid) => {
-                    eprintln!("memprof: pid {pid} ended before memprof could attach to it: not profiled")
+                    eprintln!(
+                        "memprof: pid {pid} ended before memprof could attach to it: not profiled"
+                    )
                 }
                 Err(e) => eprintln!("memprof: pid {pid} runs on, not profiled: {e:#}"),
             }

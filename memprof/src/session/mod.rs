@@ -562,7 +562,7 @@ impl Session {
     /// them ([`Session::attach_forked`]).
     pub fn take_forked(&mut self, age: Duration) -> Vec<u32> {
         match &mut self.tracer {
-            Some(tracer) if self.options.follow || self.options.followed => tracer.take_forked(age),
+            Some(tracer) if self.options.follow => tracer.take_forked(age),
             _ => Vec::new(),
         }
     }
@@ -594,21 +594,24 @@ impl Session {
             counters: None,
         }];
         let family = self.tracer.as_ref().map(|t| t.family()).unwrap_or_default();
-        list.extend(family.into_iter().map(|m| ProcessInfo {
-            pid: m.pid,
-            ppid: m.ppid,
-            command: m.command,
-            exe: m.exe,
-            start_s: since(m.started),
-            end_s: m.ended.map(|(at, _)| since(at)),
-            // Gone, and not seen ending (let go for a session that came
-            // too late): exited, how not known.
-            exit: m.ended.map(|(_, status)| ExitInfo::from(status)).or_else(|| {
-                (!crate::target::is_alive(m.pid)).then_some(ExitInfo::UNKNOWN)
-            }),
-            profiled: false,
-            profiled_from_s: None,
-            counters: None,
+        list.extend(family.into_iter().map(|m| {
+            ProcessInfo {
+                pid: m.pid,
+                ppid: m.ppid,
+                command: m.command,
+                exe: m.exe,
+                start_s: since(m.started),
+                end_s: m.ended.map(|(at, _)| since(at)),
+                // Gone, and not seen ending (let go for a session that came
+                // too late): exited, how not known.
+                exit: m
+                    .ended
+                    .map(|(_, status)| ExitInfo::from(status))
+                    .or_else(|| (!crate::target::is_alive(m.pid)).then_some(ExitInfo::UNKNOWN)),
+                profiled: false,
+                profiled_from_s: None,
+                counters: None,
+            }
         }));
         list
     }
