@@ -36,7 +36,7 @@ pub mod fixture {
     pub const GC_ATTACH_TARGET: &str = env!("FIXTURE_GC_ATTACH_TARGET");
     pub const GROW: &str = env!("FIXTURE_GROW");
     /// Forks two workers that never exec; each mallocs 500 × 64 bytes at
-    /// worker_alloc after 2.5 s (`fixtures/c/forker.c`).
+    /// worker_alloc after 4 s (`fixtures/c/forker.c`).
     pub const FORKER: &str = env!("FIXTURE_FORKER");
     pub const BENCH_LOOP: &str = env!("FIXTURE_BENCH_LOOP");
     pub const NO_LIBC: &str = env!("FIXTURE_NO_LIBC");
