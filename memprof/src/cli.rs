@@ -42,11 +42,12 @@ pub enum Command {
         #[command(flatten)]
         session: SessionArgs,
         /// Profile the command's own process only. By default every process
-        /// it starts (and they start) that runs a program of its own
-        /// (`exec`) is profiled too, from that program's first instruction,
-        /// each a process of the one profile (`memprof report FILE --pid N`).
-        /// Either way, every process started is listed with its parent,
-        /// program and exit.
+        /// it starts (and they start) is profiled too, each a process of
+        /// the one profile (`memprof report FILE --pid N`): one that runs a
+        /// program (`exec`) from that program's first instruction (it waits
+        /// ~0.5 s there while its probes load), a forked worker from 0.2 s
+        /// after its fork. Either way, every process started is listed with
+        /// its parent, program and exit.
         #[arg(long)]
         no_follow: bool,
         /// The command and its arguments.
@@ -326,8 +327,8 @@ pub struct ReportArgs {
     #[arg(long)]
     pub inverted: bool,
     /// Only this process's allocations (repeatable). `memprof report FILE`
-    /// lists the processes of a session first; a profile from `run` lists
-    /// those the command started too, which memprof did not profile.
+    /// lists the processes of a session first (a profile from `run`: the
+    /// command and every process it started).
     #[arg(long, value_name = "PID")]
     pub pid: Vec<u32>,
     /// Only the allocations of processes running this program (the file
