@@ -199,3 +199,61 @@ fn forked_workers_are_attached_to() {
     assert!(markdown.contains("Processes: 3, 3 profiled."), "{markdown}");
     assert!(markdown.contains("| from "), "{markdown}");
 }
+
+#[test]
+fn processes_in_a_new_pid_namespace_are_followed_with_both_pids() {
+    let dir = TempDir::new("processes_namespace");
+    let profile = dir.join("ns.mprof");
+    let inner = format!("{} one; :", fixture::BASIC);
+    profile_run(
+        &profile,
+        &[
+            "unshare",
+            "-m",
+            "-p",
+            "--fork",
+            "--mount-proc",
+            "/bin/sh",
+            "-c",
+            &inner,
+        ],
+    );
+    let json = report_json(&profile);
+    let processes = json["processes"].as_array().expect("processes");
+    let summary: Vec<String> = processes
+        .iter()
+        .map(|p| {
+            format!(
+                "{} {} {} {}",
+                p["pid"], p["ns_pid"], p["ppid"], p["command"]
+            )
+        })
+        .collect();
+    assert_eq!(processes.len(), 3, "{summary:#?}");
+    // unshare itself (the host's namespace), then the shell it forked as
+    // pid 1 of the new namespace, then basic as its pid 2.
+    assert_eq!(processes[0]["ns_pid"], Value::Null, "{summary:#?}");
+    assert_eq!(processes[1]["ns_pid"], 1, "{summary:#?}");
+    assert_eq!(processes[2]["ns_pid"], 2, "{summary:#?}");
+    assert_eq!(uint(&processes[1], "/ppid"), uint(&processes[0], "/pid"));
+    assert_eq!(uint(&processes[2], "/ppid"), uint(&processes[1], "/pid"));
+    assert!(
+        processes.iter().all(|p| p["profiled"] == true),
+        "{summary:#?}"
+    );
+    // basic's allocations, exact, under its host pid.
+    let make_foo = group_at(&json, "libc", "make_foo");
+    assert_eq!(uint(make_foo, "/pid"), uint(&processes[2], "/pid"));
+    assert_eq!(
+        Counts::of(make_foo),
+        Counts {
+            live_count: 600,
+            live_bytes: 28_800,
+            total_count: 1_000,
+            total_bytes: 48_000
+        }
+    );
+    let markdown = report(&profile, "markdown", &[]);
+    let row = format!("| {} (2 in its namespace) |", uint(&processes[2], "/pid"));
+    assert!(markdown.contains(&row), "no {row:?} in\n{markdown}");
+}

@@ -33,6 +33,7 @@ pub fn merge(profile: &mut Profile, followed: Vec<Profile>) {
                     if other.mode == "attach" {
                         q.profiled_from_s = Some(p.start_s);
                     }
+                    q.ns_pid = q.ns_pid.or(p.ns_pid);
                     q.command = p.command;
                     q.exe = p.exe;
                     q.end_s = p.end_s;

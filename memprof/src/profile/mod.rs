@@ -101,7 +101,11 @@ pub struct Profile {
 /// One process of a session.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ProcessInfo {
+    /// The host's pid.
     pub pid: u32,
+    /// Its pid in its own pid namespace (a container's), where different.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ns_pid: Option<u32>,
     /// Its parent (0: not known, an attached process's).
     pub ppid: u32,
     pub command: Vec<String>,
@@ -204,6 +208,7 @@ impl Profile {
         }
         vec![ProcessInfo {
             pid: self.target.pid,
+            ns_pid: None,
             ppid: 0,
             command: self.target.command.clone(),
             exe: self.target.exe.clone(),

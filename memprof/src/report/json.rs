@@ -139,6 +139,7 @@ fn processes(profile: &Profile) -> Vec<Value> {
             };
             json!({
                 "pid": p.pid,
+                "ns_pid": p.ns_pid,
                 "ppid": p.ppid,
                 "command": p.command,
                 "comm": p.comm(),

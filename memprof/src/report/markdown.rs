@@ -95,10 +95,13 @@ fn processes(profile: &Profile, out: &mut dyn Write) -> Result<()> {
             Some(_) => "exited".to_string(),
             None => "running".to_string(),
         };
+        let pid = match p.ns_pid {
+            Some(inner) => format!("{} ({inner} in its namespace)", p.pid),
+            None => p.pid.to_string(),
+        };
         writeln!(
             out,
-            "| {} | {} | {} | {} | {:.3} | {} | {exit} | {figures} |",
-            p.pid,
+            "| {pid} | {} | {} | {} | {:.3} | {} | {exit} | {figures} |",
             p.ppid,
             escape_text(&p.command.join(" ")),
             match (p.profiled, p.profiled_from_s) {

@@ -155,6 +155,13 @@ impl Followed {
     /// let go first (they run on, untraced).
     fn finish(mut self) -> Vec<Profile> {
         for mut session in std::mem::take(&mut self.running) {
+            // An exit already reported (the command's often comes right
+            // after its children's) is taken now, with its status.
+            if let Ok(Step::Exited(status)) = session.step() {
+                let exit = status.map_or(ExitInfo::UNKNOWN, ExitInfo::from);
+                self.finish_one(session, Some(exit));
+                continue;
+            }
             // Gone already (not seen yet): exited, how not known.
             let exited = !crate::target::is_alive(session.pid());
             let _ = session.release(exited);

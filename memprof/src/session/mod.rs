@@ -206,6 +206,8 @@ pub struct Session {
     started: (Instant, SystemTime),
     /// The target's parent when the session started.
     target_parent: u32,
+    /// The target's pid in its own pid namespace, where different.
+    target_ns_pid: Option<u32>,
     last_refresh: Instant,
     last_exit_check: Instant,
 }
@@ -583,6 +585,7 @@ impl Session {
         let since = |at: Instant| at.saturating_duration_since(t0).as_secs_f64();
         let mut list = vec![ProcessInfo {
             pid: self.target.pid,
+            ns_pid: self.target_ns_pid,
             ppid: self.target_parent,
             command: self.target.command.clone(),
             exe: self.target.exe.display().to_string(),
@@ -597,6 +600,7 @@ impl Session {
         list.extend(family.into_iter().map(|m| {
             ProcessInfo {
                 pid: m.pid,
+                ns_pid: m.ns_pid,
                 ppid: m.ppid,
                 command: m.command,
                 exe: m.exe,

@@ -345,6 +345,7 @@ impl Session {
         let started = (Instant::now(), SystemTime::now());
         let target_parent =
             crate::target::family::process_of(target.pid).map_or(0, |(_, parent)| parent);
+        let target_ns_pid = crate::target::family::namespace_pid(target.pid);
         let mut probes = probes;
         let mut gc = GcWatch::new(&plan, options, target.pid);
         let census = CensusWhen::or_default(options.census, mode);
@@ -373,6 +374,7 @@ impl Session {
             deferred: Vec::new(),
             started,
             target_parent,
+            target_ns_pid,
             last_refresh: Instant::now(),
             last_exit_check: Instant::now(),
         })

@@ -23,6 +23,8 @@ pub struct Member {
     pub ended: Option<(Instant, ExitStatus)>,
     /// It `exec`ed a program and was handed to a session of its own.
     pub handed_over: bool,
+    /// Its pid in its own pid namespace, where that differs (a container's).
+    pub ns_pid: Option<u32>,
 }
 
 impl Member {
@@ -37,6 +39,7 @@ impl Member {
             started: Instant::now(),
             ended: None,
             handed_over: false,
+            ns_pid: namespace_pid(pid),
         };
         member.reread();
         member
@@ -49,6 +52,20 @@ impl Member {
             self.exe = target.exe.display().to_string();
         }
     }
+}
+
+/// `pid` as its own pid namespace numbers it (the last of `NSpid`), where
+/// that differs from the host's.
+pub(crate) fn namespace_pid(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let inner: u32 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))?
+        .split_whitespace()
+        .last()?
+        .parse()
+        .ok()?;
+    (inner != pid).then_some(inner)
 }
 
 /// The process (thread group) thread `tid` belongs to, and that process's
