@@ -46,6 +46,8 @@ fn run(cli: Cli) -> Result<i32> {
         }
         Command::Attach {
             pid,
+            comm,
+            exe,
             duration,
             session,
         } => {
@@ -56,7 +58,13 @@ fn run(cli: Cli) -> Result<i32> {
                 Some(d) => Some(Duration::from_secs_f64(d)),
                 None => None,
             };
-            session::attach(pid, &session_options(&session, duration)?)
+            let options = session_options(&session, duration)?;
+            match pid {
+                Some(pid) => session::attach(pid, &options),
+                None => {
+                    session::attach_matching(&session::select::Selection::new(comm, exe)?, &options)
+                }
+            }
         }
         Command::Probes {
             pid,

@@ -6,6 +6,7 @@
 
 use memprof_tests::*;
 use serde_json::Value;
+use std::time::Duration;
 
 /// sh starts basic twice and a second sh, which starts basic once more.
 /// The trailing `:` keeps each shell from exec'ing its last command.
@@ -256,4 +257,74 @@ fn processes_in_a_new_pid_namespace_are_followed_with_both_pids() {
     let markdown = report(&profile, "markdown", &[]);
     let row = format!("| {} (2 in its namespace) |", uint(&processes[2], "/pid"));
     assert!(markdown.contains(&row), "no {row:?} in\n{markdown}");
+}
+
+#[test]
+fn attach_by_program_name_takes_running_and_new_processes() {
+    let dir = TempDir::new("processes_comm");
+    let profile = dir.join("delayed.mprof");
+    let start = || {
+        ChildGuard(
+            std::process::Command::new(fixture::DELAYED)
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let early = [start(), start()];
+    let (mut memprof, mut stderr) = {
+        let child = memprof([
+            "attach",
+            "--comm",
+            "delayed",
+            "--duration",
+            "8",
+            "-o",
+            profile.to_str().unwrap(),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+        let mut guard = ChildGuard(child);
+        let stderr = Lines::new("attach --comm", guard.0.stderr.take().unwrap());
+        (guard, stderr)
+    };
+    stderr.wait_for("profiling every process of --comm delayed", TIMEOUT);
+    // One started while memprof watches.
+    let late = start();
+    let status = memprof.wait_timeout(Duration::from_secs(60));
+    assert!(status.success(), "{:#?}", stderr.all());
+    let json = report_json(&profile);
+    let processes = json["processes"].as_array().expect("processes");
+    let mut pids: Vec<u64> = processes.iter().map(|p| uint(p, "/pid")).collect();
+    pids.sort();
+    let mut expected: Vec<u64> = early
+        .iter()
+        .chain([&late])
+        .map(|c| c.pid() as u64)
+        .collect();
+    expected.sort();
+    assert_eq!(pids, expected, "{processes:#?}");
+    assert!(processes
+        .iter()
+        .all(|p| p["profiled"] == true && p["comm"] == "delayed"));
+    // Each one's 500 × malloc(64), under its own pid.
+    let at = groups_at(&json, "libc", "delayed_alloc");
+    let mut at_pids: Vec<u64> = at.iter().map(|g| uint(g, "/pid")).collect();
+    at_pids.sort();
+    assert_eq!(at_pids, expected, "{}", list_groups(&json));
+    for g in at {
+        assert_eq!(
+            Counts::of(g),
+            Counts {
+                live_count: 500,
+                live_bytes: 32_000,
+                total_count: 500,
+                total_bytes: 32_000
+            }
+        );
+    }
+    let one = report(&profile, "json", &["--pid", &late.pid().to_string()]);
+    let one: Value = serde_json::from_str(&one).unwrap();
+    assert_eq!(groups_at(&one, "libc", "delayed_alloc").len(), 1);
 }

@@ -7,6 +7,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
+use std::path::Path;
+
+use anyhow::bail;
+
+use super::output::Output;
+use super::select::{self, Selection};
 use super::signals::Signals;
 use super::{Session, SessionOptions, Step};
 use crate::profile::{ExitInfo, Profile};
@@ -123,15 +129,21 @@ impl Followed {
     /// `exec`ed (workers); one that cannot start says so.
     fn attach_forked(&mut self, pids: Vec<u32>, options: &SessionOptions) {
         for pid in pids {
-            match Session::attach_forked(pid, options) {
-                Ok(session) => self.running.push(session),
-                Err(_) if !crate::target::is_alive(pid) => {
-                    eprintln!(
-                        "memprof: pid {pid} ended before memprof could attach to it: not profiled"
-                    )
-                }
-                Err(e) => eprintln!("memprof: pid {pid} runs on, not profiled: {e:#}"),
+            self.started(pid, Session::attach_forked(pid, options));
+        }
+    }
+
+    /// Keeps a session just started for `pid`; one that could not start
+    /// says so, and its process runs on.
+    fn started(&mut self, pid: u32, session: Result<Session>) {
+        match session {
+            Ok(session) => self.running.push(session),
+            Err(_) if !crate::target::is_alive(pid) => {
+                eprintln!(
+                    "memprof: pid {pid} ended before memprof could attach to it: not profiled"
+                )
             }
+            Err(e) => eprintln!("memprof: pid {pid} runs on, not profiled: {e:#}"),
         }
     }
 
@@ -204,6 +216,78 @@ pub fn attach(pid: u32, options: &SessionOptions) -> Result<i32> {
         Vec::new(),
     )?;
     Ok(0)
+}
+
+/// `memprof attach --comm NAME` / `--exe PATH`: profiles every process
+/// the selection names, those running and those that start while memprof
+/// runs (found within [`select::RESCAN`]), each from its attach on, until
+/// Ctrl-C, SIGTERM or `--duration`; one profile, one process each.
+pub fn attach_matching(selection: &Selection, options: &SessionOptions) -> Result<i32> {
+    let signals = Signals::block()?;
+    let mut output = Output::create(
+        options.output.as_ref(),
+        Path::new(&selection_name(selection)),
+        None,
+    )?;
+    let followed_options = SessionOptions {
+        followed: true,
+        census: Some(super::CensusWhen::Off),
+        ..options.clone()
+    };
+    let mut followed = Followed::default();
+    let mut seen = std::collections::HashSet::new();
+    let deadline = options.duration.map(|d| Instant::now() + d);
+    let started = Instant::now();
+    let mut last_scan: Option<Instant> = None;
+    eprintln!(
+        "memprof: profiling every process of {} (now and as they start); Ctrl-C to stop{}",
+        selection.describe(),
+        options
+            .duration
+            .map(|d| format!(", or wait {} s", d.as_secs_f64()))
+            .unwrap_or_default()
+    );
+    loop {
+        if last_scan.is_none_or(|t| t.elapsed() >= select::RESCAN) {
+            last_scan = Some(Instant::now());
+            for pid in selection.matching() {
+                if seen.insert(pid) {
+                    followed.started(pid, Session::attach(pid, &followed_options));
+                }
+            }
+        }
+        let wait = followed.timeout(select::RESCAN);
+        if let Some(libc::SIGINT | libc::SIGTERM) = signals.wait(wait) {
+            break;
+        }
+        followed.step(&followed_options);
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            break;
+        }
+    }
+    let mut profiles = followed.finish();
+    if profiles.is_empty() {
+        bail!(
+            "no process of {} ran while memprof watched ({:.1} s): nothing to write",
+            selection.describe(),
+            started.elapsed().as_secs_f64()
+        );
+    }
+    // The first process attached to stands for the session; the others join it.
+    profiles.sort_by(|a, b| a.start_unix_s.total_cmp(&b.start_unix_s));
+    let mut profile = profiles.remove(0);
+    crate::profile::family::merge(&mut profile, profiles);
+    output.write_and_print(&profile, options.top)?;
+    Ok(0)
+}
+
+/// The profile's default name: the first program the selection names.
+fn selection_name(selection: &Selection) -> String {
+    match (selection.comms.first(), selection.exes.first()) {
+        (Some(comm), _) => comm.clone(),
+        (None, Some(exe)) => exe.display().to_string(),
+        (None, None) => "attach".to_string(),
+    }
 }
 
 /// Before memprof lets go of a target still running: the end census, at

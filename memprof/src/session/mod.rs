@@ -24,10 +24,10 @@ mod drive;
 mod gc_watch;
 mod output;
 mod plan;
+pub mod select;
 pub(crate) mod signals;
 pub(crate) mod start;
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -39,14 +39,13 @@ use crate::probes::{HeapMaps, ProbeOptions, Probes};
 use crate::profile::{
     Counters, ExitInfo, Group, ProbeInfo, ProcessInfo, Profile, Stacks, TargetInfo,
 };
-use crate::report::{self, markdown};
 use crate::target::launch::ExitStatus;
 use crate::target::maps::MapsCache;
 use crate::target::trace::{Event, Tracer};
 use crate::target::Target;
 use crate::{heap, symbolize};
 
-pub use drive::{attach, run};
+pub use drive::{attach, attach_matching, run};
 use gc_watch::GcWatch;
 use output::Output;
 pub use plan::{plan_for_pid, Choice, Plan};
@@ -463,24 +462,7 @@ impl Session {
         let mut output = Output::none();
         let (mut profile, detaching) = self.collect(exit, Some(&mut output))?;
         crate::profile::family::merge(&mut profile, followed);
-        output.write(&profile)?;
-        let path = output.path();
-
-        let mut stderr = std::io::stderr().lock();
-        writeln!(stderr)?;
-        markdown::header(&profile, &mut stderr)?;
-        let table = report::Options {
-            top: Some(top),
-            ..report::Options::default()
-        };
-        markdown::table(&profile, &table, &mut stderr)?;
-        writeln!(stderr)?;
-        writeln!(
-            stderr,
-            "memprof: profile written to {} (memprof report {} --format markdown|tsv|json)",
-            path.display(),
-            path.display()
-        )?;
+        output.write_and_print(&profile, top)?;
         eprintln!("memprof: detaching {} probes", detaching.1);
         detaching.0.wait();
         Ok(())

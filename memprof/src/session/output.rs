@@ -9,6 +9,7 @@ use anyhow::Result;
 use crate::allocators;
 use crate::outfile::OutFile;
 use crate::profile::{self, Profile};
+use crate::report::{self, markdown};
 
 pub(super) struct Output {
     path: PathBuf,
@@ -57,5 +58,30 @@ impl Output {
         profile::write(profile, &mut file)
             .and_then(|()| file.commit())
             .map_err(|e| anyhow::anyhow!("cannot write profile to {}: {e:#}", self.path.display()))
+    }
+}
+
+impl Output {
+    /// Writes the profile, then prints its header and its `top` stacks.
+    pub(super) fn write_and_print(&mut self, profile: &Profile, top: usize) -> Result<()> {
+        use std::io::Write;
+        self.write(profile)?;
+        let path = self.path();
+        let mut stderr = std::io::stderr().lock();
+        writeln!(stderr)?;
+        markdown::header(profile, &mut stderr)?;
+        let table = report::Options {
+            top: Some(top),
+            ..report::Options::default()
+        };
+        markdown::table(profile, &table, &mut stderr)?;
+        writeln!(stderr)?;
+        writeln!(
+            stderr,
+            "memprof: profile written to {} (memprof report {} --format markdown|tsv|json)",
+            path.display(),
+            path.display()
+        )?;
+        Ok(())
     }
 }

@@ -214,7 +214,7 @@ impl Session {
         session.start_clock();
         if options.followed {
             eprintln!(
-                "memprof: following pid {pid} (forked by {} without an exec; from now on): {}",
+                "memprof: following pid {pid} (parent {}) from now on: {}",
                 session.target_parent,
                 session.target.command.join(" ")
             );

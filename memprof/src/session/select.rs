@@ -1,0 +1,81 @@
+//! `attach --comm NAME` / `--exe PATH`: which processes a selection names,
+//! now and as they start (memprof looks again every [`RESCAN`]).
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+
+/// How often /proc is read again for processes started since.
+pub const RESCAN: Duration = Duration::from_millis(100);
+
+/// Processes by program name and by executable.
+#[derive(Debug, Clone, Default)]
+pub struct Selection {
+    /// The program's file name: the first word of its command line, or
+    /// the kernel's `comm` (15 characters at most).
+    pub comms: Vec<String>,
+    /// Executables, as given (compared as the files they name).
+    pub exes: Vec<PathBuf>,
+}
+
+impl Selection {
+    /// Checks that every `--exe` names a file; keeps its canonical path.
+    pub fn new(comms: Vec<String>, exes: Vec<PathBuf>) -> Result<Selection> {
+        let exes = exes
+            .into_iter()
+            .map(|e| match std::fs::canonicalize(&e) {
+                Ok(path) if path.is_file() => Ok(path),
+                Ok(_) => bail!("--exe {}: not a file", e.display()),
+                Err(err) => bail!("--exe {}: {err}", e.display()),
+            })
+            .collect::<Result<_>>()?;
+        Ok(Selection { comms, exes })
+    }
+
+    /// What it selects, for messages and the profile's name.
+    pub fn describe(&self) -> String {
+        let mut words: Vec<String> = self.comms.iter().map(|c| format!("--comm {c}")).collect();
+        words.extend(self.exes.iter().map(|e| format!("--exe {}", e.display())));
+        words.join(" ")
+    }
+
+    /// The processes it selects now (memprof itself excluded).
+    pub fn matching(&self) -> Vec<u32> {
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        let me = std::process::id();
+        let mut pids: Vec<u32> = dir
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|&pid| pid != me && self.selects(pid))
+            .collect();
+        pids.sort_unstable();
+        pids
+    }
+
+    fn selects(&self, pid: u32) -> bool {
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+        // Kernel threads have no executable.
+        let Some(exe) = exe else {
+            return false;
+        };
+        let exe = crate::modules::strip_deleted(&exe);
+        if self.exes.iter().any(|e| e == &exe) {
+            return true;
+        }
+        if self.comms.is_empty() {
+            return false;
+        }
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let argv0 = cmdline.split(|&b| b == 0).next().unwrap_or_default();
+        let argv0 = String::from_utf8_lossy(argv0);
+        let program = Path::new(argv0.as_ref())
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        self.comms
+            .iter()
+            .any(|c| c == &program || c.as_str() == comm.trim_end())
+    }
+}
