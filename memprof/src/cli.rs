@@ -208,9 +208,10 @@ pub struct SessionArgs {
     /// (stack, free, GC verdict) with probability 1 - exp(-s/N). Reports
     /// scale each stack's counts and bytes to unbiased estimates and say so.
     /// Frees of blocks not sampled count as frees of unknown blocks.
-    /// 0 follows every allocation.
-    #[arg(long, default_value_t = 0, value_name = "N")]
-    pub sample_bytes: u64,
+    /// 0 follows every allocation [default: 0; 524288 for attach --comm
+    /// and --exe, unless --gc-sampling refill].
+    #[arg(long, value_name = "N")]
+    pub sample_bytes: Option<u64>,
     /// How Boehm GC allocations are followed. exact: every GC_malloc and
     /// GC_malloc_atomic call is probed (about a microsecond each). refill:
     /// the collector's fast path is left alone; memprof probes where a

@@ -58,10 +58,14 @@ fn run(cli: Cli) -> Result<i32> {
                 Some(d) => Some(Duration::from_secs_f64(d)),
                 None => None,
             };
-            let options = session_options(&session, duration)?;
+            let mut options = session_options(&session, duration)?;
             match pid {
                 Some(pid) => session::attach(pid, &options),
                 None => {
+                    // Many processes: sampled unless asked otherwise.
+                    if session.sample_bytes.is_none() && session.gc_sampling != GcSampling::Refill {
+                        options.probes.sample_bytes = SELECTION_SAMPLE_BYTES;
+                    }
                     session::attach_matching(&session::select::Selection::new(comm, exe)?, &options)
                 }
             }
@@ -137,6 +141,9 @@ fn refuse_attach_flags(first: &str) -> Result<()> {
     Ok(())
 }
 
+/// `attach --comm/--exe`'s `--sample-bytes` when none is given.
+const SELECTION_SAMPLE_BYTES: u64 = 524_288;
+
 fn session_options(args: &SessionArgs, duration: Option<Duration>) -> Result<SessionOptions> {
     for (name, value) in [
         ("--max-live", args.max_live),
@@ -148,7 +155,7 @@ fn session_options(args: &SessionArgs, duration: Option<Duration>) -> Result<Ses
         }
     }
     if args.gc_sampling == GcSampling::Refill {
-        if args.sample_bytes > 0 {
+        if args.sample_bytes.unwrap_or(0) > 0 {
             bail!("--gc-sampling refill and --sample-bytes sample GC allocations two ways: choose one");
         }
         if args.gc_liveness == GcLiveness::Reuse {
@@ -167,7 +174,7 @@ fn session_options(args: &SessionArgs, duration: Option<Duration>) -> Result<Ses
             empty: args.empty_probes,
             gc_events_bytes: 0, // sized by the session when GC objects are judged
             keep_recursion: args.keep_recursion,
-            sample_bytes: args.sample_bytes,
+            sample_bytes: args.sample_bytes.unwrap_or(0),
         },
         probe_at_entry: args.probe_at_entry,
         duration,

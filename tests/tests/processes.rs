@@ -278,6 +278,8 @@ fn attach_by_program_name_takes_running_and_new_processes() {
             "delayed",
             "--duration",
             "8",
+            "--sample-bytes",
+            "0",
             "-o",
             profile.to_str().unwrap(),
         ])
@@ -327,4 +329,22 @@ fn attach_by_program_name_takes_running_and_new_processes() {
     let one = report(&profile, "json", &["--pid", &late.pid().to_string()]);
     let one: Value = serde_json::from_str(&one).unwrap();
     assert_eq!(groups_at(&one, "libc", "delayed_alloc").len(), 1);
+
+    // Without --sample-bytes, a selection is sampled; one that matched
+    // nothing is a one-line error after the start line.
+    let output = run(["attach", "--comm", "no-such-program", "--duration", "0.3"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains("sampled (--sample-bytes 524288; 0: every allocation)"),
+        "{stderr}"
+    );
+    assert!(
+        stderr
+            .lines()
+            .last()
+            .unwrap()
+            .starts_with("memprof: error: no process of --comm no-such-program"),
+        "{stderr}"
+    );
 }

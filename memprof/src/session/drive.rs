@@ -239,8 +239,12 @@ pub fn attach_matching(selection: &Selection, options: &SessionOptions) -> Resul
     let deadline = options.duration.map(|d| Instant::now() + d);
     let started = Instant::now();
     let mut last_scan: Option<Instant> = None;
+    let sampled = match options.probes.sample_bytes {
+        0 => String::new(),
+        n => format!(", sampled (--sample-bytes {n}; 0: every allocation)"),
+    };
     eprintln!(
-        "memprof: profiling every process of {} (now and as they start); Ctrl-C to stop{}",
+        "memprof: profiling every process of {} (now and as they start){sampled}; Ctrl-C to stop{}",
         selection.describe(),
         options
             .duration
