@@ -30,21 +30,27 @@ fn profile_family(dir: &TempDir, name: &str, extra: &[&str]) -> (std::path::Path
     (profile, json)
 }
 
+/// One line per process, for failure messages.
+fn summary(processes: &[Value]) -> Vec<String> {
+    processes
+        .iter()
+        .map(|p| {
+            let ns = &p["ns_pid"];
+            format!(
+                "pid {} (ns {ns}) ppid {} profiled {} {}",
+                p["pid"], p["ppid"], p["profiled"], p["command"]
+            )
+        })
+        .collect()
+}
+
 /// The processes in the order they started, checked against the family:
 /// commands and parents. Returns their pids.
 fn check_family(json: &Value, profiled: bool) -> Vec<u64> {
     let basic = fixture::BASIC;
     let (_, inner) = family();
     let processes = json["processes"].as_array().expect("processes");
-    let summary: Vec<String> = processes
-        .iter()
-        .map(|p| {
-            format!(
-                "{} {} {} {}",
-                p["pid"], p["ppid"], p["profiled"], p["command"]
-            )
-        })
-        .collect();
+    let summary = summary(processes);
     assert_eq!(processes.len(), 5, "{summary:#?}");
     let pid = |i: usize| uint(&processes[i], "/pid");
     assert_eq!(pid(0), uint(json, "/target/pid"));
@@ -221,15 +227,7 @@ fn processes_in_a_new_pid_namespace_are_followed_with_both_pids() {
     );
     let json = report_json(&profile);
     let processes = json["processes"].as_array().expect("processes");
-    let summary: Vec<String> = processes
-        .iter()
-        .map(|p| {
-            format!(
-                "{} {} {} {}",
-                p["pid"], p["ns_pid"], p["ppid"], p["command"]
-            )
-        })
-        .collect();
+    let summary = summary(processes);
     assert_eq!(processes.len(), 3, "{summary:#?}");
     // unshare itself (the host's namespace), then the shell it forked as
     // pid 1 of the new namespace, then basic as its pid 2.
