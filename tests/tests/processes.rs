@@ -30,6 +30,35 @@ fn profile_family(dir: &TempDir, name: &str, extra: &[&str]) -> (std::path::Path
     (profile, json)
 }
 
+/// basic's make_foo: 1,000 × malloc(48), 400 freed.
+const MAKE_FOO: Counts = Counts {
+    live_count: 600,
+    live_bytes: 28_800,
+    total_count: 1_000,
+    total_bytes: 48_000,
+};
+
+/// forker's worker_alloc and delayed's delayed_alloc: 500 × malloc(64), kept.
+const KEPT_500: Counts = Counts {
+    live_count: 500,
+    live_bytes: 32_000,
+    total_count: 500,
+    total_bytes: 32_000,
+};
+
+/// The groups at `function`: one in each of `pids` (no other), each `counts`.
+fn assert_once_in_each(json: &Value, function: &str, pids: &[u64], counts: Counts) {
+    let at = groups_at(json, "libc", function);
+    let mut found: Vec<u64> = at.iter().map(|g| uint(g, "/pid")).collect();
+    found.sort();
+    let mut pids = pids.to_vec();
+    pids.sort();
+    assert_eq!(found, pids, "{function}: {}", list_groups(json));
+    for g in at {
+        assert_eq!(Counts::of(g), counts, "{function} in {}", uint(g, "/pid"));
+    }
+}
+
 /// One line per process, for failure messages.
 fn summary(processes: &[Value]) -> Vec<String> {
     processes
@@ -85,23 +114,7 @@ fn run_profiles_every_process_the_command_starts() {
 
     // basic's 1,000 × malloc(48) at make_foo, 400 freed: once per run of
     // it, each under its own pid; the shells have none.
-    let make_foo = groups_at(&json, "libc", "make_foo");
-    let mut make_foo_pids: Vec<u64> = make_foo.iter().map(|g| uint(g, "/pid")).collect();
-    make_foo_pids.sort();
-    let mut basics = vec![pids[1], pids[2], pids[4]];
-    basics.sort();
-    assert_eq!(make_foo_pids, basics, "{}", list_groups(&json));
-    for g in &make_foo {
-        assert_eq!(
-            Counts::of(g),
-            Counts {
-                live_count: 600,
-                live_bytes: 28_800,
-                total_count: 1_000,
-                total_bytes: 48_000
-            }
-        );
-    }
+    assert_once_in_each(&json, "make_foo", &[pids[1], pids[2], pids[4]], MAKE_FOO);
     // Each process's figures are its groups' sums; the counters add up.
     let all = groups(&json);
     let mut allocs = 0;
@@ -186,22 +199,7 @@ fn forked_workers_are_attached_to() {
         workers.push(uint(p, "/pid"));
     }
     // Each worker's 500 × malloc(64), under its own pid; none in the parent.
-    let at = groups_at(&json, "libc", "worker_alloc");
-    let mut pids: Vec<u64> = at.iter().map(|g| uint(g, "/pid")).collect();
-    pids.sort();
-    workers.sort();
-    assert_eq!(pids, workers, "{}", list_groups(&json));
-    for g in at {
-        assert_eq!(
-            Counts::of(g),
-            Counts {
-                live_count: 500,
-                live_bytes: 32_000,
-                total_count: 500,
-                total_bytes: 32_000
-            }
-        );
-    }
+    assert_once_in_each(&json, "worker_alloc", &workers, KEPT_500);
     let markdown = report(&profile, "markdown", &[]);
     assert!(markdown.contains("Processes: 3, 3 profiled."), "{markdown}");
     assert!(markdown.contains("| from "), "{markdown}");
@@ -241,17 +239,7 @@ fn processes_in_a_new_pid_namespace_are_followed_with_both_pids() {
         "{summary:#?}"
     );
     // basic's allocations, exact, under its host pid.
-    let make_foo = group_at(&json, "libc", "make_foo");
-    assert_eq!(uint(make_foo, "/pid"), uint(&processes[2], "/pid"));
-    assert_eq!(
-        Counts::of(make_foo),
-        Counts {
-            live_count: 600,
-            live_bytes: 28_800,
-            total_count: 1_000,
-            total_bytes: 48_000
-        }
-    );
+    assert_once_in_each(&json, "make_foo", &[uint(&processes[2], "/pid")], MAKE_FOO);
     let markdown = report(&profile, "markdown", &[]);
     let row = format!("| {} (2 in its namespace) |", uint(&processes[2], "/pid"));
     assert!(markdown.contains(&row), "no {row:?} in\n{markdown}");
@@ -309,21 +297,7 @@ fn attach_by_program_name_takes_running_and_new_processes() {
         .iter()
         .all(|p| p["profiled"] == true && p["comm"] == "delayed"));
     // Each one's 500 × malloc(64), under its own pid.
-    let at = groups_at(&json, "libc", "delayed_alloc");
-    let mut at_pids: Vec<u64> = at.iter().map(|g| uint(g, "/pid")).collect();
-    at_pids.sort();
-    assert_eq!(at_pids, expected, "{}", list_groups(&json));
-    for g in at {
-        assert_eq!(
-            Counts::of(g),
-            Counts {
-                live_count: 500,
-                live_bytes: 32_000,
-                total_count: 500,
-                total_bytes: 32_000
-            }
-        );
-    }
+    assert_once_in_each(&json, "delayed_alloc", &expected, KEPT_500);
     let one = report(&profile, "json", &["--pid", &late.pid().to_string()]);
     let one: Value = serde_json::from_str(&one).unwrap();
     assert_eq!(groups_at(&one, "libc", "delayed_alloc").len(), 1);

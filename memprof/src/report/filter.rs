@@ -120,6 +120,11 @@ impl Filter {
             && self.comms.is_empty()
     }
 
+    /// Whether `--pid` / `--comm` name process `p`.
+    fn names(&self, p: &crate::profile::ProcessInfo) -> bool {
+        self.pids.contains(&p.pid) || self.comms.iter().any(|c| c == p.comm())
+    }
+
     /// `--pid` / `--comm`: fails, in one line, unless they name a process
     /// whose allocations `profile` has ([`Filter::apply`] keeps those).
     pub fn check_processes(&self, profile: &Profile) -> Result<()> {
@@ -127,10 +132,7 @@ impl Filter {
             return Ok(());
         }
         let all = profile.processes();
-        let chosen: Vec<_> = all
-            .iter()
-            .filter(|p| self.pids.contains(&p.pid) || self.comms.iter().any(|c| c == p.comm()))
-            .collect();
+        let chosen: Vec<_> = all.iter().filter(|p| self.names(p)).collect();
         if chosen.iter().any(|p| p.profiled) {
             return Ok(());
         }
@@ -191,7 +193,7 @@ impl Filter {
             .processes()
             .into_iter()
             .filter(|p| p.profiled)
-            .filter(|p| self.pids.contains(&p.pid) || self.comms.iter().any(|c| c == p.comm()))
+            .filter(|p| self.names(p))
             .collect();
         profile.processes = chosen.clone();
         if let [one] = &chosen[..] {

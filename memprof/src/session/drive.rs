@@ -129,7 +129,7 @@ impl Followed {
     /// `exec`ed (workers); one that cannot start says so.
     fn attach_forked(&mut self, pids: Vec<u32>, options: &SessionOptions) {
         for pid in pids {
-            self.started(pid, Session::attach_forked(pid, options));
+            self.started(pid, Session::attach_followed(pid, options));
         }
     }
 
@@ -229,11 +229,6 @@ pub fn attach_matching(selection: &Selection, options: &SessionOptions) -> Resul
         Path::new(&selection_name(selection)),
         None,
     )?;
-    let followed_options = SessionOptions {
-        followed: true,
-        census: Some(super::CensusWhen::Off),
-        ..options.clone()
-    };
     let mut followed = Followed::default();
     let mut seen = std::collections::HashSet::new();
     let deadline = options.duration.map(|d| Instant::now() + d);
@@ -256,7 +251,7 @@ pub fn attach_matching(selection: &Selection, options: &SessionOptions) -> Resul
             last_scan = Some(Instant::now());
             for pid in selection.matching() {
                 if seen.insert(pid) {
-                    followed.started(pid, Session::attach(pid, &followed_options));
+                    followed.started(pid, Session::attach_followed(pid, options));
                 }
             }
         }
@@ -264,7 +259,7 @@ pub fn attach_matching(selection: &Selection, options: &SessionOptions) -> Resul
         if let Some(libc::SIGINT | libc::SIGTERM) = signals.wait(wait) {
             break;
         }
-        followed.step(&followed_options);
+        followed.step(options);
         if deadline.is_some_and(|d| Instant::now() >= d) {
             break;
         }

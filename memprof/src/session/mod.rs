@@ -147,6 +147,19 @@ impl CensusWhen {
 }
 
 impl SessionOptions {
+    /// The options of a session whose profile becomes part of another's
+    /// (a process `run` follows, one `attach --comm/--exe` selects): no
+    /// file, no live output or census of its own, its plan said quietly.
+    pub fn for_followed(&self) -> SessionOptions {
+        SessionOptions {
+            output: None,
+            live: LiveOptions::default(),
+            census: Some(CensusWhen::Off),
+            followed: true,
+            ..self.clone()
+        }
+    }
+
     /// What the plan depends on.
     pub fn choice(&self) -> Choice {
         Choice {
@@ -543,7 +556,7 @@ impl Session {
 
     /// The processes the command started that forked at least `age` ago
     /// and never `exec`ed (workers), let go for sessions that attach to
-    /// them ([`Session::attach_forked`]).
+    /// them ([`Session::attach_followed`]).
     pub fn take_forked(&mut self, age: Duration) -> Vec<u32> {
         match &mut self.tracer {
             Some(tracer) if self.options.follow => tracer.take_forked(age),

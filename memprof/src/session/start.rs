@@ -36,18 +36,12 @@ impl Session {
         Session::held_at_exec(tracer, Some(command), output, options, true)
     }
 
-    /// `run`: a process the command forked that has run a while without
-    /// `exec`ing (a worker), attached to as `attach` does: what it
-    /// allocated before is not seen.
-    pub fn attach_forked(pid: u32, options: &SessionOptions) -> Result<Session> {
-        let options = SessionOptions {
-            output: None,
-            live: Default::default(),
-            followed: true,
-            census: Some(CensusWhen::Off),
-            ..options.clone()
-        };
-        Session::attach(pid, &options)
+    /// A running process attached to as `attach` does, for a profile it
+    /// becomes part of: a worker `run` found forked without an `exec`, or
+    /// a process `attach --comm/--exe` selects. What it allocated before is
+    /// not seen.
+    pub fn attach_followed(pid: u32, options: &SessionOptions) -> Result<Session> {
+        Session::attach(pid, &options.for_followed())
     }
 
     /// `run`: a process the command started, stopped right after it
@@ -56,13 +50,7 @@ impl Session {
     /// If that fails, it is let go untraced.
     pub fn adopt(pid: u32, options: &SessionOptions) -> Result<Session> {
         let tracer = Tracer::for_exec_stopped(pid);
-        let options = SessionOptions {
-            output: None,
-            live: Default::default(),
-            followed: true,
-            ..options.clone()
-        };
-        Session::held_at_exec(tracer, None, Output::none(), &options, false)
+        Session::held_at_exec(tracer, None, Output::none(), &options.for_followed(), false)
     }
 
     /// A session for the process `tracer` holds right after its `exec`,
