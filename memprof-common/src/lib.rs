@@ -438,6 +438,54 @@ pub mod gc_event {
     /// The GC object at `addr` was freed (`GC_free`, or the old block of
     /// `GC_realloc`).
     pub const GONE: u8 = 1;
+    /// [`config::GC_VERDICTS`](super::config::GC_VERDICTS): at the end of
+    /// the marking of collection `epoch`, the object at `addr` (allocated
+    /// before it) was marked, for the first time; `size`: its size as the
+    /// collector counts it. Not sent again while it stays marked.
+    pub const MARKED: u8 = 2;
+    /// Likewise, not marked (or no longer an object): collected.
+    pub const COLLECTED: u8 = 3;
+    /// Every verdict of collection `epoch` was sent: `addr` is the
+    /// collector's `GC_gc_no` after it, `timestamp_ns` the end of marking,
+    /// `size` the nanoseconds the kernel spent judging.
+    pub const JUDGED: u8 = 4;
+}
+
+/// Where the collector keeps what a mark-bit verdict reads
+/// ([`config::GC_VERDICTS`]): the numbers of memprof's `MarkLayout`, plus
+/// `GC_gc_no`. Addresses are link-time: each collection probe's attach
+/// cookie is the link-time address of the instruction it is on, and the
+/// probe's instruction pointer minus it is the module's bias.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct KernelMarks {
+    /// `GC_arrays`, or (`arrays_in_slot`) the GOT slot holding its address.
+    pub arrays: u64,
+    /// `GC_gc_no`, or (`gc_no_in_slot`) the GOT slot holding its address.
+    pub gc_no: u64,
+    /// Offsets in `GC_arrays` of `GC_top_index` and `GC_all_nils`.
+    pub top_index: u64,
+    pub all_nils: u64,
+    /// `bottom_index` fields: `key`, `hash_link`, `index`.
+    pub bi_key: u64,
+    pub bi_hash_link: u64,
+    pub bi_index: u64,
+    pub top_mask: u64,
+    pub bottom_mask: u64,
+    /// `hblkhdr` fields: `hb_marks`, `hb_flags`, `hb_sz`.
+    pub hb_marks: u64,
+    pub hb_flags: u64,
+    pub hb_sz: u64,
+    /// Index entries at most this are forwarding counts, not headers.
+    pub max_forward: u64,
+    pub key_shift: u32,
+    pub log_hblksize: u32,
+    pub granule_shift: u32,
+    pub arrays_in_slot: u8,
+    pub gc_no_in_slot: u8,
+    /// `FREE_BLK` in `hb_flags`.
+    pub free_blk: u8,
+    pub _pad: u8,
 }
 
 /// Upper bounds of the lifetime histogram buckets, in nanoseconds: 100 µs,
@@ -630,6 +678,14 @@ counters! {
         /// `--gc-sampling refill`: free-list refills recorded, each a sample
         /// standing for the objects of the list (counted in `allocs`).
         pub refills: u64,
+        /// GC objects the kernel's table of objects to judge
+        /// ([`config::GC_VERDICTS`]) had no room for: never judged, they
+        /// count as live until freed or their address is reused.
+        pub gc_unjudged: u64,
+        /// Verdicts the kernel could not reach (the collector's memory
+        /// unreadable, or a block index chain longer than it follows): the
+        /// object stays live until the next collection.
+        pub gc_verdicts_failed: u64,
     }
 }
 
@@ -697,6 +753,11 @@ pub mod maps {
     pub const PREDICT: &str = "PREDICT";
     /// [`Refill`](super::Refill) settings, one entry.
     pub const REFILL: &str = "REFILL";
+    /// [`KernelMarks`](super::KernelMarks), one entry.
+    pub const GC_MARKS: &str = "GC_MARKS";
+    /// address → epoch: the GC objects the kernel judges at each
+    /// collection ([`config::GC_VERDICTS`](super::config::GC_VERDICTS)).
+    pub const GC_JUDGED: &str = "GC_JUDGED";
     /// Per-CPU [`KindLive`](super::KindLive): what `LIVE` holds, per kind.
     pub const LIVE_BY_KIND: &str = "LIVE_BY_KIND";
 }
@@ -734,7 +795,13 @@ pub mod config {
     /// frees go to the `GC_EVENTS` ring buffer only, not to `LIVE`. Set
     /// before any probe is attached, never cleared during a session.
     pub const GC_COPY: u32 = 5;
-    pub const COUNT: u32 = 6;
+    /// 1: the kernel judges the GC objects of the copy by the collector's
+    /// mark bits itself, at each collection's end of marking
+    /// (`--gc-sampling refill`: few objects, see [`KernelMarks`]), and
+    /// streams its verdicts; no hold is needed for them. Set before any
+    /// probe is attached, never cleared during a session.
+    pub const GC_VERDICTS: u32 = 6;
+    pub const COUNT: u32 = 7;
 }
 
 /// The signal that stops a collecting thread for the mark-bit pass: SIGURG,
@@ -891,6 +958,7 @@ mod pod {
     unsafe impl aya::Pod for super::ModuleRange {}
     unsafe impl aya::Pod for super::DwarfStack {}
     unsafe impl aya::Pod for super::Predict {}
+    unsafe impl aya::Pod for super::KernelMarks {}
     unsafe impl aya::Pod for super::Refill {}
     unsafe impl aya::Pod for super::KernelCounters {}
 }

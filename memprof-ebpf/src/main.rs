@@ -62,7 +62,7 @@ mod probes {
     use memprof_common::{
         cfa, config, cookie, errno, gc_event, layout, lifetime_bucket, module_table, op, predict,
         predictor, AllocKind, AllocSite, DwarfStack, GcEvent, KernelCounters, KindLive, LiveAlloc,
-        ModuleRange, PendingCall, Predict, Refill, SiteTotals, ThreadClock, UnwindRow, CALLER_ONLY,
+        KernelMarks, ModuleRange, PendingCall, Predict, Refill, SiteTotals, ThreadClock, UnwindRow, CALLER_ONLY,
         FOLD_WINDOW, GC_FREELIST_COUNTS, GC_TINY_FREELISTS, HOLD_SIGNAL, LIBRARY_LOAD_SIGNAL,
         MAX_FRAMES, MAX_STEPS, NO_STACK, PREDICT_CHECK_EVERY, PREDICT_TRUST_AFTER, ROW_CACHE_SLOTS,
         SAMPLE_QUANTILES, SESSION_IS_RETURN, SHORT_FRAMES, SITES_OVERFLOW, TCACHE_BINS,
@@ -273,6 +273,24 @@ mod probes {
     static GC_EVENTS: RingBuf = RingBuf::with_byte_size(1 << 12, 0);
     /// Queued GC event bytes at which the reader is woken (see `gc_event`).
     const GC_EVENTS_WAKE_BYTES: u64 = 1 << 20;
+
+    /// Where the collector keeps its mark bits (`config::GC_VERDICTS`):
+    /// written by userspace before any probe is attached.
+    #[map]
+    static GC_MARKS: Array<KernelMarks> = Array::with_max_entries(1, 0);
+    /// The GC objects judged at each collection (`config::GC_VERDICTS`):
+    /// address → epoch of its allocation, and `SIZE_SENT` once its size
+    /// went to userspace. Few: refill samples and large objects. Filled on
+    /// demand.
+    #[map]
+    static GC_JUDGED: HashMap<u64, u64> =
+        HashMap::with_max_entries(1 << 17, aya_ebpf::bindings::BPF_F_NO_PREALLOC);
+    /// Longest block index hash chain a verdict follows (they are a few
+    /// entries long; a longer one fails the verdict, counted).
+    const MAX_CHAIN: usize = 8;
+    /// In a `GC_JUDGED` value: the object's size went to userspace (its
+    /// first `gc_event::MARKED`; a live object's size does not change).
+    const SIZE_SENT: u64 = 1 << 32;
 
     /// What `LIVE` holds per kind (one entry per CPU): timeline samples read
     /// it instead of the table.
@@ -1046,7 +1064,7 @@ mod probes {
     /// the collecting thread (a signal to it, which memprof's tracer takes)
     /// so memprof reads the marks before anything changes them.
     #[uprobe]
-    pub fn gc_collection(_ctx: ProbeContext) -> u32 {
+    pub fn gc_collection(ctx: ProbeContext) -> u32 {
         if !enabled() {
             return 0;
         }
@@ -1059,16 +1077,197 @@ mod probes {
             *slot
         };
         bump(|c| &mut c.gc_collections);
+        let judged_here = setting(config::GC_VERDICTS) == 1;
+        if judged_here {
+            // The cookie is the increment's link-time address.
+            let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+            let ip = unsafe { (*ctx.regs).rip };
+            judge_all(epoch, ip.wrapping_sub(cookie));
+        }
         let tid = bpf_get_current_pid_tgid() as u32;
         if setting(config::GC_HOLD) == 1
             && TRACED.get_ptr(&tid).is_some()
             && HELD.insert(&tid, &epoch, 0).is_ok()
         {
             unsafe { bpf_send_signal_thread(HOLD_SIGNAL) };
-        } else {
+        } else if !judged_here {
             bump(|c| &mut c.gc_not_held);
         }
         0
+    }
+
+    /// State of one collection's judging, for `judge_one`.
+    #[repr(C)]
+    struct Judging {
+        epoch: u64,
+        /// The collector's module: run-time minus link-time address.
+        bias: u64,
+        /// `GC_arrays` and `GC_all_nils` in the target.
+        arrays: u64,
+        nils: u64,
+    }
+
+    /// The end of collection `epoch`'s marking, world stopped: every object
+    /// of `GC_JUDGED` allocated before it gets the collector's verdict
+    /// (`GC_base(p) == p && GC_is_marked(p)`); the collected are streamed
+    /// (`gc_event::COLLECTED`) and forgotten, then `gc_event::JUDGED`.
+    #[inline(always)]
+    fn judge_all(epoch: u64, bias: u64) {
+        let Some(marks) = GC_MARKS.get(0) else {
+            return;
+        };
+        let start = unsafe { bpf_ktime_get_ns() };
+        let arrays = if marks.arrays_in_slot != 0 {
+            read_word(marks.arrays.wrapping_add(bias)).unwrap_or(0)
+        } else {
+            marks.arrays.wrapping_add(bias)
+        };
+        let nils = read_word(arrays.wrapping_add(marks.all_nils)).unwrap_or(0);
+        let mut judging = Judging {
+            epoch,
+            bias,
+            arrays,
+            nils,
+        };
+        unsafe {
+            gen::bpf_for_each_map_elem(
+                &GC_JUDGED as *const _ as *mut _,
+                judge_one as *mut _,
+                &mut judging as *mut Judging as *mut _,
+                0,
+            )
+        };
+        let gc_no_at = if marks.gc_no_in_slot != 0 {
+            read_word(marks.gc_no.wrapping_add(bias)).unwrap_or(0)
+        } else {
+            marks.gc_no.wrapping_add(bias)
+        };
+        // The probe is on the increment, before it: this collection is one more.
+        let gc_no = read_word(gc_no_at).unwrap_or(0).wrapping_add(1);
+        let now = unsafe { bpf_ktime_get_ns() };
+        let done = GcEvent {
+            addr: gc_no,
+            caller: 0,
+            stack_id: 0,
+            size: now.wrapping_sub(start),
+            timestamp_ns: start,
+            replaces: 0,
+            epoch: epoch as u32,
+            kind: 0,
+            op: gc_event::JUDGED,
+            _pad: 0,
+            objects: 0,
+        };
+        send_gc_event(&done);
+    }
+
+    /// One object of `GC_JUDGED` (a `bpf_for_each_map_elem` callback).
+    extern "C" fn judge_one(
+        map: *mut core::ffi::c_void,
+        key: *mut u64,
+        value: *mut u64,
+        judging: *mut Judging,
+    ) -> i64 {
+        let (addr, tag, judging) = unsafe { (*key, *value, &*judging) };
+        // Objects allocated since the collection started are not judged.
+        if tag as u32 >= judging.epoch as u32 {
+            return 0;
+        }
+        let Some(marks) = GC_MARKS.get(0) else {
+            return 1;
+        };
+        let Some((marked, size)) = verdict(marks, judging, addr) else {
+            bump(|c| &mut c.gc_verdicts_failed);
+            return 0;
+        };
+        // Only the collected are sent, and a marked object's size once.
+        if marked && tag & SIZE_SENT != 0 {
+            return 0;
+        }
+        let event = GcEvent {
+            addr,
+            caller: 0,
+            stack_id: 0,
+            size,
+            timestamp_ns: 0,
+            replaces: 0,
+            epoch: judging.epoch as u32,
+            kind: 0,
+            op: if marked {
+                gc_event::MARKED
+            } else {
+                gc_event::COLLECTED
+            },
+            _pad: 0,
+            objects: 0,
+        };
+        // Changed only once userspace is told: a verdict the ring had no
+        // room for is counted, and taken again at the next collection.
+        if send_gc_event(&event) {
+            if marked {
+                unsafe { *value = tag | SIZE_SENT };
+            } else {
+                unsafe { gen::bpf_map_delete_elem(map, key as *const _ as *const _) };
+            }
+        }
+        0
+    }
+
+    /// The collector's verdict on the object at `addr`: marked, and its
+    /// size as the collector counts it (0 when it is no longer an object);
+    /// `None` when its memory could not be read. memprof's
+    /// `MarkLayout::verdict` does the same from userspace.
+    #[inline(always)]
+    fn verdict(marks: &KernelMarks, judging: &Judging, addr: u64) -> Option<(bool, u64)> {
+        let hi = addr >> marks.key_shift;
+        let mut bi = read_word(
+            judging
+                .arrays
+                .wrapping_add(marks.top_index)
+                .wrapping_add((hi & marks.top_mask) << 3),
+        )?;
+        let mut found = false;
+        for _ in 0..MAX_CHAIN {
+            if bi == judging.nils || read_word(bi.wrapping_add(marks.bi_key))? == hi {
+                found = true;
+                break;
+            }
+            bi = read_word(bi.wrapping_add(marks.bi_hash_link))?;
+        }
+        if !found {
+            return None;
+        }
+        let hblksize = 1u64 << (marks.log_hblksize & 31);
+        let slot = (addr >> (marks.log_hblksize & 31)) & marks.bottom_mask;
+        let hdr = read_word(bi.wrapping_add(marks.bi_index).wrapping_add(slot << 3))?;
+        // No block, the later blocks of a large object, or a free block.
+        if hdr <= marks.max_forward {
+            return Some((false, 0));
+        }
+        let flags: u8 = unsafe { bpf_probe_read_user(hdr.wrapping_add(marks.hb_flags) as *const u8) }.ok()?;
+        if flags & marks.free_blk != 0 {
+            return Some((false, 0));
+        }
+        let size = read_word(hdr.wrapping_add(marks.hb_sz))?;
+        let in_block = addr & (hblksize - 1);
+        // GC_base: objects are laid out from the block start, `size` apart.
+        if size == 0 || addr & 7 != 0 || in_block % size != 0 {
+            return Some((false, 0));
+        }
+        if size <= hblksize && in_block + size > hblksize {
+            return Some((false, 0));
+        }
+        let granule = in_block >> (marks.granule_shift & 31);
+        let mark: u8 = unsafe {
+            bpf_probe_read_user(hdr.wrapping_add(marks.hb_marks).wrapping_add(granule) as *const u8)
+        }
+        .ok()?;
+        Some((mark != 0, size))
+    }
+
+    #[inline(always)]
+    fn read_word(addr: u64) -> Option<u64> {
+        unsafe { bpf_probe_read_user(addr as *const u64) }.ok()
     }
 
     fn arg(ctx: &ProbeContext, n: usize) -> u64 {
@@ -1381,6 +1580,9 @@ mod probes {
             // Userspace's copy is the only one (address reuse is seen there);
             // an event the ring had no room for is counted as such.
             gc_event(addr, gc_event::ALLOC, &live, replaces, objects);
+            if setting(config::GC_VERDICTS) == 1 {
+                judge_later(addr, epoch, replaces);
+            }
             true
         } else {
             // Added if new (one hash operation, the usual case). An address
@@ -1507,6 +1709,13 @@ mod probes {
             _pad: 0,
             objects,
         };
+        send_gc_event(&event);
+    }
+
+    /// Queues `event` for userspace's copy; whether there was room (an
+    /// event the ring had none for is counted).
+    #[inline(always)]
+    fn send_gc_event(event: &GcEvent) -> bool {
         // Waking the reader for every event would cost a wakeup per
         // allocation: it reads every few ms by itself, and is woken only
         // when the queued events cross `GC_EVENTS_WAKE_BYTES`.
@@ -1516,8 +1725,23 @@ mod probes {
         } else {
             BPF_RB_NO_WAKEUP
         };
-        if GC_EVENTS.output::<GcEvent>(&event, flags as u64).is_err() {
+        if GC_EVENTS.output::<GcEvent>(event, flags as u64).is_err() {
             bump(|c| &mut c.gc_events_lost);
+            return false;
+        }
+        true
+    }
+
+    /// Has the GC object at `addr`, allocated in `epoch`, judged at the
+    /// collections from the next on (`config::GC_VERDICTS`); the block
+    /// it `replaces` (`GC_realloc`) is gone.
+    #[inline(always)]
+    fn judge_later(addr: u64, epoch: u64, replaces: u64) {
+        if replaces != 0 {
+            let _ = GC_JUDGED.remove(&replaces);
+        }
+        if GC_JUDGED.insert(&addr, &(epoch as u32 as u64), 0).is_err() {
+            bump(|c| &mut c.gc_unjudged);
         }
     }
 
@@ -1568,6 +1792,9 @@ mod probes {
                 epoch: 0,
             };
             gc_event(addr, gc_event::GONE, &gone, 0, 1);
+            if setting(config::GC_VERDICTS) == 1 {
+                let _ = GC_JUDGED.remove(&addr);
+            }
             return None;
         }
         match LIVE.get_ptr(&addr) {

@@ -161,6 +161,18 @@ impl SessionCensus {
         }
     }
 
+    /// Whether a census may be due at a later collection (so that
+    /// collections are held for it): the first, the end one asked for, or
+    /// periodic ones.
+    pub fn could_be_due(&self) -> bool {
+        if self.failed || self.end_copied {
+            return false;
+        }
+        self.end_wanted
+            || (self.last.is_none() && self.when.at_first())
+            || self.when == CensusWhen::Periodic
+    }
+
     /// At a held collection (the collector is held at the end of its
     /// marking): copies the heap, when due.
     pub fn at_hold(&mut self) {

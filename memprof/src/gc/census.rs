@@ -113,10 +113,14 @@ impl HeapReader {
         &self.module
     }
 
-    /// File offsets of the `GC_gc_no++` instructions: where the collection
-    /// probes go.
-    pub fn collection_offsets(&self) -> Vec<u64> {
-        self.end.increments.iter().map(|i| i.offset).collect()
+    /// The `GC_gc_no++` instructions, as (file offset, link-time address):
+    /// where the collection probes go.
+    pub fn collection_increments(&self) -> Vec<(u64, u64)> {
+        self.end
+            .increments
+            .iter()
+            .map(|i| (i.offset, i.address))
+            .collect()
     }
 
     /// The held part: copies what the census needs from process `pid`,

@@ -506,6 +506,11 @@ impl GcCopy {
                 if self.epochs.of(object.ticks()) < jd.epoch {
                     match (jd.judge)(addr) {
                         Ok((Verdict::Marked, gc_size)) => {
+                            // 0: the collector's size is not known.
+                            let gc_size = match gc_size {
+                                0 => self.size(&object),
+                                n => n,
+                            };
                             let m = &mut per_site_marked[object.site() as usize];
                             m.0 += 1;
                             m.1 += gc_size;

@@ -46,6 +46,7 @@ use super::lookup::{Block, Headers};
 use super::{end_of_mark, heap_stats, layout, EndOfMark, HeapStats, HeapStatsLayout};
 use super::{MarkLayout, Verdict};
 use crate::modules::{Module, ModuleCache};
+use memprof_common::KernelMarks;
 use crate::profile::{GcSummary, Lifetimes};
 
 /// Most points kept in a stack's GC history (older points are thinned out).
@@ -193,11 +194,45 @@ impl Judge {
         })
     }
 
-    /// File offsets of the `GC_gc_no++` instructions: where the collection
-    /// probes go.
-    pub fn collection_offsets(&self) -> Vec<u64> {
-        self.end.increments.iter().map(|i| i.offset).collect()
+    /// The `GC_gc_no++` instructions, as (file offset, link-time
+    /// address): where the collection probes go.
+    pub fn collection_increments(&self) -> Vec<(u64, u64)> {
+        self.end
+            .increments
+            .iter()
+            .map(|i| (i.offset, i.address))
+            .collect()
     }
+
+    /// What the kernel needs to judge objects by the mark bits itself
+    /// ([`crate::probes::Probes::judge_gc_in_kernel`]): the layout, in
+    /// link-time addresses.
+    pub fn kernel_marks(&self) -> KernelMarks {
+        let l = &self.layout;
+        KernelMarks {
+            arrays: l.arrays_slot.unwrap_or(l.arrays),
+            gc_no: self.end.gc_no_slot.unwrap_or(self.end.gc_no),
+            top_index: l.top_index,
+            all_nils: l.all_nils,
+            bi_key: l.bi_key,
+            bi_hash_link: l.bi_hash_link,
+            bi_index: l.bi_index,
+            top_mask: l.top_mask,
+            bottom_mask: l.bottom_mask,
+            hb_marks: l.hb_marks,
+            hb_flags: l.hb_flags,
+            hb_sz: l.hb_sz,
+            max_forward: l.max_forward,
+            key_shift: l.key_shift,
+            log_hblksize: l.log_hblksize,
+            granule_shift: l.granule_shift,
+            arrays_in_slot: u8::from(l.arrays_slot.is_some()),
+            gc_no_in_slot: u8::from(self.end.gc_no_slot.is_some()),
+            free_blk: l.free_blk,
+            _pad: 0,
+        }
+    }
+
 
     pub fn module(&self) -> &Path {
         self.module.path()
@@ -342,6 +377,95 @@ impl Judge {
             out.flush()?;
         }
         Ok(())
+    }
+}
+
+/// Collection `gc_no` (memprof's `epoch`), judged by the kernel
+/// ([`KernelMarks`]) at `now_ns` in `kernel_ns`: `copy` settles by its
+/// `verdicts` (every object allocated before the collection that the
+/// kernel did not find collected was marked), and `summary` counts it.
+pub fn judged_in_kernel(
+    summary: &mut GcSummary,
+    collection: KernelCollection,
+    verdicts: &KernelVerdicts,
+    copy: &mut GcCopy,
+) -> Result<()> {
+    let KernelCollection {
+        epoch,
+        gc_no,
+        now_ns,
+        kernel_ns,
+    } = collection;
+    let mut judge = |addr: u64| -> Result<(Verdict, u64)> { Ok(verdicts.of(addr)) };
+    let sites = copy.site_count();
+    let judged = copy.settle(Some(Judging {
+        epoch,
+        gc_no,
+        now_ns,
+        sites,
+        judge: &mut judge,
+    }))?;
+    summary.collections += 1;
+    summary.last_collection = Some(gc_no);
+    summary.marked_count = judged.marked_count;
+    summary.marked_bytes = judged.marked_bytes;
+    // The collector waited for the kernel only; memprof's part runs beside it.
+    let took = kernel_ns as f64 * 1e-9;
+    summary.pass_seconds += took;
+    summary.longest_pass_seconds = summary.longest_pass_seconds.max(took);
+    Ok(())
+}
+
+/// A collection the kernel judged ([`GcChange::Judged`](crate::probes::GcChange::Judged)).
+#[derive(Debug, Clone, Copy)]
+pub struct KernelCollection {
+    /// memprof's count of collections.
+    pub epoch: u64,
+    /// The collector's `GC_gc_no` of it.
+    pub gc_no: u64,
+    /// When its marking ended (`CLOCK_MONOTONIC`).
+    pub now_ns: u64,
+    /// How long the kernel took to judge (the collector waited that long).
+    pub kernel_ns: u64,
+}
+
+/// The kernel's verdicts between two collections it judged: the objects
+/// it found collected, and the collector's sizes of those it found marked.
+#[derive(Debug, Default)]
+pub struct KernelVerdicts {
+    collected: std::collections::HashSet<u64, BuildAddressHasher>,
+    sizes: HashMap<u64, u64, BuildAddressHasher>,
+}
+
+impl KernelVerdicts {
+    pub fn marked(&mut self, addr: u64, size: u64) {
+        self.sizes.insert(addr, size);
+    }
+
+    pub fn collected(&mut self, addr: u64) {
+        self.sizes.remove(&addr);
+        self.collected.insert(addr);
+    }
+
+    /// The object at `addr` is gone otherwise (freed).
+    pub fn forget(&mut self, addr: u64) {
+        self.sizes.remove(&addr);
+    }
+
+    /// The verdict on `addr` at the last collection judged, and the
+    /// collector's size of it if known (else 0: the copy's size stands):
+    /// what the kernel did not find collected was marked.
+    fn of(&self, addr: u64) -> (Verdict, u64) {
+        if self.collected.contains(&addr) {
+            (Verdict::Unmarked, 0)
+        } else {
+            (Verdict::Marked, self.sizes.get(&addr).copied().unwrap_or(0))
+        }
+    }
+
+    /// The collection's verdicts were applied: the next start afresh.
+    pub fn applied(&mut self) {
+        self.collected.clear();
     }
 }
 

@@ -145,10 +145,23 @@ impl Probes {
         pid: u32,
         what: &str,
     ) -> Result<()> {
+        self.attach_at_with_cookie(program, module, offset, 0, pid, what)
+    }
+
+    /// [`Self::attach_at`], the probe's attach cookie `cookie`.
+    pub(super) fn attach_at_with_cookie(
+        &mut self,
+        program: &'static str,
+        module: &Module,
+        offset: u64,
+        cookie: u64,
+        pid: u32,
+        what: &str,
+    ) -> Result<()> {
         self.link(
             program,
             &module.fd_path(),
-            &[(offset, 0)],
+            &[(offset, cookie)],
             pid,
             Attach::Multi,
         )

@@ -23,10 +23,12 @@
 //! ([`Probes::stop_holding`], [`Probes::stop_library_loads`]) before the
 //! tracer detaches.
 use anyhow::Result;
-use aya::maps::{HashMap, Map, MapData, RingBuf};
+use aya::maps::{Array, HashMap, Map, MapData, RingBuf};
 use std::os::fd::AsRawFd;
 
-use memprof_common::{config, gc_event, maps, programs, AllocSite, GcEvent, KernelCounters};
+use memprof_common::{
+    config, gc_event, maps, programs, AllocSite, GcEvent, KernelCounters, KernelMarks,
+};
 
 use super::view::{LiveBlock, Site};
 use super::Probes;
@@ -46,6 +48,21 @@ pub enum GcChange {
     },
     /// The GC object at `addr` was freed (`GC_free`, `GC_realloc`) at `time_ns`.
     Freed { addr: u64, time_ns: u64 },
+    /// The kernel found the object at `addr` marked for the first time,
+    /// `size` bytes as the collector counts it ([`Probes::judge_gc_in_kernel`]).
+    Marked { addr: u64, size: u64 },
+    /// The kernel found the object at `addr` not marked at the end of
+    /// collection `epoch`'s marking ([`Probes::judge_gc_in_kernel`]).
+    Collected { addr: u64, epoch: u64 },
+    /// The kernel judged every object allocated before collection `epoch`
+    /// (the collector's `gc_no`), at `time_ns`, in `kernel_ns`: those not
+    /// [`GcChange::Collected`] were marked.
+    Judged {
+        epoch: u64,
+        gc_no: u64,
+        time_ns: u64,
+        kernel_ns: u64,
+    },
 }
 
 impl TryFrom<&GcEvent> for GcChange {
@@ -72,6 +89,20 @@ impl TryFrom<&GcEvent> for GcChange {
             gc_event::GONE => Ok(GcChange::Freed {
                 addr: event.addr,
                 time_ns: event.timestamp_ns,
+            }),
+            gc_event::MARKED => Ok(GcChange::Marked {
+                addr: event.addr,
+                size: event.size,
+            }),
+            gc_event::COLLECTED => Ok(GcChange::Collected {
+                addr: event.addr,
+                epoch: u64::from(event.epoch),
+            }),
+            gc_event::JUDGED => Ok(GcChange::Judged {
+                epoch: u64::from(event.epoch),
+                gc_no: event.addr,
+                time_ns: event.timestamp_ns,
+                kernel_ns: event.size,
             }),
             op => Err(anyhow::anyhow!("unknown GC event {op}")),
         }
@@ -166,21 +197,53 @@ impl Probes {
         Ok(sent)
     }
 
-    /// Puts a collection probe on each `GC_gc_no++` (file `offsets` in
-    /// `module`) and has the kernel hold the collecting thread for the
-    /// mark-bit pass when it is one memprof traces ([`Self::set_traced`]).
-    pub fn watch_collections(&mut self, pid: u32, module: &Module, offsets: &[u64]) -> Result<()> {
-        for &offset in offsets {
+    /// Puts a collection probe on each `GC_gc_no++` (`increments`: file
+    /// offset and link-time address in `module`, the address the probe's
+    /// cookie) and, if `hold`, has the kernel hold the collecting thread for
+    /// the mark-bit pass when it is one memprof traces ([`Self::set_traced`]).
+    pub fn watch_collections(
+        &mut self,
+        pid: u32,
+        module: &Module,
+        increments: &[(u64, u64)],
+        hold: bool,
+    ) -> Result<()> {
+        for &(offset, address) in increments {
             let what = format!("GC_gc_no++ at {offset:#x}");
-            self.attach_at(programs::GC_COLLECTION, module, offset, pid, &what)?;
+            self.attach_at_with_cookie(programs::GC_COLLECTION, module, offset, address, pid, &what)?;
             self.attached += 1;
         }
-        self.config.set(config::GC_HOLD, 1)
+        self.hold_collections(hold)
+    }
+
+    /// Whether the kernel holds the collecting thread at the next
+    /// collections (`false`: no more holds, as before the tracer lets the
+    /// threads go).
+    pub fn hold_collections(&mut self, hold: bool) -> Result<()> {
+        self.config.set(config::GC_HOLD, u32::from(hold))
     }
 
     /// No more holds at collections (before the tracer lets the threads go).
     pub fn stop_holding(&mut self) -> Result<()> {
-        self.config.set(config::GC_HOLD, 0)
+        self.hold_collections(false)
+    }
+
+    /// Has the kernel judge the GC objects of the copy by the collector's
+    /// mark bits itself, at each collection (`marks`: where they are), and
+    /// stream its verdicts ([`GcChange::Collected`], [`GcChange::Judged`]):
+    /// before any probe is attached, after [`Self::keep_gc_copy`].
+    pub fn judge_gc_in_kernel(&mut self, marks: &KernelMarks) -> Result<()> {
+        let mut map: Array<&mut MapData, KernelMarks> =
+            Array::try_from(self.map_mut(maps::GC_MARKS)?)?;
+        map.set(0, *marks, 0)?;
+        self.config.set(config::GC_VERDICTS, 1)
+    }
+
+    /// The kernel's verdicts not given: GC objects its table had no room
+    /// for, and verdicts whose memory it could not read (summed over CPUs).
+    pub fn kernel_verdicts_missing(&self) -> Result<(u64, u64)> {
+        let c = self.kernel_counters()?;
+        Ok((c.gc_unjudged, c.gc_verdicts_failed))
     }
 
     /// Marks thread `tid` as traced by memprof: the kernel may hold it.

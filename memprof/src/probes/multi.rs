@@ -19,7 +19,8 @@ use anyhow::{anyhow, bail, Context, Result};
 use aya::maps::Map;
 use aya::Ebpf;
 use aya_obj::generated::{
-    bpf_attach_type, bpf_attr, bpf_cmd, bpf_insn, bpf_prog_type, BPF_F_UPROBE_MULTI_RETURN,
+    bpf_attach_type, bpf_attr, bpf_cmd, bpf_insn, bpf_prog_type, BPF_DW, BPF_F_UPROBE_MULTI_RETURN,
+    BPF_IMM, BPF_LD, BPF_PSEUDO_FUNC,
 };
 use memprof_common::programs;
 
@@ -27,6 +28,9 @@ use memprof_common::programs;
 pub(super) struct Programs {
     object: aya_obj::Object,
     loaded: HashMap<String, OwnedFd>,
+    /// The object's BTF, loaded into the kernel for the first program that
+    /// hands a helper a callback (the verifier wants its functions' BTF).
+    btf: Option<OwnedFd>,
 }
 
 impl Programs {
@@ -34,6 +38,11 @@ impl Programs {
     /// created from the same bytes.
     pub(super) fn new(object: &[u8], ebpf: &Ebpf) -> Result<Programs> {
         let mut parsed = aya_obj::Object::parse(object).context("parsing the eBPF object")?;
+        // As aya fixes it before loading it (this kernel has every feature).
+        let features = aya_obj::btf::BtfFeatures::new(true, true, true, true, true, true, true, true);
+        parsed
+            .fixup_and_sanitize_btf(&features)
+            .map_err(|e| anyhow!("preparing the eBPF object's BTF: {e}"))?;
         let fds: HashMap<&str, RawFd> = ebpf
             .maps()
             .filter_map(|(name, map)| Some((name, map_fd(map)?)))
@@ -60,7 +69,30 @@ impl Programs {
         Ok(Programs {
             object: parsed,
             loaded: HashMap::new(),
+            btf: None,
         })
+    }
+
+    /// The object's BTF in the kernel (loaded once).
+    fn btf_fd(&mut self) -> Result<RawFd> {
+        if let Some(fd) = &self.btf {
+            return Ok(fd.as_raw_fd());
+        }
+        let btf = self
+            .object
+            .btf
+            .as_ref()
+            .ok_or_else(|| anyhow!("the eBPF object has no BTF"))?
+            .to_bytes();
+        // SAFETY: plain data; all-zero is the kernel's "unset".
+        let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
+        let u = unsafe { &mut attr.__bindgen_anon_7 };
+        u.btf = btf.as_ptr() as u64;
+        u.btf_size = btf.len() as u32;
+        let fd = bpf(bpf_cmd::BPF_BTF_LOAD, &mut attr).context("loading the eBPF object's BTF")?;
+        let raw = fd.as_raw_fd();
+        self.btf = Some(fd);
+        Ok(raw)
     }
 
     /// The descriptor of program `name`, loaded (verified) the first time.
@@ -73,13 +105,28 @@ impl Programs {
             .programs
             .get(name)
             .ok_or_else(|| anyhow!("eBPF object has no program {name}"))?;
-        let function = &self.object.functions[&program.function_key()];
+        let key = program.function_key();
+        // A program that passes a callback (`bpf_for_each_map_elem`) is
+        // loaded with its functions' BTF, which the verifier then requires.
+        let function = &self.object.functions[&key];
+        let btf = if passes_callback(&function.instructions) {
+            Some(self.btf_fd()?)
+        } else {
+            None
+        };
+        let function = &self.object.functions[&key];
+        let btf = btf.map(|fd| FuncInfo {
+            btf: fd,
+            bytes: function.func_info.func_info_bytes(),
+            count: function.func_info.len() as u32,
+            record_size: function.func_info_rec_size as u32,
+        });
         let fd = if name == programs::ALLOC_SESSION {
             let mut instructions = function.instructions.clone();
             call_session_is_return(&mut instructions)?;
-            load(name, &instructions, Attach::Session)?
+            load(name, &instructions, Attach::Session, btf.as_ref())?
         } else {
-            load(name, &function.instructions, Attach::Multi)?
+            load(name, &function.instructions, Attach::Multi, btf.as_ref())?
         };
         let raw = fd.as_raw_fd();
         self.loaded.insert(name.to_string(), fd);
@@ -155,7 +202,28 @@ fn bpf(cmd: bpf_cmd, attr: &mut bpf_attr) -> std::io::Result<OwnedFd> {
 
 /// Loads one program for multi-uprobe links. A verifier rejection keeps
 /// the end of the verifier's log in the error.
-fn load(name: &str, instructions: &[bpf_insn], how: Attach) -> Result<OwnedFd> {
+/// A program's functions as its BTF describes them ([`load`]).
+struct FuncInfo {
+    btf: RawFd,
+    bytes: Vec<u8>,
+    count: u32,
+    record_size: u32,
+}
+
+/// Whether `instructions` load a function's address (`BPF_PSEUDO_FUNC`): a
+/// callback handed to a helper.
+fn passes_callback(instructions: &[bpf_insn]) -> bool {
+    instructions
+        .iter()
+        .any(|i| i.code == (BPF_LD | BPF_IMM | BPF_DW) as u8 && i.src_reg() == BPF_PSEUDO_FUNC as u8)
+}
+
+fn load(
+    name: &str,
+    instructions: &[bpf_insn],
+    how: Attach,
+    funcs: Option<&FuncInfo>,
+) -> Result<OwnedFd> {
     let license = c"GPL";
     let prog_name = CString::new(name.chars().take(15).collect::<String>())?;
     let mut log = vec![0u8; 1 << 20];
@@ -171,6 +239,12 @@ fn load(name: &str, instructions: &[bpf_insn], how: Attach) -> Result<OwnedFd> {
         u.insn_cnt = instructions.len() as u32;
         u.insns = instructions.as_ptr() as u64;
         u.license = license.as_ptr() as u64;
+        if let Some(f) = funcs {
+            u.prog_btf_fd = f.btf as u32;
+            u.func_info = f.bytes.as_ptr() as u64;
+            u.func_info_cnt = f.count;
+            u.func_info_rec_size = f.record_size;
+        }
         for (dst, src) in u.prog_name.iter_mut().zip(prog_name.as_bytes_with_nul()) {
             *dst = *src as libc::c_char;
         }

@@ -276,10 +276,12 @@ fn report_counters(kernel: KernelCounters) -> Counters {
         predictions_wrong,
         refills,
         // Reported in the GC summary (`Probes::collections_not_held`,
-        // `Probes::gc_events_lost`), not here.
+        // `Probes::gc_events_lost`, `Probes::kernel_verdicts`), not here.
         gc_collections: _,
         gc_not_held: _,
         gc_events_lost: _,
+        gc_unjudged: _,
+        gc_verdicts_failed: _,
     } = kernel;
     Counters {
         live_map_full,

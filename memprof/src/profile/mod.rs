@@ -289,6 +289,14 @@ pub struct GcSummary {
     /// buffer was full): those objects count as live until freed or reused.
     #[serde(default)]
     pub events_lost: u64,
+    /// Judged by the kernel (`--gc-sampling refill`): GC objects its table
+    /// had no room for, never judged (live until freed or reused).
+    #[serde(default)]
+    pub objects_not_judged: u64,
+    /// Judged by the kernel: verdicts whose memory it could not read (the
+    /// object stays live until a later collection).
+    #[serde(default)]
+    pub verdicts_failed: u64,
     /// The GC's collection number (`GC_gc_no`) of the last collection judged.
     pub last_collection: Option<u64>,
     /// At the last collection judged: tracked objects the collector had

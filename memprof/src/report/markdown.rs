@@ -234,6 +234,20 @@ fn gc_summary(gc: &crate::profile::GcSummary, out: &mut dyn Write) -> Result<()>
                 thousands(gc.collections_not_judged)
             )?;
         }
+        if gc.objects_not_judged > 0 {
+            write!(
+                out,
+                "; objects never judged (the kernel's table was full): {}",
+                thousands(gc.objects_not_judged)
+            )?;
+        }
+        if gc.verdicts_failed > 0 {
+            write!(
+                out,
+                "; verdicts not read: {}",
+                thousands(gc.verdicts_failed)
+            )?;
+        }
         writeln!(out, ".")?;
     }
     if let Some(size) = gc.heap_size {

@@ -298,7 +298,7 @@ fn end_census(
     signals: &Signals,
     wait: Duration,
 ) -> Result<Option<Option<ExitStatus>>> {
-    if wait.is_zero() || !session.want_end_census() {
+    if wait.is_zero() || !session.want_end_census()? {
         return Ok(None);
     }
     eprintln!(

@@ -19,10 +19,11 @@ use std::thread::JoinHandle;
 
 use anyhow::Result;
 
+use super::plan::PlannedGcSampling;
 use super::{CensusWhen, GcLiveness, Plan, SessionOptions};
 use crate::census::session::SessionCensus;
 use crate::gc::copy::GcCopy;
-use crate::gc::pass::{Judge, Marks, SiteGc};
+use crate::gc::pass::{judged_in_kernel, Judge, KernelCollection, KernelVerdicts, Marks, SiteGc};
 use crate::gc::HeapStats;
 use crate::probes::{GcChange, GcEvents, Probes, Site};
 use crate::profile::{Censuses, GcSummary};
@@ -46,6 +47,10 @@ pub(super) struct GcWatch {
     judging: Option<JoinHandle<(Judge, Result<()>)>>,
     /// Censuses of the whole heap at held collections.
     census: Option<SessionCensus>,
+    /// The kernel judges the copy's objects at each collection
+    /// (`--gc-sampling refill`: few objects): no hold for them, only for
+    /// a census.
+    in_kernel: bool,
 }
 
 /// What the feeder takes from the kernel, behind a lock of its own: the
@@ -53,15 +58,19 @@ pub(super) struct GcWatch {
 struct Intake {
     events: GcEvents,
     spill: Vec<GcChange>,
+    /// With the kernel judging: its verdicts since the last collection it
+    /// judged, and what the collections judged so far found.
+    kernel: Option<(KernelVerdicts, GcSummary)>,
 }
 
 impl Intake {
     /// Applies the spilled events, then every event queued in the ring.
     fn apply(&mut self, copy: &mut GcCopy) {
+        let kernel = &mut self.kernel;
         for change in self.spill.drain(..) {
-            apply(copy, &change);
+            apply(copy, kernel, &change);
         }
-        self.events.drain(|change| apply(copy, change));
+        self.events.drain(|change| apply(copy, kernel, change));
     }
 
     /// Keeps the ring drained while the copy is busy.
@@ -71,7 +80,7 @@ impl Intake {
     }
 }
 
-fn apply(copy: &mut GcCopy, change: &GcChange) {
+fn apply(copy: &mut GcCopy, kernel: &mut Option<(KernelVerdicts, GcSummary)>, change: &GcChange) {
     match *change {
         GcChange::Allocated {
             addr,
@@ -83,8 +92,45 @@ fn apply(copy: &mut GcCopy, change: &GcChange) {
             if replaces != 0 {
                 copy.reallocated(replaces, addr, block.timestamp_ns);
             }
+            if let Some((verdicts, _)) = kernel {
+                verdicts.forget(addr);
+                verdicts.forget(replaces);
+            }
         }
-        GcChange::Freed { addr, time_ns } => copy.freed(addr, time_ns),
+        GcChange::Freed { addr, time_ns } => {
+            copy.freed(addr, time_ns);
+            if let Some((verdicts, _)) = kernel {
+                verdicts.forget(addr);
+            }
+        }
+        GcChange::Marked { addr, size } => {
+            if let Some((verdicts, _)) = kernel {
+                verdicts.marked(addr, size);
+            }
+        }
+        GcChange::Collected { addr, .. } => {
+            if let Some((verdicts, _)) = kernel {
+                verdicts.collected(addr);
+            }
+        }
+        GcChange::Judged {
+            epoch,
+            gc_no,
+            time_ns,
+            kernel_ns,
+        } => {
+            if let Some((verdicts, summary)) = kernel {
+                let collection = KernelCollection {
+                    epoch,
+                    gc_no,
+                    now_ns: time_ns,
+                    kernel_ns,
+                };
+                // The kernel's verdicts cannot fail to be read.
+                let _ = judged_in_kernel(summary, collection, verdicts, copy);
+                verdicts.applied();
+            }
+        }
     }
 }
 
@@ -117,11 +163,14 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Feeder {
-    fn start(events: GcEvents) -> Result<Feeder> {
+    /// `in_kernel`: the kernel judges the objects, the feeder applies its
+    /// verdicts (`summary`: what a pass would have started with).
+    fn start(events: GcEvents, in_kernel: Option<GcSummary>) -> Result<Feeder> {
         let fd = events.fd();
         let intake = Arc::new(Mutex::new(Intake {
             events,
             spill: Vec::new(),
+            kernel: in_kernel.map(|summary| (KernelVerdicts::default(), summary)),
         }));
         // A minute back: events queued before the copy was made count
         // from before it.
@@ -208,10 +257,16 @@ impl GcWatch {
             marks: None,
             judging: None,
             census: None,
+            in_kernel: false,
         };
         let Some(module) = plan.gc_module() else {
             return watch;
         };
+        // Refill samples are few: the kernel judges them at the collection
+        // itself, and the collector is not held for it (a hold costs the
+        // whole program a round trip through memprof's tracer).
+        watch.in_kernel = matches!(plan.gc_sampling, PlannedGcSampling::Refill { .. })
+            && options.gc_verdicts.is_none();
         if options.gc_liveness == GcLiveness::Reuse {
             watch.fallback = Some("--gc-liveness reuse".into());
             return watch;
@@ -235,8 +290,16 @@ impl GcWatch {
         let Some(events) = probes.take_gc_events() else {
             return Ok(());
         };
-        self.feeder = Some(Feeder::start(events)?);
-        probes.keep_gc_copy()
+        let in_kernel = match (&self.judge, self.in_kernel) {
+            (Some(judge), true) => Some(judge.summary().clone()),
+            _ => None,
+        };
+        self.feeder = Some(Feeder::start(events, in_kernel)?);
+        probes.keep_gc_copy()?;
+        if let (Some(judge), true) = (&self.judge, self.in_kernel) {
+            probes.judge_gc_in_kernel(&judge.kernel_marks())?;
+        }
+        Ok(())
     }
 
     /// Whether GC objects are kept in memprof's copy (judged by mark bits).
@@ -278,8 +341,18 @@ impl GcWatch {
 
     /// Asks for a census at the next held collection, the end census;
     /// whether there is one to wait for (a census kept and not failed).
-    pub(super) fn want_end_census(&mut self) -> bool {
-        self.census.as_mut().is_some_and(SessionCensus::want_end)
+    pub(super) fn want_end_census(&mut self, probes: &mut Probes) -> Result<bool> {
+        let wanted = self.census.as_mut().is_some_and(SessionCensus::want_end);
+        if wanted && self.in_kernel && self.judge.is_some() {
+            probes.hold_collections(true)?;
+        }
+        Ok(wanted)
+    }
+
+    /// Whether collections are held: for every pass, or with the kernel
+    /// judging, for a census that could be due.
+    fn holds(&self) -> bool {
+        !self.in_kernel || self.census.as_ref().is_some_and(SessionCensus::could_be_due)
     }
 
     /// Whether the end census asked for has been copied (or cannot be).
@@ -295,7 +368,8 @@ impl GcWatch {
     /// Attaches the collection probes (the caller traces the target).
     pub(super) fn start(&mut self, probes: &mut Probes, pid: u32) -> Result<()> {
         if let Some(judge) = &self.judge {
-            probes.watch_collections(pid, judge.module_file(), &judge.collection_offsets())?;
+            let increments = judge.collection_increments();
+            probes.watch_collections(pid, judge.module_file(), &increments, self.holds())?;
         }
         Ok(())
     }
@@ -334,6 +408,15 @@ impl GcWatch {
         // The previous collection's verdicts come first (in order).
         self.after_hold(probes)?;
         self.finish_judging(probes)?;
+        if self.in_kernel {
+            // Held for a census only: the kernel judged the collection.
+            if let Some(census) = &mut self.census {
+                census.at_hold();
+            }
+            let holds = self.holds();
+            probes.hold_collections(holds)?;
+            return Ok(true);
+        }
         let (Some(judge), Some(feeder)) = (&mut self.judge, &self.feeder) else {
             return Ok(true);
         };
@@ -471,10 +554,24 @@ impl GcWatch {
         if let Some(why) = self.join_judging() {
             self.fall_back(why);
         }
+        let kernel = self
+            .feeder
+            .as_ref()
+            .and_then(|feeder| lock(&feeder.intake).kernel.as_ref().map(|(_, s)| s.clone()));
         let mut summary = match (&mut self.judge, &self.fallback) {
             (Some(judge), _) => {
                 let _ = judge.finish();
                 let mut s = judge.summary().clone();
+                if let Some(kernel) = kernel {
+                    // The kernel judged: what it found, and what it could not judge.
+                    s = GcSummary {
+                        liveness: "mark bits, read by the kernel at each collection".into(),
+                        ..kernel
+                    };
+                    let (unjudged, failed) = probes.kernel_verdicts_missing().unwrap_or((0, 0));
+                    s.objects_not_judged = unjudged;
+                    s.verdicts_failed = failed;
+                }
                 s.collections_not_judged += probes.collections_not_held().unwrap_or(0);
                 s
             }

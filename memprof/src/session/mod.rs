@@ -231,8 +231,8 @@ impl Session {
 
     /// Asks for the end census at the next held collection; whether there
     /// is one to wait for.
-    pub fn want_end_census(&mut self) -> bool {
-        self.gc.want_end_census()
+    pub fn want_end_census(&mut self) -> Result<bool> {
+        self.gc.want_end_census(&mut self.probes)
     }
 
     /// Whether the end census asked for is copied (or cannot be).
