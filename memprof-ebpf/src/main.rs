@@ -278,19 +278,39 @@ mod probes {
     /// written by userspace before any probe is attached.
     #[map]
     static GC_MARKS: Array<KernelMarks> = Array::with_max_entries(1, 0);
-    /// The GC objects judged at each collection (`config::GC_VERDICTS`):
-    /// address → epoch of its allocation, and `SIZE_SENT` once its size
-    /// went to userspace. Few: refill samples and large objects. Filled on
-    /// demand.
+    /// The GC objects judged at each collection (`config::GC_VERDICTS`),
+    /// in `GC_SLOTS[..GC_SLOT_COUNT]`: a collection walks those it has, not
+    /// a table's capacity (a hash table's walk visits every bucket: 2.4 ms
+    /// a collection at 2^17 entries). Few: refill samples, large objects.
     #[map]
-    static GC_JUDGED: HashMap<u64, u64> =
-        HashMap::with_max_entries(1 << 17, aya_ebpf::bindings::BPF_F_NO_PREALLOC);
+    static GC_SLOTS: Array<JudgedSlot> = Array::with_max_entries(JUDGED_SLOTS, 0);
+    /// `[0]`: slots in use (the first `n` of `GC_SLOTS`; may run past the
+    /// end, the objects that found none are counted). `[1]`, `[2]`: the
+    /// free and kept slots of a collection's walk (counted here, not in
+    /// the walk's own state: the verifier would follow every value).
+    #[map]
+    static GC_SLOT_COUNT: Array<u64> = Array::with_max_entries(3, 0);
+    /// address → its slot in `GC_SLOTS`, for frees and address reuse.
+    #[map]
+    static GC_JUDGED: HashMap<u64, u32> =
+        HashMap::with_max_entries(JUDGED_SLOTS, aya_ebpf::bindings::BPF_F_NO_PREALLOC);
+    const JUDGED_SLOTS: u32 = 1 << 17;
     /// Longest block index hash chain a verdict follows (they are a few
     /// entries long; a longer one fails the verdict, counted).
     const MAX_CHAIN: usize = 8;
-    /// In a `GC_JUDGED` value: the object's size went to userspace (its
-    /// first `gc_event::MARKED`; a live object's size does not change).
-    const SIZE_SENT: u64 = 1 << 32;
+
+    /// One GC object judged at each collection (address 0: a free slot,
+    /// until a collection packs the slots).
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct JudgedSlot {
+        addr: u64,
+        /// `GC_EPOCH` at its allocation.
+        epoch: u32,
+        /// 1: its size went to userspace (its first `gc_event::MARKED`;
+        /// a live object's size does not change).
+        size_sent: u32,
+    }
 
     /// What `LIVE` holds per kind (one entry per CPU): timeline samples read
     /// it instead of the table.
@@ -1105,15 +1125,20 @@ mod probes {
         /// `GC_arrays` and `GC_all_nils` in the target.
         arrays: u64,
         nils: u64,
+        /// The last region (`addr >> key_shift`) looked up, and its bottom
+        /// index: objects share a few regions (4 MiB each).
+        region: u64,
+        bottom_index: u64,
     }
 
-    /// The end of collection `epoch`'s marking, world stopped: every object
-    /// of `GC_JUDGED` allocated before it gets the collector's verdict
-    /// (`GC_base(p) == p && GC_is_marked(p)`); the collected are streamed
-    /// (`gc_event::COLLECTED`) and forgotten, then `gc_event::JUDGED`.
+    /// The end of collection `epoch`'s marking, world stopped (no thread
+    /// allocates meanwhile): every object of `GC_SLOTS` allocated before it
+    /// gets the collector's verdict (`GC_base(p) == p && GC_is_marked(p)`);
+    /// the collected are streamed (`gc_event::COLLECTED`) and forgotten,
+    /// then `gc_event::JUDGED`.
     #[inline(always)]
     fn judge_all(epoch: u64, bias: u64) {
-        let Some(marks) = GC_MARKS.get(0) else {
+        let (Some(marks), Some(count)) = (GC_MARKS.get(0), GC_SLOT_COUNT.get_ptr_mut(0)) else {
             return;
         };
         let start = unsafe { bpf_ktime_get_ns() };
@@ -1128,15 +1153,30 @@ mod probes {
             bias,
             arrays,
             nils,
+            region: u64::MAX,
+            bottom_index: 0,
         };
+        let used = unsafe { *count }.min(JUDGED_SLOTS as u64);
+        let (Some(free), Some(kept)) = (GC_SLOT_COUNT.get_ptr_mut(1), GC_SLOT_COUNT.get_ptr_mut(2))
+        else {
+            return;
+        };
+        unsafe { (*free, *kept) = (0, 0) };
         unsafe {
-            gen::bpf_for_each_map_elem(
-                &GC_JUDGED as *const _ as *mut _,
+            gen::bpf_loop(
+                used as u32,
                 judge_one as *mut _,
                 &mut judging as *mut Judging as *mut _,
                 0,
             )
         };
+        // The slots are packed once half of them are free: each move
+        // updates the object's slot in `GC_JUDGED`.
+        let free = unsafe { *free };
+        if free > 0 && free * 2 >= used {
+            unsafe { gen::bpf_loop(used as u32, pack_one as *mut _, core::ptr::null_mut(), 0) };
+            unsafe { *count = *kept };
+        }
         let gc_no_at = if marks.gc_no_in_slot != 0 {
             read_word(marks.gc_no.wrapping_add(bias)).unwrap_or(0)
         } else {
@@ -1161,31 +1201,87 @@ mod probes {
         send_gc_event(&done);
     }
 
-    /// One object of `GC_JUDGED` (a `bpf_for_each_map_elem` callback).
-    extern "C" fn judge_one(
-        map: *mut core::ffi::c_void,
-        key: *mut u64,
-        value: *mut u64,
-        judging: *mut Judging,
-    ) -> i64 {
-        let (addr, tag, judging) = unsafe { (*key, *value, &*judging) };
-        // Objects allocated since the collection started are not judged.
-        if tag as u32 >= judging.epoch as u32 {
-            return 0;
-        }
-        let Some(marks) = GC_MARKS.get(0) else {
+    /// Slot `index` of `GC_SLOTS` (a `bpf_loop` callback): judged if its
+    /// object was allocated before the collection; freed if collected.
+    extern "C" fn judge_one(index: u64, judging: *mut Judging) -> i64 {
+        let judging = unsafe { &mut *judging };
+        let Some(slot) = GC_SLOTS.get_ptr_mut(index as u32) else {
             return 1;
         };
-        let Some((marked, size)) = verdict(marks, judging, addr) else {
-            bump(|c| &mut c.gc_verdicts_failed);
-            return 0;
-        };
-        // Only the collected are sent, and a marked object's size once.
-        if marked && tag & SIZE_SENT != 0 {
+        let current = unsafe { *slot };
+        if current.addr == 0 {
+            count_slot(1);
             return 0;
         }
+        match judge_slot(&current, judging) {
+            Judged::Keep(size_sent) if size_sent != current.size_sent => unsafe {
+                (*slot).size_sent = size_sent
+            },
+            Judged::Keep(_) => {}
+            Judged::Gone => {
+                count_slot(1);
+                unsafe { (*slot).addr = 0 };
+            }
+        }
+        0
+    }
+
+    /// Adds one to `GC_SLOT_COUNT[i]`.
+    #[inline(always)]
+    fn count_slot(i: u32) {
+        if let Some(n) = GC_SLOT_COUNT.get_ptr_mut(i) {
+            unsafe { *n += 1 };
+        }
+    }
+
+    /// Slot `index` of `GC_SLOTS` (a `bpf_loop` callback): moved down to
+    /// the first slot not kept yet (`GC_SLOT_COUNT[2]`) if it holds an object.
+    extern "C" fn pack_one(index: u64, _: *mut core::ffi::c_void) -> i64 {
+        let (Some(slot), Some(kept)) = (GC_SLOTS.get(index as u32).copied(), GC_SLOT_COUNT.get_ptr_mut(2))
+        else {
+            return 1;
+        };
+        if slot.addr == 0 {
+            return 0;
+        }
+        let to = unsafe { *kept };
+        unsafe { *kept = to + 1 };
+        if to != index {
+            if let Some(dst) = GC_SLOTS.get_ptr_mut(to as u32) {
+                unsafe { *dst = slot };
+            }
+            let _ = GC_JUDGED.insert(&slot.addr, &(to as u32), 0);
+        }
+        0
+    }
+
+    /// What a slot's judging decided.
+    enum Judged {
+        /// Still tracked; whether its size was sent.
+        Keep(u32),
+        /// Collected, and userspace told.
+        Gone,
+    }
+
+    #[inline(always)]
+    fn judge_slot(slot: &JudgedSlot, judging: &mut Judging) -> Judged {
+        // Objects allocated since the collection started are not judged.
+        if slot.epoch >= judging.epoch as u32 {
+            return Judged::Keep(slot.size_sent);
+        }
+        let Some(marks) = GC_MARKS.get(0) else {
+            return Judged::Keep(slot.size_sent);
+        };
+        let Some((marked, size)) = verdict(marks, judging, slot.addr) else {
+            bump(|c| &mut c.gc_verdicts_failed);
+            return Judged::Keep(slot.size_sent);
+        };
+        // Only the collected are sent, and a marked object's size once.
+        if marked && slot.size_sent != 0 {
+            return Judged::Keep(1);
+        }
         let event = GcEvent {
-            addr,
+            addr: slot.addr,
             caller: 0,
             stack_id: 0,
             size,
@@ -1203,14 +1299,15 @@ mod probes {
         };
         // Changed only once userspace is told: a verdict the ring had no
         // room for is counted, and taken again at the next collection.
-        if send_gc_event(&event) {
-            if marked {
-                unsafe { *value = tag | SIZE_SENT };
-            } else {
-                unsafe { gen::bpf_map_delete_elem(map, key as *const _ as *const _) };
+        let sent = send_gc_event(&event);
+        match (marked, sent) {
+            (true, sent) => Judged::Keep(u32::from(sent)),
+            (false, true) => {
+                let _ = GC_JUDGED.remove(&slot.addr);
+                Judged::Gone
             }
+            (false, false) => Judged::Keep(slot.size_sent),
         }
-        0
     }
 
     /// The collector's verdict on the object at `addr`: marked, and its
@@ -1218,25 +1315,16 @@ mod probes {
     /// `None` when its memory could not be read. memprof's
     /// `MarkLayout::verdict` does the same from userspace.
     #[inline(always)]
-    fn verdict(marks: &KernelMarks, judging: &Judging, addr: u64) -> Option<(bool, u64)> {
+    fn verdict(marks: &KernelMarks, judging: &mut Judging, addr: u64) -> Option<(bool, u64)> {
         let hi = addr >> marks.key_shift;
-        let mut bi = read_word(
-            judging
-                .arrays
-                .wrapping_add(marks.top_index)
-                .wrapping_add((hi & marks.top_mask) << 3),
-        )?;
-        let mut found = false;
-        for _ in 0..MAX_CHAIN {
-            if bi == judging.nils || read_word(bi.wrapping_add(marks.bi_key))? == hi {
-                found = true;
-                break;
-            }
-            bi = read_word(bi.wrapping_add(marks.bi_hash_link))?;
-        }
-        if !found {
-            return None;
-        }
+        let bi = if hi == judging.region {
+            judging.bottom_index
+        } else {
+            let bi = bottom_index(marks, judging, hi)?;
+            judging.region = hi;
+            judging.bottom_index = bi;
+            bi
+        };
         let hblksize = 1u64 << (marks.log_hblksize & 31);
         let slot = (addr >> (marks.log_hblksize & 31)) & marks.bottom_mask;
         let hdr = read_word(bi.wrapping_add(marks.bi_index).wrapping_add(slot << 3))?;
@@ -1263,6 +1351,25 @@ mod probes {
         }
         .ok()?;
         Some((mark != 0, size))
+    }
+
+    /// The collector's bottom index of region `hi`: through `GC_top_index`
+    /// and its hash chain, else `GC_all_nils` (whose entries are all 0).
+    #[inline(always)]
+    fn bottom_index(marks: &KernelMarks, judging: &Judging, hi: u64) -> Option<u64> {
+        let mut bi = read_word(
+            judging
+                .arrays
+                .wrapping_add(marks.top_index)
+                .wrapping_add((hi & marks.top_mask) << 3),
+        )?;
+        for _ in 0..MAX_CHAIN {
+            if bi == judging.nils || read_word(bi.wrapping_add(marks.bi_key))? == hi {
+                return Some(bi);
+            }
+            bi = read_word(bi.wrapping_add(marks.bi_hash_link))?;
+        }
+        None
     }
 
     #[inline(always)]
@@ -1738,11 +1845,57 @@ mod probes {
     #[inline(always)]
     fn judge_later(addr: u64, epoch: u64, replaces: u64) {
         if replaces != 0 {
-            let _ = GC_JUDGED.remove(&replaces);
+            forget_judged(replaces);
         }
-        if GC_JUDGED.insert(&addr, &(epoch as u32 as u64), 0).is_err() {
+        let fresh = JudgedSlot {
+            addr,
+            epoch: epoch as u32,
+            size_sent: 0,
+        };
+        // An address allocated again (its object was collected): same slot.
+        if let Some(&i) = GC_JUDGED.get_ptr(&addr).map(|p| unsafe { &*p }) {
+            if let Some(slot) = GC_SLOTS.get_ptr_mut(i) {
+                if unsafe { (*slot).addr } == addr {
+                    unsafe { *slot = fresh };
+                    return;
+                }
+            }
+        }
+        let Some(count) = GC_SLOT_COUNT.get_ptr_mut(0) else {
+            return;
+        };
+        // Threads allocate at once: each takes its own slot.
+        let mut i = 1u64;
+        unsafe {
+            core::arch::asm!(
+                "{i} = atomic_fetch_add((u64 *)({p} + 0), {i})",
+                p = in(reg) count,
+                i = inout(reg) i,
+            )
+        };
+        let Some(slot) = GC_SLOTS.get_ptr_mut(i as u32) else {
             bump(|c| &mut c.gc_unjudged);
+            return;
+        };
+        if i >= JUDGED_SLOTS as u64 || GC_JUDGED.insert(&addr, &(i as u32), 0).is_err() {
+            bump(|c| &mut c.gc_unjudged);
+            return;
         }
+        unsafe { *slot = fresh };
+    }
+
+    /// The GC object at `addr` is gone (freed): no longer judged.
+    #[inline(always)]
+    fn forget_judged(addr: u64) {
+        let Some(&i) = GC_JUDGED.get_ptr(&addr).map(|p| unsafe { &*p }) else {
+            return;
+        };
+        if let Some(slot) = GC_SLOTS.get_ptr_mut(i) {
+            if unsafe { (*slot).addr } == addr {
+                unsafe { (*slot).addr = 0 };
+            }
+        }
+        let _ = GC_JUDGED.remove(&addr);
     }
 
     /// Adds a dead block's lifetime to its site's totals (this CPU's slot).
@@ -1793,7 +1946,7 @@ mod probes {
             };
             gc_event(addr, gc_event::GONE, &gone, 0, 1);
             if setting(config::GC_VERDICTS) == 1 {
-                let _ = GC_JUDGED.remove(&addr);
+                forget_judged(addr);
             }
             return None;
         }
