@@ -755,9 +755,7 @@ pub mod maps {
     pub const REFILL: &str = "REFILL";
     /// [`KernelMarks`](super::KernelMarks), one entry.
     pub const GC_MARKS: &str = "GC_MARKS";
-    /// address → epoch: the GC objects the kernel judges at each
-    /// collection ([`config::GC_VERDICTS`](super::config::GC_VERDICTS)).
-    pub const GC_JUDGED: &str = "GC_JUDGED";
+
     /// Per-CPU [`KindLive`](super::KindLive): what `LIVE` holds, per kind.
     pub const LIVE_BY_KIND: &str = "LIVE_BY_KIND";
 }

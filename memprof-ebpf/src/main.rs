@@ -61,11 +61,12 @@ mod probes {
     };
     use memprof_common::{
         cfa, config, cookie, errno, gc_event, layout, lifetime_bucket, module_table, op, predict,
-        predictor, AllocKind, AllocSite, DwarfStack, GcEvent, KernelCounters, KindLive, LiveAlloc,
-        KernelMarks, ModuleRange, PendingCall, Predict, Refill, SiteTotals, ThreadClock, UnwindRow, CALLER_ONLY,
-        FOLD_WINDOW, GC_FREELIST_COUNTS, GC_TINY_FREELISTS, HOLD_SIGNAL, LIBRARY_LOAD_SIGNAL,
-        MAX_FRAMES, MAX_STEPS, NO_STACK, PREDICT_CHECK_EVERY, PREDICT_TRUST_AFTER, ROW_CACHE_SLOTS,
-        SAMPLE_QUANTILES, SESSION_IS_RETURN, SHORT_FRAMES, SITES_OVERFLOW, TCACHE_BINS,
+        predictor, AllocKind, AllocSite, DwarfStack, GcEvent, KernelCounters, KernelMarks,
+        KindLive, LiveAlloc, ModuleRange, PendingCall, Predict, Refill, SiteTotals, ThreadClock,
+        UnwindRow, CALLER_ONLY, FOLD_WINDOW, GC_FREELIST_COUNTS, GC_TINY_FREELISTS, HOLD_SIGNAL,
+        LIBRARY_LOAD_SIGNAL, MAX_FRAMES, MAX_STEPS, NO_STACK, PREDICT_CHECK_EVERY,
+        PREDICT_TRUST_AFTER, ROW_CACHE_SLOTS, SAMPLE_QUANTILES, SESSION_IS_RETURN, SHORT_FRAMES,
+        SITES_OVERFLOW, TCACHE_BINS,
     };
 
     /// 1: fold recursion in DWARF stacks (`--keep-recursion` sets 0). A
@@ -282,25 +283,24 @@ mod probes {
     /// in `GC_SLOTS[..GC_SLOT_COUNT]`: a collection walks those it has, not
     /// a table's capacity (a hash table's walk visits every bucket: 2.4 ms
     /// a collection at 2^17 entries). Few: refill samples, large objects.
+    /// No index by address: an object freed, or whose address is allocated
+    /// again, keeps its slot until a collection finds it unmarked; the
+    /// slots of one address get the same verdict (the address's mark), and
+    /// userspace applies it to the object the address holds.
     #[map]
     static GC_SLOTS: Array<JudgedSlot> = Array::with_max_entries(JUDGED_SLOTS, 0);
     /// `[0]`: slots in use (the first `n` of `GC_SLOTS`; may run past the
-    /// end, the objects that found none are counted). `[1]`, `[2]`: the
-    /// free and kept slots of a collection's walk (counted here, not in
-    /// the walk's own state: the verifier would follow every value).
+    /// end, the objects that found none are counted). `[1]`: the slots
+    /// kept so far by a collection's walk (counted here, not in the walk's
+    /// own state: the verifier would follow every value).
     #[map]
-    static GC_SLOT_COUNT: Array<u64> = Array::with_max_entries(3, 0);
-    /// address → its slot in `GC_SLOTS`, for frees and address reuse.
-    #[map]
-    static GC_JUDGED: HashMap<u64, u32> =
-        HashMap::with_max_entries(JUDGED_SLOTS, aya_ebpf::bindings::BPF_F_NO_PREALLOC);
-    const JUDGED_SLOTS: u32 = 1 << 17;
+    static GC_SLOT_COUNT: Array<u64> = Array::with_max_entries(2, 0);
+    const JUDGED_SLOTS: u32 = 1 << 18;
     /// Longest block index hash chain a verdict follows (they are a few
     /// entries long; a longer one fails the verdict, counted).
     const MAX_CHAIN: usize = 8;
 
-    /// One GC object judged at each collection (address 0: a free slot,
-    /// until a collection packs the slots).
+    /// One GC object judged at each collection.
     #[repr(C)]
     #[derive(Clone, Copy)]
     struct JudgedSlot {
@@ -1129,6 +1129,13 @@ mod probes {
         /// index: objects share a few regions (4 MiB each).
         region: u64,
         bottom_index: u64,
+        /// The last heap block looked up, and its header, object size and
+        /// whether it holds objects: objects allocated one after another
+        /// share blocks, and then only their mark byte is read.
+        block: u64,
+        header: u64,
+        size: u64,
+        objects: u64,
     }
 
     /// The end of collection `epoch`'s marking, world stopped (no thread
@@ -1155,13 +1162,16 @@ mod probes {
             nils,
             region: u64::MAX,
             bottom_index: 0,
+            block: u64::MAX,
+            header: 0,
+            size: 0,
+            objects: 0,
         };
         let used = unsafe { *count }.min(JUDGED_SLOTS as u64);
-        let (Some(free), Some(kept)) = (GC_SLOT_COUNT.get_ptr_mut(1), GC_SLOT_COUNT.get_ptr_mut(2))
-        else {
+        let Some(kept) = GC_SLOT_COUNT.get_ptr_mut(1) else {
             return;
         };
-        unsafe { (*free, *kept) = (0, 0) };
+        unsafe { *kept = 0 };
         unsafe {
             gen::bpf_loop(
                 used as u32,
@@ -1170,13 +1180,7 @@ mod probes {
                 0,
             )
         };
-        // The slots are packed once half of them are free: each move
-        // updates the object's slot in `GC_JUDGED`.
-        let free = unsafe { *free };
-        if free > 0 && free * 2 >= used {
-            unsafe { gen::bpf_loop(used as u32, pack_one as *mut _, core::ptr::null_mut(), 0) };
-            unsafe { *count = *kept };
-        }
+        unsafe { *count = *kept };
         let gc_no_at = if marks.gc_no_in_slot != 0 {
             read_word(marks.gc_no.wrapping_add(bias)).unwrap_or(0)
         } else {
@@ -1202,55 +1206,26 @@ mod probes {
     }
 
     /// Slot `index` of `GC_SLOTS` (a `bpf_loop` callback): judged if its
-    /// object was allocated before the collection; freed if collected.
+    /// object was allocated before the collection; moved down to the
+    /// first slot not kept yet (`GC_SLOT_COUNT[1]`) unless collected.
     extern "C" fn judge_one(index: u64, judging: *mut Judging) -> i64 {
         let judging = unsafe { &mut *judging };
-        let Some(slot) = GC_SLOTS.get_ptr_mut(index as u32) else {
+        let (Some(slot), Some(kept)) = (
+            GC_SLOTS.get(index as u32).copied(),
+            GC_SLOT_COUNT.get_ptr_mut(1),
+        ) else {
             return 1;
         };
-        let current = unsafe { *slot };
-        if current.addr == 0 {
-            count_slot(1);
-            return 0;
-        }
-        match judge_slot(&current, judging) {
-            Judged::Keep(size_sent) if size_sent != current.size_sent => unsafe {
-                (*slot).size_sent = size_sent
-            },
-            Judged::Keep(_) => {}
-            Judged::Gone => {
-                count_slot(1);
-                unsafe { (*slot).addr = 0 };
-            }
-        }
-        0
-    }
-
-    /// Adds one to `GC_SLOT_COUNT[i]`.
-    #[inline(always)]
-    fn count_slot(i: u32) {
-        if let Some(n) = GC_SLOT_COUNT.get_ptr_mut(i) {
-            unsafe { *n += 1 };
-        }
-    }
-
-    /// Slot `index` of `GC_SLOTS` (a `bpf_loop` callback): moved down to
-    /// the first slot not kept yet (`GC_SLOT_COUNT[2]`) if it holds an object.
-    extern "C" fn pack_one(index: u64, _: *mut core::ffi::c_void) -> i64 {
-        let (Some(slot), Some(kept)) = (GC_SLOTS.get(index as u32).copied(), GC_SLOT_COUNT.get_ptr_mut(2))
-        else {
-            return 1;
+        let size_sent = match judge_slot(&slot, judging) {
+            Judged::Keep(size_sent) => size_sent,
+            Judged::Gone => return 0,
         };
-        if slot.addr == 0 {
-            return 0;
-        }
         let to = unsafe { *kept };
         unsafe { *kept = to + 1 };
-        if to != index {
+        if to != index || size_sent != slot.size_sent {
             if let Some(dst) = GC_SLOTS.get_ptr_mut(to as u32) {
-                unsafe { *dst = slot };
+                unsafe { *dst = JudgedSlot { size_sent, ..slot } };
             }
-            let _ = GC_JUDGED.insert(&slot.addr, &(to as u32), 0);
         }
         0
     }
@@ -1302,10 +1277,7 @@ mod probes {
         let sent = send_gc_event(&event);
         match (marked, sent) {
             (true, sent) => Judged::Keep(u32::from(sent)),
-            (false, true) => {
-                let _ = GC_JUDGED.remove(&slot.addr);
-                Judged::Gone
-            }
+            (false, true) => Judged::Gone,
             (false, false) => Judged::Keep(slot.size_sent),
         }
     }
@@ -1316,27 +1288,21 @@ mod probes {
     /// `MarkLayout::verdict` does the same from userspace.
     #[inline(always)]
     fn verdict(marks: &KernelMarks, judging: &mut Judging, addr: u64) -> Option<(bool, u64)> {
-        let hi = addr >> marks.key_shift;
-        let bi = if hi == judging.region {
-            judging.bottom_index
-        } else {
-            let bi = bottom_index(marks, judging, hi)?;
-            judging.region = hi;
-            judging.bottom_index = bi;
-            bi
-        };
         let hblksize = 1u64 << (marks.log_hblksize & 31);
-        let slot = (addr >> (marks.log_hblksize & 31)) & marks.bottom_mask;
-        let hdr = read_word(bi.wrapping_add(marks.bi_index).wrapping_add(slot << 3))?;
+        let block = addr & !(hblksize - 1);
+        if block != judging.block {
+            let (header, size) = match block_header(marks, judging, addr)? {
+                Some(found) => found,
+                None => (0, 0),
+            };
+            (judging.block, judging.header, judging.size) = (block, header, size);
+            judging.objects = u64::from(header != 0);
+        }
         // No block, the later blocks of a large object, or a free block.
-        if hdr <= marks.max_forward {
+        if judging.objects == 0 {
             return Some((false, 0));
         }
-        let flags: u8 = unsafe { bpf_probe_read_user(hdr.wrapping_add(marks.hb_flags) as *const u8) }.ok()?;
-        if flags & marks.free_blk != 0 {
-            return Some((false, 0));
-        }
-        let size = read_word(hdr.wrapping_add(marks.hb_sz))?;
+        let (hdr, size) = (judging.header, judging.size);
         let in_block = addr & (hblksize - 1);
         // GC_base: objects are laid out from the block start, `size` apart.
         if size == 0 || addr & 7 != 0 || in_block % size != 0 {
@@ -1351,6 +1317,37 @@ mod probes {
         }
         .ok()?;
         Some((mark != 0, size))
+    }
+
+    /// The header and object size of the heap block holding `addr`;
+    /// `Some(None)` when there is none holding objects there (no block, the
+    /// later blocks of a large object, or a free block).
+    #[inline(always)]
+    fn block_header(
+        marks: &KernelMarks,
+        judging: &mut Judging,
+        addr: u64,
+    ) -> Option<Option<(u64, u64)>> {
+        let hi = addr >> marks.key_shift;
+        let bi = if hi == judging.region {
+            judging.bottom_index
+        } else {
+            let bi = bottom_index(marks, judging, hi)?;
+            judging.region = hi;
+            judging.bottom_index = bi;
+            bi
+        };
+        let slot = (addr >> (marks.log_hblksize & 31)) & marks.bottom_mask;
+        let hdr = read_word(bi.wrapping_add(marks.bi_index).wrapping_add(slot << 3))?;
+        if hdr <= marks.max_forward {
+            return Some(None);
+        }
+        let flags: u8 =
+            unsafe { bpf_probe_read_user(hdr.wrapping_add(marks.hb_flags) as *const u8) }.ok()?;
+        if flags & marks.free_blk != 0 {
+            return Some(None);
+        }
+        Some(Some((hdr, read_word(hdr.wrapping_add(marks.hb_sz))?)))
     }
 
     /// The collector's bottom index of region `hi`: through `GC_top_index`
@@ -1688,7 +1685,7 @@ mod probes {
             // an event the ring had no room for is counted as such.
             gc_event(addr, gc_event::ALLOC, &live, replaces, objects);
             if setting(config::GC_VERDICTS) == 1 {
-                judge_later(addr, epoch, replaces);
+                judge_later(addr, epoch);
             }
             true
         } else {
@@ -1840,27 +1837,9 @@ mod probes {
     }
 
     /// Has the GC object at `addr`, allocated in `epoch`, judged at the
-    /// collections from the next on (`config::GC_VERDICTS`); the block
-    /// it `replaces` (`GC_realloc`) is gone.
+    /// collections from the next on (`config::GC_VERDICTS`).
     #[inline(always)]
-    fn judge_later(addr: u64, epoch: u64, replaces: u64) {
-        if replaces != 0 {
-            forget_judged(replaces);
-        }
-        let fresh = JudgedSlot {
-            addr,
-            epoch: epoch as u32,
-            size_sent: 0,
-        };
-        // An address allocated again (its object was collected): same slot.
-        if let Some(&i) = GC_JUDGED.get_ptr(&addr).map(|p| unsafe { &*p }) {
-            if let Some(slot) = GC_SLOTS.get_ptr_mut(i) {
-                if unsafe { (*slot).addr } == addr {
-                    unsafe { *slot = fresh };
-                    return;
-                }
-            }
-        }
+    fn judge_later(addr: u64, epoch: u64) {
         let Some(count) = GC_SLOT_COUNT.get_ptr_mut(0) else {
             return;
         };
@@ -1873,29 +1852,16 @@ mod probes {
                 i = inout(reg) i,
             )
         };
-        let Some(slot) = GC_SLOTS.get_ptr_mut(i as u32) else {
-            bump(|c| &mut c.gc_unjudged);
-            return;
-        };
-        if i >= JUDGED_SLOTS as u64 || GC_JUDGED.insert(&addr, &(i as u32), 0).is_err() {
-            bump(|c| &mut c.gc_unjudged);
-            return;
+        match GC_SLOTS.get_ptr_mut(i as u32) {
+            Some(slot) if i < JUDGED_SLOTS as u64 => unsafe {
+                *slot = JudgedSlot {
+                    addr,
+                    epoch: epoch as u32,
+                    size_sent: 0,
+                }
+            },
+            _ => bump(|c| &mut c.gc_unjudged),
         }
-        unsafe { *slot = fresh };
-    }
-
-    /// The GC object at `addr` is gone (freed): no longer judged.
-    #[inline(always)]
-    fn forget_judged(addr: u64) {
-        let Some(&i) = GC_JUDGED.get_ptr(&addr).map(|p| unsafe { &*p }) else {
-            return;
-        };
-        if let Some(slot) = GC_SLOTS.get_ptr_mut(i) {
-            if unsafe { (*slot).addr } == addr {
-                unsafe { (*slot).addr = 0 };
-            }
-        }
-        let _ = GC_JUDGED.remove(&addr);
     }
 
     /// Adds a dead block's lifetime to its site's totals (this CPU's slot).
@@ -1945,9 +1911,6 @@ mod probes {
                 epoch: 0,
             };
             gc_event(addr, gc_event::GONE, &gone, 0, 1);
-            if setting(config::GC_VERDICTS) == 1 {
-                forget_judged(addr);
-            }
             return None;
         }
         match LIVE.get_ptr(&addr) {

@@ -95,17 +95,38 @@ fn assert_sites(flavour: &str, json: &Value) {
             assert!(live * 100 <= objects, "{what}: {live} live of {objects}");
         }
     }
-    // The kept array's buffer: one large object, never sampled.
+    // The kept array's buffer: one large object, never sampled. Its
+    // marked size is the collector's own, as the kernel read it at the
+    // collection (640,000 bytes and libgc's one extra byte, in 16-byte
+    // granules).
     let buffer = site(json, "gc", "Array(Kept)#initialize", "Array(Kept).new");
     assert_eq!(
         (
             uint(buffer, "/total_count"),
             uint(buffer, "/total_bytes"),
-            uint(buffer, "/live_count")
+            uint(buffer, "/live_count"),
+            uint(buffer, "/marked_count"),
+            uint(buffer, "/marked_bytes"),
         ),
-        (1, 80_000 * 8, 1),
+        (1, 80_000 * 8, 1, 1, 640_016),
         "{flavour}"
     );
+    // The samples are judged in the kernel, at each collection, not held for.
+    assert_eq!(
+        json["gc"]["liveness"], "mark bits, read by the kernel at each collection",
+        "{flavour}"
+    );
+    for counter in [
+        "collections_not_judged",
+        "objects_not_judged",
+        "verdicts_failed",
+    ] {
+        assert_eq!(
+            uint(json, &format!("/gc/{counter}")),
+            0,
+            "{flavour} {counter}"
+        );
+    }
     // A refill hands out one 4 KiB block of its size: 128 objects of 32
     // bytes (Small, 24 + 1 rounded up to 16), 85 of 48 (Kept and the
     // buffers, 32 + 1 and 40 + 1), so the fixture's own refills are about

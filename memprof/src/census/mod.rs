@@ -215,9 +215,12 @@ fn hold_and_copy(
         let _ = probes.set_traced(tid);
     })?;
     let mut attached = Attached { probes, tracer };
-    attached
-        .probes
-        .watch_collections(pid, reader.module(), &reader.collection_increments(), true)?;
+    attached.probes.watch_collections(
+        pid,
+        reader.module(),
+        &reader.collection_increments(),
+        true,
+    )?;
     // Said on a terminal only: a failure stays one line for scripts.
     if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
         eprintln!(

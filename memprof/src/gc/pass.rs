@@ -46,8 +46,8 @@ use super::lookup::{Block, Headers};
 use super::{end_of_mark, heap_stats, layout, EndOfMark, HeapStats, HeapStatsLayout};
 use super::{MarkLayout, Verdict};
 use crate::modules::{Module, ModuleCache};
-use memprof_common::KernelMarks;
 use crate::profile::{GcSummary, Lifetimes};
+use memprof_common::KernelMarks;
 
 /// Most points kept in a stack's GC history (older points are thinned out).
 const HISTORY_POINTS: usize = 64;
@@ -232,7 +232,6 @@ impl Judge {
             _pad: 0,
         }
     }
-
 
     pub fn module(&self) -> &Path {
         self.module.path()

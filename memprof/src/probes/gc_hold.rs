@@ -210,7 +210,14 @@ impl Probes {
     ) -> Result<()> {
         for &(offset, address) in increments {
             let what = format!("GC_gc_no++ at {offset:#x}");
-            self.attach_at_with_cookie(programs::GC_COLLECTION, module, offset, address, pid, &what)?;
+            self.attach_at_with_cookie(
+                programs::GC_COLLECTION,
+                module,
+                offset,
+                address,
+                pid,
+                &what,
+            )?;
             self.attached += 1;
         }
         self.hold_collections(hold)

@@ -39,7 +39,8 @@ impl Programs {
     pub(super) fn new(object: &[u8], ebpf: &Ebpf) -> Result<Programs> {
         let mut parsed = aya_obj::Object::parse(object).context("parsing the eBPF object")?;
         // As aya fixes it before loading it (this kernel has every feature).
-        let features = aya_obj::btf::BtfFeatures::new(true, true, true, true, true, true, true, true);
+        let features =
+            aya_obj::btf::BtfFeatures::new(true, true, true, true, true, true, true, true);
         parsed
             .fixup_and_sanitize_btf(&features)
             .map_err(|e| anyhow!("preparing the eBPF object's BTF: {e}"))?;
@@ -213,9 +214,9 @@ struct FuncInfo {
 /// Whether `instructions` load a function's address (`BPF_PSEUDO_FUNC`): a
 /// callback handed to a helper.
 fn passes_callback(instructions: &[bpf_insn]) -> bool {
-    instructions
-        .iter()
-        .any(|i| i.code == (BPF_LD | BPF_IMM | BPF_DW) as u8 && i.src_reg() == BPF_PSEUDO_FUNC as u8)
+    instructions.iter().any(|i| {
+        i.code == (BPF_LD | BPF_IMM | BPF_DW) as u8 && i.src_reg() == BPF_PSEUDO_FUNC as u8
+    })
 }
 
 fn load(

@@ -352,7 +352,11 @@ impl GcWatch {
     /// Whether collections are held: for every pass, or with the kernel
     /// judging, for a census that could be due.
     fn holds(&self) -> bool {
-        !self.in_kernel || self.census.as_ref().is_some_and(SessionCensus::could_be_due)
+        !self.in_kernel
+            || self
+                .census
+                .as_ref()
+                .is_some_and(SessionCensus::could_be_due)
     }
 
     /// Whether the end census asked for has been copied (or cannot be).
@@ -446,6 +450,14 @@ impl GcWatch {
     /// against the mark bits read at the hold, on a thread of its own.
     pub(super) fn after_hold(&mut self, probes: &mut Probes) -> Result<()> {
         self.finish_judging(probes)?;
+        if self.in_kernel {
+            // Held for a census only (the kernel judged the collection).
+            if let (Some(feeder), Some(census)) = (&self.feeder, &mut self.census) {
+                let (copy, intake) = (feeder.copy.clone(), feeder.intake.clone());
+                census.after_hold(move |addrs| current(&copy, &intake).tracks(addrs));
+            }
+            return Ok(());
+        }
         let (Some(feeder), Some(marks)) = (&self.feeder, self.marks.take()) else {
             return Ok(());
         };
