@@ -18,6 +18,10 @@
 //!   from the headers read ([`MarkLayout::verdict_in`]); the unmarked are
 //!   forgotten and counted as collected, with their lifetimes.
 //!
+//! With `--gc-sampling refill` the kernel judges instead, at the
+//! collection itself ([`Judge::kernel_marks`] is what it needs), and the
+//! copy settles by its verdicts ([`judged_in_kernel`]).
+//!
 //! Objects allocated after the collection started are not judged (their
 //! mark is 0 until the next one). Objects whose address is allocated again
 //! are found collected by the copy (address reuse) even if a pass was missed.

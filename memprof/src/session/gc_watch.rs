@@ -13,6 +13,11 @@
 //! ([`Judge::read_marks`]); once the collector runs again it judges the
 //! objects against them ([`Judge::judge`]). Meanwhile the feeder keeps
 //! the ring drained into a spill of its own, applied in order afterwards.
+//!
+//! With `--gc-sampling refill` the kernel judges the (few) objects itself
+//! at each collection and streams its verdicts into the same ring; the
+//! feeder settles the copy by them ([`judged_in_kernel`]), and collections
+//! are held (and `attach` traces the target) only for a census.
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -379,10 +384,18 @@ impl GcWatch {
     }
 
     /// `attach`: traces the target's threads so collectors can be held, and
-    /// attaches the collection probes. `None` without a GC heap or when
+    /// attaches the collection probes. `None` without a GC heap, when
+    /// nothing will be held (the kernel judges, no census), or when
     /// tracing is refused (then address reuse only).
     pub(super) fn trace(&mut self, probes: &mut Probes, pid: u32) -> Result<Option<Tracer>> {
         if self.judge.is_none() {
+            return Ok(None);
+        }
+        // The kernel judges and no census will hold: nothing to trace for
+        // (a traced thread's every signal stops it for memprof, and a
+        // multi-threaded collector signals each thread at each collection).
+        if self.in_kernel && self.census.is_none() {
+            self.start(probes, pid)?;
             return Ok(None);
         }
         match Tracer::seize(pid, &mut |tid| {
