@@ -42,5 +42,6 @@ pub mod sampling;
 pub mod session;
 pub mod symbolize;
 pub mod target;
+pub mod top;
 pub mod unwind;
 pub(crate) mod x86;

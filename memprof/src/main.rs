@@ -70,6 +70,32 @@ fn run(cli: Cli) -> Result<i32> {
                 }
             }
         }
+        Command::Top {
+            pid,
+            comm,
+            exe,
+            count,
+            duration,
+            session,
+        } => {
+            if pid.is_empty() && comm.is_empty() && exe.is_empty() {
+                bail!("memprof top: say which processes: --pid N, --comm NAME or --exe PATH (each repeatable)");
+            }
+            if session.sample_bytes.unwrap_or(0) > 0 {
+                bail!("memprof top shows exact live bytes: --sample-bytes does not apply (--gc-sampling refill makes GC programs cheap to watch)");
+            }
+            if count == Some(0) {
+                bail!("--count must be at least 1");
+            }
+            let duration = seconds("--duration", duration)?;
+            let refresh =
+                seconds("--interval", session.interval)?.unwrap_or(memprof::top::DEFAULT_REFRESH);
+            let mut options = session_options(&session, duration)?;
+            // The sessions print nothing of their own; the table is the view.
+            options.live = Default::default();
+            let selection = session::select::Selection::new(comm, exe)?.with_pids(pid)?;
+            session::top(&selection, &options, refresh, count)
+        }
         Command::Probes {
             pid,
             probe_at_entry,

@@ -41,6 +41,7 @@ pub mod fixture {
     /// Waits 4 s, mallocs 500 × 64 bytes at delayed_alloc, exits 1 s
     /// later (`fixtures/c/delayed.c`).
     pub const DELAYED: &str = env!("FIXTURE_DELAYED");
+    pub const GROWER: &str = env!("FIXTURE_GROWER");
     pub const BENCH_LOOP: &str = env!("FIXTURE_BENCH_LOOP");
     pub const NO_LIBC: &str = env!("FIXTURE_NO_LIBC");
     /// dlopen/dlclose of libm.so.6 in a loop, forever (`fixtures/c/dlopen_loop.c`).

@@ -29,7 +29,7 @@ fn numbers(line: &str) -> Vec<u64> {
 }
 
 /// The census row of type id `id` (None if the census has none).
-fn row<'a>(census: &'a Value, id: u64) -> Option<&'a Value> {
+fn row(census: &Value, id: u64) -> Option<&Value> {
     let rows: Vec<&Value> = census["types"]
         .as_array()
         .expect("census types")

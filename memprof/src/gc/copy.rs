@@ -809,6 +809,17 @@ impl GcCopy {
     pub fn per_kind(&self) -> [[u64; 2]; 4] {
         self.per_kind
     }
+
+    /// GC objects allocated so far (estimated with refill sampling), and
+    /// the allocations recorded for them (a refill sample is one): the
+    /// sites' sums, O(sites).
+    pub fn allocated_so_far(&self) -> (u64, u64) {
+        self.sites
+            .iter()
+            .fold((0, 0), |(objects, records), (_, s)| {
+                (objects + s.allocated_count, records + s.records)
+            })
+    }
 }
 
 #[cfg(test)]

@@ -145,16 +145,15 @@ impl Probes {
         pid: u32,
         what: &str,
     ) -> Result<()> {
-        self.attach_at_with_cookie(program, module, offset, 0, pid, what)
+        self.attach_at_with_cookie(program, module, (offset, 0), pid, what)
     }
 
-    /// [`Self::attach_at`], the probe's attach cookie `cookie`.
+    /// [`Self::attach_at`] at `(offset, cookie)`: the probe's attach cookie.
     pub(super) fn attach_at_with_cookie(
         &mut self,
         program: &'static str,
         module: &Module,
-        offset: u64,
-        cookie: u64,
+        (offset, cookie): (u64, u64),
         pid: u32,
         what: &str,
     ) -> Result<()> {

@@ -213,8 +213,7 @@ impl Probes {
             self.attach_at_with_cookie(
                 programs::GC_COLLECTION,
                 module,
-                offset,
-                address,
+                (offset, address),
                 pid,
                 &what,
             )?;
@@ -312,6 +311,11 @@ impl Probes {
     /// GC events the ring buffer had no room for (summed over CPUs).
     pub fn gc_events_lost(&self) -> Result<u64> {
         Ok(self.kernel_counters()?.gc_events_lost)
+    }
+
+    /// Collections the kernel saw (summed over CPUs).
+    pub fn collections_seen(&self) -> Result<u64> {
+        Ok(self.kernel_counters()?.gc_collections)
     }
 
     /// Collections the kernel saw and could not hold for (summed over CPUs).

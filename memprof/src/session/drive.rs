@@ -223,12 +223,40 @@ pub fn attach(pid: u32, options: &SessionOptions) -> Result<i32> {
 /// runs (found within [`select::RESCAN`]), each from its attach on, until
 /// Ctrl-C, SIGTERM or `--duration`; one profile, one process each.
 pub fn attach_matching(selection: &Selection, options: &SessionOptions) -> Result<i32> {
+    watch_matching(selection, options, None)
+}
+
+/// `memprof top`: [`attach_matching`] with the processes' heaps shown
+/// every `refresh` (`count` times, or until `q`, Ctrl-C, SIGTERM,
+/// `--duration`); a profile is written only if `-o` asks for one.
+pub fn top(
+    selection: &Selection,
+    options: &SessionOptions,
+    refresh: Duration,
+    count: Option<u32>,
+) -> Result<i32> {
+    watch_matching(selection, options, Some((refresh, count)))
+}
+
+/// The processes `selection` names, each with a session of its own, until
+/// the end; with `top` (`refresh`, `count`), shown as a table.
+fn watch_matching(
+    selection: &Selection,
+    options: &SessionOptions,
+    top: Option<(Duration, Option<u32>)>,
+) -> Result<i32> {
     let signals = Signals::block()?;
-    let mut output = Output::create(
-        options.output.as_ref(),
-        Path::new(&selection_name(selection)),
-        None,
-    )?;
+    let mut output = match (top, &options.output) {
+        (Some(_), None) => None,
+        _ => Some(Output::create(
+            options.output.as_ref(),
+            Path::new(&selection_name(selection)),
+            None,
+        )?),
+    };
+    let mut view = top.map(|_| crate::top::View::new());
+    let mut next_refresh = Instant::now();
+    let mut refreshes = 0u32;
     let mut followed = Followed::default();
     let mut seen = std::collections::HashSet::new();
     let deadline = options.duration.map(|d| Instant::now() + d);
@@ -239,7 +267,12 @@ pub fn attach_matching(selection: &Selection, options: &SessionOptions) -> Resul
         n => format!(", sampled (--sample-bytes {n}; 0: every allocation)"),
     };
     eprintln!(
-        "memprof: profiling every process of {} (now and as they start){sampled}; Ctrl-C to stop{}",
+        "memprof: {} every process of {} (now and as they start){sampled}; Ctrl-C to stop{}",
+        if top.is_some() {
+            "watching"
+        } else {
+            "profiling"
+        },
         selection.describe(),
         options
             .duration
@@ -255,7 +288,28 @@ pub fn attach_matching(selection: &Selection, options: &SessionOptions) -> Resul
                 }
             }
         }
-        let wait = followed.timeout(select::RESCAN);
+        if let (Some(view), Some((refresh, count))) = (&mut view, top) {
+            if Instant::now() >= next_refresh {
+                let vitals: Vec<_> = followed
+                    .running
+                    .iter_mut()
+                    .filter_map(|s| s.vitals().ok())
+                    .collect();
+                view.refresh(&vitals, &selection.describe())?;
+                refreshes += 1;
+                next_refresh += refresh;
+                if count.is_some_and(|n| refreshes >= n) {
+                    break;
+                }
+            }
+            if view.quit_pressed() {
+                break;
+            }
+        }
+        let mut wait = followed.timeout(select::RESCAN);
+        if top.is_some() {
+            wait = wait.min(next_refresh.saturating_duration_since(Instant::now()));
+        }
         if let Some(libc::SIGINT | libc::SIGTERM) = signals.wait(wait) {
             break;
         }
@@ -264,7 +318,17 @@ pub fn attach_matching(selection: &Selection, options: &SessionOptions) -> Resul
             break;
         }
     }
+    // The terminal is given back before anything else is printed.
+    drop(view);
     let mut profiles = followed.finish();
+    let Some(output) = &mut output else {
+        eprintln!(
+            "memprof: watched {} process{}; each runs on, untraced",
+            profiles.len(),
+            if profiles.len() == 1 { "" } else { "es" }
+        );
+        return Ok(0);
+    };
     if profiles.is_empty() {
         bail!(
             "no process of {} ran while memprof watched ({:.1} s): nothing to write",

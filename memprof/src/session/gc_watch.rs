@@ -154,6 +154,8 @@ struct Feeder {
     copy: Arc<Mutex<GcCopy>>,
     /// The copy's per-kind figures when last read.
     per_kind: [[u64; 2]; 4],
+    /// The copy's allocated objects and records when last read.
+    allocated: (u64, u64),
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -213,6 +215,7 @@ impl Feeder {
             intake,
             copy,
             per_kind: [[0; 2]; 4],
+            allocated: (0, 0),
             stop,
             thread: Some(thread),
         })
@@ -553,6 +556,17 @@ impl GcWatch {
             feeder.per_kind = copy.per_kind();
         }
         Some(feeder.per_kind)
+    }
+
+    /// GC objects allocated so far and the allocations recorded for them,
+    /// as the copy has counted them ([`GcCopy::allocated_so_far`]; the last
+    /// figures read if the copy is busy); `None` without a copy.
+    pub(super) fn allocated(&mut self) -> Option<(u64, u64)> {
+        let feeder = self.feeder.as_mut()?;
+        if let Ok(copy) = feeder.copy.try_lock() {
+            feeder.allocated = copy.allocated_so_far();
+        }
+        Some(feeder.allocated)
     }
 
     /// The collector's heap figures, while the target's memory is readable.

@@ -28,7 +28,7 @@ pub mod select;
 pub(crate) mod signals;
 pub(crate) mod start;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Result;
@@ -45,7 +45,7 @@ use crate::target::trace::{Event, Tracer};
 use crate::target::Target;
 use crate::{heap, symbolize};
 
-pub use drive::{attach, attach_matching, run};
+pub use drive::{attach, attach_matching, run, top};
 use gc_watch::GcWatch;
 use output::Output;
 pub use plan::{plan_for_pid, Choice, Plan};
@@ -170,6 +170,20 @@ impl SessionOptions {
             quiet: self.followed,
         }
     }
+}
+
+/// What `memprof top` shows of one process ([`Session::vitals`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Vitals {
+    pub pid: u32,
+    /// The program's file name.
+    pub command: String,
+    /// Live bytes now (libc, mmap and GC).
+    pub live_bytes: u64,
+    /// Allocations so far (GC objects estimated with refill sampling).
+    pub allocations: u64,
+    /// GC collections seen so far.
+    pub collections: u64,
 }
 
 /// How the session started: `run` launched the target, `attach` found it running.
@@ -333,18 +347,52 @@ impl Session {
         update_ranges(&mut self.probes, &self.plan, &mut self.maps, pid)
     }
 
+    /// Live blocks and bytes per kind now: the kernel's table's and the GC
+    /// copy's running figures (O(1)).
+    fn live_per_kind(&mut self) -> Result<[[u64; 2]; 4]> {
+        let mut per_kind = self.tables.live_by_kind()?;
+        if let Some(gc) = self.gc.per_kind() {
+            for (sum, gc) in per_kind.iter_mut().zip(gc) {
+                sum[0] += gc[0];
+                sum[1] += gc[1];
+            }
+        }
+        Ok(per_kind)
+    }
+
+    /// What `memprof top` shows of the process, read cheaply: live bytes,
+    /// allocations and collections so far.
+    pub fn vitals(&mut self) -> Result<Vitals> {
+        let live_bytes = self.live_per_kind()?.iter().map(|k| k[1]).sum();
+        let counters = self.tables.counters()?;
+        // GC objects come from the copy when there is one (refill samples
+        // stand for their lists); the kernel's count holds the rest.
+        let allocations = match self.gc.allocated() {
+            Some((objects, records)) => counters.allocs.saturating_sub(records) + objects,
+            None => counters.allocs,
+        };
+        Ok(Vitals {
+            pid: self.pid(),
+            command: self.target.command.first().map_or_else(
+                || self.target.exe.display().to_string(),
+                |argv0| {
+                    Path::new(argv0)
+                        .file_name()
+                        .map_or_else(|| argv0.clone(), |n| n.to_string_lossy().into_owned())
+                },
+            ),
+            live_bytes,
+            allocations,
+            collections: self.probes.collections_seen().unwrap_or(0),
+        })
+    }
+
     /// Timeline samples, `--interval` tables and `--snapshot-every` files, when due.
     fn tick_live(&mut self) -> Result<Step> {
         let due = self.live.due();
         if due.sample {
             let t0 = Instant::now();
-            let mut per_kind = self.tables.live_by_kind()?;
-            if let Some(gc) = self.gc.per_kind() {
-                for (sum, gc) in per_kind.iter_mut().zip(gc) {
-                    sum[0] += gc[0];
-                    sum[1] += gc[1];
-                }
-            }
+            let per_kind = self.live_per_kind()?;
             let gc_heap = self.gc.heap_size_now();
             self.live
                 .sample(t0, crate::live::PerKind::from_array(per_kind), gc_heap);

@@ -1,4 +1,4 @@
-//! `attach --comm NAME` / `--exe PATH`: which processes a selection names,
+//! `attach --comm NAME` / `--exe PATH` (and `top --pid`): which processes a selection names,
 //! now and as they start (memprof looks again every [`RESCAN`]).
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -16,6 +16,8 @@ pub struct Selection {
     pub comms: Vec<String>,
     /// Executables, as given (compared as the files they name).
     pub exes: Vec<PathBuf>,
+    /// Processes named by pid (`memprof top --pid`): selected while alive.
+    pub pids: Vec<u32>,
 }
 
 impl Selection {
@@ -29,12 +31,28 @@ impl Selection {
                 Err(err) => bail!("--exe {}: {err}", e.display()),
             })
             .collect::<Result<_>>()?;
-        Ok(Selection { comms, exes })
+        Ok(Selection {
+            comms,
+            exes,
+            pids: Vec::new(),
+        })
+    }
+
+    /// Also selects `pids` (each must be running now).
+    pub fn with_pids(mut self, pids: Vec<u32>) -> Result<Selection> {
+        for &pid in &pids {
+            if pid == 0 || !crate::target::is_alive(pid) {
+                bail!("no process with pid {pid}");
+            }
+        }
+        self.pids = pids;
+        Ok(self)
     }
 
     /// What it selects, for messages and the profile's name.
     pub fn describe(&self) -> String {
-        let mut words: Vec<String> = self.comms.iter().map(|c| format!("--comm {c}")).collect();
+        let mut words: Vec<String> = self.pids.iter().map(|p| format!("--pid {p}")).collect();
+        words.extend(self.comms.iter().map(|c| format!("--comm {c}")));
         words.extend(self.exes.iter().map(|e| format!("--exe {}", e.display())));
         words.join(" ")
     }
@@ -54,6 +72,9 @@ impl Selection {
     }
 
     fn selects(&self, pid: u32) -> bool {
+        if self.pids.contains(&pid) {
+            return true;
+        }
         let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
         // Kernel threads have no executable.
         let Some(exe) = exe else {
