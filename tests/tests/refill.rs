@@ -229,3 +229,48 @@ fn refill_with_another_sampling_is_one_clear_error() {
         assert_one_line_error(&output, words);
     }
 }
+
+/// Four threads, each with its own free lists, sampled concurrently (the
+/// kernel's table of judged objects takes a slot per sample atomically),
+/// and sites whose samples mix sizes (16 to 80 bytes: a bigger size's list
+/// holds fewer objects). Every object is kept, so each site's live bytes
+/// are exactly its allocated bytes, whatever the estimate of those (a byte
+/// of a sample stands for the bytes of its list, not for the site's
+/// average number of objects per sample).
+#[test]
+fn threads_and_mixed_sizes_all_kept() {
+    let dir = TempDir::new("refill-threads");
+    let json = run_refill(&dir, fixture::GC_THREADS);
+    for (kind, function, bytes) in [
+        ("gc", "alloc_scanned", 9_600_000),
+        ("gc_atomic", "alloc_atomic", 9_599_936),
+    ] {
+        let g = group_at(&json, kind, function);
+        let allocated = uint(g, "/total_bytes");
+        within(
+            &format!("{function} allocated bytes"),
+            allocated,
+            bytes,
+            0.10,
+        );
+        within(
+            &format!("{function} allocated"),
+            uint(g, "/total_count"),
+            200_000,
+            0.10,
+        );
+        assert_eq!(
+            uint(g, "/live_bytes"),
+            allocated,
+            "{function}: all kept\n{g:#}"
+        );
+        assert_eq!(
+            uint(g, "/live_count"),
+            uint(g, "/total_count"),
+            "{function}: all kept"
+        );
+    }
+    for counter in ["objects_not_judged", "verdicts_failed"] {
+        assert_eq!(uint(&json, &format!("/gc/{counter}")), 0, "{counter}");
+    }
+}

@@ -295,6 +295,7 @@ impl GcCopy {
         totals.allocated_count += objects;
         totals.allocated_bytes += block.size * objects;
         totals.records += 1;
+        totals.record_bytes += block.size;
         if !Record::holds(addr) {
             self.unrepresentable += 1;
             return;
@@ -559,9 +560,8 @@ impl GcCopy {
         self.per_kind = [[0; 2]; 4];
         for (site, s) in &self.sites {
             let k = &mut self.per_kind[site.kind as usize & 3];
-            let f = s.objects_per_record();
-            k[0] += (s.tracked_count as f64 * f).round() as u64;
-            k[1] += (s.tracked_bytes as f64 * f).round() as u64;
+            k[0] += (s.tracked_count as f64 * s.objects_per_record()).round() as u64;
+            k[1] += (s.tracked_bytes as f64 * s.bytes_per_record_byte()).round() as u64;
         }
         if let Some(j) = &judging {
             // Marked counts are "as of the last pass"; every site gets a
@@ -573,9 +573,8 @@ impl GcCopy {
             let (mut count, mut bytes_all) = (0.0, 0.0);
             for (n, ((_, s), &(marked, bytes))) in sites.enumerate() {
                 // What the collector's marks stand for (sampled refills).
-                let f = s.objects_per_record();
-                count += marked as f64 * f;
-                bytes_all += bytes as f64 * f;
+                count += marked as f64 * s.objects_per_record();
+                bytes_all += bytes as f64 * s.bytes_per_record_byte();
                 (s.marked_count, s.marked_bytes) = (marked, bytes);
                 if n < j.sites {
                     super::pass::push_point(&mut s.history, [j.gc_no, marked]);
