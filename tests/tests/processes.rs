@@ -320,3 +320,48 @@ fn attach_by_program_name_takes_running_and_new_processes() {
         "{stderr}"
     );
 }
+
+/// A pipeline forks its programs at once: the second `exec`s while memprof
+/// starts the first one's session (~0.5 s). It is still followed from its
+/// `exec` (it once was taken for a forked worker by its age, let go, and
+/// missed).
+#[test]
+fn both_programs_of_a_pipeline_are_followed() {
+    let dir = TempDir::new("processes_pipeline");
+    let profile = dir.join("pipeline.mprof");
+    let basic = fixture::BASIC;
+    let script = format!("{basic} one | {basic} two; :");
+    let output = run_ok([
+        "run",
+        "-o",
+        profile.to_str().unwrap(),
+        "--",
+        "/bin/sh",
+        "-c",
+        &script,
+    ]);
+    let json = report_json(&profile);
+    let processes = json["processes"].as_array().expect("processes");
+    let summary = summary(processes);
+    assert_eq!(processes.len(), 3, "{summary:#?}");
+    assert!(
+        processes.iter().all(|p| p["profiled"] == true),
+        "{summary:#?}\n{}",
+        describe(&output)
+    );
+    let mut commands: Vec<Vec<String>> = processes[1..]
+        .iter()
+        .map(|p| serde_json::from_value(p["command"].clone()).unwrap())
+        .collect();
+    commands.sort();
+    assert_eq!(
+        commands,
+        vec![
+            vec![basic.to_string(), "one".to_string()],
+            vec![basic.to_string(), "two".to_string()]
+        ],
+        "{summary:#?}"
+    );
+    let pids: Vec<u64> = processes[1..].iter().map(|p| uint(p, "/pid")).collect();
+    assert_once_in_each(&json, "make_foo", &pids, MAKE_FOO);
+}

@@ -19,6 +19,8 @@ pub struct Member {
     pub command: Vec<String>,
     pub exe: String,
     pub started: Instant,
+    /// When memprof last let it run after a stop of one of its threads.
+    pub resumed: Instant,
     /// When it exited, and how, if it did while followed.
     pub ended: Option<(Instant, ExitStatus)>,
     /// It `exec`ed a program and was handed to a session of its own.
@@ -37,6 +39,7 @@ impl Member {
             command: Vec::new(),
             exe: String::new(),
             started: Instant::now(),
+            resumed: Instant::now(),
             ended: None,
             handed_over: false,
             ns_pid: namespace_pid(pid),

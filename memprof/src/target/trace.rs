@@ -167,14 +167,33 @@ impl Tracer {
         unsafe { libc::ptrace(libc::PTRACE_DETACH, pid as i32, 0, 0) };
     }
 
-    /// The members forked at least `age` ago that never `exec`ed and still
-    /// run (workers): let go here, for a session to attach to each.
+    /// The members that have run at least `age` since memprof last
+    /// stopped them and never `exec`ed (workers): let go here, for a
+    /// session to attach to each. Not since their fork: one whose first
+    /// stop waited while memprof was busy has hardly run.
     pub fn take_forked(&mut self, age: std::time::Duration) -> Vec<u32> {
+        // One with a change not handled yet (an `exec` that came while
+        // memprof was busy, say starting another member's session: a
+        // pipeline forks its programs at once) is not judged by its age.
+        let threads_of = |pid: u32| {
+            let mut tids: Vec<u32> = self
+                .member_threads
+                .iter()
+                .filter(|(_, &p)| p == pid)
+                .map(|(&tid, _)| tid)
+                .collect();
+            tids.push(pid);
+            tids
+        };
         let ripe: Vec<u32> = self
             .members
             .values()
-            .filter(|m| !m.handed_over && m.ended.is_none() && m.started.elapsed() >= age)
+            .filter(|m| !m.handed_over && m.ended.is_none() && m.resumed.elapsed() >= age)
             .map(|m| m.pid)
+            .filter(|&pid| {
+                let tids = threads_of(pid);
+                !has_queued(self.pid, &tids) && !tids.iter().any(|&tid| change_pending(tid))
+            })
             .collect();
         if ripe.is_empty() {
             return ripe;
@@ -367,6 +386,10 @@ impl Tracer {
     /// are delivered, what it starts is followed, its `exec` and exit
     /// recorded.
     fn member_event(&mut self, tid: u32, pid: u32, status: i32) {
+        // It runs again from here (unless held below).
+        if let Some(member) = self.members.get_mut(&pid) {
+            member.resumed = Instant::now();
+        }
         if let Some(exit) = ExitStatus::from_wait(status) {
             self.member_threads.remove(&tid);
             if tid == pid {
@@ -540,6 +563,27 @@ fn let_go_threads(mut left: Vec<u32>, taken: &mut HashMap<u32, i32>) {
         };
         unsafe { libc::ptrace(libc::PTRACE_DETACH, tid as i32, 0, signal as libc::c_long) };
     }
+}
+
+/// Whether a change of one of threads `tids` was taken for tracer
+/// `tracer` and not handled yet.
+fn has_queued(tracer: u32, tids: &[u32]) -> bool {
+    ROUTER.with(|r| {
+        r.borrow()
+            .queued
+            .get(&tracer)
+            .is_some_and(|queue| queue.iter().any(|(tid, _)| tids.contains(tid)))
+    })
+}
+
+/// Whether the kernel has a state change of thread `tid` to report (left
+/// to be reported: `WNOWAIT`).
+fn change_pending(tid: u32) -> bool {
+    // SAFETY: siginfo_t is plain data, filled by waitid.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    let flags = libc::WSTOPPED | libc::WEXITED | libc::WNOHANG | libc::WNOWAIT | libc::__WALL;
+    let r = unsafe { libc::waitid(libc::P_PID, tid as libc::id_t, &mut info, flags) };
+    r == 0 && unsafe { info.si_pid() } != 0
 }
 
 /// The changes already taken for tracer `tracer` of threads `tids`; the
