@@ -771,6 +771,10 @@ pub mod globals {
     /// `u32`, 1: sample allocations (`--sample-bytes`, distances in
     /// `SAMPLE_DISTANCES`), 0: follow every one (default).
     pub const SAMPLING: &str = "SAMPLING";
+    /// `u32`, 1: Boehm GC allocations are sampled at the collector's refills
+    /// (`--gc-sampling refill`): the GC functions probed are followed
+    /// whatever `SAMPLING` draws (it samples the others by bytes).
+    pub const GC_REFILL: &str = "GC_REFILL";
 }
 
 /// Indexes into the `CONFIG` array.

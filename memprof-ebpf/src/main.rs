@@ -79,6 +79,10 @@ mod probes {
     /// 1: sample allocations (`--sample-bytes`), 0: follow every one.
     #[unsafe(no_mangle)]
     static SAMPLING: Global<u32> = Global::new(0);
+    /// 1: GC allocations are sampled at refills (`--gc-sampling refill`):
+    /// the GC calls probed are not drawn by `SAMPLING`.
+    #[unsafe(no_mangle)]
+    static GC_REFILL: Global<u32> = Global::new(0);
 
     /// Bytes to the next sample point, per CPU (0: not drawn yet).
     #[map]
@@ -358,7 +362,8 @@ mod probes {
         // so an outer call is followed with the same probability, and a
         // nested one is never recorded (below).
         let mut unsampled = 0;
-        if SAMPLING.load() == 1 && !sampled(size) {
+        let drawn = SAMPLING.load() == 1 && !(GC_REFILL.load() == 1 && is_gc(kind));
+        if drawn && !sampled(size) {
             bump(|c| &mut c.unsampled_allocs);
             // Not followed: no stack, no return probe work. Except a
             // realloc of a tracked block: its return must still release it.

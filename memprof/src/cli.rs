@@ -243,7 +243,8 @@ pub struct SessionArgs {
     /// scale each stack's counts and bytes to unbiased estimates and say so.
     /// Frees of blocks not sampled count as frees of unknown blocks.
     /// 0 follows every allocation [default: 0; 524288 for attach --comm
-    /// and --exe, unless --gc-sampling refill].
+    /// and --exe]. With --gc-sampling refill it samples the other
+    /// allocators (libc), GC ones being sampled at the refills.
     #[arg(long, value_name = "N")]
     pub sample_bytes: Option<u64>,
     /// How Boehm GC allocations are followed. exact: every GC_malloc and
@@ -258,9 +259,12 @@ pub struct SessionArgs {
     /// scale counts and bytes to estimates and say so. Needs mark bits
     /// (--gc-liveness marks) and DWARF unwinding; where the target's libgc
     /// lacks those functions memprof says so and samples by bytes
-    /// (--sample-bytes 524288) instead. libc allocations stay exact.
-    #[arg(long, value_enum, default_value_t = GcSampling::Exact, value_name = "HOW")]
-    pub gc_sampling: GcSampling,
+    /// (--sample-bytes 524288) instead. libc allocations stay exact, or
+    /// sampled by --sample-bytes if given. [default: exact; refill for
+    /// attach --comm/--exe and top, with --gc-liveness marks and DWARF
+    /// unwinding]
+    #[arg(long, value_enum, value_name = "HOW")]
+    pub gc_sampling: Option<GcSampling>,
     /// How dead Boehm GC objects are found. marks: after every collection,
     /// read the collector's own mark bits (memprof traces the target with
     /// ptrace and holds the collecting thread, world already stopped, while

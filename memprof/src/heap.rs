@@ -190,7 +190,10 @@ pub fn collect(maps: &HeapMaps, gc: Option<GcFigures<'_>>) -> Result<RawGroups> 
     }
     let mut groups = grouper.groups;
     if maps.sample_bytes > 0 {
-        for group in &mut groups {
+        // GC groups sampled at refills are estimates already (`add_gc`).
+        let refilled =
+            |g: &RawGroup| maps.gc_refill && matches!(g.kind, AllocKind::Gc | AllocKind::GcAtomic);
+        for group in groups.iter_mut().filter(|g| !refilled(g)) {
             group.scale_sampled(maps.sample_bytes);
         }
     }

@@ -63,9 +63,10 @@ fn run(cli: Cli) -> Result<i32> {
                 Some(pid) => session::attach(pid, &options),
                 None => {
                     // Many processes: sampled unless asked otherwise.
-                    if session.sample_bytes.is_none() && session.gc_sampling != GcSampling::Refill {
+                    if session.sample_bytes.is_none() {
                         options.probes.sample_bytes = SELECTION_SAMPLE_BYTES;
                     }
+                    selection_gc_sampling(&session, &mut options);
                     session::attach_matching(&session::select::Selection::new(comm, exe)?, &options)
                 }
             }
@@ -93,6 +94,7 @@ fn run(cli: Cli) -> Result<i32> {
             let mut options = session_options(&session, duration)?;
             // The sessions print nothing of their own; the table is the view.
             options.live = Default::default();
+            selection_gc_sampling(&session, &mut options);
             let selection = session::select::Selection::new(comm, exe)?.with_pids(pid)?;
             session::top(&selection, &options, refresh, count)
         }
@@ -170,6 +172,19 @@ fn refuse_attach_flags(first: &str) -> Result<()> {
 /// `attach --comm/--exe`'s `--sample-bytes` when none is given.
 const SELECTION_SAMPLE_BYTES: u64 = 524_288;
 
+/// Processes selected by name (`attach --comm/--exe`, `top`): GC
+/// allocations sampled at the collector's refills unless asked otherwise
+/// (or refill sampling is ruled out: reuse liveness, frame pointers); a
+/// process whose libgc lacks the functions falls back to bytes, quietly.
+fn selection_gc_sampling(args: &SessionArgs, options: &mut session::SessionOptions) {
+    if args.gc_sampling.is_none()
+        && args.gc_liveness == GcLiveness::Marks
+        && args.unwind != Unwind::Fp
+    {
+        options.gc_sampling = GcSampling::Refill;
+    }
+}
+
 fn session_options(args: &SessionArgs, duration: Option<Duration>) -> Result<SessionOptions> {
     for (name, value) in [
         ("--max-live", args.max_live),
@@ -180,10 +195,8 @@ fn session_options(args: &SessionArgs, duration: Option<Duration>) -> Result<Ses
             bail!("{name} must be at least 1");
         }
     }
-    if args.gc_sampling == GcSampling::Refill {
-        if args.sample_bytes.unwrap_or(0) > 0 {
-            bail!("--gc-sampling refill and --sample-bytes sample GC allocations two ways: choose one");
-        }
+    let gc_sampling = args.gc_sampling.unwrap_or(GcSampling::Exact);
+    if gc_sampling == GcSampling::Refill {
         if args.gc_liveness == GcLiveness::Reuse {
             bail!("--gc-sampling refill needs --gc-liveness marks (a sample's objects are judged by the collector's mark bits)");
         }
@@ -201,6 +214,8 @@ fn session_options(args: &SessionArgs, duration: Option<Duration>) -> Result<Ses
             gc_events_bytes: 0, // sized by the session when GC objects are judged
             keep_recursion: args.keep_recursion,
             sample_bytes: args.sample_bytes.unwrap_or(0),
+            // Set by the plan, which knows whether the target's libgc allows it.
+            gc_refill: false,
         },
         probe_at_entry: args.probe_at_entry,
         duration,
@@ -208,7 +223,7 @@ fn session_options(args: &SessionArgs, duration: Option<Duration>) -> Result<Ses
         unwind: args.unwind,
         top: args.top,
         gc_liveness: args.gc_liveness,
-        gc_sampling: args.gc_sampling,
+        gc_sampling,
         census: args.census,
         census_wait: match args.census_wait {
             s if s >= 0.0 && s.is_finite() => Duration::from_secs_f64(s),

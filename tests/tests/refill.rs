@@ -210,12 +210,8 @@ fn allocations_in_step_with_the_lists_alias() {
 }
 
 #[test]
-fn refill_with_another_sampling_is_one_clear_error() {
+fn refill_without_what_it_needs_is_one_clear_error() {
     for (extra, words) in [
-        (
-            &["--sample-bytes", "4096"][..],
-            &["--gc-sampling refill", "--sample-bytes", "choose one"][..],
-        ),
         (&["--unwind", "fp"][..], &["--unwind dwarf"][..]),
         (
             &["--gc-liveness", "reuse"][..],
@@ -227,6 +223,38 @@ fn refill_with_another_sampling_is_one_clear_error() {
         args.extend(["--", "/bin/true"]);
         let output = run(args);
         assert_one_line_error(&output, words);
+    }
+}
+
+/// `--gc-sampling refill --sample-bytes N`: GC allocations at the refills,
+/// the others (libc) by bytes; the GC figures are not scaled a second time
+/// (the large buffer stays exactly one object), and both samplings are said.
+#[test]
+fn refill_with_libc_sampled_by_bytes() {
+    let dir = TempDir::new("refill-mixed");
+    let profile = dir.join("mixed.mprof");
+    run_ok([
+        "run",
+        "--gc-sampling",
+        "refill",
+        "--sample-bytes",
+        "4096",
+        "-o",
+        profile.to_str().unwrap(),
+        "--",
+        REFILL_SITES_DEBUG,
+    ]);
+    let json = report_json(&profile);
+    assert_eq!(json["gc_sampling"], "refill");
+    assert_eq!(uint(&json, "/sample_bytes"), 4096);
+    assert_sites("debug, libc by bytes", &json);
+    let markdown = report(&profile, "markdown", &[]);
+    for line in [
+        "Sampled: one allocation followed per 4,096 bytes",
+        "allocations other than the GC's",
+        "GC allocations sampled at the collector's free-list refills",
+    ] {
+        assert!(markdown.contains(line), "no {line:?} in\n{markdown}");
     }
 }
 

@@ -55,6 +55,9 @@ pub struct ProbeOptions {
     /// Sampling: mean bytes between sample points (`--sample-bytes`); 0
     /// follows every allocation.
     pub sample_bytes: u64,
+    /// GC allocations are sampled at refills (`--gc-sampling refill`):
+    /// `sample_bytes` samples the other allocators only.
+    pub gc_refill: bool,
 }
 
 impl ProbeOptions {
@@ -69,6 +72,7 @@ impl ProbeOptions {
             gc_events_bytes: 0,
             keep_recursion: false,
             sample_bytes: 0,
+            gc_refill: false,
         }
     }
 }
@@ -95,6 +99,8 @@ pub struct Probes {
     modules: ModuleTable,
     /// Sampling's mean distance (`--sample-bytes`), 0 without.
     sample_bytes: u64,
+    /// GC allocations sampled at refills ([`ProbeOptions::gc_refill`]).
+    gc_refill: bool,
     /// Stacks are unwound with the CFI tables (`DWARF_STACKS`), not frame pointers.
     dwarf: bool,
     /// Some allocator's results are read at its entry ([`crate::predict`]):
@@ -123,10 +129,12 @@ impl Probes {
         };
         let fold_recursion = u32::from(!options.keep_recursion);
         let sampling = u32::from(options.sample_bytes > 0);
+        let gc_refill = u32::from(options.gc_refill);
         let dwarf = u32::from(unwind_tables.is_some());
         let mut ebpf = EbpfLoader::new()
             .override_global(globals::FOLD_RECURSION, &fold_recursion, true)
             .override_global(globals::SAMPLING, &sampling, true)
+            .override_global(globals::GC_REFILL, &gc_refill, true)
             .override_global(globals::UNWIND_DWARF, &dwarf, true)
             .map_max_entries(maps::LIVE, options.max_live)
             .map_max_entries(maps::STACKS, fp_stacks)
@@ -150,6 +158,7 @@ impl Probes {
             predict: false,
             modules: ModuleTable::default(),
             sample_bytes: options.sample_bytes,
+            gc_refill: options.gc_refill,
             dwarf: unwind_tables.is_some(),
         };
         if options.sample_bytes > 0 {

@@ -104,6 +104,8 @@ pub struct HeapMaps {
     dwarf: bool,
     /// Allocations were sampled with this mean distance (`--sample-bytes`); 0: all followed.
     pub sample_bytes: u64,
+    /// GC allocations were sampled at refills, not by `sample_bytes`.
+    pub gc_refill: bool,
     /// `--gc-sampling refill`: where `GC_malloc_kind` is in the target. A
     /// refill's stack starts with its frame (the kernel unwinds from the
     /// refill), left out here so that samples and exact allocations of
@@ -225,6 +227,7 @@ impl Probes {
             short_stacks: HashMap::try_from(open(maps::SHORT_STACKS)?)?,
             dwarf: self.dwarf,
             sample_bytes: self.sample_bytes,
+            gc_refill: self.gc_refill,
             refill_frame: None,
             counters: PerCpuArray::try_from(open(maps::COUNTERS)?)?,
             live_by_kind: PerCpuArray::try_from(open(maps::LIVE_BY_KIND)?)?,

@@ -156,9 +156,15 @@ pub fn header(profile: &Profile, out: &mut dyn Write) -> Result<()> {
     writeln!(out)?;
     processes(profile, out)?;
     if profile.sample_bytes > 0 {
+        // With refill sampling the GC allocations are sampled apart (below).
+        let which = if profile.gc_sampling == "refill" {
+            " (allocations other than the GC's, sampled at its refills below)"
+        } else {
+            ""
+        };
         writeln!(
             out,
-            "Sampled: one allocation followed per {} bytes allocated on average (--sample-bytes): the stacks' counts and bytes are estimates scaled from {} sampled allocations ({} not sampled); frees of blocks not sampled count as frees of unknown blocks.",
+            "Sampled: one allocation followed per {} bytes allocated on average (--sample-bytes){which}: the stacks' counts and bytes are estimates scaled from {} sampled allocations ({} not sampled); frees of blocks not sampled count as frees of unknown blocks.",
             thousands(profile.sample_bytes),
             thousands(c.allocs),
             thousands(c.unsampled_allocs)

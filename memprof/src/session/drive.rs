@@ -262,10 +262,15 @@ fn watch_matching(
     let deadline = options.duration.map(|d| Instant::now() + d);
     let started = Instant::now();
     let mut last_scan: Option<Instant> = None;
-    let sampled = match options.probes.sample_bytes {
+    let mut sampled = match options.probes.sample_bytes {
         0 => String::new(),
         n => format!(", sampled (--sample-bytes {n}; 0: every allocation)"),
     };
+    if options.gc_sampling == super::GcSampling::Refill {
+        sampled.push_str(
+            ", GC allocations at the collector's refills (--gc-sampling exact: every one)",
+        );
+    }
     eprintln!(
         "memprof: {} every process of {} (now and as they start){sampled}; Ctrl-C to stop{}",
         if top.is_some() {

@@ -164,8 +164,13 @@ impl Plan {
         if self.gc_module().is_some() && options.gc_liveness == GcLiveness::Marks {
             probes.gc_events_bytes = GC_EVENTS_BYTES;
         }
-        if let PlannedGcSampling::ByBytes = self.gc_sampling {
-            probes.sample_bytes = REFILL_FALLBACK_SAMPLE_BYTES;
+        match self.gc_sampling {
+            // Every allocator by bytes, unless asked for a distance already.
+            PlannedGcSampling::ByBytes if probes.sample_bytes == 0 => {
+                probes.sample_bytes = REFILL_FALLBACK_SAMPLE_BYTES
+            }
+            PlannedGcSampling::Refill { .. } => probes.gc_refill = true,
+            _ => {}
         }
         probes
     }
