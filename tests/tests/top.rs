@@ -56,17 +56,17 @@ fn the_growing_process_ranks_first() {
         "--interval",
         "0.5",
         "--count",
-        "10",
+        "16",
     ]);
     assert!(output.status.success(), "{}", describe(&output));
     let stdout = String::from_utf8_lossy(&output.stdout);
     let tables = tables(&stdout);
-    assert_eq!(tables.len(), 10, "{stdout}");
+    assert_eq!(tables.len(), 16, "{stdout}");
     // From the first table that shows both, within two refreshes.
     let both = tables
         .iter()
         .position(|t| t.len() == 2)
-        .unwrap_or_else(|| panic!("never both processes:\n{stdout}"));
+        .unwrap_or_else(|| panic!("never both processes:\n{}", describe(&output)));
     assert!(both + 2 < tables.len(), "{stdout}");
     for table in &tables[both + 2..] {
         let pids: Vec<i32> = table.iter().map(|r| r.0).collect();
