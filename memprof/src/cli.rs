@@ -100,8 +100,9 @@ pub enum Command {
     /// ~130 MB of kernel memory at the default --max-live) and let go,
     /// untraced, at the end. `q` quits in a terminal; without one, each
     /// refresh is appended to stdout. No profile is written unless -o asks
-    /// for one. Live bytes are exact: --sample-bytes does not apply (use
-    /// --gc-sampling refill to make Crystal programs cheap to watch).
+    /// for one. libc figures are exact; GC ones are estimated from the
+    /// collector's refills unless --gc-sampling exact. --sample-bytes does
+    /// not apply.
     ///
     /// Example: `sudo memprof top --comm puma --comm my_server`
     Top {

@@ -83,7 +83,7 @@ fn run(cli: Cli) -> Result<i32> {
                 bail!("memprof top: say which processes: --pid N, --comm NAME or --exe PATH (each repeatable)");
             }
             if session.sample_bytes.unwrap_or(0) > 0 {
-                bail!("memprof top shows exact live bytes: --sample-bytes does not apply (--gc-sampling refill makes GC programs cheap to watch)");
+                bail!("memprof top reads its live bytes without walking the tables: --sample-bytes does not apply (GC allocations are sampled at the collector's refills already)");
             }
             if count == Some(0) {
                 bail!("--count must be at least 1");

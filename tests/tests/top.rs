@@ -98,7 +98,7 @@ fn top_without_a_selection_or_with_sampling_is_one_clear_error() {
     assert_one_line_error(&run(["top"]), &["say which processes", "--comm"]);
     assert_one_line_error(
         &run(["top", "--comm", "grower", "--sample-bytes", "4096"]),
-        &["exact live bytes", "--sample-bytes"],
+        &["without walking the tables", "--sample-bytes"],
     );
     assert_one_line_error(
         &run(["top", "--pid", "999999999"]),
