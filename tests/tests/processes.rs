@@ -365,3 +365,51 @@ fn both_programs_of_a_pipeline_are_followed() {
     let pids: Vec<u64> = processes[1..].iter().map(|p| uint(p, "/pid")).collect();
     assert_once_in_each(&json, "make_foo", &pids, MAKE_FOO);
 }
+
+/// A script that ends in `exec ./app` (a container's entrypoint): the
+/// command's own process becomes `app`, and is profiled as it from its
+/// `exec`, every probe its own; what the script started before stays
+/// followed.
+#[test]
+fn the_command_exec_ing_a_program_is_profiled_as_that_program() {
+    let dir = TempDir::new("processes_exec");
+    let profile = dir.join("exec.mprof");
+    let basic = fixture::BASIC;
+    let script = format!("{basic} one; exec {basic} two");
+    let output = run_ok([
+        "run",
+        "-o",
+        profile.to_str().unwrap(),
+        "--",
+        "/bin/sh",
+        "-c",
+        &script,
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("the command, exec'd") && stderr.contains("not in the profile"),
+        "{stderr}"
+    );
+    let json = report_json(&profile);
+    let argv = |v: &Value| -> Vec<String> { serde_json::from_value(v.clone()).unwrap() };
+    assert_eq!(
+        argv(&json["target"]["command"]),
+        vec![basic.to_string(), "two".to_string()]
+    );
+    assert_eq!(json["target"]["exit_code"], 0);
+    let processes = json["processes"].as_array().expect("processes");
+    let summary = summary(processes);
+    assert_eq!(processes.len(), 2, "{summary:#?}");
+    assert!(
+        processes.iter().all(|p| p["profiled"] == true),
+        "{summary:#?}"
+    );
+    let command = uint(&processes[0], "/pid");
+    assert_eq!(command, uint(&json, "/target/pid"));
+    assert_eq!(
+        argv(&processes[1]["command"]),
+        vec![basic.to_string(), "one".to_string()]
+    );
+    let pids = [command, uint(&processes[1], "/pid")];
+    assert_once_in_each(&json, "make_foo", &pids, MAKE_FOO);
+}

@@ -264,6 +264,8 @@ fn hold_and_copy(
             }
             Some(Event::Exiting) => {}
             Some(Event::Exited(_)) => bail!("pid {pid} exited before its next collection"),
+            // Not reported by an attach's tracer.
+            Some(Event::Exec) => {}
             None if Instant::now() >= deadline => bail!(
                 "pid {pid} did not collect within {} s: a Boehm GC collects when the program allocates; put it under load (or have it call GC.collect) and run `memprof heap` again, or give it longer with --wait SECONDS",
                 wait.as_secs_f64()

@@ -40,8 +40,13 @@ pub fn run(command: &[String], options: &SessionOptions) -> Result<i32> {
         let step = session.step()?;
         followed.adopt(session.take_execs(), options);
         followed.attach_forked(session.take_forked(FORK_AGE), options);
-        if let Step::Exited(status) = step {
-            break status;
+        match step {
+            Step::Exited(status) => break status,
+            Step::Exec => {
+                session = session.exec_again(options)?;
+                session.begin();
+            }
+            Step::Running => {}
         }
         followed.step(options);
         let now = Instant::now();
@@ -106,7 +111,9 @@ impl Followed {
             let execs = self.running[i].take_execs();
             let forked = self.running[i].take_forked(FORK_AGE);
             match step {
-                Ok(Step::Running) => i += 1,
+                // A followed process's own `exec`s are gone through (its
+                // tracer does not report them).
+                Ok(Step::Running | Step::Exec) => i += 1,
                 Ok(Step::Exited(status)) => {
                     // Without a tracer (an attached worker), how is not known.
                     let exit = status.map_or(ExitInfo::UNKNOWN, ExitInfo::from);

@@ -209,6 +209,9 @@ pub enum Step {
     Running,
     /// The target exited (with its status, when memprof traced it).
     Exited(Option<ExitStatus>),
+    /// `run`'s command `exec`ed another program: held before its first
+    /// instruction for [`Session::exec_again`].
+    Exec,
 }
 
 /// Everything of one profiled process: its probes, its tracer (when
@@ -236,6 +239,8 @@ pub struct Session {
     target_ns_pid: Option<u32>,
     last_refresh: Instant,
     last_exit_check: Instant,
+    /// The target `exec`ed and waits for [`Session::exec_again`].
+    execed: bool,
 }
 
 impl Session {
@@ -265,6 +270,9 @@ impl Session {
     pub fn step(&mut self) -> Result<Step> {
         if let Some(status) = self.follow()? {
             return Ok(Step::Exited(Some(status)));
+        }
+        if self.execed {
+            return Ok(Step::Exec);
         }
         // Without a tracer, an attached process's exit is seen in /proc.
         if self.mode == Mode::Attach && self.last_exit_check.elapsed() >= EXIT_CHECK {
@@ -305,6 +313,9 @@ impl Session {
             if let Some(status) = self.handle(event)? {
                 return Ok(Some(status));
             }
+            if self.execed {
+                return Ok(None);
+            }
         }
     }
 
@@ -336,6 +347,8 @@ impl Session {
                 self.gc.after_hold(probes)?;
             }
             Event::Exited(status) => return Ok(Some(status)),
+            // Left stopped for the driver ([`Step::Exec`]).
+            Event::Exec => self.execed = true,
         }
         Ok(None)
     }

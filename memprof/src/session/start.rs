@@ -33,7 +33,36 @@ impl Session {
         let output = Output::create(options.output.as_ref(), &program, None)?;
         let mut tracer = launch::launch(&program, command, child_mask)?;
         tracer.hold_execs = options.follow;
+        tracer.own_exec = options.follow;
         Session::held_at_exec(tracer, Some(command), output, options, true)
+    }
+
+    /// `run`: the command's process `exec`ed another program (a script's
+    /// `exec ./app`): the session goes on as that program's, built as at
+    /// launch while the process waits before its first instruction, with
+    /// the same tracer (the processes it started stay followed) and output.
+    /// What the previous program allocated is not kept (said here). If the
+    /// new program cannot be profiled, it is let go, untraced.
+    pub fn exec_again(mut self, options: &SessionOptions) -> Result<Session> {
+        let pid = self.pid();
+        let tracer = self
+            .tracer
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("pid {pid} exec'd untraced"))?;
+        let output = std::mem::replace(&mut self.output, Output::none());
+        let before = self.target.exe.clone();
+        // The previous program's probes go with its session.
+        let _ = self.probes.disable();
+        drop(self);
+        let session = Session::held_at_exec(tracer, None, output, options, false).with_context(
+            || format!("pid {pid}, the command, exec'd a program memprof could not profile; it runs on, untraced"),
+        )?;
+        eprintln!(
+            "memprof: pid {pid}, the command, exec'd {}: profiled as that program from here on (what {} allocated before is not in the profile)",
+            session.target.exe.display(),
+            before.display()
+        );
+        Ok(session)
     }
 
     /// A running process attached to as `attach` does, for a profile it
@@ -365,6 +394,7 @@ impl Session {
             target_ns_pid,
             last_refresh: Instant::now(),
             last_exit_check: Instant::now(),
+            execed: false,
         })
     }
 }

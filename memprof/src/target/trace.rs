@@ -35,6 +35,10 @@ pub enum Event {
     /// sent (SIGURG: from `dl_debug_state` or a GC hold). It stays
     /// stopped until [`Tracer::resume_signal`].
     Signal { tid: u32, signal: i32 },
+    /// The process itself `exec`ed a program ([`Tracer::own_exec`]): it
+    /// stays stopped before the program's first instruction, its other
+    /// threads gone, for a session of its own.
+    Exec,
 }
 
 /// The traced threads of one process.
@@ -57,6 +61,9 @@ pub struct Tracer {
     /// Whether a member's `exec` is held for a session (`run`'s default);
     /// `false` (`--no-follow`): it is only recorded.
     pub hold_execs: bool,
+    /// The traced process's own `exec`s are reported ([`Event::Exec`]),
+    /// not gone through (`run`'s command, followed).
+    pub own_exec: bool,
 }
 
 /// memprof's tracers (the command's, and one per process `run` follows
@@ -147,6 +154,7 @@ impl Tracer {
             member_threads: HashMap::new(),
             execs: Vec::new(),
             hold_execs: true,
+            own_exec: false,
         }
     }
 
@@ -244,6 +252,7 @@ impl Tracer {
             member_threads: HashMap::new(),
             execs: Vec::new(),
             hold_execs: false,
+            own_exec: false,
         };
         // Threads may start while we list them: list until nothing is new
         // (once a thread is traced, its children are traced at birth).
@@ -364,6 +373,12 @@ impl Tracer {
                     return Ok(Some(Event::Exiting));
                 }
                 libc::PTRACE_EVENT_STOP => event_stop(tid, status),
+                libc::PTRACE_EVENT_EXEC if tid == self.pid && self.own_exec => {
+                    // The exec left one thread, with the process's id.
+                    self.threads.retain(|&t| t == tid);
+                    self.stopped.insert(tid);
+                    return Ok(Some(Event::Exec));
+                }
                 _ => cont(tid, 0), // exec, exit of another thread
             }
         }
