@@ -113,14 +113,9 @@ impl HeapReader {
         &self.module
     }
 
-    /// The `GC_gc_no++` instructions, as (file offset, link-time address):
-    /// where the collection probes go.
+    /// The `GC_gc_no++` instructions ([`EndOfMark::probe_points`]).
     pub fn collection_increments(&self) -> Vec<(u64, u64)> {
-        self.end
-            .increments
-            .iter()
-            .map(|i| (i.offset, i.address))
-            .collect()
+        self.end.probe_points()
     }
 
     /// The held part: copies what the census needs from process `pid`,

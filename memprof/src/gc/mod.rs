@@ -77,6 +77,15 @@ pub struct EndOfMark {
 }
 
 impl EndOfMark {
+    /// The increments as (file offset, link-time address): where the
+    /// collection probes go, and their attach cookies.
+    pub fn probe_points(&self) -> Vec<(u64, u64)> {
+        self.increments
+            .iter()
+            .map(|i| (i.offset, i.address))
+            .collect()
+    }
+
     /// `GC_gc_no` in the target, through its GOT slot when the library has
     /// one (the executable may hold a copy-relocated `GC_gc_no`); `bias`:
     /// the module's run-time minus link-time address.

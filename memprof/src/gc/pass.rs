@@ -221,14 +221,9 @@ impl Judge {
         })
     }
 
-    /// The `GC_gc_no++` instructions, as (file offset, link-time
-    /// address): where the collection probes go.
+    /// The `GC_gc_no++` instructions ([`EndOfMark::probe_points`]).
     pub fn collection_increments(&self) -> Vec<(u64, u64)> {
-        self.end
-            .increments
-            .iter()
-            .map(|i| (i.offset, i.address))
-            .collect()
+        self.end.probe_points()
     }
 
     /// What the kernel needs to judge objects by the mark bits itself
@@ -299,12 +294,8 @@ impl Judge {
             .layout
             .read_headers(&starts, arrays, &mut read)
             .with_context(|| format!("reading the GC's block headers in pid {}", self.pid))?;
-        let summary = &mut self.summary;
-        summary.collections += 1;
-        summary.last_collection = Some(gc_no);
-        let took = started.elapsed().as_secs_f64();
-        summary.pass_seconds += took;
-        summary.longest_pass_seconds = summary.longest_pass_seconds.max(took);
+        self.summary
+            .count_pass(gc_no, started.elapsed().as_secs_f64());
         Ok(Marks {
             epoch,
             gc_no,
@@ -431,14 +422,10 @@ pub fn judged_in_kernel(
         sites,
         judge: &mut judge,
     }))?;
-    summary.collections += 1;
-    summary.last_collection = Some(gc_no);
+    // The collector waited for the kernel only; memprof's part runs beside it.
+    summary.count_pass(gc_no, kernel_ns as f64 * 1e-9);
     summary.marked_count = judged.marked_count;
     summary.marked_bytes = judged.marked_bytes;
-    // The collector waited for the kernel only; memprof's part runs beside it.
-    let took = kernel_ns as f64 * 1e-9;
-    summary.pass_seconds += took;
-    summary.longest_pass_seconds = summary.longest_pass_seconds.max(took);
     Ok(())
 }
 

@@ -318,6 +318,17 @@ pub struct GcSummary {
     pub unmapped_bytes: Option<u64>,
 }
 
+impl GcSummary {
+    /// One collection judged (`GC_gc_no` `gc_no`), the collector paused
+    /// `seconds` for it.
+    pub fn count_pass(&mut self, gc_no: u64, seconds: f64) {
+        self.collections += 1;
+        self.last_collection = Some(gc_no);
+        self.pass_seconds += seconds;
+        self.longest_pass_seconds = self.longest_pass_seconds.max(seconds);
+    }
+}
+
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct TargetInfo {
     pub pid: u32,
