@@ -321,16 +321,9 @@ fn attach_by_program_name_takes_running_and_new_processes() {
     );
 }
 
-/// A pipeline forks its programs at once: the second `exec`s while memprof
-/// starts the first one's session (~0.5 s). It is still followed from its
-/// `exec` (it once was taken for a forked worker by its age, let go, and
-/// missed).
-#[test]
-fn both_programs_of_a_pipeline_are_followed() {
-    let dir = TempDir::new("processes_pipeline");
-    let profile = dir.join("pipeline.mprof");
-    let basic = fixture::BASIC;
-    let script = format!("{basic} one | {basic} two; :");
+/// `memprof run -- /bin/sh -c SCRIPT`: what memprof printed, and the report's JSON.
+fn run_script(dir: &TempDir, script: &str) -> (std::process::Output, Value) {
+    let profile = dir.join("script.mprof");
     let output = run_ok([
         "run",
         "-o",
@@ -338,9 +331,20 @@ fn both_programs_of_a_pipeline_are_followed() {
         "--",
         "/bin/sh",
         "-c",
-        &script,
+        script,
     ]);
-    let json = report_json(&profile);
+    (output, report_json(&profile))
+}
+
+/// A pipeline forks its programs at once: the second `exec`s while memprof
+/// starts the first one's session (~0.5 s). It is still followed from its
+/// `exec` (it once was taken for a forked worker by its age, let go, and
+/// missed).
+#[test]
+fn both_programs_of_a_pipeline_are_followed() {
+    let dir = TempDir::new("processes_pipeline");
+    let basic = fixture::BASIC;
+    let (output, json) = run_script(&dir, &format!("{basic} one | {basic} two; :"));
     let processes = json["processes"].as_array().expect("processes");
     let summary = summary(processes);
     assert_eq!(processes.len(), 3, "{summary:#?}");
@@ -373,24 +377,13 @@ fn both_programs_of_a_pipeline_are_followed() {
 #[test]
 fn the_command_exec_ing_a_program_is_profiled_as_that_program() {
     let dir = TempDir::new("processes_exec");
-    let profile = dir.join("exec.mprof");
     let basic = fixture::BASIC;
-    let script = format!("{basic} one; exec {basic} two");
-    let output = run_ok([
-        "run",
-        "-o",
-        profile.to_str().unwrap(),
-        "--",
-        "/bin/sh",
-        "-c",
-        &script,
-    ]);
+    let (output, json) = run_script(&dir, &format!("{basic} one; exec {basic} two"));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         stderr.contains("the command, exec'd") && stderr.contains("not in the profile"),
         "{stderr}"
     );
-    let json = report_json(&profile);
     let argv = |v: &Value| -> Vec<String> { serde_json::from_value(v.clone()).unwrap() };
     assert_eq!(
         argv(&json["target"]["command"]),
