@@ -75,8 +75,9 @@ pub enum Command {
         /// or the kernel's 15-character name), those running now and those
         /// that start while memprof runs (seen within 0.1 s, each profiled
         /// from then on), each a process of the one profile. Repeatable.
-        /// Each costs a load of the probes (~0.5 s, ~130 MB of kernel
-        /// memory at the default --max-live).
+        /// Each costs a load of the probes (~0.5 s) and its own tables
+        /// (the live table sized for sampling: --max-live 65536 unless
+        /// given).
         #[arg(long, value_name = "NAME")]
         comm: Vec<String>,
         /// Every process running this executable (static Crystal binaries
@@ -199,8 +200,12 @@ pub struct SessionArgs {
     /// Capacity of the kernel's live-block table (libc and mmap blocks; GC
     /// objects too with --gc-liveness reuse); blocks beyond it are counted
     /// as lost. GC objects judged by mark bits are in memprof's own copy.
-    #[arg(long, default_value_t = 1 << 20, value_name = "N")]
-    pub max_live: u32,
+    /// The table is preallocated: ~130 MB of kernel memory at 1048576.
+    /// [default: 1048576; 65536 when allocations are sampled by bytes,
+    /// as for attach --comm/--exe, where each process has a table: a
+    /// sampled table holds about one block per 512 KiB live]
+    #[arg(long, value_name = "N")]
+    pub max_live: Option<u32>,
     /// Capacity of the kernel's stack table (distinct call stacks, DWARF
     /// unwinding: filled on demand); once it is full, new stacks are recorded
     /// under their innermost frame alone (marked truncated, counted as

@@ -65,6 +65,8 @@ fn run(cli: Cli) -> Result<i32> {
                     // Many processes: sampled unless asked otherwise.
                     if session.sample_bytes.is_none() {
                         options.probes.sample_bytes = SELECTION_SAMPLE_BYTES;
+                        options.probes.max_live =
+                            default_max_live(&session, SELECTION_SAMPLE_BYTES);
                     }
                     selection_gc_sampling(&session, &mut options);
                     session::attach_matching(&session::select::Selection::new(comm, exe)?, &options)
@@ -172,6 +174,20 @@ fn refuse_attach_flags(first: &str) -> Result<()> {
 /// `attach --comm/--exe`'s `--sample-bytes` when none is given.
 const SELECTION_SAMPLE_BYTES: u64 = 524_288;
 
+/// `--max-live` unless given: the live table is preallocated (~130 MB of
+/// kernel memory at the full size, per process profiled), and sampling by
+/// bytes keeps about one block per `sample_bytes` live in it.
+const DEFAULT_MAX_LIVE: u32 = 1 << 20;
+const SAMPLED_MAX_LIVE: u32 = 1 << 16;
+
+fn default_max_live(args: &SessionArgs, sample_bytes: u64) -> u32 {
+    match (args.max_live, sample_bytes) {
+        (Some(n), _) => n,
+        (None, 0) => DEFAULT_MAX_LIVE,
+        (None, _) => SAMPLED_MAX_LIVE,
+    }
+}
+
 /// Processes selected by name (`attach --comm/--exe`, `top`): GC
 /// allocations sampled at the collector's refills unless asked otherwise
 /// (or refill sampling is ruled out: reuse liveness, frame pointers); a
@@ -187,7 +203,7 @@ fn selection_gc_sampling(args: &SessionArgs, options: &mut session::SessionOptio
 
 fn session_options(args: &SessionArgs, duration: Option<Duration>) -> Result<SessionOptions> {
     for (name, value) in [
-        ("--max-live", args.max_live),
+        ("--max-live", args.max_live.unwrap_or(DEFAULT_MAX_LIVE)),
         ("--max-stacks", args.max_stacks),
         ("--max-sites", args.max_sites),
     ] {
@@ -207,7 +223,7 @@ fn session_options(args: &SessionArgs, duration: Option<Duration>) -> Result<Ses
     Ok(SessionOptions {
         output: args.output.clone(),
         probes: ProbeOptions {
-            max_live: args.max_live,
+            max_live: default_max_live(args, args.sample_bytes.unwrap_or(0)),
             max_stacks: args.max_stacks,
             max_sites: args.max_sites,
             empty: args.empty_probes,
