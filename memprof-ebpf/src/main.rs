@@ -1125,8 +1125,6 @@ mod probes {
     #[repr(C)]
     struct Judging {
         epoch: u64,
-        /// The collector's module: run-time minus link-time address.
-        bias: u64,
         /// `GC_arrays` and `GC_all_nils` in the target.
         arrays: u64,
         nils: u64,
@@ -1162,7 +1160,6 @@ mod probes {
         let nils = read_word(arrays.wrapping_add(marks.all_nils)).unwrap_or(0);
         let mut judging = Judging {
             epoch,
-            bias,
             arrays,
             nils,
             region: u64::MAX,
