@@ -205,7 +205,9 @@ pub struct AllocSite {
     pub stack_id: u64,
     /// [`AllocKind`] as `u8`.
     pub kind: u8,
-    pub _pad: [u8; 7],
+    pub _pad: [u8; 3],
+    /// `attach --all`: the process's index ([`host`]); else 0.
+    pub process: u32,
 }
 
 /// A call in flight: written by the entry probe, consumed by the return probe.
@@ -686,6 +688,9 @@ counters! {
         /// unreadable, or a block index chain longer than it follows): the
         /// object stays live until the next collection.
         pub gc_verdicts_failed: u64,
+        /// `attach --all`: allocations of processes that got no index
+        /// (the process table full, or every index given): not followed.
+        pub processes_not_followed: u64,
     }
 }
 
@@ -711,6 +716,9 @@ pub mod programs {
     pub const GC_COLLECTION: &str = "gc_collection";
     /// Raw tracepoint `sched_process_exit`: a thread's `PENDING` slot goes.
     pub const THREAD_EXIT: &str = "thread_exit";
+    /// Raw tracepoint `sched_process_exec` (`attach --all`): the process's
+    /// index is done.
+    pub const PROCESS_EXEC: &str = "process_exec";
 }
 
 /// The number the kernel programs call `bpf_session_is_return()` by: a
@@ -758,6 +766,12 @@ pub mod maps {
 
     /// Per-CPU [`KindLive`](super::KindLive): what `LIVE` holds, per kind.
     pub const LIVE_BY_KIND: &str = "LIVE_BY_KIND";
+    /// `attach --all`: tgid → [`ProcessState`](super::ProcessState).
+    pub const PROCESSES: &str = "PROCESSES";
+    /// `attach --all`: one `u64`, the next process index.
+    pub const PROCESS_COUNT: &str = "PROCESS_COUNT";
+    /// `attach --all`: ring of [`HostEvent`](super::HostEvent)s.
+    pub const HOST_EVENTS: &str = "HOST_EVENTS";
 }
 
 /// Names of the load-time constants of the eBPF object (`Global`s set with
@@ -775,6 +789,80 @@ pub mod globals {
     /// (`--gc-sampling refill`): the GC functions probed are followed
     /// whatever `SAMPLING` draws (it samples the others by bytes).
     pub const GC_REFILL: &str = "GC_REFILL";
+    /// `u32`, 1: `attach --all`: the probes sit on files, for every
+    /// process; state is kept per process ([`host`](super::host)).
+    pub const HOST: &str = "HOST";
+    /// `u32`s, offsets in the running kernel's `task_struct` (from its
+    /// BTF), for `attach --all`'s process events: `real_parent`, `tgid`,
+    /// `exit_code`.
+    pub const TASK_REAL_PARENT: &str = "TASK_REAL_PARENT";
+    pub const TASK_TGID: &str = "TASK_TGID";
+    pub const TASK_EXIT_CODE: &str = "TASK_EXIT_CODE";
+}
+
+/// `attach --all`: one load of the programs for every process. Each
+/// process that allocates gets an index, in the kernel, at its first
+/// allocation followed; its live blocks are keyed by the index and the
+/// address ([`live_key`](host::live_key)), its sites carry it
+/// ([`AllocSite::process`]), its unwinder table is its own segment of
+/// `MODULE_RANGES` ([`ProcessState::modules`]).
+pub mod host {
+    /// User addresses are below 2^47 (4-level paging): the index goes above.
+    pub const INDEX_SHIFT: u32 = 47;
+    /// Indexes a session can give (the ones above are counted, not followed).
+    pub const MAX_INDEX: u32 = 1 << (64 - INDEX_SHIFT);
+    /// The index of a process memprof does not follow (memprof itself).
+    pub const IGNORED: u32 = u32::MAX;
+
+    /// The `LIVE` key of the block at `addr` of process `index`.
+    #[inline(always)]
+    pub const fn live_key(addr: u64, index: u32) -> u64 {
+        addr | (index as u64) << INDEX_SHIFT
+    }
+
+    /// `(index, addr)` back from a [`live_key`].
+    pub const fn split(key: u64) -> (u32, u64) {
+        ((key >> INDEX_SHIFT) as u32, key & ((1 << INDEX_SHIFT) - 1))
+    }
+
+    /// [`HostEvent::op`]: the process's first allocation followed (its
+    /// index is new); `comm` is its name then.
+    pub const NEW: u8 = 0;
+    /// The process exited (its main thread did): `exit_code` is the
+    /// kernel's (`wait` status).
+    pub const EXIT: u8 = 1;
+    /// The dynamic linker changed the process's libraries.
+    pub const LIBRARIES: u8 = 2;
+    /// The process `exec`ed: the index it had is done.
+    pub const EXEC: u8 = 3;
+}
+
+/// A process of `attach --all`, in the `PROCESSES` map (keyed by tgid).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ProcessState {
+    /// Its index ([`host`]).
+    pub index: u32,
+    /// Its unwinder table, packed by [`module_table::pack`] (0: none yet).
+    pub modules: u32,
+}
+
+/// A change to the processes of `attach --all` (the `HOST_EVENTS` ring).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct HostEvent {
+    /// `bpf_ktime_get_ns()`.
+    pub time_ns: u64,
+    pub tgid: u32,
+    pub index: u32,
+    /// Its parent's tgid ([`host::NEW`]).
+    pub ppid: u32,
+    /// [`host::EXIT`]: the wait status.
+    pub exit_code: u32,
+    pub comm: [u8; 16],
+    /// One of [`host`]'s event codes.
+    pub op: u8,
+    pub _pad: [u8; 7],
 }
 
 /// Indexes into the `CONFIG` array.
@@ -851,20 +939,26 @@ pub mod module_table {
     /// Halvings of the search of a module's CFI rows: enough for modules
     /// of fewer than 2^26 rows.
     pub const ROW_SEARCH_STEPS: u32 = 26;
-    /// The bit of a packed value that says which half is in use.
+    /// The bits of a packed value that say which segment of [`SLOTS`]
+    /// entries is in use: one of two halves for one process, one per
+    /// process under `attach --all` ([`SEGMENTS`]).
     const HALF_SHIFT: u32 = 8;
+    const SEGMENT_BITS: u32 = 11;
+    /// Segments the map can have (`attach --all`: processes with a table at once).
+    pub const SEGMENTS: u32 = 1 << SEGMENT_BITS;
 
     // A count is a mask of SLOTS - 1, below the half bit, and the module
     // search narrows it to one entry.
     const _: () = assert!(SLOTS.is_power_of_two() && MAX_MODULES < 1 << HALF_SHIFT);
     const _: () = assert!(MAX_MODULES >> MODULE_SEARCH_STEPS == 0);
 
-    /// The bits above the half bit: which table this is, counted from the
+    /// The bits above the segment: which table this is, counted from the
     /// first (the kernel's row cache is valid for one table only).
-    const GENERATION_SHIFT: u32 = HALF_SHIFT + 1;
+    const GENERATION_SHIFT: u32 = HALF_SHIFT + SEGMENT_BITS;
 
-    /// The `config::MODULE_COUNT` value for `count` modules in half `half`
-    /// (0 or 1), the `generation`th table written (wraps around).
+    /// The value naming a table of `count` modules in segment `half` (0 or
+    /// 1 for one process's two halves; any below [`SEGMENTS`] under
+    /// `attach --all`), the `generation`th table written (wraps around).
     pub const fn pack(count: u32, half: u32, generation: u32) -> u32 {
         count | half << HALF_SHIFT | generation << GENERATION_SHIFT
     }
@@ -877,10 +971,10 @@ pub mod module_table {
         packed & (SLOTS - 1)
     }
 
-    /// The first entry of the half in use, from a packed value.
+    /// The first entry of the segment in use, from a packed value.
     #[inline(always)]
     pub const fn first_slot(packed: u32) -> u32 {
-        (packed >> HALF_SHIFT & 1) * SLOTS
+        (packed >> HALF_SHIFT & (SEGMENTS - 1)) * SLOTS
     }
 
     /// Entry `i` of half `half`.
@@ -960,6 +1054,8 @@ mod pod {
     unsafe impl aya::Pod for super::ModuleRange {}
     unsafe impl aya::Pod for super::DwarfStack {}
     unsafe impl aya::Pod for super::Predict {}
+    unsafe impl aya::Pod for super::ProcessState {}
+    unsafe impl aya::Pod for super::HostEvent {}
     unsafe impl aya::Pod for super::KernelMarks {}
     unsafe impl aya::Pod for super::Refill {}
     unsafe impl aya::Pod for super::KernelCounters {}

@@ -60,9 +60,10 @@ mod probes {
         EbpfContext,
     };
     use memprof_common::{
-        cfa, config, cookie, errno, gc_event, layout, lifetime_bucket, module_table, op, predict,
-        predictor, AllocKind, AllocSite, DwarfStack, GcEvent, KernelCounters, KernelMarks,
-        KindLive, LiveAlloc, ModuleRange, PendingCall, Predict, Refill, SiteTotals, ThreadClock,
+        cfa, config, cookie, errno, gc_event, host, layout, lifetime_bucket, module_table, op,
+        predict, predictor, AllocKind, AllocSite, DwarfStack, GcEvent, HostEvent, KernelCounters,
+        KernelMarks, KindLive, LiveAlloc, ModuleRange, PendingCall, Predict, ProcessState, Refill,
+        SiteTotals, ThreadClock,
         UnwindRow, CALLER_ONLY, FOLD_WINDOW, GC_FREELIST_COUNTS, GC_TINY_FREELISTS, HOLD_SIGNAL,
         LIBRARY_LOAD_SIGNAL, MAX_FRAMES, MAX_STEPS, NO_STACK, PREDICT_CHECK_EVERY,
         PREDICT_TRUST_AFTER, ROW_CACHE_SLOTS, SAMPLE_QUANTILES, SESSION_IS_RETURN, SHORT_FRAMES,
@@ -83,6 +84,26 @@ mod probes {
     /// the GC calls probed are not drawn by `SAMPLING`.
     #[unsafe(no_mangle)]
     static GC_REFILL: Global<u32> = Global::new(0);
+    /// 1: `attach --all`: every process, state per process (`PROCESSES`).
+    #[unsafe(no_mangle)]
+    static HOST: Global<u32> = Global::new(0);
+    /// Offsets in `task_struct` (`attach --all`'s process events).
+    #[unsafe(no_mangle)]
+    static TASK_REAL_PARENT: Global<u32> = Global::new(0);
+    #[unsafe(no_mangle)]
+    static TASK_TGID: Global<u32> = Global::new(0);
+    #[unsafe(no_mangle)]
+    static TASK_EXIT_CODE: Global<u32> = Global::new(0);
+
+    /// `attach --all`: the processes followed, by tgid (see `this_process`).
+    #[map]
+    static PROCESSES: HashMap<u32, ProcessState> = HashMap::with_max_entries(1, 0);
+    /// `attach --all`: `[0]`, the next process index.
+    #[map]
+    static PROCESS_COUNT: Array<u64> = Array::with_max_entries(1, 0);
+    /// `attach --all`: processes seen, exited, `exec`ed, relinked.
+    #[map]
+    static HOST_EVENTS: RingBuf = RingBuf::with_byte_size(1 << 12, 0);
 
     /// Bytes to the next sample point, per CPU (0: not drawn yet).
     #[map]
@@ -340,6 +361,92 @@ mod probes {
         }
     }
 
+    /// The process making this call: under `attach --all` its entry of
+    /// `PROCESSES` (added with a new index at its first call followed, when
+    /// userspace hears of it); else index 0 and the session's one module
+    /// table. `None`: not followed (memprof itself, or no room).
+    #[inline(always)]
+    fn this_process() -> Option<ProcessState> {
+        if HOST.load() == 0 {
+            return Some(ProcessState {
+                index: 0,
+                modules: setting(config::MODULE_COUNT),
+            });
+        }
+        let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+        if let Some(state) = PROCESSES.get_ptr(&tgid) {
+            let state = unsafe { *state };
+            return (state.index != host::IGNORED).then_some(state);
+        }
+        new_process(tgid)
+    }
+
+    /// [`this_process`] for a process not in `PROCESSES` yet.
+    #[inline(always)]
+    fn new_process(tgid: u32) -> Option<ProcessState> {
+        let count = PROCESS_COUNT.get_ptr_mut(0)?;
+        let mut i = 1u64;
+        unsafe {
+            core::arch::asm!(
+                "{i} = atomic_fetch_add((u64 *)({p} + 0), {i})",
+                p = in(reg) count,
+                i = inout(reg) i,
+            )
+        };
+        if i >= host::MAX_INDEX as u64 {
+            bump(|c| &mut c.processes_not_followed);
+            return None;
+        }
+        let state = ProcessState {
+            index: i as u32,
+            modules: 0,
+        };
+        match PROCESSES.insert(&tgid, &state, BPF_NOEXIST as u64) {
+            Ok(()) => {
+                host_event(host::NEW, tgid, state.index, 0);
+                Some(state)
+            }
+            // Another thread of the process added it meanwhile.
+            Err(e) if e == -errno::EEXIST => {
+                let state = unsafe { *PROCESSES.get_ptr(&tgid)? };
+                (state.index != host::IGNORED).then_some(state)
+            }
+            Err(_) => {
+                bump(|c| &mut c.processes_not_followed);
+                None
+            }
+        }
+    }
+
+    /// Tells userspace of a change to process `tgid` (`index`).
+    #[inline(always)]
+    fn host_event(op: u8, tgid: u32, index: u32, exit_code: u32) {
+        let mut event = HostEvent {
+            time_ns: unsafe { bpf_ktime_get_ns() },
+            tgid,
+            index,
+            ppid: 0,
+            exit_code,
+            comm: [0; 16],
+            op,
+            _pad: [0; 7],
+        };
+        if let Ok(comm) = aya_ebpf::helpers::bpf_get_current_comm() {
+            event.comm = comm;
+        }
+        if op == host::NEW {
+            let task = unsafe { bpf_get_current_task() } as *const u8;
+            let parent: Option<u64> = unsafe {
+                bpf_probe_read_kernel(task.add(TASK_REAL_PARENT.load() as usize) as *const u64).ok()
+            };
+            if let Some(parent) = parent {
+                let at = (parent as *const u8).wrapping_add(TASK_TGID.load() as usize);
+                event.ppid = unsafe { bpf_probe_read_kernel(at as *const u32) }.unwrap_or(0);
+            }
+        }
+        let _ = HOST_EVENTS.output::<HostEvent>(&event, 0);
+    }
+
     /// Records a call on entry. `size` is the requested size, `arg_ptr` the
     /// realloc'd block or the posix_memalign out-parameter.
     #[inline(always)]
@@ -367,12 +474,18 @@ mod probes {
             bump(|c| &mut c.unsampled_allocs);
             // Not followed: no stack, no return probe work. Except a
             // realloc of a tracked block: its return must still release it.
-            let tracked = op == op::REALLOC && arg_ptr != 0 && LIVE.get_ptr(&arg_ptr).is_some();
+            let tracked = op == op::REALLOC
+                && arg_ptr != 0
+                && this_process()
+                    .is_some_and(|p| LIVE.get_ptr(&host::live_key(arg_ptr, p.index)).is_some());
             if !tracked {
                 return SKIP_RETURN;
             }
             unsampled = 1;
         }
+        let Some(process) = this_process() else {
+            return SKIP_RETURN;
+        };
         let thread = bpf_get_current_pid_tgid();
         // Entry probes sit where %rsp and %rbp still have their entry values
         // (userspace guarantees it), so the return address is at the top of
@@ -413,7 +526,7 @@ mod probes {
             // A refill's stack starts at the allocator that ran its list
             // out (`GC_malloc_kind`): userspace leaves that frame out (a
             // skip here would cost the verifier another walk of the loop).
-            dwarf_unwind(ctx)
+            dwarf_unwind(ctx, process.modules)
         } else {
             let id = ctx
                 .get_stackid(&STACKS, BPF_F_USER_STACK as u64)
@@ -437,7 +550,8 @@ mod probes {
                 caller,
                 stack_id,
                 kind,
-                _pad: [0; 7],
+                _pad: [0; 3],
+                process: process.index,
             };
             call.size = size;
             call.arg_ptr = arg_ptr;
@@ -691,7 +805,8 @@ mod probes {
                 caller: 0,
                 stack_id: NO_STACK,
                 kind: 0,
-                _pad: [0; 7],
+                _pad: [0; 3],
+                process: 0,
             },
             size: 0,
             arg_ptr: 0,
@@ -783,7 +898,7 @@ mod probes {
     /// occurrence, and the walk goes on to the callers (up to `MAX_STEPS`
     /// frames walked, `MAX_FRAMES` kept).
     #[inline(always)]
-    fn dwarf_unwind(ctx: &ProbeContext) -> (u64, Option<u64>) {
+    fn dwarf_unwind(ctx: &ProbeContext, packed: u32) -> (u64, Option<u64>) {
         let regs = unsafe { &*ctx.regs };
         let Some(scratch) = SCRATCH.get_ptr_mut(0) else {
             let caller = unsafe { bpf_probe_read_user(regs.rsp as *const u64) }.unwrap_or(0);
@@ -801,7 +916,7 @@ mod probes {
         let caller = window.word(&mut scratch.window, regs.rsp).unwrap_or(0);
         (
             caller,
-            unwind_from(scratch, cache, &mut window, regs, caller),
+            unwind_from(scratch, cache, &mut window, regs, caller, packed),
         )
     }
 
@@ -813,6 +928,7 @@ mod probes {
         window: &mut Window,
         regs: &aya_ebpf::bindings::pt_regs,
         caller: u64,
+        packed: u32,
     ) -> Option<u64> {
         let mut sp = regs.rsp + 8;
         let mut bp = regs.rbp;
@@ -820,7 +936,6 @@ mod probes {
         if pc == 0 {
             return None; // unreadable
         }
-        let packed = setting(config::MODULE_COUNT);
         let fold = u64::from(FOLD_RECURSION.load()) & 1;
         // Whether a frame is kept or folded is computed, not branched on
         // (`select`): a branch per frame whose sides differ in what they
@@ -1075,6 +1190,13 @@ mod probes {
     #[uprobe]
     pub fn dl_debug_state(_ctx: ProbeContext) -> u32 {
         let thread = bpf_get_current_pid_tgid();
+        if HOST.load() == 1 {
+            // Userspace reads the process's mappings again.
+            if let Some(index) = known_process() {
+                host_event(host::LIBRARIES, (thread >> 32) as u32, index, 0);
+            }
+            return 0;
+        }
         if setting(config::SIGNAL_ON_DLOPEN) == 1 && (thread >> 32) == (thread & 0xffff_ffff) {
             if let Some(flag) = CONFIG.get_ptr_mut(config::DLOPEN_SIGNALLED) {
                 unsafe { *flag = 1 };
@@ -1630,7 +1752,8 @@ mod probes {
             // The new block has the kind of the old one (GC_realloc keeps
             // atomic objects atomic).
             // realloc succeeded (or was realloc(p, 0), which frees p): the old block is gone.
-            if let Some(kind) = release(call.arg_ptr, call.site.kind) {
+            let old = host::live_key(call.arg_ptr, call.site.process);
+            if let Some(kind) = release(old, call.site.kind) {
                 call.site.kind = kind;
             }
         }
@@ -1694,15 +1817,16 @@ mod probes {
             // Added if new (one hash operation, the usual case). An address
             // still live was freed without us seeing it: for a GC object,
             // collected (its address was reused); else a missed free.
-            let inserted = match LIVE.insert(&addr, &live, BPF_NOEXIST as u64) {
+            let key = host::live_key(addr, call.site.process);
+            let inserted = match LIVE.insert(&key, &live, BPF_NOEXIST as u64) {
                 Ok(()) => true,
                 Err(e) if e == -errno::EEXIST => {
-                    if let Some(old) = LIVE.get_ptr(&addr) {
+                    if let Some(old) = LIVE.get_ptr(&key) {
                         let old = unsafe { *old };
                         retire(&old, now, true);
                         count_live(old.site.kind, old.size, -1);
                     }
-                    LIVE.insert(&addr, &live, 0).is_ok()
+                    LIVE.insert(&key, &live, 0).is_ok()
                 }
                 Err(_) => false,
             };
@@ -1765,7 +1889,8 @@ mod probes {
             caller: 0,
             stack_id: SITES_OVERFLOW,
             kind: site.kind,
-            _pad: [0; 7],
+            _pad: [0; 3],
+            process: site.process,
         };
         (overflow, overflow_totals(site.kind))
     }
@@ -1891,9 +2016,10 @@ mod probes {
     }
 
     #[inline(always)]
-    /// Forgets a freed block; returns its kind if it was known. `kind`: the
-    /// freeing function's (its attach cookie, or the realloc's).
-    fn release(addr: u64, kind: u8) -> Option<u8> {
+    /// Forgets a freed block (`key`: its `LIVE` key, [`host::live_key`]);
+    /// returns its kind if it was known. `kind`: the freeing function's
+    /// (its attach cookie, or the realloc's).
+    fn release(key: u64, kind: u8) -> Option<u8> {
         bump(|c| &mut c.frees);
         // The clock is read only for a block that is known: with
         // sampling most frees are of blocks never followed, and a clock
@@ -1906,21 +2032,23 @@ mod probes {
                     caller: 0,
                     stack_id: 0,
                     kind,
-                    _pad: [0; 7],
+                    _pad: [0; 3],
+                    process: 0,
                 },
                 size: 0,
                 timestamp_ns: now,
                 epoch: 0,
             };
-            gc_event(addr, gc_event::GONE, &gone, 0, 1);
+            // Only without `attach --all`: the key is the address.
+            gc_event(key, gc_event::GONE, &gone, 0, 1);
             return None;
         }
-        match LIVE.get_ptr(&addr) {
+        match LIVE.get_ptr(&key) {
             Some(old) => {
                 let old = unsafe { *old };
                 let now = unsafe { bpf_ktime_get_ns() };
                 retire(&old, now, false);
-                if LIVE.remove(&addr).is_ok() {
+                if LIVE.remove(&key).is_ok() {
                     count_live(old.site.kind, old.size, -1);
                 }
                 Some(old.site.kind)
@@ -1955,8 +2083,28 @@ mod probes {
             }
         }
         let kind = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u8;
-        let _ = release(addr, kind);
+        match known_process() {
+            Some(index) => {
+                let _ = release(host::live_key(addr, index), kind);
+            }
+            None => {
+                bump(|c| &mut c.frees);
+                bump(|c| &mut c.unknown_frees);
+            }
+        }
         0
+    }
+
+    /// The index of the process making this call if it has one (no new
+    /// one: a process not followed yet has no block to free).
+    #[inline(always)]
+    fn known_process() -> Option<u32> {
+        if HOST.load() == 0 {
+            return Some(0);
+        }
+        let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+        let state = unsafe { *PROCESSES.get_ptr(&tgid)? };
+        (state.index != host::IGNORED).then_some(state.index)
     }
 
     /// `munmap(addr, len)`: forgets a mapping made by `mmap` at exactly that
@@ -1966,10 +2114,13 @@ mod probes {
         if !enabled() {
             return 0;
         }
-        let addr = arg(&ctx, 0);
-        if let Some(live) = LIVE.get_ptr(&addr) {
+        let Some(index) = known_process() else {
+            return 0;
+        };
+        let key = host::live_key(arg(&ctx, 0), index);
+        if let Some(live) = LIVE.get_ptr(&key) {
             if unsafe { (*live).site.kind } == AllocKind::Mmap as u8 {
-                let _ = release(addr, AllocKind::Mmap as u8);
+                let _ = release(key, AllocKind::Mmap as u8);
             }
         }
         0
@@ -1984,6 +2135,35 @@ mod probes {
         // Looked up first: a lookup takes no lock, a remove does.
         if PENDING.get_ptr(&thread).is_some() {
             let _ = PENDING.remove(&thread);
+        }
+        // `attach --all`: the main thread's exit ends the process.
+        if HOST.load() == 1 && thread >> 32 == thread & 0xffff_ffff {
+            let tgid = (thread >> 32) as u32;
+            if let Some(state) = PROCESSES.get_ptr(&tgid) {
+                let index = unsafe { (*state).index };
+                if index != host::IGNORED {
+                    let task = unsafe { bpf_get_current_task() } as *const u8;
+                    let at = task.wrapping_add(TASK_EXIT_CODE.load() as usize);
+                    let code = unsafe { bpf_probe_read_kernel(at as *const u32) }.unwrap_or(0);
+                    host_event(host::EXIT, tgid, index, code);
+                    let _ = PROCESSES.remove(&tgid);
+                }
+            }
+        }
+        0
+    }
+
+    /// `attach --all`: a process `exec`ed: the index of its old program is
+    /// done (its next allocation gets a new one).
+    #[raw_tracepoint(tracepoint = "sched_process_exec")]
+    pub fn process_exec(_ctx: RawTracePointContext) -> i32 {
+        let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+        if let Some(state) = PROCESSES.get_ptr(&tgid) {
+            let index = unsafe { (*state).index };
+            if index != host::IGNORED {
+                host_event(host::EXEC, tgid, index, 0);
+                let _ = PROCESSES.remove(&tgid);
+            }
         }
         0
     }

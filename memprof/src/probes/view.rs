@@ -278,6 +278,7 @@ fn report_counters(kernel: KernelCounters) -> Counters {
         predictions_checked,
         predictions_wrong,
         refills,
+        processes_not_followed,
         // Reported in the GC summary (`Probes::collections_not_held`,
         // `Probes::gc_events_lost`, `Probes::kernel_verdicts`), not here.
         gc_collections: _,
@@ -310,6 +311,7 @@ fn report_counters(kernel: KernelCounters) -> Counters {
         predictions_checked,
         predictions_wrong,
         refills,
+        processes_not_followed,
     }
 }
 
@@ -348,6 +350,7 @@ mod tests {
             c.predictions_checked,
             c.predictions_wrong,
             c.refills,
+            c.processes_not_followed,
         ];
         assert_eq!(
             read,
@@ -375,6 +378,7 @@ mod tests {
                 kernel.predictions_checked,
                 kernel.predictions_wrong,
                 kernel.refills,
+                kernel.processes_not_followed,
             ]
         );
         // Every field had its own value: no two report counters read one field.
@@ -390,7 +394,8 @@ mod tests {
             caller: 0x10,
             stack_id: NO_STACK,
             kind: 9,
-            _pad: [0; 7],
+            _pad: [0; 3],
+            process: 0,
         };
         assert!(Site::try_from(&site).is_err());
         let site = AllocSite { kind: 3, ..site };

@@ -453,6 +453,10 @@ pub struct Counters {
     /// "Sampling at the collector's refills"). Included in `allocs`.
     #[serde(default)]
     pub refills: u64,
+    /// `attach --all`: allocations of processes memprof had no room for
+    /// (its process table full): not followed.
+    #[serde(default)]
+    pub processes_not_followed: u64,
 }
 
 impl Counters {
