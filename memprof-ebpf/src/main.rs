@@ -1191,10 +1191,11 @@ mod probes {
     pub fn dl_debug_state(_ctx: ProbeContext) -> u32 {
         let thread = bpf_get_current_pid_tgid();
         if HOST.load() == 1 {
-            // Userspace reads the process's mappings again.
-            if let Some(index) = known_process() {
-                host_event(host::LIBRARIES, (thread >> 32) as u32, index, 0);
-            }
+            // Userspace reads the process's mappings again (and probes the
+            // allocators of files it has not seen: a process not followed
+            // yet may be about to call them).
+            let index = known_process().unwrap_or(host::IGNORED);
+            host_event(host::LIBRARIES, (thread >> 32) as u32, index, 0);
             return 0;
         }
         if setting(config::SIGNAL_ON_DLOPEN) == 1 && (thread >> 32) == (thread & 0xffff_ffff) {
@@ -2154,17 +2155,19 @@ mod probes {
     }
 
     /// `attach --all`: a process `exec`ed: the index of its old program is
-    /// done (its next allocation gets a new one).
+    /// done (its next allocation gets a new one). Said for every process:
+    /// userspace probes the allocators of a program it has not seen.
     #[raw_tracepoint(tracepoint = "sched_process_exec")]
     pub fn process_exec(_ctx: RawTracePointContext) -> i32 {
         let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+        let mut index = host::IGNORED;
         if let Some(state) = PROCESSES.get_ptr(&tgid) {
-            let index = unsafe { (*state).index };
+            index = unsafe { (*state).index };
             if index != host::IGNORED {
-                host_event(host::EXEC, tgid, index, 0);
                 let _ = PROCESSES.remove(&tgid);
             }
         }
+        host_event(host::EXEC, tgid, index, 0);
         0
     }
 

@@ -66,11 +66,22 @@ pub enum Command {
     /// are counted as "frees of unknown blocks". Ends on Ctrl-C, SIGTERM,
     /// --duration, or when the process exits (with --comm/--exe: Ctrl-C,
     /// SIGTERM or --duration).
-    #[command(group = clap::ArgGroup::new("which").required(true).multiple(true).args(["pid", "comm", "exe"]))]
+    #[command(group = clap::ArgGroup::new("which").required(true).multiple(true).args(["pid", "comm", "exe", "all"]))]
     Attach {
         /// Process id to attach to.
-        #[arg(long, short, conflicts_with_all = ["comm", "exe"])]
+        #[arg(long, short, conflicts_with_all = ["comm", "exe", "all"])]
         pid: Option<u32>,
+        /// Every process of the machine that allocates, those running and
+        /// those that start while memprof runs (each from its first
+        /// allocation followed; a process that lives 5 ms too), with one
+        /// load of the probes: each allocator file (each libc, each
+        /// libgc, each program with its own) is probed once, for every
+        /// process, and the kernel keeps each process's tables apart.
+        /// Sampled (--sample-bytes 524288) unless given; GC objects are
+        /// judged by address reuse only (no mark bits: nothing is traced).
+        /// Ends on Ctrl-C, SIGTERM or --duration.
+        #[arg(long, conflicts_with_all = ["comm", "exe"])]
+        all: bool,
         /// Every process running this program (its file name, e.g. `puma`,
         /// or the kernel's 15-character name), those running now and those
         /// that start while memprof runs (seen within 0.1 s, each profiled

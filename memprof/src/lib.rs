@@ -18,6 +18,7 @@
 //! | output files written whole or not at all | [`outfile`] |
 //! | markdown, tsv, json, folded, flamegraph, pprof, timeline, html, diff | [`report`] |
 //! | the whole pipeline for `run` and `attach` | [`session`] |
+//! | `attach --all`: every process, one load of the probes | [`host`] |
 //! | timeline sampling, `--interval`, `--snapshot-every` while attached | [`live`] |
 //! | `memprof heap`: the whole GC heap at one collection, and where the RSS goes | [`census`] |
 //! | progress bars on a terminal | [`progress`] |
@@ -27,6 +28,7 @@ pub mod cli;
 pub mod crystal;
 pub mod gc;
 pub mod heap;
+pub mod host;
 pub mod live;
 pub mod memory;
 pub mod modules;

@@ -46,6 +46,7 @@ fn run(cli: Cli) -> Result<i32> {
         }
         Command::Attach {
             pid,
+            all,
             comm,
             exe,
             duration,
@@ -59,6 +60,16 @@ fn run(cli: Cli) -> Result<i32> {
                 None => None,
             };
             let mut options = session_options(&session, duration)?;
+            if all {
+                if session.sample_bytes.is_none() {
+                    options.probes.sample_bytes = SELECTION_SAMPLE_BYTES;
+                }
+                options.probes.max_live = session.max_live.unwrap_or(match options.probes.sample_bytes {
+                    0 => DEFAULT_MAX_LIVE,
+                    _ => HOST_SAMPLED_MAX_LIVE,
+                });
+                return memprof::host::attach_all(&options);
+            }
             match pid {
                 Some(pid) => session::attach(pid, &options),
                 None => {
@@ -179,6 +190,8 @@ const SELECTION_SAMPLE_BYTES: u64 = 524_288;
 /// bytes keeps about one block per `sample_bytes` live in it.
 const DEFAULT_MAX_LIVE: u32 = 1 << 20;
 const SAMPLED_MAX_LIVE: u32 = 1 << 16;
+/// `attach --all`, sampled: one live table for every process (31 MB).
+const HOST_SAMPLED_MAX_LIVE: u32 = 1 << 18;
 
 fn default_max_live(args: &SessionArgs, sample_bytes: u64) -> u32 {
     match (args.max_live, sample_bytes) {
@@ -232,6 +245,7 @@ fn session_options(args: &SessionArgs, duration: Option<Duration>) -> Result<Ses
             sample_bytes: args.sample_bytes.unwrap_or(0),
             // Set by the plan, which knows whether the target's libgc allows it.
             gc_refill: false,
+            host: false,
         },
         probe_at_entry: args.probe_at_entry,
         duration,

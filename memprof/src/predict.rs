@@ -175,7 +175,7 @@ fn fsbase_offset() -> Result<u64> {
 
 /// The byte offset of `path` (nested members) in kernel struct `name`,
 /// from the running kernel's BTF (`/sys/kernel/btf/vmlinux`).
-fn kernel_member_offset(name: &str, path: &[&str]) -> Result<u64> {
+pub(crate) fn kernel_member_offset(name: &str, path: &[&str]) -> Result<u64> {
     let data = std::fs::read(Path::new("/sys/kernel/btf/vmlinux"))?;
     let btf = Btf::parse(&data)?;
     let mut id = btf

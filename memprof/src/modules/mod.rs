@@ -118,6 +118,37 @@ impl ModuleCache {
         Ok(module)
     }
 
+    /// Takes in what `other` (the same process's, read meanwhile) opened
+    /// or parsed that this one lacks.
+    pub fn absorb(&self, other: ModuleCache) {
+        let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+        let mut kept = self.lock_kept();
+        for (path, module) in other.modules.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            modules.entry(path).or_insert(module);
+        }
+        for (path, file) in other.kept.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            if !modules.contains_key(&path) {
+                kept.entry(path).or_insert(file);
+            }
+        }
+    }
+
+    /// Every module parsed so far, by the target's path.
+    pub fn parsed(&self) -> Vec<(PathBuf, Arc<Module>)> {
+        let modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+        modules
+            .iter()
+            .map(|(path, module)| (path.clone(), Arc::clone(module)))
+            .collect()
+    }
+
+    /// Takes `module`, parsed for another process, as this one's `path`:
+    /// the same file (`attach --all` knows files by device and inode).
+    pub fn adopt(&self, path: &Path, module: Arc<Module>) {
+        let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+        modules.entry(path.to_path_buf()).or_insert(module);
+    }
+
     /// Opens (without parsing) each file of `mappings` (the target's, now)
     /// not opened yet, so that it can be read after the target unmapped it
     /// or exited.

@@ -468,6 +468,7 @@ mod tests {
             file_offset,
             executable,
             path: PathBuf::from("/m"),
+            file_id: (String::from("00:00"), 1),
         }
     }
 

@@ -46,12 +46,22 @@ fn bpf(cmd: libc::c_long, attr: &mut BatchAttr) -> std::io::Result<()> {
 
 /// Writes `values` at indices `0..values.len()` of the array `map`.
 pub fn fill_array<T: aya::Pod>(map: &Map, values: &[T]) -> Result<()> {
+    fill_array_at(map, 0, values)
+}
+
+/// Writes `values` at indices `start..start + values.len()` of the array `map`.
+pub fn fill_array_at<T: aya::Pod>(map: &Map, start: u32, values: &[T]) -> Result<()> {
     let Map::Array(data) = map else {
         bail!("expected an array map");
     };
+    fill_at(data, start, values)
+}
+
+/// [`fill_array_at`] of an array map's data.
+pub fn fill_at<T: aya::Pod>(data: &aya::maps::MapData, start: u32, values: &[T]) -> Result<()> {
     let fd = data.fd().as_fd().as_raw_fd();
     for (n, chunk) in values.chunks(CHUNK).enumerate() {
-        let first = (n * CHUNK) as u32;
+        let first = start + (n * CHUNK) as u32;
         let keys: Vec<u32> = (first..first + chunk.len() as u32).collect();
         let mut attr = BatchAttr {
             keys: keys.as_ptr() as u64,

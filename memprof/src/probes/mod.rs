@@ -25,11 +25,13 @@ use crate::unwind::Tables;
 mod attach;
 mod batch;
 mod gc_hold;
+mod host;
 mod multi;
 mod unwind_tables;
 mod view;
 
 pub use gc_hold::{GcChange, GcEvents};
+pub use host::{HostEvents, ModuleTables, Prefetched};
 pub use view::{HeapMaps, LiveBlock, RecordedStack, Site};
 
 use unwind_tables::ModuleTable;
@@ -58,6 +60,9 @@ pub struct ProbeOptions {
     /// GC allocations are sampled at refills (`--gc-sampling refill`):
     /// `sample_bytes` samples the other allocators only.
     pub gc_refill: bool,
+    /// `attach --all`: the probes sit on files for every process, with
+    /// state per process ([`memprof_common::host`]).
+    pub host: bool,
 }
 
 impl ProbeOptions {
@@ -73,6 +78,7 @@ impl ProbeOptions {
             keep_recursion: false,
             sample_bytes: 0,
             gc_refill: false,
+            host: false,
         }
     }
 }
@@ -107,6 +113,8 @@ pub struct Probes {
     /// every allocating function gets a uprobe session. Cleared by
     /// `attach` where there are none.
     pub predict: bool,
+    /// `attach --all`'s state (`host`); `None` otherwise.
+    host: Option<host::HostState>,
 }
 
 impl Probes {
@@ -130,12 +138,26 @@ impl Probes {
         let fold_recursion = u32::from(!options.keep_recursion);
         let sampling = u32::from(options.sample_bytes > 0);
         let gc_refill = u32::from(options.gc_refill);
-        let dwarf = u32::from(unwind_tables.is_some());
+        let dwarf = u32::from(unwind_tables.is_some() || options.host);
+        let host = host::Sizes::new(options.host)?;
+        let rows = if options.host { host.rows } else { rows };
+        let (fp_stacks, dwarf_stacks) = if options.host {
+            (1, options.max_stacks)
+        } else {
+            (fp_stacks, dwarf_stacks)
+        };
         let mut ebpf = EbpfLoader::new()
             .override_global(globals::FOLD_RECURSION, &fold_recursion, true)
             .override_global(globals::SAMPLING, &sampling, true)
             .override_global(globals::GC_REFILL, &gc_refill, true)
             .override_global(globals::UNWIND_DWARF, &dwarf, true)
+            .override_global(globals::HOST, &u32::from(options.host), true)
+            .override_global(globals::TASK_REAL_PARENT, &host.real_parent, true)
+            .override_global(globals::TASK_TGID, &host.tgid, true)
+            .override_global(globals::TASK_EXIT_CODE, &host.exit_code, true)
+            .map_max_entries(maps::PROCESSES, host.processes)
+            .map_max_entries(maps::HOST_EVENTS, host.events_bytes)
+            .map_max_entries(maps::MODULE_RANGES, host.module_slots)
             .map_max_entries(maps::LIVE, options.max_live)
             .map_max_entries(maps::STACKS, fp_stacks)
             .map_max_entries(maps::DWARF_STACKS, dwarf_stacks)
@@ -159,7 +181,8 @@ impl Probes {
             modules: ModuleTable::default(),
             sample_bytes: options.sample_bytes,
             gc_refill: options.gc_refill,
-            dwarf: unwind_tables.is_some(),
+            dwarf: unwind_tables.is_some() || options.host,
+            host: None,
         };
         if options.sample_bytes > 0 {
             let mut table: Array<&mut MapData, u64> =
@@ -177,6 +200,9 @@ impl Probes {
         probes.set_enabled(true)?;
         if let Some(tables) = unwind_tables {
             probes.write_unwind_rows(tables)?;
+        }
+        if options.host {
+            probes.start_host(host)?;
         }
         Ok(probes)
     }

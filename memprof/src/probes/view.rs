@@ -113,21 +113,36 @@ pub struct HeapMaps {
     pub refill_frame: Option<std::ops::Range<u64>>,
     counters: PerCpuArray<MapData, KernelCounters>,
     live_by_kind: PerCpuArray<MapData, KindLive>,
+    /// `attach --all`: one process's blocks and sites, taken out of the
+    /// tables ([`Probes::take_ended`]); read instead of the tables.
+    only: Option<super::Prefetched>,
 }
 
 impl HeapMaps {
     /// Every live block, by address. An entry can fail to read when the
     /// block is freed between reading its key and its value.
-    pub fn live(&self) -> impl Iterator<Item = Result<(u64, LiveBlock)>> + '_ {
-        self.live.iter().map(|entry| {
+    pub fn live(&self) -> Box<dyn Iterator<Item = Result<(u64, LiveBlock)>> + '_> {
+        if let Some(only) = &self.only {
+            return Box::new(only.live.iter().map(|&entry| Ok(entry)));
+        }
+        Box::new(self.live.iter().map(|entry| {
             let (addr, live) = entry?;
             Ok((addr, LiveBlock::try_from(&live)?))
-        })
+        }))
+    }
+
+    /// The view of one process of `attach --all` (`only`: its tables).
+    pub fn of_process(mut self, only: super::Prefetched) -> HeapMaps {
+        self.only = Some(only);
+        self
     }
 
     /// Every site with its totals, summed over CPUs; then each kind's
     /// overflow site, if it has any.
-    pub fn sites(&self) -> impl Iterator<Item = Result<(Site, SiteTotals)>> + '_ {
+    pub fn sites(&self) -> Box<dyn Iterator<Item = Result<(Site, SiteTotals)>> + '_> {
+        if let Some(only) = &self.only {
+            return Box::new(only.sites.iter().map(|&entry| Ok(entry)));
+        }
         let sum = |per_cpu: &PerCpuValues<SiteTotals>| {
             let mut sum = SiteTotals::default();
             for totals in per_cpu.iter() {
@@ -147,13 +162,15 @@ impl HeapMaps {
             };
             (totals.count > 0).then_some(Ok((site, totals)))
         });
-        self.sites
-            .iter()
-            .map(move |entry| {
-                let (site, per_cpu) = entry?;
-                Ok((Site::try_from(&site)?, sum(&per_cpu)))
-            })
-            .chain(overflow)
+        Box::new(
+            self.sites
+                .iter()
+                .map(move |entry| {
+                    let (site, per_cpu) = entry?;
+                    Ok((Site::try_from(&site)?, sum(&per_cpu)))
+                })
+                .chain(overflow),
+        )
     }
 
     /// The stack stored under `key` ([`Site::stack`]).
@@ -231,6 +248,7 @@ impl Probes {
             refill_frame: None,
             counters: PerCpuArray::try_from(open(maps::COUNTERS)?)?,
             live_by_kind: PerCpuArray::try_from(open(maps::LIVE_BY_KIND)?)?,
+            only: None,
         })
     }
 }

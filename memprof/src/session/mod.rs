@@ -22,8 +22,8 @@
 //! when dropped, and the kernel closes them if memprof itself dies.
 mod drive;
 mod gc_watch;
-mod output;
-mod plan;
+pub(crate) mod output;
+pub(crate) mod plan;
 pub mod select;
 pub(crate) mod signals;
 pub(crate) mod start;

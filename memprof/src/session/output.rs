@@ -11,14 +11,14 @@ use crate::outfile::OutFile;
 use crate::profile::{self, Profile};
 use crate::report::{self, markdown};
 
-pub(super) struct Output {
+pub(crate) struct Output {
     path: PathBuf,
     /// `None` once written.
     file: Option<OutFile>,
 }
 
 impl Output {
-    pub(super) fn create(given: Option<&PathBuf>, exe: &Path, pid: Option<u32>) -> Result<Output> {
+    pub(crate) fn create(given: Option<&PathBuf>, exe: &Path, pid: Option<u32>) -> Result<Output> {
         let path = match given {
             Some(p) => p.clone(),
             None => {
@@ -63,7 +63,7 @@ impl Output {
 
 impl Output {
     /// Writes the profile, then prints its header and its `top` stacks.
-    pub(super) fn write_and_print(&mut self, profile: &Profile, top: usize) -> Result<()> {
+    pub(crate) fn write_and_print(&mut self, profile: &Profile, top: usize) -> Result<()> {
         use std::io::Write;
         self.write(profile)?;
         let path = self.path();

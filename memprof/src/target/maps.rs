@@ -14,6 +14,9 @@ pub struct Mapping {
     pub file_offset: u64,
     pub executable: bool,
     pub path: PathBuf,
+    /// The file's device (`major:minor` as the kernel prints it) and
+    /// inode: the file itself, whatever its path in the process's root.
+    pub file_id: (String, u64),
 }
 
 impl Mapping {
@@ -34,8 +37,8 @@ fn parse_line(line: &str) -> Option<Mapping> {
     let range = fields.next()?;
     let perms = fields.next()?;
     let offset = fields.next()?;
-    let _dev = fields.next()?;
-    let _inode = fields.next()?;
+    let dev = fields.next()?;
+    let inode = fields.next()?;
     let path = fields.next()?.trim_start();
     if !path.starts_with('/') {
         return None;
@@ -48,6 +51,7 @@ fn parse_line(line: &str) -> Option<Mapping> {
         file_offset: u64::from_str_radix(offset, 16).ok()?,
         executable: perms.as_bytes().get(2) == Some(&b'x'),
         path: PathBuf::from(path),
+        file_id: (dev.to_string(), inode.parse().ok()?),
     })
 }
 
@@ -116,6 +120,7 @@ mod tests {
             PathBuf::from("/usr/lib/x86_64-linux-gnu/libc.so.6")
         );
         assert_eq!(maps[2].file_offset_of(0x7f00aa000010), 0x28010);
+        assert_eq!(maps[2].file_id, ("08:01".to_string(), 7));
     }
 
     #[test]

@@ -1,0 +1,142 @@
+//! The ring of process events, read on a thread of its own: a process's
+//! mappings are read (and its files opened) the moment the kernel says
+//! it started, `exec`ed or loaded libraries, before the slow work (unwind
+//! rows, probe plans) that the main loop does with them. A process that
+//! lives a few milliseconds is gone by the time that work is done.
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use memprof_common::{host, HostEvent};
+
+use crate::modules::ModuleCache;
+use super::files::{self, RowIndex};
+use crate::probes::{HostEvents, ModuleTables};
+use crate::target::maps::{self, Mapping};
+use crate::target::Target;
+
+/// The longest wait for an event (the stop flag is looked at between waits).
+const POLL: Duration = Duration::from_millis(10);
+
+/// An event, and what was read of its process at once.
+pub struct Seen {
+    pub event: HostEvent,
+    pub read: Option<ReadNow>,
+}
+
+/// A process as /proc showed it right after its event.
+pub struct ReadNow {
+    /// Its executable mappings.
+    pub maps: Vec<Mapping>,
+    /// Its files, opened through it (readable after it is gone).
+    pub modules: ModuleCache,
+    /// Its command line and executable (at its first allocation).
+    pub target: Option<Target>,
+    pub ns_pid: Option<u32>,
+}
+
+/// The reading thread.
+pub struct Reader {
+    pub seen: Receiver<Seen>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Reader {
+    /// Reads `ring`; a process seen (or relinked) gets its module table
+    /// in `tables` at once, with the files of `rows`.
+    pub fn start(
+        mut ring: HostEvents,
+        rows: RowIndex,
+        tables: Arc<Mutex<ModuleTables>>,
+    ) -> Reader {
+        let (send, seen) = mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || loop {
+            // Set before the last read: events queued by then are read.
+            let last = stopping.load(Ordering::Acquire);
+            while let Some(event) = ring.next() {
+                let read = read_now(&event);
+                if std::env::var_os("MEMPROF_DEBUG_HOST").is_some() {
+                    eprintln!("reader: op {} pid {} index {} read {}", event.op, event.tgid, event.index as i32, read.is_some());
+                }
+                if let Some(read) = &read {
+                    publish(&event, read, &rows, &tables);
+                }
+                if send.send(Seen { event, read }).is_err() {
+                    return;
+                }
+            }
+            if last {
+                return;
+            }
+            ring.wait(POLL);
+        });
+        Reader {
+            seen,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Reads the events queued now, then stops.
+    pub fn stop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Gives the process of `event` (its first allocation, or a library
+/// load) its module table: the unwinder follows its stacks from now on,
+/// through the files with rows (the main loop adds the others').
+fn publish(event: &HostEvent, read: &ReadNow, rows: &RowIndex, tables: &Mutex<ModuleTables>) {
+    if event.index == host::IGNORED || !matches!(event.op, host::NEW | host::LIBRARIES) {
+        return;
+    }
+    let ranges = files::ranges(rows, &read.maps);
+    let mut tables = tables.lock().unwrap_or_else(|e| e.into_inner());
+    let done = tables.publish(event.tgid, event.index, &ranges);
+    if std::env::var_os("MEMPROF_DEBUG_HOST").is_some() {
+        eprintln!("reader: publish pid {} index {}: {} ranges of {} maps: {done:?}", event.tgid, event.index, ranges.len(), read.maps.len());
+    }
+}
+
+/// What an event's process shows now (nothing for an exit).
+fn read_now(event: &HostEvent) -> Option<ReadNow> {
+    if event.op == host::EXIT {
+        return None;
+    }
+    let pid = event.tgid;
+    let maps: Vec<Mapping> = maps::read(pid)
+        .ok()?
+        .into_iter()
+        .filter(|m| m.executable)
+        .collect();
+    let modules = ModuleCache::of_process(pid);
+    modules.keep(&maps);
+    let (target, ns_pid) = if event.op == host::NEW {
+        (
+            Target::attach(pid).ok(),
+            crate::target::family::namespace_pid(pid),
+        )
+    } else {
+        (None, None)
+    };
+    Some(ReadNow {
+        maps,
+        modules,
+        target,
+        ns_pid,
+    })
+}

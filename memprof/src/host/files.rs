@@ -1,0 +1,250 @@
+//! Each file `attach --all` sees mapped, examined once, by device and
+//! inode (whatever its path in each process's root): its allocator
+//! functions probed for every process, its CFI rows written once into the
+//! kernel's table, its parse shared by the processes that map it.
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use memprof_common::ModuleRange;
+
+use crate::modules::{Module, ModuleCache};
+use crate::probes::Probes;
+use crate::session::plan::{Choice, Plan};
+use crate::session::{SessionOptions, Unwind};
+use crate::target::maps::{self, Mapping};
+use crate::unwind::ModuleTable;
+
+/// A file: `(device, inode)` as /proc/PID/maps says them.
+pub type FileId = (String, u64);
+
+#[derive(Default)]
+struct FileEntry {
+    module: Option<Arc<Module>>,
+    rows_tried: bool,
+}
+
+/// A file's rows in the kernel's table, and the file (for its load bias).
+pub struct FileRows {
+    start: u32,
+    count: u32,
+    module: Arc<Module>,
+}
+
+/// The files with rows, shared with the event reader (which gives a
+/// process its table the moment it is seen, with the rows known then).
+pub type RowIndex = Arc<Mutex<HashMap<FileId, FileRows>>>;
+
+/// The unwinder's module table for `mappings` (a process's executable
+/// ones): the ranges of the files with rows.
+pub fn ranges(rows: &RowIndex, mappings: &[Mapping]) -> Vec<ModuleRange> {
+    let rows = rows.lock().unwrap_or_else(|e| e.into_inner());
+    let mut ranges: Vec<ModuleRange> = mappings
+        .iter()
+        .filter_map(|m| {
+            let file = rows.get(&m.file_id)?;
+            Some(ModuleRange {
+                start: m.start,
+                end: m.end,
+                bias: file.module.bias(m)?,
+                row_start: file.start,
+                row_count: file.count,
+            })
+        })
+        .collect();
+    ranges.sort_by_key(|r| r.start);
+    ranges
+}
+
+/// The files seen so far.
+pub struct Files {
+    choice: Choice,
+    /// Files whose allocator functions were looked for (and probed).
+    examined: HashSet<FileId>,
+    entries: HashMap<FileId, FileEntry>,
+    pub rows: RowIndex,
+    /// Files with probes on them.
+    probed: usize,
+    /// The kernel's row table was found full (said once).
+    rows_full: bool,
+}
+
+impl Files {
+    pub fn new(options: &SessionOptions) -> Files {
+        Files {
+            choice: Choice {
+                heap: options.heap,
+                // The rows are written here, per file, not by the plan.
+                unwind: Unwind::Fp,
+                probe_at_entry: options.probe_at_entry,
+                gc_refill: false,
+                quiet: true,
+            },
+            examined: HashSet::new(),
+            entries: HashMap::new(),
+            rows: RowIndex::default(),
+            probed: 0,
+            rows_full: false,
+        }
+    }
+
+    /// How many files have probes.
+    pub fn probed(&self) -> usize {
+        self.probed
+    }
+
+    /// [`Self::examine`] of process `pid`'s mappings now.
+    pub fn examine_pid(&mut self, probes: &mut Probes, pid: u32) {
+        let Ok(mappings) = maps::read(pid) else {
+            return; // gone, or a kernel thread
+        };
+        let mappings: Vec<Mapping> = mappings.into_iter().filter(|m| m.executable).collect();
+        if mappings.iter().all(|m| self.examined.contains(&m.file_id)) {
+            return;
+        }
+        self.examine(probes, pid, &mappings, &ModuleCache::of_process(pid));
+    }
+
+    /// Probes the allocator functions of the files of `mappings`
+    /// (process `pid`'s executable ones, its files read through `cache`)
+    /// not examined yet, for every process.
+    pub fn examine(
+        &mut self,
+        probes: &mut Probes,
+        pid: u32,
+        mappings: &[Mapping],
+        cache: &ModuleCache,
+    ) {
+        let new: Vec<&Mapping> = mappings
+            .iter()
+            .filter(|m| !self.examined.contains(&m.file_id))
+            .collect();
+        if new.is_empty() {
+            return;
+        }
+        for m in &new {
+            self.examined.insert(m.file_id.clone());
+        }
+        let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) else {
+            return;
+        };
+        let exe = crate::modules::strip_deleted(&exe);
+        // The unwinder's rows of every file now: a process that starts
+        // later and maps them is unwound from its first allocation.
+        self.add_rows(probes, mappings, cache);
+        let plan_cache = ModuleCache::of_process(pid);
+        for m in mappings {
+            if let Some(module) = self.module_of(m, cache) {
+                plan_cache.adopt(&m.path, module);
+            }
+        }
+        let loaded: Vec<PathBuf> = mappings.iter().map(|m| m.path.clone()).collect();
+        // A process without any allocator memprof knows: nothing to probe.
+        let Ok(plan) = Plan::new(plan_cache, &exe, &loaded, &self.choice) else {
+            return;
+        };
+        let new_paths: HashSet<&std::path::Path> = new.iter().map(|m| m.path.as_path()).collect();
+        let planned: Vec<_> = plan
+            .probes
+            .iter()
+            .filter(|p| new_paths.contains(p.func.module.as_path()))
+            .cloned()
+            .collect();
+        if !planned.is_empty() {
+            let files: HashSet<&PathBuf> = planned.iter().map(|p| &p.func.module).collect();
+            match probes.attach(0, &planned, &plan.modules) {
+                Ok(()) => self.probed += files.len(),
+                Err(e) => eprintln!(
+                    "memprof: the allocators of {} are not probed: {e:#}",
+                    files
+                        .iter()
+                        .map(|f| f.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            }
+        }
+        // The dynamic linker: its library loads, for every process.
+        for m in &new {
+            let Ok(module) = plan.modules.get(&m.path) else {
+                continue;
+            };
+            let hook = module
+                .symbol("_dl_debug_state")
+                .and_then(|s| module.file_offset(s.address));
+            if let Some(offset) = hook {
+                if let Err(e) = probes.watch_linker(&module, offset) {
+                    eprintln!(
+                        "memprof: library loads through {} are not seen: {e:#}",
+                        m.path.display()
+                    );
+                }
+            }
+        }
+        for (path, module) in plan.modules.parsed() {
+            if let Some(m) = mappings.iter().find(|m| m.path == path) {
+                let entry = self.entries.entry(m.file_id.clone()).or_default();
+                entry.module.get_or_insert(module);
+            }
+        }
+    }
+
+    /// The module mapped at `m`, parsed once per file (through `cache`,
+    /// the process's files).
+    fn module_of(&mut self, m: &Mapping, cache: &ModuleCache) -> Option<Arc<Module>> {
+        let entry = self.entries.entry(m.file_id.clone()).or_default();
+        if let Some(module) = &entry.module {
+            cache.adopt(&m.path, Arc::clone(module));
+            return Some(Arc::clone(module));
+        }
+        let module = cache.get(&m.path).ok()?;
+        entry.module = Some(Arc::clone(&module));
+        Some(module)
+    }
+
+    /// Writes the rows of each file of `mappings` (a process's executable
+    /// ones, its files read through `cache`) that has none yet.
+    pub fn add_rows(&mut self, probes: &mut Probes, mappings: &[Mapping], cache: &ModuleCache) {
+        for m in mappings {
+            let Some(module) = self.module_of(m, cache) else {
+                continue;
+            };
+            let entry = self.entries.entry(m.file_id.clone()).or_default();
+            if entry.rows_tried {
+                continue;
+            }
+            entry.rows_tried = true;
+            let table = ModuleTable::build(&module)
+                .ok()
+                .filter(|t| !t.rows.is_empty());
+            if let Some(table) = table {
+                match probes.add_rows(&table.rows) {
+                    Ok(Some(start)) => {
+                        let rows = FileRows {
+                            start,
+                            count: table.rows.len() as u32,
+                            module: Arc::clone(&module),
+                        };
+                        self.rows
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .insert(m.file_id.clone(), rows);
+                    }
+                    Ok(None) if !self.rows_full => {
+                        self.rows_full = true;
+                        eprintln!(
+                            "memprof: the kernel's unwind table is full: stacks through {} and the files after it end there",
+                            m.path.display()
+                        );
+                    }
+                    Ok(None) => {}
+                    Err(e) => eprintln!(
+                        "memprof: the unwind rows of {} could not be written: {e:#}",
+                        m.path.display()
+                    ),
+                }
+            }
+            module.release_pages();
+        }
+    }
+}

@@ -1,0 +1,423 @@
+//! `memprof attach --all`: every process of the machine that allocates,
+//! those running and those that start meanwhile, with one load of the
+//! probes.
+//!
+//! A uprobe sits on a file: each distinct allocator file (each libc, each
+//! libgc, each executable with its own allocator) is probed once, for
+//! every process, from the moment memprof first sees a process map it. The
+//! kernel keeps the state per process ([`memprof_common::host`]): a
+//! process gets an index at its first allocation followed, and its live
+//! blocks and sites carry it. Userspace hears of processes through a ring
+//! of events (first allocation, library loads, `exec`, exit), reads their
+//! mappings, gives each its module table for the unwinder (the CFI rows
+//! of each file are written once, shared), and finalizes each process
+//! that ends: its blocks and sites are taken out of the kernel's tables,
+//! symbolized with the mappings kept, and become its part of the profile.
+//!
+//! | part | what it does |
+//! |---|---|
+//! | this module | the loop: events, finalizing, the end |
+//! | `process` | one process: who it is, what it maps, its table |
+//! | `files` | each file once: its allocator probes, its CFI rows |
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{bail, Result};
+use memprof_common::host;
+
+use crate::heap;
+use crate::probes::{ModuleTables, Probes};
+use crate::profile::{Counters, ExitInfo, Profile, TargetInfo};
+use crate::session::output::Output;
+use crate::session::signals::Signals;
+use crate::session::SessionOptions;
+use crate::symbolize;
+
+mod events;
+mod files;
+mod process;
+
+use events::{Reader, Seen};
+use files::Files;
+use process::HostProcess;
+
+/// The longest wait for an event (signals are looked at between waits).
+const POLL: Duration = Duration::from_millis(10);
+/// How often processes that ended are finalized.
+const FINALIZE_EVERY: Duration = Duration::from_millis(250);
+/// How often /proc is read for allocator files no event named (a static
+/// program started before its `exec` event was read).
+const RESCAN: Duration = Duration::from_secs(2);
+
+/// Profiles every process until Ctrl-C, SIGTERM or `--duration`; one
+/// profile, one process each.
+pub fn attach_all(options: &SessionOptions) -> Result<i32> {
+    let signals = Signals::block()?;
+    let mut output = Output::create(options.output.as_ref(), Path::new("host"), None)?;
+    let mut probe_options = options.probes.clone();
+    probe_options.host = true;
+    let mut probes = Probes::load(&probe_options, None)?;
+    let files = Files::new(options);
+    let tables = Arc::new(Mutex::new(probes.module_tables()?));
+    let events = Reader::start(
+        probes.host_events()?,
+        Arc::clone(&files.rows),
+        Arc::clone(&tables),
+    );
+    let mut host = Host {
+        probes,
+        events,
+        tables,
+        processes: HashMap::new(),
+        early: HashMap::new(),
+        to_examine: Vec::new(),
+        files,
+        ended: Vec::new(),
+        done: Vec::new(),
+        started: (Instant::now(), SystemTime::now(), monotonic_ns()),
+        seen: 0,
+        initial: HashSet::new(),
+    };
+    host.initial = host.rescan();
+    let sampled = match options.probes.sample_bytes {
+        0 => String::new(),
+        n => format!(", sampled (--sample-bytes {n}; 0: every allocation)"),
+    };
+    eprintln!(
+        "memprof: profiling every process (now and as they start){sampled}: {} allocator files probed; Ctrl-C to stop{}",
+        host.files.probed(),
+        options
+            .duration
+            .map(|d| format!(", or wait {} s", d.as_secs_f64()))
+            .unwrap_or_default()
+    );
+    let deadline = options.duration.map(|d| Instant::now() + d);
+    let mut last_finalize = Instant::now();
+    let mut last_scan = Instant::now();
+    loop {
+        if let Some(libc::SIGINT | libc::SIGTERM) = signals.wait(Duration::ZERO) {
+            break;
+        }
+        host.read_events(POLL);
+        if last_finalize.elapsed() >= FINALIZE_EVERY {
+            last_finalize = Instant::now();
+            host.finalize_ended()?;
+        }
+        if last_scan.elapsed() >= RESCAN {
+            last_scan = Instant::now();
+            let _ = host.rescan();
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            break;
+        }
+    }
+    host.finish(&mut output, options.top)
+}
+
+/// `attach --all`'s state.
+struct Host {
+    probes: Probes,
+    events: Reader,
+    /// Each process's module table (the reader gives a process its first).
+    tables: Arc<Mutex<ModuleTables>>,
+    /// By index: the processes with an index that have not been finalized.
+    processes: HashMap<u32, HostProcess>,
+    /// By pid: what a program that has just `exec`ed maps (its executable
+    /// and dynamic linker, files kept open), read at once: a process that
+    /// ends within milliseconds still has its program's names.
+    early: HashMap<u32, events::ReadNow>,
+    /// Processes whose files to examine once the events queued are read.
+    to_examine: Vec<u32>,
+    files: Files,
+    /// Indexes of processes that ended, to finalize.
+    ended: Vec<u32>,
+    /// The finalized processes' profiles.
+    done: Vec<Profile>,
+    /// When profiling started: monotonic, wall clock, and the kernel's
+    /// clock (`bpf_ktime_get_ns`).
+    started: (Instant, SystemTime, u64),
+    /// Processes seen in all.
+    seen: u64,
+    /// The processes running when profiling started that have not
+    /// `exec`ed since: profiled from then on, not from their start.
+    initial: HashSet<u32>,
+}
+
+impl Host {
+    /// Seconds since profiling started, of a kernel time.
+    fn since(&self, time_ns: u64) -> f64 {
+        time_ns.saturating_sub(self.started.2) as f64 / 1e9
+    }
+
+    /// The events read (waiting up to `wait` for the first), then the
+    /// files they named.
+    fn read_events(&mut self, wait: Duration) {
+        if let Ok(seen) = self.events.seen.recv_timeout(wait) {
+            self.on_event(seen);
+        }
+        while let Ok(seen) = self.events.seen.try_recv() {
+            self.on_event(seen);
+        }
+        for pid in std::mem::take(&mut self.to_examine) {
+            self.files.examine_pid(&mut self.probes, pid);
+        }
+    }
+
+    fn on_event(&mut self, Seen { event: e, read }: Seen) {
+        let index_known = e.index != host::IGNORED;
+        if std::env::var_os("MEMPROF_DEBUG_HOST").is_some() {
+            eprintln!("event op {} pid {} index {} at {:.6} (now {:.6}) {}", e.op, e.tgid, e.index as i32, self.since(e.time_ns), self.since(monotonic_ns()), comm_of(&e.comm));
+        }
+        match e.op {
+            host::NEW => {
+                let comm = comm_of(&e.comm);
+                let start_s = self.since(e.time_ns);
+                let early = self.early.remove(&e.tgid);
+                // Running before memprof: from then on (as `attach`).
+                let start_s = if self.initial.contains(&e.tgid) {
+                    0.0
+                } else {
+                    start_s
+                };
+                let process =
+                    HostProcess::seen(e.tgid, e.index, e.ppid, &comm, start_s, early, read);
+                self.processes.insert(e.index, process);
+                self.seen += 1;
+                self.publish(e.index);
+            }
+            host::LIBRARIES => {
+                if let Some(p) = self.processes.get_mut(&e.index).filter(|_| index_known) {
+                    if let Some(read) = read {
+                        p.take(read);
+                    }
+                    self.publish(e.index);
+                } else {
+                    self.to_examine.push(e.tgid);
+                }
+            }
+            host::EXEC | host::EXIT => {
+                let end_s = self.since(e.time_ns);
+                if let Some(p) = self.processes.get_mut(&e.index).filter(|_| index_known) {
+                    p.end_s = Some(end_s);
+                    if e.op == host::EXIT {
+                        p.exit = Some(wait_status(e.exit_code));
+                    }
+                    self.ended.push(e.index);
+                }
+                if e.op == host::EXEC {
+                    self.initial.remove(&e.tgid);
+                    if let Some(read) = read {
+                        self.early.insert(e.tgid, read);
+                    }
+                    // A program memprof has not seen may call allocators
+                    // of its own (a static one).
+                    self.to_examine.push(e.tgid);
+                }
+                if e.op == host::EXIT {
+                    self.early.remove(&e.tgid);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Gives process `index` the module table of its mappings last read,
+    /// once the rows of each of its files are written.
+    fn publish(&mut self, index: u32) {
+        let Some(p) = self.processes.get_mut(&index) else {
+            return;
+        };
+        let Some(now) = p.take_latest() else {
+            return; // nothing new read (gone already)
+        };
+        self.to_examine.push(p.pid);
+        self.files.add_rows(&mut self.probes, &now, &p.modules);
+        let ranges = files::ranges(&self.files.rows, &now);
+        let mut tables = self.tables.lock().unwrap_or_else(|e| e.into_inner());
+        if let Err(e) = tables.publish(p.pid, p.index, &ranges) {
+            eprintln!("memprof: pid {}: no unwind table: {e:#}", p.pid);
+        }
+    }
+
+    /// Reads /proc for processes whose files memprof has not examined;
+    /// returns the processes.
+    fn rescan(&mut self) -> HashSet<u32> {
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            return HashSet::new();
+        };
+        let me = std::process::id();
+        let pids: Vec<u32> = dir
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|&pid| pid != me)
+            .collect();
+        for &pid in &pids {
+            self.files.examine_pid(&mut self.probes, pid);
+        }
+        pids.into_iter().collect()
+    }
+
+    /// Finalizes the processes that ended: their tables out of the
+    /// kernel's, their profiles made.
+    fn finalize_ended(&mut self) -> Result<()> {
+        if self.ended.is_empty() {
+            return Ok(());
+        }
+        // Events of the last moment first (a `free` racing the exit is
+        // already in the tables: the probes ran before the exit).
+        self.read_events(Duration::ZERO);
+        let indexes: HashSet<u32> = std::mem::take(&mut self.ended).into_iter().collect();
+        self.finalize(&indexes)
+    }
+
+    fn finalize(&mut self, indexes: &HashSet<u32>) -> Result<()> {
+        let mut taken = self.probes.take_ended(indexes)?;
+        for index in indexes {
+            let Some(p) = self.processes.remove(index) else {
+                continue;
+            };
+            self.tables
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .release(p.index);
+            let tables = taken.remove(index).unwrap_or_default();
+            match self.profile_of(&p, tables) {
+                Ok(profile) => self.done.push(profile),
+                Err(e) => eprintln!(
+                    "memprof: pid {} ({}): its profile could not be made: {e:#}",
+                    p.pid,
+                    p.name()
+                ),
+            }
+        }
+        Ok(())
+    }
+
+    /// The profile of process `p`, from its tables.
+    fn profile_of(&self, p: &HostProcess, tables: crate::probes::Prefetched) -> Result<Profile> {
+        let recorded: u64 = tables.sites.iter().map(|(_, t)| t.count).sum();
+        let maps = self.probes.peek()?.of_process(tables);
+        let raw = heap::collect(&maps, None)?;
+        let (mut groups, stacks) = symbolize::symbolize(raw, &p.maps, &p.modules, false);
+        for g in &mut groups {
+            g.pid = p.pid;
+        }
+        let counters = Counters {
+            allocs: recorded,
+            ..Counters::default()
+        };
+        let mut info = p.info();
+        info.counters = Some(counters.clone());
+        Ok(Profile {
+            memprof_version: env!("CARGO_PKG_VERSION").to_string(),
+            mode: "attach".to_string(),
+            target: TargetInfo {
+                pid: p.pid,
+                command: p.command.clone(),
+                exe: p.exe.clone(),
+            },
+            start_unix_s: unix_s(self.started.1),
+            duration_s: self.started.0.elapsed().as_secs_f64(),
+            exit: p.exit,
+            unwind: "dwarf".to_string(),
+            sample_bytes: self.probes.sample_bytes(),
+            counters,
+            groups,
+            stacks,
+            processes: vec![info],
+            ..Profile::default()
+        })
+    }
+
+    /// The end: recording stops, every process still running is
+    /// finalized (it runs on, untraced), the profile written.
+    fn finish(mut self, output: &mut Output, top: usize) -> Result<i32> {
+        self.probes.disable()?;
+        self.events.stop();
+        self.read_events(Duration::ZERO);
+        let running = self.processes.len();
+        let all: HashSet<u32> = self.processes.keys().copied().collect();
+        self.finalize(&all)?;
+        let host_counters = self.probes.peek()?.counters()?;
+        let duration_s = self.started.0.elapsed().as_secs_f64();
+        let detaching = self.probes.detach();
+        let mut profiles = std::mem::take(&mut self.done);
+        let pids: HashSet<u32> = profiles
+            .iter()
+            .flat_map(|p| p.processes.iter().map(|i| i.pid))
+            .collect();
+        eprintln!(
+            "memprof: {} processes profiled ({running} still running, let go untraced)",
+            pids.len()
+        );
+        if profiles.is_empty() {
+            detaching.wait();
+            bail!(
+                "no process allocated while memprof watched ({duration_s:.1} s): nothing to write"
+            );
+        }
+        profiles.sort_by(|a, b| {
+            let start = |p: &Profile| p.processes.first().map_or(0.0, |i| i.start_s);
+            start(a).total_cmp(&start(b))
+        });
+        let mut profile = profiles.remove(0);
+        crate::profile::family::merge(&mut profile, profiles);
+        // Each from its start, or (running before memprof) from start_s 0.
+        for p in &mut profile.processes {
+            p.profiled_from_s = None;
+        }
+        // The machine's: every process's, and what no process could be
+        // given (processes not followed, frees of blocks never seen).
+        profile.counters = host_counters;
+        profile.duration_s = duration_s;
+        profile.exit = None;
+        profile.target = TargetInfo {
+            pid: 0,
+            command: vec!["--all".to_string()],
+            exe: String::new(),
+        };
+        let result = output.write_and_print(&profile, top);
+        detaching.wait();
+        result.map(|()| 0)
+    }
+}
+
+/// The kernel's 16-byte name, as text.
+fn comm_of(comm: &[u8; 16]) -> String {
+    let end = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
+    String::from_utf8_lossy(&comm[..end]).into_owned()
+}
+
+/// A wait status (`task_struct.exit_code`) as the profile says it.
+fn wait_status(status: u32) -> ExitInfo {
+    let signal = (status & 0x7f) as i32;
+    if signal == 0 {
+        ExitInfo {
+            code: Some(((status >> 8) & 0xff) as i32),
+            signal: None,
+        }
+    } else {
+        ExitInfo {
+            code: None,
+            signal: Some(signal),
+        }
+    }
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock of `bpf_ktime_get_ns`.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn unix_s(at: SystemTime) -> f64 {
+    at.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}

@@ -1,0 +1,117 @@
+//! One process of `attach --all`, from its first allocation followed to
+//! its exit (or `exec`): who it is, what it maps, where its module table
+//! is in the kernel.
+use std::path::PathBuf;
+
+use super::events::ReadNow;
+use crate::modules::ModuleCache;
+use crate::profile::{ExitInfo, ProcessInfo};
+use crate::target::maps::{Mapping, MapsCache};
+
+/// A process the kernel gave an index.
+pub struct HostProcess {
+    pub pid: u32,
+    /// Its index in the kernel's tables ([`memprof_common::host`]).
+    pub index: u32,
+    pub ppid: u32,
+    pub ns_pid: Option<u32>,
+    /// Its command line (its kernel name alone when it was gone before
+    /// memprof read it) and executable.
+    pub command: Vec<String>,
+    pub exe: String,
+    /// Seconds since profiling started.
+    pub start_s: f64,
+    pub end_s: Option<f64>,
+    pub exit: Option<ExitInfo>,
+    /// Every executable mapping seen, for symbols after it is gone.
+    pub maps: MapsCache,
+    /// Its files, opened through it as soon as seen mapped.
+    pub modules: ModuleCache,
+    /// Its mappings as last read, not yet given to the unwinder.
+    pub latest: Option<Vec<Mapping>>,
+    /// Its mappings could never be read (gone first): its frames are
+    /// addresses, not names.
+    pub unread: bool,
+}
+
+impl HostProcess {
+    /// A process just seen (its first allocation followed): what /proc
+    /// still says of it; `comm` is the kernel's name for it then.
+    /// `early`: its mappings and files as read at its `exec`, if they
+    /// were; `now`: as read right after its first allocation.
+    pub fn seen(
+        pid: u32,
+        index: u32,
+        ppid: u32,
+        comm: &str,
+        start_s: f64,
+        early: Option<ReadNow>,
+        now: Option<ReadNow>,
+    ) -> HostProcess {
+        let target = now.as_ref().and_then(|n| n.target.clone());
+        let ns_pid = now.as_ref().and_then(|n| n.ns_pid);
+        let (command, exe) = match target {
+            Some(t) if !t.command.is_empty() => (t.command, t.exe.display().to_string()),
+            Some(t) => (vec![comm.to_string()], t.exe.display().to_string()),
+            None => (vec![comm.to_string()], String::new()),
+        };
+        let mut process = HostProcess {
+            pid,
+            index,
+            ppid,
+            ns_pid,
+            command,
+            exe,
+            start_s,
+            end_s: None,
+            exit: None,
+            maps: MapsCache::default(),
+            modules: ModuleCache::of_process(pid),
+            latest: None,
+            unread: true,
+        };
+        for read in [early, now].into_iter().flatten() {
+            process.take(read);
+        }
+        process
+    }
+
+    /// Takes in what was read of it meanwhile.
+    pub fn take(&mut self, read: ReadNow) {
+        self.maps.merge(read.maps.clone());
+        self.modules.absorb(read.modules);
+        self.latest = Some(read.maps);
+        self.unread = false;
+    }
+
+    /// The executable mappings last read, taken (`None`: none new).
+    pub fn take_latest(&mut self) -> Option<Vec<Mapping>> {
+        self.latest.take()
+    }
+
+    /// Its line of the profile's process table.
+    pub fn info(&self) -> ProcessInfo {
+        ProcessInfo {
+            pid: self.pid,
+            ns_pid: self.ns_pid,
+            ppid: self.ppid,
+            command: self.command.clone(),
+            exe: self.exe.clone(),
+            start_s: self.start_s,
+            end_s: self.end_s,
+            exit: self.exit,
+            profiled: true,
+            profiled_from_s: None,
+            counters: None,
+        }
+    }
+
+    /// The program's file name, for messages.
+    pub fn name(&self) -> String {
+        let program = self.command.first().cloned().unwrap_or_default();
+        PathBuf::from(program)
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    }
+}

@@ -1,0 +1,296 @@
+//! `attach --all`: the kernel's per-process state
+//! ([`memprof_common::host`]) as userspace keeps it. The programs are
+//! loaded once and sit on files, for every process; here:
+//!
+//! - the sizes of the per-process maps, and `task_struct` offsets for the
+//!   process events (from the running kernel's BTF);
+//! - memprof's own process, left out;
+//! - the CFI rows of each file, appended once to `UNWIND_ROWS` and shared
+//!   by every process mapping it;
+//! - each process's module table, a segment of `MODULE_RANGES` of its own
+//!   (a new one each time its mappings change: a probe may be reading
+//!   the old one, which is reused last);
+//! - the ring of process events ([`HostEvents`]);
+//! - the tables of processes that ended, taken out of the kernel's maps
+//!   ([`Probes::take_ended`]) so their room serves the processes to come.
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use anyhow::{anyhow, Context, Result};
+use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuHashMap, RingBuf};
+use memprof_common::{
+    host, maps, module_table, programs, AllocSite, HostEvent, LiveAlloc, ModuleRange,
+    ProcessState, SiteTotals, UnwindRow,
+};
+
+use super::view::{LiveBlock, Site};
+use super::{permission_hint, take_map, Probes};
+
+/// CFI rows the kernel's table holds under `attach --all` (16 bytes
+/// each: 32 MiB): libc has ~31,000, a Crystal program ~100,000.
+const HOST_ROWS: u32 = 1 << 21;
+/// Processes with an index at once (`PROCESSES`).
+const HOST_PROCESSES: u32 = 1 << 15;
+/// The process event ring.
+const HOST_EVENTS_BYTES: u32 = 1 << 20;
+
+/// Map sizes and offsets the object is loaded with.
+pub(super) struct Sizes {
+    pub rows: u32,
+    pub processes: u32,
+    pub events_bytes: u32,
+    pub module_slots: u32,
+    pub real_parent: u32,
+    pub tgid: u32,
+    pub exit_code: u32,
+}
+
+impl Sizes {
+    /// The sizes for `attach --all` (`host`), else the smallest.
+    pub fn new(host: bool) -> Result<Sizes> {
+        if !host {
+            return Ok(Sizes {
+                rows: 1,
+                processes: 1,
+                events_bytes: 4096,
+                module_slots: module_table::ENTRIES,
+                real_parent: 0,
+                tgid: 0,
+                exit_code: 0,
+            });
+        }
+        let offset = |member: &str| -> Result<u32> {
+            let offset = crate::predict::kernel_member_offset("task_struct", &[member])
+                .with_context(|| format!("task_struct.{member} in the kernel's BTF"))?;
+            Ok(offset as u32)
+        };
+        Ok(Sizes {
+            rows: HOST_ROWS,
+            processes: HOST_PROCESSES,
+            events_bytes: HOST_EVENTS_BYTES,
+            module_slots: module_table::SEGMENTS * module_table::SLOTS,
+            real_parent: offset("real_parent")?,
+            tgid: offset("tgid")?,
+            exit_code: offset("exit_code")?,
+        })
+    }
+}
+
+/// What userspace keeps of the shared tables.
+pub(super) struct HostState {
+    rows_used: u32,
+    rows_capacity: u32,
+}
+
+/// The allocations of one process that ended, out of the kernel's tables.
+#[derive(Debug, Default)]
+pub struct Prefetched {
+    pub live: Vec<(u64, LiveBlock)>,
+    pub sites: Vec<(Site, SiteTotals)>,
+}
+
+/// Each process's module table for the unwinder: a segment of
+/// `MODULE_RANGES` of its own, a new one each time its mappings change
+/// (a probe may be reading the old one, which is reused last).
+pub struct ModuleTables {
+    ranges: MapData,
+    processes: BpfHashMap<MapData, u32, ProcessState>,
+    /// Segments no process uses, the oldest first.
+    free: VecDeque<u32>,
+    /// The segment of each process index that has one.
+    by_index: HashMap<u32, u32>,
+    generation: u32,
+}
+
+impl ModuleTables {
+    /// Gives process `tgid` (index `index`) the module table `ranges`.
+    /// `false` when every segment is in use or the process no longer has
+    /// that index (exited, `exec`ed): its frames are then unwound no
+    /// further than the allocator's caller.
+    pub fn publish(&mut self, tgid: u32, index: u32, ranges: &[ModuleRange]) -> Result<bool> {
+        let ranges = &ranges[..ranges.len().min(module_table::MAX_MODULES as usize)];
+        let Some(segment) = self.free.pop_front() else {
+            return Ok(false);
+        };
+        self.generation = self.generation.wrapping_add(1);
+        let packed = module_table::pack(ranges.len() as u32, segment, self.generation);
+        super::batch::fill_at(&self.ranges, module_table::slot(segment, 0), ranges)?;
+        let state = ProcessState {
+            index,
+            modules: packed,
+        };
+        // Only while the process has that index.
+        let same = self.processes.get(&tgid, 0).is_ok_and(|s| s.index == index);
+        if !(same && self.processes.insert(tgid, state, BPF_EXIST).is_ok()) {
+            self.free.push_back(segment);
+            return Ok(false);
+        }
+        if let Some(old) = self.by_index.insert(index, segment) {
+            self.free.push_back(old);
+        }
+        Ok(true)
+    }
+
+    /// Process `index` ended: its segment is free.
+    pub fn release(&mut self, index: u32) {
+        if let Some(segment) = self.by_index.remove(&index) {
+            self.free.push_back(segment);
+        }
+    }
+}
+
+/// The ring of [`HostEvent`]s.
+pub struct HostEvents(RingBuf<MapData>);
+
+impl HostEvents {
+    /// Waits up to `timeout` for an event (the kernel wakes the reader
+    /// when one is queued and it had read every earlier one).
+    pub fn wait(&self, timeout: std::time::Duration) {
+        use std::os::fd::AsRawFd;
+        let mut fd = libc::pollfd {
+            fd: self.0.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut fd, 1, timeout.as_millis() as libc::c_int) };
+    }
+
+    /// The next event queued, if any.
+    pub fn next(&mut self) -> Option<HostEvent> {
+        let item = self.0.next()?;
+        (item.len() >= std::mem::size_of::<HostEvent>())
+            // SAFETY: the kernel wrote a `HostEvent` (plain data) there.
+            .then(|| unsafe { std::ptr::read_unaligned(item.as_ptr() as *const HostEvent) })
+    }
+}
+
+impl Probes {
+    /// Sets up `attach --all`'s state: memprof itself is left out, exits
+    /// and `exec`s are watched.
+    pub(super) fn start_host(&mut self, sizes: Sizes) -> Result<()> {
+        self.host = Some(HostState {
+            rows_used: 0,
+            rows_capacity: sizes.rows,
+        });
+        let me = std::process::id();
+        let ignored = ProcessState {
+            index: host::IGNORED,
+            modules: 0,
+        };
+        let mut processes: BpfHashMap<&mut MapData, u32, ProcessState> =
+            BpfHashMap::try_from(self.map_mut(maps::PROCESSES)?)?;
+        processes.insert(me, ignored, 0)?;
+        let program: &mut aya::programs::RawTracePoint = self
+            .ebpf
+            .program_mut(programs::PROCESS_EXEC)
+            .context("eBPF object has no program process_exec")?
+            .try_into()?;
+        program
+            .load()
+            .map_err(|e| permission_hint(e.into(), "loading program process_exec"))?;
+        program
+            .attach("sched_process_exec")
+            .map_err(|e| permission_hint(e.into(), "attaching to sched_process_exec"))?;
+        Ok(())
+    }
+
+    /// The ring of process events (once).
+    pub fn host_events(&mut self) -> Result<HostEvents> {
+        Ok(HostEvents(RingBuf::try_from(take_map(
+            &mut self.ebpf,
+            maps::HOST_EVENTS,
+        )?)?))
+    }
+
+    fn host_state(&mut self) -> Result<&mut HostState> {
+        self.host
+            .as_mut()
+            .ok_or_else(|| anyhow!("the probes were not loaded for attach --all"))
+    }
+
+    /// Appends a file's CFI rows; returns where they start, `None` when the
+    /// table has no room left.
+    pub fn add_rows(&mut self, rows: &[UnwindRow]) -> Result<Option<u32>> {
+        let state = self.host_state()?;
+        let start = state.rows_used;
+        if rows.is_empty() || (state.rows_capacity - start) < rows.len() as u32 {
+            return Ok(None);
+        }
+        state.rows_used += rows.len() as u32;
+        super::batch::fill_array_at(self.map(maps::UNWIND_ROWS)?, start, rows)?;
+        Ok(Some(start))
+    }
+
+    /// Every process's library loads and unloads: `dl_debug_state` on the
+    /// dynamic linker `module` (its `_dl_debug_state` at `offset`).
+    pub fn watch_linker(&mut self, module: &crate::modules::Module, offset: u64) -> Result<()> {
+        self.attach_at(programs::DL_DEBUG_STATE, module, offset, 0, "_dl_debug_state")
+    }
+
+    /// The processes' module tables, for any thread.
+    pub fn module_tables(&self) -> Result<ModuleTables> {
+        let open = |name: &str| -> Result<MapData> {
+            let data = super::map_data(self.map(name)?)
+                .ok_or_else(|| anyhow!("map {name} has an unexpected type"))?;
+            let fd = std::os::fd::AsFd::as_fd(data.fd()).try_clone_to_owned()?;
+            Ok(MapData::from_fd(fd)?)
+        };
+        Ok(ModuleTables {
+            ranges: open(maps::MODULE_RANGES)?,
+            processes: BpfHashMap::try_from(aya::maps::Map::HashMap(open(maps::PROCESSES)?))?,
+            free: (0..module_table::SEGMENTS).collect(),
+            by_index: HashMap::new(),
+            generation: 0,
+        })
+    }
+
+    /// Takes the live blocks and the sites of the processes `indexes` out
+    /// of the kernel's tables (they ended: nothing adds to them any more).
+    pub fn take_ended(&mut self, indexes: &HashSet<u32>) -> Result<HashMap<u32, Prefetched>> {
+        let mut taken: HashMap<u32, Prefetched> = HashMap::new();
+        if indexes.is_empty() {
+            return Ok(taken);
+        }
+        // Read first, removed after: a removal during the walk would
+        // restart it.
+        let mut live: BpfHashMap<&mut MapData, u64, LiveAlloc> =
+            BpfHashMap::try_from(self.map_mut(maps::LIVE)?)?;
+        let mut keys = Vec::new();
+        for entry in live.iter() {
+            let Ok((key, block)) = entry else { continue };
+            let (index, addr) = host::split(key);
+            if indexes.contains(&index) {
+                keys.push(key);
+                if let Ok(block) = LiveBlock::try_from(&block) {
+                    taken.entry(index).or_default().live.push((addr, block));
+                }
+            }
+        }
+        for key in keys {
+            let _ = live.remove(&key);
+        }
+        let mut sites: PerCpuHashMap<&mut MapData, AllocSite, SiteTotals> =
+            PerCpuHashMap::try_from(self.map_mut(maps::SITE_TOTALS)?)?;
+        let mut keys = Vec::new();
+        for entry in sites.iter() {
+            let Ok((site, per_cpu)) = entry else { continue };
+            if indexes.contains(&site.process) {
+                keys.push(site);
+                let mut sum = SiteTotals::default();
+                for totals in per_cpu.iter() {
+                    sum.add(totals);
+                }
+                if let Ok(s) = Site::try_from(&site) {
+                    taken.entry(site.process).or_default().sites.push((s, sum));
+                }
+            }
+        }
+        for key in keys {
+            let _ = sites.remove(&key);
+        }
+        Ok(taken)
+    }
+}
+
+/// `BPF_EXIST`: update an entry only if it is there.
+const BPF_EXIST: u64 = 2;
