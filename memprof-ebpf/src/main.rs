@@ -2155,19 +2155,25 @@ mod probes {
     }
 
     /// `attach --all`: a process `exec`ed: the index of its old program is
-    /// done (its next allocation gets a new one). Said for every process:
-    /// userspace probes the allocators of a program it has not seen.
+    /// done, and the new program gets one now, before any of its code
+    /// runs: userspace reads its mappings and gives the unwinder its table
+    /// while the dynamic linker is still at work, and probes the
+    /// allocators of a program it has not seen (a static one).
     #[raw_tracepoint(tracepoint = "sched_process_exec")]
     pub fn process_exec(_ctx: RawTracePointContext) -> i32 {
-        let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-        let mut index = host::IGNORED;
-        if let Some(state) = PROCESSES.get_ptr(&tgid) {
-            index = unsafe { (*state).index };
-            if index != host::IGNORED {
-                let _ = PROCESSES.remove(&tgid);
-            }
+        if HOST.load() == 0 || !enabled() {
+            return 0;
         }
-        host_event(host::EXEC, tgid, index, 0);
+        let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+        if let Some(state) = PROCESSES.get_ptr(&tgid) {
+            let index = unsafe { (*state).index };
+            if index == host::IGNORED {
+                return 0;
+            }
+            host_event(host::EXEC, tgid, index, 0);
+            let _ = PROCESSES.remove(&tgid);
+        }
+        let _ = new_process(tgid);
         0
     }
 

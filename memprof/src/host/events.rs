@@ -28,8 +28,10 @@ pub struct Seen {
 
 /// A process as /proc showed it right after its event.
 pub struct ReadNow {
-    /// Its executable mappings.
+    /// Its executable mappings, and which reading of the session's this
+    /// is (they count up).
     pub maps: Vec<Mapping>,
+    pub reading: u64,
     /// Its files, opened through it (readable after it is gone).
     pub modules: ModuleCache,
     /// Its command line and executable (at its first allocation).
@@ -55,25 +57,16 @@ impl Reader {
         let (send, seen) = mpsc::channel();
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = Arc::clone(&stop);
-        let thread = std::thread::spawn(move || loop {
-            // Set before the last read: events queued by then are read.
-            let last = stopping.load(Ordering::Acquire);
-            while let Some(event) = ring.next() {
-                let read = read_now(&event);
-                if std::env::var_os("MEMPROF_DEBUG_HOST").is_some() {
-                    eprintln!("reader: op {} pid {} index {} read {}", event.op, event.tgid, event.index as i32, read.is_some());
-                }
-                if let Some(read) = &read {
-                    publish(&event, read, &rows, &tables);
-                }
-                if send.send(Seen { event, read }).is_err() {
-                    return;
-                }
+        let thread = std::thread::spawn(move || {
+            // A process that lives milliseconds is read only if this
+            // thread runs the moment it is woken, whatever else memprof
+            // (building unwind rows) or the machine is doing.
+            // SAFETY: plain syscalls on this thread.
+            unsafe {
+                let tid = libc::gettid();
+                libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, -20);
             }
-            if last {
-                return;
-            }
-            ring.wait(POLL);
+            read_ring(&mut ring, &send, &stopping, &rows, &tables);
         });
         Reader {
             seen,
@@ -97,6 +90,45 @@ impl Drop for Reader {
     }
 }
 
+/// The thread's loop: every event read, its process read at once.
+fn read_ring(
+    ring: &mut HostEvents,
+    send: &mpsc::Sender<Seen>,
+    stopping: &AtomicBool,
+    rows: &RowIndex,
+    tables: &Mutex<ModuleTables>,
+) {
+    let mut readings = 0;
+    loop {
+        // Set before the last read: events queued by then are read.
+        let last = stopping.load(Ordering::Acquire);
+        while let Some(event) = ring.next() {
+            let t = std::time::Instant::now();
+            readings += 1;
+            let mut read = read_now(&event, readings);
+            let t1 = t.elapsed();
+            if let Some(read) = &mut read {
+                publish(&event, read, rows, tables);
+                // Who it is, after what the unwinder needs.
+                if event.op == host::NEW {
+                    read.target = Target::attach(event.tgid).ok();
+                    read.ns_pid = crate::target::family::namespace_pid(event.tgid);
+                }
+            }
+            if std::env::var_os("MEMPROF_DEBUG_HOST").is_some() {
+                eprintln!("reader: op {} pid {} index {} read {} in {:?}, all {:?}", event.op, event.tgid, event.index as i32, read.is_some(), t1, t.elapsed());
+            }
+            if send.send(Seen { event, read }).is_err() {
+                return;
+            }
+        }
+        if last {
+            return;
+        }
+        ring.wait(POLL);
+    }
+}
+
 /// Gives the process of `event` (its first allocation, or a library
 /// load) its module table: the unwinder follows its stacks from now on,
 /// through the files with rows (the main loop adds the others').
@@ -104,16 +136,23 @@ fn publish(event: &HostEvent, read: &ReadNow, rows: &RowIndex, tables: &Mutex<Mo
     if event.index == host::IGNORED || !matches!(event.op, host::NEW | host::LIBRARIES) {
         return;
     }
+    // With the rows known now first (the usual case: the program ran
+    // before), then again if the rows of a small new file were added.
+    let known = files::ranges(rows, &read.maps);
+    let _ = lock(tables).publish(event.tgid, event.index, read.reading, &known);
+    files::add_rows(rows, &read.maps, &read.modules, Some(files::SMALL_FILE));
     let ranges = files::ranges(rows, &read.maps);
-    let mut tables = tables.lock().unwrap_or_else(|e| e.into_inner());
-    let done = tables.publish(event.tgid, event.index, &ranges);
-    if std::env::var_os("MEMPROF_DEBUG_HOST").is_some() {
-        eprintln!("reader: publish pid {} index {}: {} ranges of {} maps: {done:?}", event.tgid, event.index, ranges.len(), read.maps.len());
+    if ranges != known {
+        let _ = lock(tables).publish(event.tgid, event.index, read.reading, &ranges);
     }
 }
 
+fn lock(tables: &Mutex<ModuleTables>) -> std::sync::MutexGuard<'_, ModuleTables> {
+    tables.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// What an event's process shows now (nothing for an exit).
-fn read_now(event: &HostEvent) -> Option<ReadNow> {
+fn read_now(event: &HostEvent, reading: u64) -> Option<ReadNow> {
     if event.op == host::EXIT {
         return None;
     }
@@ -125,18 +164,11 @@ fn read_now(event: &HostEvent) -> Option<ReadNow> {
         .collect();
     let modules = ModuleCache::of_process(pid);
     modules.keep(&maps);
-    let (target, ns_pid) = if event.op == host::NEW {
-        (
-            Target::attach(pid).ok(),
-            crate::target::family::namespace_pid(pid),
-        )
-    } else {
-        (None, None)
-    };
     Some(ReadNow {
         maps,
+        reading,
         modules,
-        target,
-        ns_pid,
+        target: None,
+        ns_pid: None,
     })
 }

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use memprof_common::ModuleRange;
 
 use crate::modules::{Module, ModuleCache};
-use crate::probes::Probes;
+use crate::probes::{Probes, RowTable};
 use crate::session::plan::{Choice, Plan};
 use crate::session::{SessionOptions, Unwind};
 use crate::target::maps::{self, Mapping};
@@ -21,19 +21,131 @@ pub type FileId = (String, u64);
 #[derive(Default)]
 struct FileEntry {
     module: Option<Arc<Module>>,
-    rows_tried: bool,
 }
 
 /// A file's rows in the kernel's table, and the file (for its load bias).
-pub struct FileRows {
+struct FileRows {
     start: u32,
     count: u32,
     module: Arc<Module>,
 }
 
-/// The files with rows, shared with the event reader (which gives a
-/// process its table the moment it is seen, with the rows known then).
-pub type RowIndex = Arc<Mutex<HashMap<FileId, FileRows>>>;
+/// The files' CFI rows in the kernel, shared by the event reader (which
+/// gives a process its table the moment it is seen, writing the rows of
+/// its small files itself) and the main loop (the big ones).
+pub type RowIndex = Arc<Mutex<Unwinding>>;
+
+pub struct Unwinding {
+    table: RowTable,
+    files: HashMap<FileId, FileRows>,
+    /// Files whose rows were built or are being built (by either thread).
+    tried: HashSet<FileId>,
+    /// Of those, the ones being built.
+    building: HashSet<FileId>,
+    /// The table was found full (said once).
+    full: bool,
+}
+
+impl Unwinding {
+    pub fn new(table: RowTable) -> RowIndex {
+        Arc::new(Mutex::new(Unwinding {
+            table,
+            files: HashMap::new(),
+            tried: HashSet::new(),
+            building: HashSet::new(),
+            full: false,
+        }))
+    }
+}
+
+/// The reader builds the rows of files up to this size at once (a few
+/// milliseconds); bigger ones wait for the main loop.
+pub const SMALL_FILE: u64 = 8 << 20;
+
+/// Writes the rows of each file of `mappings` (a process's executable
+/// ones, its files read through `cache`) that has none yet (only those
+/// of at most `max_size` bytes, if given).
+pub fn add_rows(rows: &RowIndex, mappings: &[Mapping], cache: &ModuleCache, max_size: Option<u64>) {
+    for m in mappings {
+        {
+            let mut unwinding = rows.lock().unwrap_or_else(|e| e.into_inner());
+            if unwinding.tried.contains(&m.file_id) {
+                // Being built by the other thread: the reader waits for
+                // it (a small file's take milliseconds), the table it
+                // gives the process then has it.
+                if max_size.is_some() {
+                    for _ in 0..BUILD_WAITS {
+                        if !unwinding.building.contains(&m.file_id) {
+                            break;
+                        }
+                        drop(unwinding);
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                        unwinding = rows.lock().unwrap_or_else(|e| e.into_inner());
+                    }
+                }
+                continue;
+            }
+            let small = max_size.is_none_or(|max| {
+                cache
+                    .open_file(&m.path)
+                    .and_then(|f| f.metadata())
+                    .is_ok_and(|meta| meta.len() <= max)
+            });
+            if !small {
+                continue;
+            }
+            unwinding.tried.insert(m.file_id.clone());
+            unwinding.building.insert(m.file_id.clone());
+        }
+        let added = build_rows(rows, m, cache);
+        let mut unwinding = rows.lock().unwrap_or_else(|e| e.into_inner());
+        unwinding.building.remove(&m.file_id);
+        if let Some(file) = added {
+            unwinding.files.insert(m.file_id.clone(), file);
+        }
+    }
+}
+
+/// How many milliseconds the reader waits for rows the main loop is building.
+const BUILD_WAITS: u32 = 100;
+
+/// The rows of the file of `m`, written into the kernel's table.
+fn build_rows(rows: &RowIndex, m: &Mapping, cache: &ModuleCache) -> Option<FileRows> {
+    {
+    }
+    // Built without the lock: the other thread goes on meanwhile.
+    let module = cache.get(&m.path).ok()?;
+    let table = ModuleTable::build(&module)
+        .ok()
+        .filter(|t| !t.rows.is_empty());
+    module.release_pages();
+    let table = table?;
+    let mut unwinding = rows.lock().unwrap_or_else(|e| e.into_inner());
+    match unwinding.table.add(&table.rows) {
+        Ok(Some(start)) => Some(FileRows {
+            start,
+            count: table.rows.len() as u32,
+            module,
+        }),
+        Ok(None) => {
+            if !unwinding.full {
+                unwinding.full = true;
+                eprintln!(
+                    "memprof: the kernel's unwind table is full: stacks through {} and the files after it end there",
+                    m.path.display()
+                );
+            }
+            None
+        }
+        Err(e) => {
+            eprintln!(
+                "memprof: the unwind rows of {} could not be written: {e:#}",
+                m.path.display()
+            );
+            None
+        }
+    }
+}
 
 /// The unwinder's module table for `mappings` (a process's executable
 /// ones): the ranges of the files with rows.
@@ -42,7 +154,7 @@ pub fn ranges(rows: &RowIndex, mappings: &[Mapping]) -> Vec<ModuleRange> {
     let mut ranges: Vec<ModuleRange> = mappings
         .iter()
         .filter_map(|m| {
-            let file = rows.get(&m.file_id)?;
+            let file = rows.files.get(&m.file_id)?;
             Some(ModuleRange {
                 start: m.start,
                 end: m.end,
@@ -65,12 +177,10 @@ pub struct Files {
     pub rows: RowIndex,
     /// Files with probes on them.
     probed: usize,
-    /// The kernel's row table was found full (said once).
-    rows_full: bool,
 }
 
 impl Files {
-    pub fn new(options: &SessionOptions) -> Files {
+    pub fn new(options: &SessionOptions, rows: RowTable) -> Files {
         Files {
             choice: Choice {
                 heap: options.heap,
@@ -82,9 +192,8 @@ impl Files {
             },
             examined: HashSet::new(),
             entries: HashMap::new(),
-            rows: RowIndex::default(),
+            rows: Unwinding::new(rows),
             probed: 0,
-            rows_full: false,
         }
     }
 
@@ -131,7 +240,7 @@ impl Files {
         let exe = crate::modules::strip_deleted(&exe);
         // The unwinder's rows of every file now: a process that starts
         // later and maps them is unwound from its first allocation.
-        self.add_rows(probes, mappings, cache);
+        add_rows(&self.rows, mappings, cache, None);
         let plan_cache = ModuleCache::of_process(pid);
         for m in mappings {
             if let Some(module) = self.module_of(m, cache) {
@@ -200,51 +309,5 @@ impl Files {
         let module = cache.get(&m.path).ok()?;
         entry.module = Some(Arc::clone(&module));
         Some(module)
-    }
-
-    /// Writes the rows of each file of `mappings` (a process's executable
-    /// ones, its files read through `cache`) that has none yet.
-    pub fn add_rows(&mut self, probes: &mut Probes, mappings: &[Mapping], cache: &ModuleCache) {
-        for m in mappings {
-            let Some(module) = self.module_of(m, cache) else {
-                continue;
-            };
-            let entry = self.entries.entry(m.file_id.clone()).or_default();
-            if entry.rows_tried {
-                continue;
-            }
-            entry.rows_tried = true;
-            let table = ModuleTable::build(&module)
-                .ok()
-                .filter(|t| !t.rows.is_empty());
-            if let Some(table) = table {
-                match probes.add_rows(&table.rows) {
-                    Ok(Some(start)) => {
-                        let rows = FileRows {
-                            start,
-                            count: table.rows.len() as u32,
-                            module: Arc::clone(&module),
-                        };
-                        self.rows
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .insert(m.file_id.clone(), rows);
-                    }
-                    Ok(None) if !self.rows_full => {
-                        self.rows_full = true;
-                        eprintln!(
-                            "memprof: the kernel's unwind table is full: stacks through {} and the files after it end there",
-                            m.path.display()
-                        );
-                    }
-                    Ok(None) => {}
-                    Err(e) => eprintln!(
-                        "memprof: the unwind rows of {} could not be written: {e:#}",
-                        m.path.display()
-                    ),
-                }
-            }
-            module.release_pages();
-        }
     }
 }

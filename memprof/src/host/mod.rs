@@ -59,7 +59,7 @@ pub fn attach_all(options: &SessionOptions) -> Result<i32> {
     let mut probe_options = options.probes.clone();
     probe_options.host = true;
     let mut probes = Probes::load(&probe_options, None)?;
-    let files = Files::new(options);
+    let files = Files::new(options, probes.row_table()?);
     let tables = Arc::new(Mutex::new(probes.module_tables()?));
     let events = Reader::start(
         probes.host_events()?,
@@ -71,7 +71,6 @@ pub fn attach_all(options: &SessionOptions) -> Result<i32> {
         events,
         tables,
         processes: HashMap::new(),
-        early: HashMap::new(),
         to_examine: Vec::new(),
         files,
         ended: Vec::new(),
@@ -124,10 +123,6 @@ struct Host {
     tables: Arc<Mutex<ModuleTables>>,
     /// By index: the processes with an index that have not been finalized.
     processes: HashMap<u32, HostProcess>,
-    /// By pid: what a program that has just `exec`ed maps (its executable
-    /// and dynamic linker, files kept open), read at once: a process that
-    /// ends within milliseconds still has its program's names.
-    early: HashMap<u32, events::ReadNow>,
     /// Processes whose files to examine once the events queued are read.
     to_examine: Vec<u32>,
     files: Files,
@@ -174,7 +169,6 @@ impl Host {
             host::NEW => {
                 let comm = comm_of(&e.comm);
                 let start_s = self.since(e.time_ns);
-                let early = self.early.remove(&e.tgid);
                 // Running before memprof: from then on (as `attach`).
                 let start_s = if self.initial.contains(&e.tgid) {
                     0.0
@@ -182,7 +176,7 @@ impl Host {
                     start_s
                 };
                 let process =
-                    HostProcess::seen(e.tgid, e.index, e.ppid, &comm, start_s, early, read);
+                    HostProcess::seen(e.tgid, e.index, e.ppid, &comm, start_s, read);
                 self.processes.insert(e.index, process);
                 self.seen += 1;
                 self.publish(e.index);
@@ -208,15 +202,6 @@ impl Host {
                 }
                 if e.op == host::EXEC {
                     self.initial.remove(&e.tgid);
-                    if let Some(read) = read {
-                        self.early.insert(e.tgid, read);
-                    }
-                    // A program memprof has not seen may call allocators
-                    // of its own (a static one).
-                    self.to_examine.push(e.tgid);
-                }
-                if e.op == host::EXIT {
-                    self.early.remove(&e.tgid);
                 }
             }
             _ => {}
@@ -229,14 +214,18 @@ impl Host {
         let Some(p) = self.processes.get_mut(&index) else {
             return;
         };
-        let Some(now) = p.take_latest() else {
+        let Some((reading, now)) = p.take_latest() else {
             return; // nothing new read (gone already)
         };
         self.to_examine.push(p.pid);
-        self.files.add_rows(&mut self.probes, &now, &p.modules);
+        files::add_rows(&self.files.rows, &now, &p.modules, None);
         let ranges = files::ranges(&self.files.rows, &now);
         let mut tables = self.tables.lock().unwrap_or_else(|e| e.into_inner());
-        if let Err(e) = tables.publish(p.pid, p.index, &ranges) {
+        let done = tables.publish(p.pid, p.index, reading, &ranges);
+        if std::env::var_os("MEMPROF_DEBUG_HOST").is_some() {
+            eprintln!("main: publish pid {} index {}: {} ranges of {} maps: {done:?}", p.pid, p.index, ranges.len(), now.len());
+        }
+        if let Err(e) = done {
             eprintln!("memprof: pid {}: no unwind table: {e:#}", p.pid);
         }
     }
@@ -282,6 +271,11 @@ impl Host {
                 .unwrap_or_else(|e| e.into_inner())
                 .release(p.index);
             let tables = taken.remove(index).unwrap_or_default();
+            // Given an index at its `exec`, it never allocated (or no
+            // allocation was sampled): not a process of the profile.
+            if tables.sites.is_empty() {
+                continue;
+            }
             match self.profile_of(&p, tables) {
                 Ok(profile) => self.done.push(profile),
                 Err(e) => eprintln!(

@@ -27,8 +27,9 @@ pub struct HostProcess {
     pub maps: MapsCache,
     /// Its files, opened through it as soon as seen mapped.
     pub modules: ModuleCache,
-    /// Its mappings as last read, not yet given to the unwinder.
-    pub latest: Option<Vec<Mapping>>,
+    /// Its mappings as last read (and which reading), not yet given to
+    /// the unwinder by the main loop.
+    pub latest: Option<(u64, Vec<Mapping>)>,
     /// Its mappings could never be read (gone first): its frames are
     /// addresses, not names.
     pub unread: bool,
@@ -37,15 +38,14 @@ pub struct HostProcess {
 impl HostProcess {
     /// A process just seen (its first allocation followed): what /proc
     /// still says of it; `comm` is the kernel's name for it then.
-    /// `early`: its mappings and files as read at its `exec`, if they
-    /// were; `now`: as read right after its first allocation.
+    /// `now`: as read right after the kernel gave it its index (its
+    /// `exec`, or its first allocation followed).
     pub fn seen(
         pid: u32,
         index: u32,
         ppid: u32,
         comm: &str,
         start_s: f64,
-        early: Option<ReadNow>,
         now: Option<ReadNow>,
     ) -> HostProcess {
         let target = now.as_ref().and_then(|n| n.target.clone());
@@ -70,7 +70,7 @@ impl HostProcess {
             latest: None,
             unread: true,
         };
-        for read in [early, now].into_iter().flatten() {
+        if let Some(read) = now {
             process.take(read);
         }
         process
@@ -80,12 +80,12 @@ impl HostProcess {
     pub fn take(&mut self, read: ReadNow) {
         self.maps.merge(read.maps.clone());
         self.modules.absorb(read.modules);
-        self.latest = Some(read.maps);
+        self.latest = Some((read.reading, read.maps));
         self.unread = false;
     }
 
     /// The executable mappings last read, taken (`None`: none new).
-    pub fn take_latest(&mut self) -> Option<Vec<Mapping>> {
+    pub fn take_latest(&mut self) -> Option<(u64, Vec<Mapping>)> {
         self.latest.take()
     }
 

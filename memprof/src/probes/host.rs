@@ -75,17 +75,33 @@ impl Sizes {
     }
 }
 
-/// What userspace keeps of the shared tables.
-pub(super) struct HostState {
-    rows_used: u32,
-    rows_capacity: u32,
-}
 
 /// The allocations of one process that ended, out of the kernel's tables.
 #[derive(Debug, Default)]
 pub struct Prefetched {
     pub live: Vec<(u64, LiveBlock)>,
     pub sites: Vec<(Site, SiteTotals)>,
+}
+
+/// The kernel's CFI rows (`UNWIND_ROWS`): each file's appended once.
+pub struct RowTable {
+    rows: MapData,
+    used: u32,
+    capacity: u32,
+}
+
+impl RowTable {
+    /// Appends a file's rows; returns where they start, `None` when the
+    /// table has no room left.
+    pub fn add(&mut self, rows: &[UnwindRow]) -> Result<Option<u32>> {
+        let start = self.used;
+        if rows.is_empty() || (self.capacity - start) < rows.len() as u32 {
+            return Ok(None);
+        }
+        super::batch::fill_at(&self.rows, start, rows)?;
+        self.used += rows.len() as u32;
+        Ok(Some(start))
+    }
 }
 
 /// Each process's module table for the unwinder: a segment of
@@ -96,18 +112,32 @@ pub struct ModuleTables {
     processes: BpfHashMap<MapData, u32, ProcessState>,
     /// Segments no process uses, the oldest first.
     free: VecDeque<u32>,
-    /// The segment of each process index that has one.
-    by_index: HashMap<u32, u32>,
+    /// Of each process index with a table: its segment, which reading of
+    /// its mappings the table was made from, and the table.
+    by_index: HashMap<u32, (u32, u64, Vec<ModuleRange>)>,
     generation: u32,
 }
 
 impl ModuleTables {
-    /// Gives process `tgid` (index `index`) the module table `ranges`.
-    /// `false` when every segment is in use or the process no longer has
+    /// Gives process `tgid` (index `index`) the module table `ranges`,
+    /// made from the `reading`th reading of mappings (a table from an
+    /// earlier reading than the one it has is not taken). `false` when
+    /// not taken, every segment is in use, or the process no longer has
     /// that index (exited, `exec`ed): its frames are then unwound no
     /// further than the allocator's caller.
-    pub fn publish(&mut self, tgid: u32, index: u32, ranges: &[ModuleRange]) -> Result<bool> {
+    pub fn publish(
+        &mut self,
+        tgid: u32,
+        index: u32,
+        reading: u64,
+        ranges: &[ModuleRange],
+    ) -> Result<bool> {
         let ranges = &ranges[..ranges.len().min(module_table::MAX_MODULES as usize)];
+        if let Some((_, last, table)) = self.by_index.get(&index) {
+            if *last > reading || (*last == reading && table.as_slice() == ranges) {
+                return Ok(false);
+            }
+        }
         let Some(segment) = self.free.pop_front() else {
             return Ok(false);
         };
@@ -124,7 +154,7 @@ impl ModuleTables {
             self.free.push_back(segment);
             return Ok(false);
         }
-        if let Some(old) = self.by_index.insert(index, segment) {
+        if let Some((old, _, _)) = self.by_index.insert(index, (segment, reading, ranges.to_vec())) {
             self.free.push_back(old);
         }
         Ok(true)
@@ -132,7 +162,7 @@ impl ModuleTables {
 
     /// Process `index` ended: its segment is free.
     pub fn release(&mut self, index: u32) {
-        if let Some(segment) = self.by_index.remove(&index) {
+        if let Some((segment, _, _)) = self.by_index.remove(&index) {
             self.free.push_back(segment);
         }
     }
@@ -168,10 +198,7 @@ impl Probes {
     /// Sets up `attach --all`'s state: memprof itself is left out, exits
     /// and `exec`s are watched.
     pub(super) fn start_host(&mut self, sizes: Sizes) -> Result<()> {
-        self.host = Some(HostState {
-            rows_used: 0,
-            rows_capacity: sizes.rows,
-        });
+        self.host_rows = sizes.rows;
         let me = std::process::id();
         let ignored = ProcessState {
             index: host::IGNORED,
@@ -202,23 +229,21 @@ impl Probes {
         )?)?))
     }
 
-    fn host_state(&mut self) -> Result<&mut HostState> {
-        self.host
-            .as_mut()
-            .ok_or_else(|| anyhow!("the probes were not loaded for attach --all"))
+    /// The CFI row table, for any thread.
+    pub fn row_table(&self) -> Result<RowTable> {
+        Ok(RowTable {
+            rows: self.dup_map(maps::UNWIND_ROWS)?,
+            used: 0,
+            capacity: self.host_rows,
+        })
     }
 
-    /// Appends a file's CFI rows; returns where they start, `None` when the
-    /// table has no room left.
-    pub fn add_rows(&mut self, rows: &[UnwindRow]) -> Result<Option<u32>> {
-        let state = self.host_state()?;
-        let start = state.rows_used;
-        if rows.is_empty() || (state.rows_capacity - start) < rows.len() as u32 {
-            return Ok(None);
-        }
-        state.rows_used += rows.len() as u32;
-        super::batch::fill_array_at(self.map(maps::UNWIND_ROWS)?, start, rows)?;
-        Ok(Some(start))
+    /// Another handle on map `name` (for a thread of its own).
+    fn dup_map(&self, name: &str) -> Result<MapData> {
+        let data = super::map_data(self.map(name)?)
+            .ok_or_else(|| anyhow!("map {name} has an unexpected type"))?;
+        let fd = std::os::fd::AsFd::as_fd(data.fd()).try_clone_to_owned()?;
+        Ok(MapData::from_fd(fd)?)
     }
 
     /// Every process's library loads and unloads: `dl_debug_state` on the
@@ -229,15 +254,11 @@ impl Probes {
 
     /// The processes' module tables, for any thread.
     pub fn module_tables(&self) -> Result<ModuleTables> {
-        let open = |name: &str| -> Result<MapData> {
-            let data = super::map_data(self.map(name)?)
-                .ok_or_else(|| anyhow!("map {name} has an unexpected type"))?;
-            let fd = std::os::fd::AsFd::as_fd(data.fd()).try_clone_to_owned()?;
-            Ok(MapData::from_fd(fd)?)
-        };
         Ok(ModuleTables {
-            ranges: open(maps::MODULE_RANGES)?,
-            processes: BpfHashMap::try_from(aya::maps::Map::HashMap(open(maps::PROCESSES)?))?,
+            ranges: self.dup_map(maps::MODULE_RANGES)?,
+            processes: BpfHashMap::try_from(aya::maps::Map::HashMap(
+                self.dup_map(maps::PROCESSES)?,
+            ))?,
             free: (0..module_table::SEGMENTS).collect(),
             by_index: HashMap::new(),
             generation: 0,

@@ -31,7 +31,7 @@ mod unwind_tables;
 mod view;
 
 pub use gc_hold::{GcChange, GcEvents};
-pub use host::{HostEvents, ModuleTables, Prefetched};
+pub use host::{HostEvents, ModuleTables, Prefetched, RowTable};
 pub use view::{HeapMaps, LiveBlock, RecordedStack, Site};
 
 use unwind_tables::ModuleTable;
@@ -113,8 +113,8 @@ pub struct Probes {
     /// every allocating function gets a uprobe session. Cleared by
     /// `attach` where there are none.
     pub predict: bool,
-    /// `attach --all`'s state (`host`); `None` otherwise.
-    host: Option<host::HostState>,
+    /// `attach --all`: the capacity of the CFI row table.
+    host_rows: u32,
 }
 
 impl Probes {
@@ -182,7 +182,7 @@ impl Probes {
             sample_bytes: options.sample_bytes,
             gc_refill: options.gc_refill,
             dwarf: unwind_tables.is_some() || options.host,
-            host: None,
+            host_rows: 0,
         };
         if options.sample_bytes > 0 {
             let mut table: Array<&mut MapData, u64> =
