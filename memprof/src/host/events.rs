@@ -90,7 +90,9 @@ impl Drop for Reader {
     }
 }
 
-/// The thread's loop: every event read, its process read at once.
+/// The thread's loop: every event read, its process read at once; then
+/// the tables given, one event at a time, reading the ring again between
+/// two files whose rows are built (a file takes ~10 ms a megabyte).
 fn read_ring(
     ring: &mut HostEvents,
     send: &mpsc::Sender<Seen>,
@@ -98,25 +100,14 @@ fn read_ring(
     rows: &RowIndex,
     tables: &Mutex<ModuleTables>,
 ) {
-    let mut readings = 0;
+    let mut queue = Queue::default();
     loop {
         // Set before the last read: events queued by then are read.
         let last = stopping.load(Ordering::Acquire);
-        while let Some(event) = ring.next() {
-            let t = std::time::Instant::now();
-            readings += 1;
-            let mut read = read_now(&event, readings);
-            let t1 = t.elapsed();
-            if let Some(read) = &mut read {
-                publish(&event, read, rows, tables);
-                // Who it is, after what the unwinder needs.
-                if event.op == host::NEW {
-                    read.target = Target::attach(event.tgid).ok();
-                    read.ns_pid = crate::target::family::namespace_pid(event.tgid);
-                }
-            }
-            if std::env::var_os("MEMPROF_DEBUG_HOST").is_some() {
-                eprintln!("reader: op {} pid {} index {} read {} in {:?}, all {:?}", event.op, event.tgid, event.index as i32, read.is_some(), t1, t.elapsed());
+        queue.drain(ring);
+        while let Some((event, read)) = queue.items.pop_front() {
+            if let Some(read) = &read {
+                publish(&event, read, rows, tables, &mut || queue.drain(ring));
             }
             if send.send(Seen { event, read }).is_err() {
                 return;
@@ -129,10 +120,35 @@ fn read_ring(
     }
 }
 
+/// The events read, each with what its process showed then.
+#[derive(Default)]
+struct Queue {
+    items: std::collections::VecDeque<(HostEvent, Option<ReadNow>)>,
+    readings: u64,
+}
+
+impl Queue {
+    /// Reads every event queued in the ring, and each one's process.
+    fn drain(&mut self, ring: &mut HostEvents) {
+        while let Some(event) = ring.next() {
+            self.readings += 1;
+            let read = read_now(&event, self.readings);
+            self.items.push_back((event, read));
+        }
+    }
+}
+
 /// Gives the process of `event` (its first allocation, or a library
 /// load) its module table: the unwinder follows its stacks from now on,
 /// through the files with rows (the main loop adds the others').
-fn publish(event: &HostEvent, read: &ReadNow, rows: &RowIndex, tables: &Mutex<ModuleTables>) {
+/// `between`: called before each file's rows are built.
+fn publish(
+    event: &HostEvent,
+    read: &ReadNow,
+    rows: &RowIndex,
+    tables: &Mutex<ModuleTables>,
+    between: &mut dyn FnMut(),
+) {
     if event.index == host::IGNORED || !matches!(event.op, host::NEW | host::LIBRARIES) {
         return;
     }
@@ -140,7 +156,7 @@ fn publish(event: &HostEvent, read: &ReadNow, rows: &RowIndex, tables: &Mutex<Mo
     // before), then again if the rows of a small new file were added.
     let known = files::ranges(rows, &read.maps);
     let _ = lock(tables).publish(event.tgid, event.index, read.reading, &known);
-    files::add_rows(rows, &read.maps, &read.modules, Some(files::SMALL_FILE));
+    files::add_rows(rows, &read.maps, &read.modules, Some(files::SMALL_FILE), between);
     let ranges = files::ranges(rows, &read.maps);
     if ranges != known {
         let _ = lock(tables).publish(event.tgid, event.index, read.reading, &ranges);
@@ -164,11 +180,19 @@ fn read_now(event: &HostEvent, reading: u64) -> Option<ReadNow> {
         .collect();
     let modules = ModuleCache::of_process(pid);
     modules.keep(&maps);
+    // Who it is (at its first allocation or `exec`).
+    let (target, ns_pid) = match event.op {
+        host::NEW => (
+            Target::attach(pid).ok(),
+            crate::target::family::namespace_pid(pid),
+        ),
+        _ => (None, None),
+    };
     Some(ReadNow {
         maps,
         reading,
         modules,
-        target: None,
-        ns_pid: None,
+        target,
+        ns_pid,
     })
 }

@@ -58,6 +58,27 @@ impl Unwinding {
     }
 }
 
+/// Where the dynamic linker finds libraries (Debian's multiarch first).
+const LIBRARY_DIRS: [&str; 6] = [
+    "/usr/lib/x86_64-linux-gnu",
+    "/lib/x86_64-linux-gnu",
+    "/usr/lib64",
+    "/lib64",
+    "/usr/lib",
+    "/usr/local/lib",
+];
+
+/// The [`FileId`] of the file at `path` as memprof sees it.
+fn file_id(path: &std::path::Path) -> Option<FileId> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).ok()?;
+    let dev = meta.dev();
+    // Linux's `MAJOR`/`MINOR` of a 64-bit dev_t, as /proc/PID/maps prints them.
+    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    Some((format!("{major:02x}:{minor:02x}"), meta.ino()))
+}
+
 /// The reader builds the rows of files up to this size at once (a few
 /// milliseconds); bigger ones wait for the main loop.
 pub const SMALL_FILE: u64 = 8 << 20;
@@ -65,7 +86,14 @@ pub const SMALL_FILE: u64 = 8 << 20;
 /// Writes the rows of each file of `mappings` (a process's executable
 /// ones, its files read through `cache`) that has none yet (only those
 /// of at most `max_size` bytes, if given).
-pub fn add_rows(rows: &RowIndex, mappings: &[Mapping], cache: &ModuleCache, max_size: Option<u64>) {
+/// `between` is called before each file is built.
+pub fn add_rows(
+    rows: &RowIndex,
+    mappings: &[Mapping],
+    cache: &ModuleCache,
+    max_size: Option<u64>,
+    between: &mut dyn FnMut(),
+) {
     for m in mappings {
         {
             let mut unwinding = rows.lock().unwrap_or_else(|e| e.into_inner());
@@ -97,6 +125,7 @@ pub fn add_rows(rows: &RowIndex, mappings: &[Mapping], cache: &ModuleCache, max_
             unwinding.tried.insert(m.file_id.clone());
             unwinding.building.insert(m.file_id.clone());
         }
+        between();
         let added = build_rows(rows, m, cache);
         let mut unwinding = rows.lock().unwrap_or_else(|e| e.into_inner());
         unwinding.building.remove(&m.file_id);
@@ -177,6 +206,9 @@ pub struct Files {
     pub rows: RowIndex,
     /// Files with probes on them.
     probed: usize,
+    /// Profiling has begun: a file probed from now on was mapped by a
+    /// process that ran unprobed until then (said).
+    pub started: bool,
 }
 
 impl Files {
@@ -194,12 +226,54 @@ impl Files {
             entries: HashMap::new(),
             rows: Unwinding::new(rows),
             probed: 0,
+            started: false,
         }
     }
 
     /// How many files have probes.
     pub fn probed(&self) -> usize {
         self.probed
+    }
+
+    /// Probes the allocator libraries a program started later would get
+    /// from the dynamic linker (each `libc.so.6` and `libgc.so*` of the
+    /// standard library directories), before any process maps them: its
+    /// first allocations are not missed while memprof examines them.
+    pub fn probe_system_libraries(&mut self, probes: &mut Probes) {
+        let mut found: Vec<(PathBuf, FileId)> = Vec::new();
+        for dir in LIBRARY_DIRS {
+            let Ok(entries) = std::fs::read_dir(dir) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let name = entry.file_name();
+                let name = name.to_string_lossy();
+                if name != "libc.so.6" && !name.starts_with("libgc.so") {
+                    continue;
+                }
+                let Ok(path) = std::fs::canonicalize(entry.path()) else {
+                    continue;
+                };
+                let Some(id) = file_id(&path) else {
+                    continue;
+                };
+                if !found.iter().any(|(_, f)| *f == id) {
+                    found.push((path, id));
+                }
+            }
+        }
+        for (path, id) in found {
+            let mapping = Mapping {
+                start: 0,
+                end: 0,
+                file_offset: 0,
+                executable: true,
+                path: path.clone(),
+                file_id: id,
+            };
+            // Through memprof's own view of the files (no process yet).
+            self.examine_files(probes, &path, &[mapping], &ModuleCache::default());
+        }
     }
 
     /// [`Self::examine`] of process `pid`'s mappings now.
@@ -224,6 +298,24 @@ impl Files {
         mappings: &[Mapping],
         cache: &ModuleCache,
     ) {
+        if mappings.iter().all(|m| self.examined.contains(&m.file_id)) {
+            return;
+        }
+        let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) else {
+            return;
+        };
+        let exe = crate::modules::strip_deleted(&exe);
+        self.examine_files(probes, &exe, mappings, cache);
+    }
+
+    /// [`Self::examine`] of `mappings` (`exe`'s files), whichever are new.
+    fn examine_files(
+        &mut self,
+        probes: &mut Probes,
+        exe: &std::path::Path,
+        mappings: &[Mapping],
+        cache: &ModuleCache,
+    ) {
         let new: Vec<&Mapping> = mappings
             .iter()
             .filter(|m| !self.examined.contains(&m.file_id))
@@ -234,14 +326,10 @@ impl Files {
         for m in &new {
             self.examined.insert(m.file_id.clone());
         }
-        let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) else {
-            return;
-        };
-        let exe = crate::modules::strip_deleted(&exe);
         // The unwinder's rows of every file now: a process that starts
         // later and maps them is unwound from its first allocation.
-        add_rows(&self.rows, mappings, cache, None);
-        let plan_cache = ModuleCache::of_process(pid);
+        add_rows(&self.rows, mappings, cache, None, &mut || {});
+        let plan_cache = cache.sibling();
         for m in mappings {
             if let Some(module) = self.module_of(m, cache) {
                 plan_cache.adopt(&m.path, module);
@@ -249,7 +337,7 @@ impl Files {
         }
         let loaded: Vec<PathBuf> = mappings.iter().map(|m| m.path.clone()).collect();
         // A process without any allocator memprof knows: nothing to probe.
-        let Ok(plan) = Plan::new(plan_cache, &exe, &loaded, &self.choice) else {
+        let Ok(plan) = Plan::new(plan_cache, exe, &loaded, &self.choice) else {
             return;
         };
         let new_paths: HashSet<&std::path::Path> = new.iter().map(|m| m.path.as_path()).collect();
@@ -262,7 +350,18 @@ impl Files {
         if !planned.is_empty() {
             let files: HashSet<&PathBuf> = planned.iter().map(|p| &p.func.module).collect();
             match probes.attach(0, &planned, &plan.modules) {
-                Ok(()) => self.probed += files.len(),
+                Ok(()) => {
+                    self.probed += files.len();
+                    if self.started {
+                        for file in &files {
+                            eprintln!(
+                                "memprof: {} probed now, for every process: {} mapped it first, and what it allocated through it before is not seen",
+                                file.display(),
+                                exe.display()
+                            );
+                        }
+                    }
+                }
                 Err(e) => eprintln!(
                     "memprof: the allocators of {} are not probed: {e:#}",
                     files

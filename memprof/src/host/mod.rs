@@ -79,7 +79,9 @@ pub fn attach_all(options: &SessionOptions) -> Result<i32> {
         seen: 0,
         initial: HashSet::new(),
     };
+    host.files.probe_system_libraries(&mut host.probes);
     host.initial = host.rescan();
+    host.files.started = true;
     let sampled = match options.probes.sample_bytes {
         0 => String::new(),
         n => format!(", sampled (--sample-bytes {n}; 0: every allocation)"),
@@ -218,7 +220,7 @@ impl Host {
             return; // nothing new read (gone already)
         };
         self.to_examine.push(p.pid);
-        files::add_rows(&self.files.rows, &now, &p.modules, None);
+        files::add_rows(&self.files.rows, &now, &p.modules, None, &mut || {});
         let ranges = files::ranges(&self.files.rows, &now);
         let mut tables = self.tables.lock().unwrap_or_else(|e| e.into_inner());
         let done = tables.publish(p.pid, p.index, reading, &ranges);

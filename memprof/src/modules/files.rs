@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use crate::target::maps::{self, Mapping};
 
 /// Whose files a [`super::ModuleCache`] opens.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(super) struct Process {
     pub pid: u32,
     /// Its executable's path (without " (deleted)").

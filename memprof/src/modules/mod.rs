@@ -118,6 +118,14 @@ impl ModuleCache {
         Ok(module)
     }
 
+    /// An empty cache of the same process's files (or memprof's own).
+    pub fn sibling(&self) -> ModuleCache {
+        ModuleCache {
+            process: self.process.clone(),
+            ..ModuleCache::default()
+        }
+    }
+
     /// Takes in what `other` (the same process's, read meanwhile) opened
     /// or parsed that this one lacks.
     pub fn absorb(&self, other: ModuleCache) {
