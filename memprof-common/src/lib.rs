@@ -766,8 +766,13 @@ pub mod maps {
 
     /// Per-CPU [`KindLive`](super::KindLive): what `LIVE` holds, per kind.
     pub const LIVE_BY_KIND: &str = "LIVE_BY_KIND";
-    /// `attach --all`: tgid → [`ProcessState`](super::ProcessState).
+    /// `attach --all`: tgid → its index ([`host`](super::host)); written
+    /// by the kernel only.
     pub const PROCESSES: &str = "PROCESSES";
+    /// `attach --all`: index → its module table, packed by
+    /// [`module_table::pack`](super::module_table::pack) (0: none yet);
+    /// written by userspace.
+    pub const PROCESS_MODULES: &str = "PROCESS_MODULES";
     /// `attach --all`: one `u64`, the next process index.
     pub const PROCESS_COUNT: &str = "PROCESS_COUNT";
     /// `attach --all`: ring of [`HostEvent`](super::HostEvent)s.
@@ -805,7 +810,7 @@ pub mod globals {
 /// allocation followed; its live blocks are keyed by the index and the
 /// address ([`live_key`](host::live_key)), its sites carry it
 /// ([`AllocSite::process`]), its unwinder table is its own segment of
-/// `MODULE_RANGES` ([`ProcessState::modules`]).
+/// `MODULE_RANGES` (`PROCESS_MODULES`).
 pub mod host {
     /// User addresses are below 2^47 (4-level paging): the index goes above.
     pub const INDEX_SHIFT: u32 = 47;
@@ -835,16 +840,6 @@ pub mod host {
     pub const LIBRARIES: u8 = 2;
     /// The process `exec`ed: the index it had is done.
     pub const EXEC: u8 = 3;
-}
-
-/// A process of `attach --all`, in the `PROCESSES` map (keyed by tgid).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct ProcessState {
-    /// Its index ([`host`]).
-    pub index: u32,
-    /// Its unwinder table, packed by [`module_table::pack`] (0: none yet).
-    pub modules: u32,
 }
 
 /// A change to the processes of `attach --all` (the `HOST_EVENTS` ring).
@@ -1054,7 +1049,6 @@ mod pod {
     unsafe impl aya::Pod for super::ModuleRange {}
     unsafe impl aya::Pod for super::DwarfStack {}
     unsafe impl aya::Pod for super::Predict {}
-    unsafe impl aya::Pod for super::ProcessState {}
     unsafe impl aya::Pod for super::HostEvent {}
     unsafe impl aya::Pod for super::KernelMarks {}
     unsafe impl aya::Pod for super::Refill {}

@@ -62,7 +62,7 @@ mod probes {
     use memprof_common::{
         cfa, config, cookie, errno, gc_event, host, layout, lifetime_bucket, module_table, op,
         predict, predictor, AllocKind, AllocSite, DwarfStack, GcEvent, HostEvent, KernelCounters,
-        KernelMarks, KindLive, LiveAlloc, ModuleRange, PendingCall, Predict, ProcessState, Refill,
+        KernelMarks, KindLive, LiveAlloc, ModuleRange, PendingCall, Predict, Refill,
         SiteTotals, ThreadClock,
         UnwindRow, CALLER_ONLY, FOLD_WINDOW, GC_FREELIST_COUNTS, GC_TINY_FREELISTS, HOLD_SIGNAL,
         LIBRARY_LOAD_SIGNAL, MAX_FRAMES, MAX_STEPS, NO_STACK, PREDICT_CHECK_EVERY,
@@ -95,9 +95,21 @@ mod probes {
     #[unsafe(no_mangle)]
     static TASK_EXIT_CODE: Global<u32> = Global::new(0);
 
-    /// `attach --all`: the processes followed, by tgid (see `this_process`).
+    /// `attach --all`: the processes followed, tgid → index (see
+    /// `this_process`). Only the kernel writes it.
     #[map]
-    static PROCESSES: HashMap<u32, ProcessState> = HashMap::with_max_entries(1, 0);
+    static PROCESSES: HashMap<u32, u32> = HashMap::with_max_entries(1, 0);
+    /// `attach --all`: index → the process's module table (packed; 0:
+    /// none yet). Only userspace writes it: one aligned word.
+    #[map]
+    static PROCESS_MODULES: Array<u32> = Array::with_max_entries(1, 0);
+
+    /// A process making a call: its index and its module table.
+    #[derive(Clone, Copy)]
+    struct ProcessState {
+        index: u32,
+        modules: u32,
+    }
     /// `attach --all`: `[0]`, the next process index.
     #[map]
     static PROCESS_COUNT: Array<u64> = Array::with_max_entries(1, 0);
@@ -374,16 +386,22 @@ mod probes {
             });
         }
         let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-        if let Some(state) = PROCESSES.get_ptr(&tgid) {
-            let state = unsafe { *state };
-            return (state.index != host::IGNORED).then_some(state);
+        let index = match PROCESSES.get_ptr(&tgid) {
+            Some(index) => unsafe { *index },
+            None => new_process(tgid)?,
+        };
+        if index == host::IGNORED {
+            return None;
         }
-        new_process(tgid)
+        Some(ProcessState {
+            index,
+            modules: PROCESS_MODULES.get(index).copied().unwrap_or(0),
+        })
     }
 
     /// [`this_process`] for a process not in `PROCESSES` yet.
     #[inline(always)]
-    fn new_process(tgid: u32) -> Option<ProcessState> {
+    fn new_process(tgid: u32) -> Option<u32> {
         let count = PROCESS_COUNT.get_ptr_mut(0)?;
         let mut i = 1u64;
         unsafe {
@@ -397,20 +415,18 @@ mod probes {
             bump(|c| &mut c.processes_not_followed);
             return None;
         }
-        let state = ProcessState {
-            index: i as u32,
-            modules: 0,
-        };
-        match PROCESSES.insert(&tgid, &state, BPF_NOEXIST as u64) {
+        let index = i as u32;
+        // Its table is none until userspace gives one.
+        if let Some(modules) = PROCESS_MODULES.get_ptr_mut(index) {
+            unsafe { *modules = 0 };
+        }
+        match PROCESSES.insert(&tgid, &index, BPF_NOEXIST as u64) {
             Ok(()) => {
-                host_event(host::NEW, tgid, state.index, 0);
-                Some(state)
+                host_event(host::NEW, tgid, index, 0);
+                Some(index)
             }
             // Another thread of the process added it meanwhile.
-            Err(e) if e == -errno::EEXIST => {
-                let state = unsafe { *PROCESSES.get_ptr(&tgid)? };
-                (state.index != host::IGNORED).then_some(state)
-            }
+            Err(e) if e == -errno::EEXIST => Some(unsafe { *PROCESSES.get_ptr(&tgid)? }),
             Err(_) => {
                 bump(|c| &mut c.processes_not_followed);
                 None
@@ -2104,8 +2120,8 @@ mod probes {
             return Some(0);
         }
         let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-        let state = unsafe { *PROCESSES.get_ptr(&tgid)? };
-        (state.index != host::IGNORED).then_some(state.index)
+        let index = unsafe { *PROCESSES.get_ptr(&tgid)? };
+        (index != host::IGNORED).then_some(index)
     }
 
     /// `munmap(addr, len)`: forgets a mapping made by `mmap` at exactly that
@@ -2140,8 +2156,8 @@ mod probes {
         // `attach --all`: the main thread's exit ends the process.
         if HOST.load() == 1 && thread >> 32 == thread & 0xffff_ffff {
             let tgid = (thread >> 32) as u32;
-            if let Some(state) = PROCESSES.get_ptr(&tgid) {
-                let index = unsafe { (*state).index };
+            if let Some(index) = PROCESSES.get_ptr(&tgid) {
+                let index = unsafe { *index };
                 if index != host::IGNORED {
                     let task = unsafe { bpf_get_current_task() } as *const u8;
                     let at = task.wrapping_add(TASK_EXIT_CODE.load() as usize);
@@ -2165,8 +2181,8 @@ mod probes {
             return 0;
         }
         let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-        if let Some(state) = PROCESSES.get_ptr(&tgid) {
-            let index = unsafe { (*state).index };
+        if let Some(index) = PROCESSES.get_ptr(&tgid) {
+            let index = unsafe { *index };
             if index == host::IGNORED {
                 return 0;
             }

@@ -25,6 +25,18 @@ pub fn configure() {
     }
 }
 
+/// A second heap, for a thread that must never wait for another's lock
+/// (`attach --all`'s event reader: the main loop allocates a lot while
+/// finalizing a process, and a reader stalled milliseconds misses a
+/// short-lived process). The next thread that allocates for the first
+/// time gets it.
+pub fn allow_second_arena() {
+    // SAFETY: mallopt only sets allocator parameters.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, ARENAS + 1);
+    }
+}
+
 /// Gives the heap's free memory back after a big phase ends.
 pub fn trim() {
     // SAFETY: malloc_trim only releases free memory.

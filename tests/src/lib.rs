@@ -368,7 +368,7 @@ pub fn list_groups(json: &Value) -> String {
 }
 
 /// The four counts of a group.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Counts {
     pub live_count: u64,
     pub live_bytes: u64,

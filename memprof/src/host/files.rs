@@ -107,6 +107,7 @@ pub fn add_rows(
                             break;
                         }
                         drop(unwinding);
+                        between();
                         std::thread::sleep(std::time::Duration::from_millis(1));
                         unwinding = rows.lock().unwrap_or_else(|e| e.into_inner());
                     }

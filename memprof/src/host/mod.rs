@@ -164,9 +164,6 @@ impl Host {
 
     fn on_event(&mut self, Seen { event: e, read }: Seen) {
         let index_known = e.index != host::IGNORED;
-        if std::env::var_os("MEMPROF_DEBUG_HOST").is_some() {
-            eprintln!("event op {} pid {} index {} at {:.6} (now {:.6}) {}", e.op, e.tgid, e.index as i32, self.since(e.time_ns), self.since(monotonic_ns()), comm_of(&e.comm));
-        }
         match e.op {
             host::NEW => {
                 let comm = comm_of(&e.comm);
@@ -223,11 +220,7 @@ impl Host {
         files::add_rows(&self.files.rows, &now, &p.modules, None, &mut || {});
         let ranges = files::ranges(&self.files.rows, &now);
         let mut tables = self.tables.lock().unwrap_or_else(|e| e.into_inner());
-        let done = tables.publish(p.pid, p.index, reading, &ranges);
-        if std::env::var_os("MEMPROF_DEBUG_HOST").is_some() {
-            eprintln!("main: publish pid {} index {}: {} ranges of {} maps: {done:?}", p.pid, p.index, ranges.len(), now.len());
-        }
-        if let Err(e) = done {
+        if let Err(e) = tables.publish(p.index, reading, &ranges) {
             eprintln!("memprof: pid {}: no unwind table: {e:#}", p.pid);
         }
     }

@@ -19,7 +19,7 @@ use anyhow::{anyhow, Context, Result};
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuHashMap, RingBuf};
 use memprof_common::{
     host, maps, module_table, programs, AllocSite, HostEvent, LiveAlloc, ModuleRange,
-    ProcessState, SiteTotals, UnwindRow,
+    SiteTotals, UnwindRow,
 };
 
 use super::view::{LiveBlock, Site};
@@ -37,6 +37,8 @@ const HOST_EVENTS_BYTES: u32 = 1 << 20;
 pub(super) struct Sizes {
     pub rows: u32,
     pub processes: u32,
+    /// Process indexes a session can give (`PROCESS_MODULES`).
+    pub indexes: u32,
     pub events_bytes: u32,
     pub module_slots: u32,
     pub real_parent: u32,
@@ -51,6 +53,7 @@ impl Sizes {
             return Ok(Sizes {
                 rows: 1,
                 processes: 1,
+                indexes: 1,
                 events_bytes: 4096,
                 module_slots: module_table::ENTRIES,
                 real_parent: 0,
@@ -66,6 +69,7 @@ impl Sizes {
         Ok(Sizes {
             rows: HOST_ROWS,
             processes: HOST_PROCESSES,
+            indexes: host::MAX_INDEX,
             events_bytes: HOST_EVENTS_BYTES,
             module_slots: module_table::SEGMENTS * module_table::SLOTS,
             real_parent: offset("real_parent")?,
@@ -109,7 +113,8 @@ impl RowTable {
 /// (a probe may be reading the old one, which is reused last).
 pub struct ModuleTables {
     ranges: MapData,
-    processes: BpfHashMap<MapData, u32, ProcessState>,
+    /// `PROCESS_MODULES`.
+    modules: MapData,
     /// Segments no process uses, the oldest first.
     free: VecDeque<u32>,
     /// Of each process index with a table: its segment, which reading of
@@ -119,15 +124,13 @@ pub struct ModuleTables {
 }
 
 impl ModuleTables {
-    /// Gives process `tgid` (index `index`) the module table `ranges`,
-    /// made from the `reading`th reading of mappings (a table from an
-    /// earlier reading than the one it has is not taken). `false` when
-    /// not taken, every segment is in use, or the process no longer has
-    /// that index (exited, `exec`ed): its frames are then unwound no
-    /// further than the allocator's caller.
+    /// Gives process `index` the module table `ranges`, made from the
+    /// `reading`th reading of its mappings (a table from an earlier
+    /// reading than the one it has is not taken). `false` when not taken
+    /// or every segment is in use (its frames are then unwound no further
+    /// than the allocator's caller).
     pub fn publish(
         &mut self,
-        tgid: u32,
         index: u32,
         reading: u64,
         ranges: &[ModuleRange],
@@ -144,16 +147,8 @@ impl ModuleTables {
         self.generation = self.generation.wrapping_add(1);
         let packed = module_table::pack(ranges.len() as u32, segment, self.generation);
         super::batch::fill_at(&self.ranges, module_table::slot(segment, 0), ranges)?;
-        let state = ProcessState {
-            index,
-            modules: packed,
-        };
-        // Only while the process has that index.
-        let same = self.processes.get(&tgid, 0).is_ok_and(|s| s.index == index);
-        if !(same && self.processes.insert(tgid, state, BPF_EXIST).is_ok()) {
-            self.free.push_back(segment);
-            return Ok(false);
-        }
+        // One aligned word: a probe reads the old table or the new one.
+        super::batch::fill_at(&self.modules, index, &[packed])?;
         if let Some((old, _, _)) = self.by_index.insert(index, (segment, reading, ranges.to_vec())) {
             self.free.push_back(old);
         }
@@ -200,13 +195,9 @@ impl Probes {
     pub(super) fn start_host(&mut self, sizes: Sizes) -> Result<()> {
         self.host_rows = sizes.rows;
         let me = std::process::id();
-        let ignored = ProcessState {
-            index: host::IGNORED,
-            modules: 0,
-        };
-        let mut processes: BpfHashMap<&mut MapData, u32, ProcessState> =
+        let mut processes: BpfHashMap<&mut MapData, u32, u32> =
             BpfHashMap::try_from(self.map_mut(maps::PROCESSES)?)?;
-        processes.insert(me, ignored, 0)?;
+        processes.insert(me, host::IGNORED, 0)?;
         let program: &mut aya::programs::RawTracePoint = self
             .ebpf
             .program_mut(programs::PROCESS_EXEC)
@@ -256,9 +247,7 @@ impl Probes {
     pub fn module_tables(&self) -> Result<ModuleTables> {
         Ok(ModuleTables {
             ranges: self.dup_map(maps::MODULE_RANGES)?,
-            processes: BpfHashMap::try_from(aya::maps::Map::HashMap(
-                self.dup_map(maps::PROCESSES)?,
-            ))?,
+            modules: self.dup_map(maps::PROCESS_MODULES)?,
             free: (0..module_table::SEGMENTS).collect(),
             by_index: HashMap::new(),
             generation: 0,
@@ -313,5 +302,3 @@ impl Probes {
     }
 }
 
-/// `BPF_EXIST`: update an entry only if it is there.
-const BPF_EXIST: u64 = 2;

@@ -156,6 +156,7 @@ impl Probes {
             .override_global(globals::TASK_TGID, &host.tgid, true)
             .override_global(globals::TASK_EXIT_CODE, &host.exit_code, true)
             .map_max_entries(maps::PROCESSES, host.processes)
+            .map_max_entries(maps::PROCESS_MODULES, host.indexes)
             .map_max_entries(maps::HOST_EVENTS, host.events_bytes)
             .map_max_entries(maps::MODULE_RANGES, host.module_slots)
             .map_max_entries(maps::LIVE, options.max_live)

@@ -1,0 +1,166 @@
+//! `memprof attach --all`: every process that allocates, those started
+//! after memprof too, with one load of the probes: each process under its
+//! own pid, with exact counts at its allocation sites, finalized at its
+//! exit with its name, its parent and its exit code.
+
+use memprof_tests::*;
+use serde_json::Value;
+use std::process::{Command, Stdio};
+
+/// basic's make_foo: 1,000 × malloc(48), 400 freed.
+const MAKE_FOO: Counts = Counts {
+    live_count: 600,
+    live_bytes: 28_800,
+    total_count: 1_000,
+    total_bytes: 48_000,
+};
+
+/// The Crystal fixture's `allocs foos`: 100,000 `Foo` of 32 bytes, all
+/// kept (by address reuse, the liveness of `--all`: none is reused).
+const FOOS: Counts = Counts {
+    live_count: 100_000,
+    live_bytes: 3_200_000,
+    total_count: 100_000,
+    total_bytes: 3_200_000,
+};
+
+/// Runs `program args` to its end; returns its pid.
+fn run_to_end(program: &str, args: &[&str]) -> u32 {
+    let mut child = Command::new(program)
+        .args(args)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {program}: {e}"));
+    let pid = child.id();
+    assert!(child.wait().unwrap().success(), "{program} {args:?} failed");
+    pid
+}
+
+/// The sum of process `pid`'s groups of `kind` with a frame named
+/// `function` (its first allocations may be unwound no further than the
+/// allocator's caller: another group of the same site).
+fn at_site(json: &Value, pid: u32, kind: &str, function: &str) -> Counts {
+    let mut sum = Counts::default();
+    for g in groups(json).iter().filter(|g| {
+        uint(g, "/pid") == u64::from(pid)
+            && g["kind"] == kind
+            && g["frames"]
+                .as_array()
+                .is_some_and(|f| f.iter().any(|f| f["function"] == function))
+    }) {
+        let c = Counts::of(g);
+        sum.live_count += c.live_count;
+        sum.live_bytes += c.live_bytes;
+        sum.total_count += c.total_count;
+        sum.total_bytes += c.total_bytes;
+    }
+    sum
+}
+
+/// The profile's entry for process `pid`.
+fn process<'a>(json: &'a Value, pid: u32) -> &'a Value {
+    json["processes"]
+        .as_array()
+        .expect("processes")
+        .iter()
+        .find(|p| uint(p, "/pid") == u64::from(pid))
+        .unwrap_or_else(|| panic!("no process {pid} in {:#}", json["processes"]))
+}
+
+#[test]
+fn every_process_started_meanwhile_is_profiled_exactly() {
+    let dir = TempDir::new("host_all");
+    let profile = dir.join("host.mprof");
+    let child = memprof([
+        "attach",
+        "--all",
+        "--sample-bytes",
+        "0",
+        "-o",
+        profile.to_str().unwrap(),
+    ])
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("cannot start memprof attach --all");
+    let mut memprof = ChildGuard(child);
+    let mut stderr = Lines::new("memprof stderr", memprof.0.stderr.take().unwrap());
+    stderr.wait_for("profiling every process", TIMEOUT);
+
+    // Each program once unasserted: memprof has then read its files (its
+    // first run's first allocations may be unwound before that).
+    run_to_end(fixture::BASIC, &["zero"]);
+    run_to_end(fixture::crystal::ALLOCS_DEBUG, &["foos"]);
+    let basics: Vec<u32> = ["one", "two", "three"]
+        .iter()
+        .map(|word| run_to_end(fixture::BASIC, &[word]))
+        .collect();
+    let crystal = run_to_end(fixture::crystal::ALLOCS_DEBUG, &["foos"]);
+    // And one in a pid namespace of its own (a container's).
+    let inner = format!("{} four; :", fixture::BASIC);
+    let unshare = run_to_end(
+        "unshare",
+        &[
+            "-m",
+            "-p",
+            "--fork",
+            "--mount-proc",
+            "/bin/sh",
+            "-c",
+            &inner,
+        ],
+    );
+
+    memprof.signal(libc::SIGINT);
+    let status = memprof.wait_timeout(TIMEOUT);
+    let said = stderr.all().join("\n");
+    assert!(status.success(), "memprof: {status}\n{said}");
+    let json = report_json(&profile);
+
+    let me = std::process::id();
+    for &pid in &basics {
+        assert_eq!(at_site(&json, pid, "libc", "make_foo"), MAKE_FOO, "pid {pid}");
+        let p = process(&json, pid);
+        assert_eq!(p["comm"], "basic", "{p:#}");
+        assert_eq!(uint(p, "/ppid"), u64::from(me), "{p:#}");
+        assert_eq!(p["exit"]["code"], 0, "{p:#}");
+        assert!(
+            p["end_s"].as_f64().unwrap() >= p["start_s"].as_f64().unwrap(),
+            "{p:#}"
+        );
+    }
+    // Every run a process of its own.
+    let mut distinct = basics.clone();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 3);
+
+    assert_eq!(at_site(&json, crystal, "gc", "Foo.new"), FOOS);
+    let p = process(&json, crystal);
+    assert_eq!(p["comm"], "allocs_debug", "{p:#}");
+    assert_eq!(p["exit"]["code"], 0, "{p:#}");
+
+    // unshare forked the shell as pid 1 of the new namespace; basic is its
+    // pid 2, listed under its host pid with the namespace's beside it.
+    let in_ns: Vec<&Value> = json["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["ns_pid"] == 2 && p["comm"] == "basic")
+        .collect();
+    assert_eq!(in_ns.len(), 1, "{:#}", json["processes"]);
+    let basic_ns = uint(in_ns[0], "/pid") as u32;
+    assert_eq!(at_site(&json, basic_ns, "libc", "make_foo"), MAKE_FOO);
+    let shell = process(&json, uint(in_ns[0], "/ppid") as u32);
+    assert_eq!(shell["ns_pid"], 1, "{shell:#}");
+    assert_eq!(uint(shell, "/ppid"), u64::from(unshare), "{shell:#}");
+
+    // memprof itself is never a process of the profile.
+    let memprof_pid = memprof.pid() as u64;
+    assert!(json["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|p| uint(p, "/pid") != memprof_pid));
+    let markdown = report(&profile, "markdown", &["--pid", &basics[1].to_string()]);
+    assert!(markdown.contains("make_foo"), "{markdown}");
+}
