@@ -236,9 +236,10 @@ pub struct SessionArgs {
     /// Rows of the table printed at the end.
     #[arg(long, default_value_t = 10, value_name = "N")]
     pub top: usize,
-    /// Which allocators to profile: libc (malloc & co, mmap), gc (Boehm GC), or all.
-    #[arg(long, value_enum, default_value_t = Heap::All)]
-    pub heap: Heap,
+    /// Which allocators to profile: libc (malloc & co, mmap), gc (Boehm GC), or all
+    /// [default: all; libc for attach --all].
+    #[arg(long, value_enum)]
+    pub heap: Option<Heap>,
     /// How to capture call stacks. dwarf unwinds in the kernel with CFI tables
     /// built from each module's .eh_frame (works without frame pointers, e.g.
     /// Crystal); fp follows frame pointers (cheaper). auto = dwarf.

@@ -67,25 +67,37 @@ fn process<'a>(json: &'a Value, pid: u32) -> &'a Value {
         .unwrap_or_else(|| panic!("no process {pid} in {:#}", json["processes"]))
 }
 
+/// Starts `memprof attach --all -o PROFILE EXTRA...` and waits until its
+/// probes are live.
+fn start_all(profile: &std::path::Path, extra: &[&str]) -> (ChildGuard, Lines, String) {
+    let mut args = vec!["attach", "--all", "-o", profile.to_str().unwrap()];
+    args.extend(extra);
+    let child = memprof(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("cannot start memprof attach --all");
+    let mut memprof = ChildGuard(child);
+    let mut stderr = Lines::new("memprof stderr", memprof.0.stderr.take().unwrap());
+    let said = stderr.wait_for("profiling every process", TIMEOUT);
+    (memprof, stderr, said)
+}
+
+/// Stops memprof with Ctrl-C; returns the profile's JSON.
+fn stop(mut memprof: ChildGuard, mut stderr: Lines, profile: &std::path::Path) -> Value {
+    memprof.signal(libc::SIGINT);
+    let status = memprof.wait_timeout(TIMEOUT);
+    let said = stderr.all().join("\n");
+    assert!(status.success(), "memprof: {status}\n{said}");
+    report_json(profile)
+}
+
 #[test]
 fn every_process_started_meanwhile_is_profiled_exactly() {
     let dir = TempDir::new("host_all");
     let profile = dir.join("host.mprof");
-    let child = memprof([
-        "attach",
-        "--all",
-        "--sample-bytes",
-        "0",
-        "-o",
-        profile.to_str().unwrap(),
-    ])
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped())
-    .spawn()
-    .expect("cannot start memprof attach --all");
-    let mut memprof = ChildGuard(child);
-    let mut stderr = Lines::new("memprof stderr", memprof.0.stderr.take().unwrap());
-    stderr.wait_for("profiling every process", TIMEOUT);
+    let (memprof, stderr, _) = start_all(&profile, &["--sample-bytes", "0", "--heap", "all"]);
+    let memprof_pid = memprof.pid() as u64;
 
     // Each program once unasserted: memprof has then read its files (its
     // first run's first allocations may be unwound before that).
@@ -111,11 +123,7 @@ fn every_process_started_meanwhile_is_profiled_exactly() {
         ],
     );
 
-    memprof.signal(libc::SIGINT);
-    let status = memprof.wait_timeout(TIMEOUT);
-    let said = stderr.all().join("\n");
-    assert!(status.success(), "memprof: {status}\n{said}");
-    let json = report_json(&profile);
+    let json = stop(memprof, stderr, &profile);
 
     let me = std::process::id();
     for &pid in &basics {
@@ -155,7 +163,6 @@ fn every_process_started_meanwhile_is_profiled_exactly() {
     assert_eq!(uint(shell, "/ppid"), u64::from(unshare), "{shell:#}");
 
     // memprof itself is never a process of the profile.
-    let memprof_pid = memprof.pid() as u64;
     assert!(json["processes"]
         .as_array()
         .unwrap()
@@ -163,4 +170,27 @@ fn every_process_started_meanwhile_is_profiled_exactly() {
         .all(|p| uint(p, "/pid") != memprof_pid));
     let markdown = report(&profile, "markdown", &["--pid", &basics[1].to_string()]);
     assert!(markdown.contains("make_foo"), "{markdown}");
+}
+
+/// By default, sampled by bytes, and libc and mmap only: no Boehm GC
+/// function is probed (a trap per GC allocation of every Crystal program).
+#[test]
+fn all_samples_libc_by_default() {
+    let dir = TempDir::new("host_default");
+    let profile = dir.join("host.mprof");
+    let (memprof, stderr, said) = start_all(&profile, &[]);
+    assert!(
+        said.contains("sampled (--sample-bytes 524288;")
+            && said.contains("libc and mmap (--heap all: Boehm GC objects too)"),
+        "{said}"
+    );
+    run_to_end(fixture::crystal::ALLOCS_DEBUG, &["foos"]);
+    let json = stop(memprof, stderr, &profile);
+    assert_eq!(uint(&json, "/sample_bytes"), 524_288);
+    // The Crystal program's 100,000 GC objects: not one.
+    let gc: Vec<&Value> = groups(&json)
+        .iter()
+        .filter(|g| g["kind"] == "gc" || g["kind"] == "gc_atomic")
+        .collect();
+    assert!(gc.is_empty(), "{}", list_groups(&json));
 }

@@ -82,10 +82,13 @@ pub fn attach_all(options: &SessionOptions) -> Result<i32> {
     host.files.probe_system_libraries(&mut host.probes);
     host.initial = host.rescan();
     host.files.started = true;
-    let sampled = match options.probes.sample_bytes {
+    let mut sampled = match options.probes.sample_bytes {
         0 => String::new(),
         n => format!(", sampled (--sample-bytes {n}; 0: every allocation)"),
     };
+    if options.heap == crate::session::Heap::Libc {
+        sampled.push_str(", libc and mmap (--heap all: Boehm GC objects too)");
+    }
     eprintln!(
         "memprof: profiling every process (now and as they start){sampled}: {} allocator files probed; Ctrl-C to stop{}",
         host.files.probed(),
