@@ -62,10 +62,9 @@ mod probes {
     use memprof_common::{
         cfa, config, cookie, errno, gc_event, host, layout, lifetime_bucket, module_table, op,
         predict, predictor, AllocKind, AllocSite, DwarfStack, GcEvent, HostEvent, KernelCounters,
-        KernelMarks, KindLive, LiveAlloc, ModuleRange, PendingCall, Predict, Refill,
-        SiteTotals, ThreadClock,
-        UnwindRow, CALLER_ONLY, FOLD_WINDOW, GC_FREELIST_COUNTS, GC_TINY_FREELISTS, HOLD_SIGNAL,
-        LIBRARY_LOAD_SIGNAL, MAX_FRAMES, MAX_STEPS, NO_STACK, PREDICT_CHECK_EVERY,
+        KernelMarks, KindLive, LiveAlloc, ModuleRange, PendingCall, Predict, Refill, SiteTotals,
+        ThreadClock, UnwindRow, CALLER_ONLY, FOLD_WINDOW, GC_FREELIST_COUNTS, GC_TINY_FREELISTS,
+        HOLD_SIGNAL, LIBRARY_LOAD_SIGNAL, MAX_FRAMES, MAX_STEPS, NO_STACK, PREDICT_CHECK_EVERY,
         PREDICT_TRUST_AFTER, ROW_CACHE_SLOTS, SAMPLE_QUANTILES, SESSION_IS_RETURN, SHORT_FRAMES,
         SITES_OVERFLOW, TCACHE_BINS,
     };

@@ -68,10 +68,13 @@ fn run(cli: Cli) -> Result<i32> {
                 // (~1 µs each: a web server at 46 % of its throughput);
                 // their heaps' growth shows in libc's mmap.
                 options.heap = session.heap.unwrap_or(Heap::Libc);
-                options.probes.max_live = session.max_live.unwrap_or(match options.probes.sample_bytes {
-                    0 => DEFAULT_MAX_LIVE,
-                    _ => HOST_SAMPLED_MAX_LIVE,
-                });
+                options.probes.max_live =
+                    session
+                        .max_live
+                        .unwrap_or(match options.probes.sample_bytes {
+                            0 => DEFAULT_MAX_LIVE,
+                            _ => HOST_SAMPLED_MAX_LIVE,
+                        });
                 return memprof::host::attach_all(&options);
             }
             match pid {

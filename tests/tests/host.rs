@@ -58,7 +58,7 @@ fn at_site(json: &Value, pid: u32, kind: &str, function: &str) -> Counts {
 }
 
 /// The profile's entry for process `pid`.
-fn process<'a>(json: &'a Value, pid: u32) -> &'a Value {
+fn process(json: &Value, pid: u32) -> &Value {
     json["processes"]
         .as_array()
         .expect("processes")
@@ -127,7 +127,11 @@ fn every_process_started_meanwhile_is_profiled_exactly() {
 
     let me = std::process::id();
     for &pid in &basics {
-        assert_eq!(at_site(&json, pid, "libc", "make_foo"), MAKE_FOO, "pid {pid}");
+        assert_eq!(
+            at_site(&json, pid, "libc", "make_foo"),
+            MAKE_FOO,
+            "pid {pid}"
+        );
         let p = process(&json, pid);
         assert_eq!(p["comm"], "basic", "{p:#}");
         assert_eq!(uint(p, "/ppid"), u64::from(me), "{p:#}");

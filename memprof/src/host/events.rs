@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use memprof_common::{host, HostEvent};
 
-use crate::modules::ModuleCache;
 use super::files::{self, RowIndex};
+use crate::modules::ModuleCache;
 use crate::probes::{HostEvents, ModuleTables};
 use crate::target::maps::{self, Mapping};
 use crate::target::Target;
@@ -53,11 +53,7 @@ pub struct Reader {
 impl Reader {
     /// Reads `ring`; a process seen (or relinked) gets its module table
     /// in `tables` at once, with the files of `rows`.
-    pub fn start(
-        mut ring: HostEvents,
-        rows: RowIndex,
-        tables: Arc<Mutex<ModuleTables>>,
-    ) -> Reader {
+    pub fn start(mut ring: HostEvents, rows: RowIndex, tables: Arc<Mutex<ModuleTables>>) -> Reader {
         let (send, seen) = mpsc::channel();
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = Arc::clone(&stop);
@@ -131,7 +127,7 @@ struct Queue {
 impl Queue {
     /// Reads every event queued in the ring, and each one's process.
     fn drain(&mut self, ring: &mut HostEvents) {
-        while let Some(event) = ring.next() {
+        while let Some(event) = ring.take_next() {
             self.readings += 1;
             let read = read_now(&event, self.readings);
             self.items.push_back((event, read));
@@ -159,7 +155,13 @@ fn publish(
     let _ = lock(tables).publish(event.index, read.reading, &known);
     // Building rows takes milliseconds: not ahead of the machine's work.
     set_realtime(false);
-    files::add_rows(rows, &read.maps, &read.modules, Some(files::SMALL_FILE), between);
+    files::add_rows(
+        rows,
+        &read.maps,
+        &read.modules,
+        Some(files::SMALL_FILE),
+        between,
+    );
     set_realtime(true);
     let ranges = files::ranges(rows, &read.maps);
     if ranges != known {
@@ -178,7 +180,11 @@ fn set_realtime(on: bool) {
         let param = libc::sched_param {
             sched_priority: i32::from(on),
         };
-        let policy = if on { libc::SCHED_FIFO } else { libc::SCHED_OTHER };
+        let policy = if on {
+            libc::SCHED_FIFO
+        } else {
+            libc::SCHED_OTHER
+        };
         libc::sched_setscheduler(0, policy, &param);
         if !on {
             libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, -20);

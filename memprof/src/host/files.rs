@@ -141,8 +141,7 @@ const BUILD_WAITS: u32 = 100;
 
 /// The rows of the file of `m`, written into the kernel's table.
 fn build_rows(rows: &RowIndex, m: &Mapping, cache: &ModuleCache) -> Option<FileRows> {
-    {
-    }
+    {}
     // Built without the lock: the other thread goes on meanwhile.
     let module = cache.get(&m.path).ok()?;
     let table = ModuleTable::build(&module)

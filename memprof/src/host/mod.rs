@@ -20,8 +20,8 @@
 //! | `process` | one process: who it is, what it maps, its table |
 //! | `files` | each file once: its allocator probes, its CFI rows |
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Result};
@@ -177,8 +177,7 @@ impl Host {
                 } else {
                     start_s
                 };
-                let process =
-                    HostProcess::seen(e.tgid, e.index, e.ppid, &comm, start_s, read);
+                let process = HostProcess::seen(e.tgid, e.index, e.ppid, &comm, start_s, read);
                 self.processes.insert(e.index, process);
                 self.seen += 1;
                 self.publish(e.index);
@@ -274,6 +273,13 @@ impl Host {
             if tables.sites.is_empty() {
                 continue;
             }
+            if p.unread {
+                eprintln!(
+                    "memprof: pid {} ({}) ended before memprof could read its mappings: its frames are addresses",
+                    p.pid,
+                    p.name()
+                );
+            }
             match self.profile_of(&p, tables) {
                 Ok(profile) => self.done.push(profile),
                 Err(e) => eprintln!(
@@ -340,8 +346,9 @@ impl Host {
             .flat_map(|p| p.processes.iter().map(|i| i.pid))
             .collect();
         eprintln!(
-            "memprof: {} processes profiled ({running} still running, let go untraced)",
-            pids.len()
+            "memprof: {} processes profiled ({running} still running, let go untraced); {} programs started or seen, those with no allocation followed are not listed",
+            pids.len(),
+            self.seen
         );
         if profiles.is_empty() {
             detaching.wait();

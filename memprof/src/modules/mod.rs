@@ -131,7 +131,11 @@ impl ModuleCache {
     pub fn absorb(&self, other: ModuleCache) {
         let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
         let mut kept = self.lock_kept();
-        for (path, module) in other.modules.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        for (path, module) in other
+            .modules
+            .into_inner()
+            .unwrap_or_else(|e| e.into_inner())
+        {
             modules.entry(path).or_insert(module);
         }
         for (path, file) in other.kept.into_inner().unwrap_or_else(|e| e.into_inner()) {

@@ -18,8 +18,8 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use anyhow::{anyhow, Context, Result};
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuHashMap, RingBuf};
 use memprof_common::{
-    host, maps, module_table, programs, AllocSite, HostEvent, LiveAlloc, ModuleRange,
-    SiteTotals, UnwindRow,
+    host, maps, module_table, programs, AllocSite, HostEvent, LiveAlloc, ModuleRange, SiteTotals,
+    UnwindRow,
 };
 
 use super::view::{LiveBlock, Site};
@@ -79,7 +79,6 @@ impl Sizes {
     }
 }
 
-
 /// The allocations of one process that ended, out of the kernel's tables.
 #[derive(Debug, Default)]
 pub struct Prefetched {
@@ -129,12 +128,7 @@ impl ModuleTables {
     /// reading than the one it has is not taken). `false` when not taken
     /// or every segment is in use (its frames are then unwound no further
     /// than the allocator's caller).
-    pub fn publish(
-        &mut self,
-        index: u32,
-        reading: u64,
-        ranges: &[ModuleRange],
-    ) -> Result<bool> {
+    pub fn publish(&mut self, index: u32, reading: u64, ranges: &[ModuleRange]) -> Result<bool> {
         let ranges = &ranges[..ranges.len().min(module_table::MAX_MODULES as usize)];
         if let Some((_, last, table)) = self.by_index.get(&index) {
             if *last > reading || (*last == reading && table.as_slice() == ranges) {
@@ -149,7 +143,10 @@ impl ModuleTables {
         super::batch::fill_at(&self.ranges, module_table::slot(segment, 0), ranges)?;
         // One aligned word: a probe reads the old table or the new one.
         super::batch::fill_at(&self.modules, index, &[packed])?;
-        if let Some((old, _, _)) = self.by_index.insert(index, (segment, reading, ranges.to_vec())) {
+        if let Some((old, _, _)) = self
+            .by_index
+            .insert(index, (segment, reading, ranges.to_vec()))
+        {
             self.free.push_back(old);
         }
         Ok(true)
@@ -181,7 +178,7 @@ impl HostEvents {
     }
 
     /// The next event queued, if any.
-    pub fn next(&mut self) -> Option<HostEvent> {
+    pub fn take_next(&mut self) -> Option<HostEvent> {
         let item = self.0.next()?;
         (item.len() >= std::mem::size_of::<HostEvent>())
             // SAFETY: the kernel wrote a `HostEvent` (plain data) there.
@@ -240,7 +237,13 @@ impl Probes {
     /// Every process's library loads and unloads: `dl_debug_state` on the
     /// dynamic linker `module` (its `_dl_debug_state` at `offset`).
     pub fn watch_linker(&mut self, module: &crate::modules::Module, offset: u64) -> Result<()> {
-        self.attach_at(programs::DL_DEBUG_STATE, module, offset, 0, "_dl_debug_state")
+        self.attach_at(
+            programs::DL_DEBUG_STATE,
+            module,
+            offset,
+            0,
+            "_dl_debug_state",
+        )
     }
 
     /// The processes' module tables, for any thread.
@@ -301,4 +304,3 @@ impl Probes {
         Ok(taken)
     }
 }
-
