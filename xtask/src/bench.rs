@@ -219,9 +219,10 @@ const WRK_SECONDS: u32 = 4;
 const WRK_ROUNDS: usize = 7;
 
 /// crystal-samples' http_server (port 8080) under `wrk` on 127.0.0.1:
-/// requests per second untraced and while `memprof attach` profiles it
-/// with `--gc-sampling refill` (the attach's own start and end excluded),
-/// in alternating rounds.
+/// requests per second untraced, while `memprof attach` profiles it with
+/// `--gc-sampling refill`, and while `memprof attach --all` profiles the
+/// whole machine (its defaults: the cost to a program nobody asked about),
+/// memprof's own start and end excluded, in alternating rounds.
 fn http_throughput(memprof: &Path, profile: &Path) -> Result<()> {
     let server = target_dir().join("bench/http_server");
     if !server.exists() {
@@ -237,26 +238,33 @@ fn http_throughput(memprof: &Path, profile: &Path) -> Result<()> {
         .stdout(std::process::Stdio::null())
         .spawn()
         .with_context(|| format!("cannot start {}", server.display()))?;
-    let result = (|| -> Result<Vec<(f64, f64)>> {
+    let pid = child.id().to_string();
+    let result = (|| -> Result<Vec<(f64, f64, f64)>> {
         wait_for_port(8080)?;
         let mut rounds = Vec::new();
         for _ in 0..WRK_ROUNDS {
             let untraced = wrk()?;
-            let mut attach = Command::new(memprof)
-                .args(["attach", "--pid", &child.id().to_string()])
-                .args(["--gc-sampling", "refill", "--census", "off", "-o"])
-                .arg(profile)
-                .stderr(std::process::Stdio::piped())
-                .spawn()?;
-            let attached = wait_for_line(
-                attach.stderr.take().context("no stderr")?,
+            let traced = wrk_while(
+                memprof,
+                &[
+                    "attach",
+                    "--pid",
+                    &pid,
+                    "--gc-sampling",
+                    "refill",
+                    "--census",
+                    "off",
+                ],
+                profile,
                 "attached to pid",
-            );
-            let traced = attached.and_then(|_| wrk());
-            send_signal(attach.id(), 2); // SIGINT: memprof ends its session
-            let status = attach.wait()?;
-            ensure!(status.success(), "memprof attach failed ({status})");
-            rounds.push((untraced, traced?));
+            )?;
+            let all = wrk_while(
+                memprof,
+                &["attach", "--all"],
+                profile,
+                "profiling every process",
+            )?;
+            rounds.push((untraced, traced, all));
         }
         Ok(rounds)
     })();
@@ -264,23 +272,50 @@ fn http_throughput(memprof: &Path, profile: &Path) -> Result<()> {
     let _ = child.wait();
     let rounds = result?;
     let untraced = median(rounds.iter().map(|r| r.0).collect());
-    let traced = median(rounds.iter().map(|r| r.1).collect());
-    let ratio = median(rounds.iter().map(|r| r.1 / r.0).collect());
-    let (low, high) = rounds
-        .iter()
-        .map(|r| r.1 / r.0)
-        .fold((f64::MAX, 0.0f64), |(l, h), x| (l.min(x), h.max(x)));
     println!("\nbench: crystal-samples' http_server under wrk -t2 -c20 -d{WRK_SECONDS}s on 127.0.0.1, {WRK_ROUNDS} alternating rounds (medians)");
     println!("| way                                 | requests/s | vs untraced (median of rounds; range) |");
     println!("|-------------------------------------|-----------:|--------------------------------------:|");
     println!("| untraced                            | {untraced:>10.0} |                               100.0 % |");
-    println!(
-        "| memprof attach --gc-sampling refill | {traced:>10.0} | {:>13.1} % ({:.0}–{:.0} %) |",
-        ratio * 100.0,
-        low * 100.0,
-        high * 100.0
-    );
+    let ways: [(&str, fn(&(f64, f64, f64)) -> f64); 2] = [
+        ("memprof attach --gc-sampling refill", |r| r.1),
+        ("memprof attach --all (the machine)", |r| r.2),
+    ];
+    for (way, of) in ways {
+        let traced = median(rounds.iter().map(of).collect());
+        let ratios: Vec<f64> = rounds.iter().map(|r| of(r) / r.0).collect();
+        let (low, high) = ratios
+            .iter()
+            .fold((f64::MAX, 0.0f64), |(l, h), &x| (l.min(x), h.max(x)));
+        println!(
+            "| {way:<35} | {traced:>10.0} | {:>13.1} % ({:.0}–{:.0} %) |",
+            median(ratios) * 100.0,
+            low * 100.0,
+            high * 100.0
+        );
+    }
     Ok(())
+}
+
+/// The requests/s of one run of `wrk` while memprof runs with `args`
+/// (from when it prints `ready` until it is stopped with SIGINT).
+fn wrk_while(memprof: &Path, args: &[&str], profile: &Path, ready: &str) -> Result<f64> {
+    let mut session = Command::new(memprof)
+        .args(args)
+        .arg("-o")
+        .arg(profile)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    let started = wait_for_line(session.stderr.take().context("no stderr")?, ready);
+    let traced = started.and_then(|_| wrk());
+    send_signal(session.id(), 2); // SIGINT: memprof ends its session
+    let status = session.wait()?;
+    ensure!(
+        status.success(),
+        "memprof {} failed ({status})",
+        args.join(" ")
+    );
+    traced
 }
 
 /// The requests/s of one run of `wrk` against port 8080.
