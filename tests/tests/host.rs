@@ -147,6 +147,14 @@ fn every_process_started_meanwhile_is_profiled_exactly() {
     assert_eq!(distinct.len(), 3);
 
     assert_eq!(at_site(&json, crystal, "gc", "Foo.new"), FOOS);
+    assert!(
+        json["gc"]["liveness"]
+            .as_str()
+            .unwrap()
+            .starts_with("address reuse only: attach --all traces no process"),
+        "{:#}",
+        json["gc"]
+    );
     let p = process(&json, crystal);
     assert_eq!(p["comm"], "allocs_debug", "{p:#}");
     assert_eq!(p["exit"]["code"], 0, "{p:#}");

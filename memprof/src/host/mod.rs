@@ -29,7 +29,7 @@ use memprof_common::host;
 
 use crate::heap;
 use crate::probes::{ModuleTables, Probes};
-use crate::profile::{Counters, ExitInfo, Profile, TargetInfo};
+use crate::profile::{Counters, ExitInfo, GcSummary, Profile, TargetInfo};
 use crate::session::output::Output;
 use crate::session::signals::Signals;
 use crate::session::SessionOptions;
@@ -369,6 +369,13 @@ impl Host {
         // The machine's: every process's, and what no process could be
         // given (processes not followed, frees of blocks never seen).
         profile.counters = host_counters;
+        // Boehm GC objects (`--heap all`) are live until their address is
+        // allocated again: nothing is traced, no collection held.
+        let gc = |g: &crate::profile::Group| g.kind == "gc" || g.kind == "gc_atomic";
+        profile.gc = profile.groups.iter().any(gc).then(|| GcSummary {
+            liveness: "address reuse only: attach --all traces no process and reads no mark bits (attach --pid or --comm does)".to_string(),
+            ..GcSummary::default()
+        });
         profile.duration_s = duration_s;
         profile.exit = None;
         profile.target = TargetInfo {
