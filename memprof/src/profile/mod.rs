@@ -485,6 +485,7 @@ impl Counters {
             + self.both_maps_full
             + self.pending_full
             + self.stale_calls
+            + self.processes_not_followed
     }
 
     /// Allocations recorded in both tables.

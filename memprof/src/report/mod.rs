@@ -471,13 +471,18 @@ pub const LOSS_CATEGORIES: [(&str, &str); 5] = [
 pub fn loss_summary(profile: &Profile) -> String {
     let c = &profile.counters;
     let mut line = format!(
-        "lost events: {} (each counted once: not tracked as live, live table full: {}; missing from the stack totals, site table full: {}; in neither table: {}; calls not followed, in-flight table full: {}; returns missed: {}); stacks not captured: {}; frees of unknown blocks: {}",
+        "lost events: {} (each counted once: not tracked as live, live table full: {}; missing from the stack totals, site table full: {}; in neither table: {}; calls not followed, in-flight table full: {}; returns missed: {}{}); stacks not captured: {}; frees of unknown blocks: {}",
         thousands(c.lost_events()),
         thousands(c.live_map_full),
         thousands(c.sites_map_full),
         thousands(c.both_maps_full),
         thousands(c.pending_full),
         thousands(c.stale_calls),
+        // `attach --all` only.
+        match c.processes_not_followed {
+            0 => String::new(),
+            n => format!("; calls of processes not followed, process table full: {}", thousands(n)),
+        },
         thousands(c.stack_errors),
         thousands(c.unknown_frees)
     );
