@@ -105,3 +105,58 @@ fn top_without_a_selection_or_with_sampling_is_one_clear_error() {
         &["no process with pid 999999999"],
     );
 }
+
+/// In a terminal (tmux's): the table is drawn over the last one, one
+/// table on the screen at a time, the growing process first.
+#[test]
+fn in_a_terminal_the_table_is_redrawn_in_place() {
+    // A copy under another name: the test above selects `grower` by name.
+    let dir = TempDir::new("top_terminal");
+    let grower = dir.join("grows");
+    std::fs::copy(fixture::GROWER, &grower).unwrap();
+    let start = |how: &str| ChildGuard(Command::new(&grower).args([how, "40"]).spawn().unwrap());
+    let (grow, steady) = (start("grow"), start("steady"));
+    let session = format!("memprof-top-{}", std::process::id());
+    let top = format!(
+        "{} top --pid {} --pid {} --interval 0.5 --count 14",
+        memprof_bin().display(),
+        grow.pid(),
+        steady.pid()
+    );
+    let tmux = |args: &[&str]| {
+        Command::new("tmux")
+            .args(args)
+            .output()
+            .expect("cannot run tmux")
+    };
+    let made = tmux(&[
+        "new-session",
+        "-d",
+        "-s",
+        &session,
+        "-x",
+        "120",
+        "-y",
+        "30",
+        &top,
+    ]);
+    assert!(made.status.success(), "{}", describe(&made));
+    // The screen after 5 s (10 refreshes; both are shown from the 2nd).
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    let shown = tmux(&["capture-pane", "-p", "-t", &session]);
+    let _ = tmux(&["kill-session", "-t", &session]);
+    let screen = String::from_utf8_lossy(&shown.stdout).into_owned();
+    assert_eq!(
+        screen
+            .lines()
+            .filter(|l| l.starts_with("memprof top:"))
+            .count(),
+        1,
+        "{screen}"
+    );
+    let pids: Vec<i32> = screen
+        .lines()
+        .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+        .collect();
+    assert_eq!(pids, vec![grow.pid(), steady.pid()], "{screen}");
+}

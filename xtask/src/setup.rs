@@ -14,8 +14,9 @@ use std::process::Command;
 /// Debian packages: Crystal and Boehm GC (Crystal targets and fixtures),
 /// Crystal sample programs (real workloads), Go (`go tool pprof` reads the
 /// pprof reports back), Chromium (renders the HTML report headless), C
-/// and C++ toolchains (fixtures) and wrk (loads crystal-samples'
-/// http_server in the benchmark).
+/// and C++ toolchains (fixtures), wrk (loads crystal-samples'
+/// http_server in the benchmark) and tmux (the terminal `memprof top` is
+/// tested in).
 const APT_PACKAGES: &[&str] = &[
     "crystal",
     "libgc-dev",
@@ -26,6 +27,7 @@ const APT_PACKAGES: &[&str] = &[
     "g++",
     "make",
     "wrk",
+    "tmux",
 ];
 
 /// The newest bpf-linker that works with the Rust toolchain's own LLVM here
