@@ -109,6 +109,7 @@ pub mod fixture {
         /// `fixtures/crystal/attach_census.cr`: 4,000 Early objects kept
         /// before memprof attaches, 2,500 Late ones after (on a line on stdin).
         pub const ATTACH_CENSUS_DEBUG: &str = env!("FIXTURE_CR_ATTACH_CENSUS_DEBUG");
+        pub const ATTACH_CENSUS_STATIC: &str = env!("FIXTURE_CR_ATTACH_CENSUS_STATIC");
         /// `fixtures/crystal/refill_sites.cr`: 400,000 Small, 80,000 Kept
         /// (all kept) and 200,000 40-byte buffers, interleaved, then a
         /// collection: debug, static and stripped static builds.

@@ -406,3 +406,76 @@ fn the_command_exec_ing_a_program_is_profiled_as_that_program() {
     let pids = [command, uint(&processes[1], "/pid")];
     assert_once_in_each(&json, "make_foo", &pids, MAKE_FOO);
 }
+
+/// `attach --exe` on a static Crystal program (libgc linked in) started
+/// after memprof: found, attached to, its GC allocations made since
+/// followed exactly and judged by the collector's mark bits.
+#[test]
+fn attach_by_executable_takes_a_static_program_started_later() {
+    use std::io::Write;
+    let dir = TempDir::new("processes_exe");
+    let profile = dir.join("static.mprof");
+    let exe = fixture::crystal::ATTACH_CENSUS_STATIC;
+    let child = memprof([
+        "attach",
+        "--exe",
+        exe,
+        "--sample-bytes",
+        "0",
+        "--gc-sampling",
+        "exact",
+        "--census",
+        "off",
+        "-o",
+        profile.to_str().unwrap(),
+    ])
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut memprof = ChildGuard(child);
+    let mut stderr = Lines::new("attach --exe", memprof.0.stderr.take().unwrap());
+    stderr.wait_for("profiling every process of --exe", TIMEOUT);
+    let child = std::process::Command::new(exe)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut target = ChildGuard(child);
+    let mut stdin = target.0.stdin.take().unwrap();
+    let mut stdout = Lines::new("attach_census stdout", target.0.stdout.take().unwrap());
+    stdout.wait_for("ready ", TIMEOUT);
+    stderr.wait_for(&format!("following pid {}", target.pid()), TIMEOUT);
+    // 2,500 Late objects, kept; then a collection.
+    writeln!(stdin, "go").unwrap();
+    stdin.flush().unwrap();
+    stdout.wait_for("collected ", TIMEOUT);
+    memprof.signal(libc::SIGINT);
+    let status = memprof.wait_timeout(TIMEOUT);
+    assert!(status.success(), "{:#?}", stderr.all());
+    let json = report_json(&profile);
+    let processes = json["processes"].as_array().expect("processes");
+    assert_eq!(processes.len(), 1, "{processes:#?}");
+    assert_eq!(uint(&processes[0], "/pid"), target.pid() as u64);
+    assert_eq!(processes[0]["exe"], exe);
+    let late: Vec<&Value> = groups(&json)
+        .iter()
+        .filter(|g| {
+            g["kind"] == "gc"
+                && g["frames"]
+                    .as_array()
+                    .is_some_and(|f| f.first().is_some_and(|f| f["function"] == "Late.new"))
+        })
+        .collect();
+    assert_eq!(late.len(), 1, "{}", list_groups(&json));
+    let counts = Counts::of(late[0]);
+    // Each kept (a class variable holds them): marked at the collection.
+    assert_eq!(
+        (counts.live_count, counts.total_count),
+        (2_500, 2_500),
+        "{}",
+        list_groups(&json)
+    );
+    assert_eq!(json["gc"]["liveness"], "mark bits", "{:#}", json["gc"]);
+    assert!(target.is_running(), "the program died");
+}
