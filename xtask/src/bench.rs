@@ -218,6 +218,9 @@ pub fn bench() -> Result<()> {
 const WRK_SECONDS: u32 = 4;
 const WRK_ROUNDS: usize = 7;
 
+/// One round's requests/s: untraced, attached, `attach --all`.
+type Round = (f64, f64, f64);
+
 /// crystal-samples' http_server (port 8080) under `wrk` on 127.0.0.1:
 /// requests per second untraced, while `memprof attach` profiles it with
 /// `--gc-sampling refill`, and while `memprof attach --all` profiles the
@@ -239,7 +242,7 @@ fn http_throughput(memprof: &Path, profile: &Path) -> Result<()> {
         .spawn()
         .with_context(|| format!("cannot start {}", server.display()))?;
     let pid = child.id().to_string();
-    let result = (|| -> Result<Vec<(f64, f64, f64)>> {
+    let result = (|| -> Result<Vec<Round>> {
         wait_for_port(8080)?;
         let mut rounds = Vec::new();
         for _ in 0..WRK_ROUNDS {
@@ -276,7 +279,7 @@ fn http_throughput(memprof: &Path, profile: &Path) -> Result<()> {
     println!("| way                                 | requests/s | vs untraced (median of rounds; range) |");
     println!("|-------------------------------------|-----------:|--------------------------------------:|");
     println!("| untraced                            | {untraced:>10.0} |                               100.0 % |");
-    let ways: [(&str, fn(&(f64, f64, f64)) -> f64); 2] = [
+    let ways: [(&str, fn(&Round) -> f64); 2] = [
         ("memprof attach --gc-sampling refill", |r| r.1),
         ("memprof attach --all (the machine)", |r| r.2),
     ];
