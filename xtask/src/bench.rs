@@ -220,8 +220,8 @@ const WRK_ROUNDS: usize = 7;
 
 /// One round's requests/s: untraced, attached, `attach --all`.
 type Round = (f64, f64, f64);
-/// One way's requests/s of a round.
-type Way = fn(&Round) -> f64;
+/// One way's requests/s, of a round.
+type Of = fn(&Round) -> f64;
 
 /// crystal-samples' http_server (port 8080) under `wrk` on 127.0.0.1:
 /// requests per second untraced, while `memprof attach` profiles it with
@@ -281,7 +281,7 @@ fn http_throughput(memprof: &Path, profile: &Path) -> Result<()> {
     println!("| way                                 | requests/s | vs untraced (median of rounds; range) |");
     println!("|-------------------------------------|-----------:|--------------------------------------:|");
     println!("| untraced                            | {untraced:>10.0} |                               100.0 % |");
-    let ways: [(&str, Way); 2] = [
+    let ways: [(&str, Of); 2] = [
         ("memprof attach --gc-sampling refill", |r| r.1),
         ("memprof attach --all (the machine)", |r| r.2),
     ];
