@@ -117,6 +117,11 @@ const MAX_SITES: usize = FREED as usize - 8;
 /// Nanoseconds per tick of [`Record::meta`]'s time (lifetimes are
 /// reported from 100 µs up).
 const TICK_NS: u64 = 1024;
+/// How far the clocks of two CPUs may disagree, in ticks (64 µs): a
+/// `GC_realloc` read the clock on its CPU, the object it replaced got the
+/// thread's last read, maybe on another. One replaced object in 1,000 was
+/// not found by the new one's time in two full test runs (under load).
+const CLOCK_SKEW_TICKS: u64 = 64;
 const LAST_TICK: u64 = (1 << (64 - SITE_BITS)) - 1;
 
 /// `time_ns` in ticks since `base_ns`.
@@ -595,7 +600,9 @@ impl GcCopy {
     /// records since are in sorted runs by now (binary searches).
     fn retype_reallocs(&mut self) {
         for (replaced, addr, time) in std::mem::take(&mut self.reallocs) {
-            let Some(kind) = self.kind_at(replaced, time) else {
+            // In place (the same address back): not the new object itself.
+            let new = (replaced == addr).then_some(time);
+            let Some(kind) = self.kind_at(replaced, time + CLOCK_SKEW_TICKS, new) else {
                 continue;
             };
             let Some((run, at)) = self.new_record(addr, time) else {
@@ -621,8 +628,9 @@ impl GcCopy {
     }
 
     /// The kind of the latest object allocated at `addr` at or before
-    /// `time` (ticks; the newest run that has one, else the settled records).
-    fn kind_at(&self, addr: u64, time: u64) -> Option<memprof_common::AllocKind> {
+    /// `time` (ticks; the newest run that has one, else the settled
+    /// records), other than one allocated at `not` (ticks).
+    fn kind_at(&self, addr: u64, time: u64, not: Option<u64>) -> Option<memprof_common::AllocKind> {
         self.runs
             .iter()
             .rev()
@@ -633,7 +641,7 @@ impl GcCopy {
                 records[start..end]
                     .iter()
                     .rev()
-                    .find(|r| r.site() != FREED && r.ticks() <= time)
+                    .find(|r| r.site() != FREED && r.ticks() <= time && Some(r.ticks()) != not)
                     .map(|r| self.sites[r.site() as usize].0.kind)
             })
     }

@@ -15,7 +15,7 @@
 //!   ([`Probes::take_ended`]) so their room serves the processes to come.
 use std::collections::{HashMap, HashSet, VecDeque};
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{Context, Result};
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuHashMap, RingBuf};
 use memprof_common::{
     host, maps, module_table, programs, AllocSite, HostEvent, LiveAlloc, ModuleRange, SiteTotals,
@@ -224,14 +224,6 @@ impl Probes {
             used: 0,
             capacity: self.host_rows,
         })
-    }
-
-    /// Another handle on map `name` (for a thread of its own).
-    fn dup_map(&self, name: &str) -> Result<MapData> {
-        let data = super::map_data(self.map(name)?)
-            .ok_or_else(|| anyhow!("map {name} has an unexpected type"))?;
-        let fd = std::os::fd::AsFd::as_fd(data.fd()).try_clone_to_owned()?;
-        Ok(MapData::from_fd(fd)?)
     }
 
     /// Every process's library loads and unloads: `dl_debug_state` on the

@@ -220,6 +220,16 @@ impl Probes {
             .ok_or_else(|| anyhow!("eBPF object has no map {name}"))
     }
 
+    /// Another handle on map `name`, for a reader of its own (a thread,
+    /// a snapshot): a duplicate of memprof's own descriptor (opening the
+    /// map by id would need CAP_SYS_ADMIN).
+    fn dup_map(&self, name: &str) -> Result<MapData> {
+        let data = map_data(self.map(name)?)
+            .ok_or_else(|| anyhow!("map {name} has an unexpected type"))?;
+        let fd = std::os::fd::AsFd::as_fd(data.fd()).try_clone_to_owned()?;
+        Ok(MapData::from_fd(fd)?)
+    }
+
     fn set_enabled(&mut self, on: bool) -> Result<()> {
         let mut enabled: Array<&mut MapData, u32> = Array::try_from(self.map_mut(maps::ENABLED)?)?;
         enabled.set(0, u32::from(on), 0)?;

@@ -7,7 +7,7 @@
 //! [`AllocKind`], a kind byte no kind has is an error), per-CPU values are
 //! summed, and the counters become the profile's [`Counters`]. The rest of
 //! memprof never sees a kernel key.
-use anyhow::{anyhow, Result};
+use anyhow::Result;
 use aya::maps::{HashMap, Map, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues, StackTraceMap};
 use memprof_common::{
     maps, AllocKind, AllocSite, DwarfStack, KernelCounters, KindLive, LiveAlloc, SiteTotals,
@@ -227,14 +227,7 @@ impl Probes {
     /// (timeline samples, `--interval`, `--snapshot-every`): reads see the
     /// tables as the probes change them.
     pub fn peek(&self) -> Result<HeapMaps> {
-        let open = |name: &str| -> Result<Map> {
-            let data = super::map_data(self.map(name)?)
-                .ok_or_else(|| anyhow!("map {name} has an unexpected type"))?;
-            // A duplicate of memprof's own descriptor (opening the map by
-            // id would need CAP_SYS_ADMIN).
-            let fd = std::os::fd::AsFd::as_fd(data.fd()).try_clone_to_owned()?;
-            Ok(Map::from_map_data(MapData::from_fd(fd)?)?)
-        };
+        let open = |name: &str| -> Result<Map> { Ok(Map::from_map_data(self.dup_map(name)?)?) };
         Ok(HeapMaps {
             live: HashMap::try_from(open(maps::LIVE)?)?,
             sites: PerCpuHashMap::try_from(open(maps::SITE_TOTALS)?)?,
