@@ -368,6 +368,14 @@ pub fn list_groups(json: &Value) -> String {
     list
 }
 
+/// basic's make_foo: 1,000 × malloc(48), 400 freed.
+pub const MAKE_FOO: Counts = Counts {
+    live_count: 600,
+    live_bytes: 28_800,
+    total_count: 1_000,
+    total_bytes: 48_000,
+};
+
 /// The four counts of a group.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Counts {

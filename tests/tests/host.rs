@@ -7,14 +7,6 @@ use memprof_tests::*;
 use serde_json::Value;
 use std::process::{Command, Stdio};
 
-/// basic's make_foo: 1,000 × malloc(48), 400 freed.
-const MAKE_FOO: Counts = Counts {
-    live_count: 600,
-    live_bytes: 28_800,
-    total_count: 1_000,
-    total_bytes: 48_000,
-};
-
 /// The Crystal fixture's `allocs foos`: 100,000 `Foo` of 32 bytes, all
 /// kept (by address reuse, the liveness of `--all`: none is reused).
 const FOOS: Counts = Counts {

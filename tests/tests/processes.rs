@@ -30,14 +30,6 @@ fn profile_family(dir: &TempDir, name: &str, extra: &[&str]) -> (std::path::Path
     (profile, json)
 }
 
-/// basic's make_foo: 1,000 × malloc(48), 400 freed.
-const MAKE_FOO: Counts = Counts {
-    live_count: 600,
-    live_bytes: 28_800,
-    total_count: 1_000,
-    total_bytes: 48_000,
-};
-
 /// forker's worker_alloc and delayed's delayed_alloc: 500 × malloc(64), kept.
 const KEPT_500: Counts = Counts {
     live_count: 500,

@@ -121,17 +121,22 @@ impl Probes {
     /// entry probe keeps each thread's slot between calls, so without it
     /// the table would fill with the threads that are gone.
     pub(super) fn watch_thread_exits(&mut self) -> Result<()> {
-        let program: &mut RawTracePoint = self
+        self.attach_raw_tracepoint(programs::THREAD_EXIT, "sched_process_exit")
+    }
+
+    /// Loads `program` and attaches it to the raw tracepoint `tracepoint`.
+    pub(super) fn attach_raw_tracepoint(&mut self, program: &str, tracepoint: &str) -> Result<()> {
+        let loaded: &mut RawTracePoint = self
             .ebpf
-            .program_mut(programs::THREAD_EXIT)
-            .context("eBPF object has no program thread_exit")?
+            .program_mut(program)
+            .with_context(|| format!("eBPF object has no program {program}"))?
             .try_into()?;
-        program
+        loaded
             .load()
-            .map_err(|e| permission_hint(e.into(), "loading program thread_exit"))?;
-        program
-            .attach("sched_process_exit")
-            .map_err(|e| permission_hint(e.into(), "attaching to sched_process_exit"))?;
+            .map_err(|e| permission_hint(e.into(), &format!("loading program {program}")))?;
+        loaded
+            .attach(tracepoint)
+            .map_err(|e| permission_hint(e.into(), &format!("attaching to {tracepoint}")))?;
         Ok(())
     }
 

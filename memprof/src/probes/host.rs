@@ -23,7 +23,7 @@ use memprof_common::{
 };
 
 use super::view::{LiveBlock, Site};
-use super::{permission_hint, take_map, Probes};
+use super::{take_map, Probes};
 
 /// CFI rows the kernel's table holds under `attach --all` (16 bytes
 /// each: 32 MiB): libc has ~31,000, a Crystal program ~100,000.
@@ -195,18 +195,7 @@ impl Probes {
         let mut processes: BpfHashMap<&mut MapData, u32, u32> =
             BpfHashMap::try_from(self.map_mut(maps::PROCESSES)?)?;
         processes.insert(me, host::IGNORED, 0)?;
-        let program: &mut aya::programs::RawTracePoint = self
-            .ebpf
-            .program_mut(programs::PROCESS_EXEC)
-            .context("eBPF object has no program process_exec")?
-            .try_into()?;
-        program
-            .load()
-            .map_err(|e| permission_hint(e.into(), "loading program process_exec"))?;
-        program
-            .attach("sched_process_exec")
-            .map_err(|e| permission_hint(e.into(), "attaching to sched_process_exec"))?;
-        Ok(())
+        self.attach_raw_tracepoint(programs::PROCESS_EXEC, "sched_process_exec")
     }
 
     /// The ring of process events (once).
