@@ -379,10 +379,13 @@ mod probes {
     #[inline(always)]
     fn this_process() -> Option<ProcessState> {
         if HOST.load() == 0 {
-            return Some(ProcessState {
-                index: 0,
-                modules: setting(config::MODULE_COUNT),
-            });
+            // Only the CFI unwinder reads the table: with frame pointers,
+            // no lookup per call (a load-time constant: the verifier drops it).
+            let modules = match UNWIND_DWARF.load() {
+                1 => setting(config::MODULE_COUNT),
+                _ => 0,
+            };
+            return Some(ProcessState { index: 0, modules });
         }
         let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
         let index = match PROCESSES.get_ptr(&tgid) {
