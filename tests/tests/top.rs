@@ -110,10 +110,12 @@ fn top_without_a_selection_or_with_sampling_is_one_clear_error() {
 /// table on the screen at a time, the growing process first.
 #[test]
 fn in_a_terminal_the_table_is_redrawn_in_place() {
-    // A copy under another name: the test above selects `grower` by name.
+    // Under another name (the test above selects `grower` by name): a
+    // link, not a copy (a copy's write descriptor, inherited by a child
+    // another test forks meanwhile, makes its exec fail: ETXTBSY).
     let dir = TempDir::new("top_terminal");
     let grower = dir.join("grows");
-    std::fs::copy(fixture::GROWER, &grower).unwrap();
+    std::os::unix::fs::symlink(fixture::GROWER, &grower).unwrap();
     let start = |how: &str| ChildGuard(Command::new(&grower).args([how, "40"]).spawn().unwrap());
     let (grow, steady) = (start("grow"), start("steady"));
     let session = format!("memprof-top-{}", std::process::id());
