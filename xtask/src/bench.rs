@@ -9,6 +9,10 @@
 //!   allocations lost, memprof's peak RSS, profile size, longest pause.
 //! - Fixed cost: `memprof run -- /bin/true`.
 //!
+//! With `--baseline OLD_MEMPROF`, every traced way runs with that binary
+//! too, in the same invocation (rows marked "(baseline)"): a change is
+//! judged against the build before it on the same machine, same minute.
+//!
 //! ```text
 //! bench: bench_loop 1000000 (1,000,000 × malloc/free pair), median of 3 runs
 //! | way                          |    time ms |  µs per malloc/free pair | vs untraced |  vs floor |
@@ -24,7 +28,7 @@
 use crate::{build_memprof, fixtures, fixtures_src, output, setup::setup, show, target_dir};
 use anyhow::{bail, ensure, Context, Result};
 use std::ffi::OsString;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -196,18 +200,39 @@ fn workloads() -> Result<Vec<Workload>> {
     Ok(workloads)
 }
 
-pub fn bench() -> Result<()> {
+/// A memprof binary the traced ways run with, and what its rows are
+/// marked with ("" for this build).
+struct Binary {
+    path: PathBuf,
+    mark: &'static str,
+}
+
+pub fn bench(baseline: Option<PathBuf>) -> Result<()> {
     setup()?;
-    let memprof = build_memprof()?;
+    let mut binaries = vec![Binary {
+        path: build_memprof()?,
+        mark: "",
+    }];
+    if let Some(path) = baseline {
+        ensure!(
+            path.is_file(),
+            "--baseline {}: no such file",
+            path.display()
+        );
+        binaries.push(Binary {
+            path,
+            mark: " (baseline)",
+        });
+    }
     let profile = target_dir().join("bench/bench.mprof");
     let workloads = workloads()?;
     for workload in &workloads {
-        per_operation(workload, &memprof, &profile)?;
+        per_operation(workload, &binaries, &profile)?;
     }
     let binary_trees = target_dir().join("bench/binary-trees");
-    end_to_end(&memprof, &binary_trees, "15", &profile)?;
-    http_throughput(&memprof, &profile)?;
-    fixed_cost(&memprof, &profile)?;
+    end_to_end(&binaries, &binary_trees, "15", &profile)?;
+    http_throughput(&binaries, &profile)?;
+    fixed_cost(&binaries, &profile)?;
     Ok(())
 }
 
@@ -218,17 +243,16 @@ pub fn bench() -> Result<()> {
 const WRK_SECONDS: u32 = 4;
 const WRK_ROUNDS: usize = 7;
 
-/// One round's requests/s: untraced, attached, `attach --all`.
-type Round = (f64, f64, f64);
-/// One way's requests/s, of a round.
-type Of = fn(&Round) -> f64;
+/// One round's requests/s: untraced, then each binary's `attach` and
+/// `attach --all`.
+type Round = Vec<f64>;
 
 /// crystal-samples' http_server (port 8080) under `wrk` on 127.0.0.1:
 /// requests per second untraced, while `memprof attach` profiles it with
 /// `--gc-sampling refill`, and while `memprof attach --all` profiles the
 /// whole machine (its defaults: the cost to a program nobody asked about),
 /// memprof's own start and end excluded, in alternating rounds.
-fn http_throughput(memprof: &Path, profile: &Path) -> Result<()> {
+fn http_throughput(binaries: &[Binary], profile: &Path) -> Result<()> {
     let server = target_dir().join("bench/http_server");
     if !server.exists() {
         println!("bench: compiling http_server.cr (crystal build --release)");
@@ -248,10 +272,9 @@ fn http_throughput(memprof: &Path, profile: &Path) -> Result<()> {
         wait_for_port(8080)?;
         let mut rounds = Vec::new();
         for _ in 0..WRK_ROUNDS {
-            let untraced = wrk()?;
-            let traced = wrk_while(
-                memprof,
-                &[
+            let mut round = vec![wrk()?];
+            for binary in binaries {
+                let attach = [
                     "attach",
                     "--pid",
                     &pid,
@@ -259,40 +282,48 @@ fn http_throughput(memprof: &Path, profile: &Path) -> Result<()> {
                     "refill",
                     "--census",
                     "off",
-                ],
-                profile,
-                "attached to pid",
-            )?;
-            let all = wrk_while(
-                memprof,
-                &["attach", "--all"],
-                profile,
-                "profiling every process",
-            )?;
-            rounds.push((untraced, traced, all));
+                ];
+                round.push(wrk_while(
+                    &binary.path,
+                    &attach,
+                    profile,
+                    "attached to pid",
+                )?);
+                let all = ["attach", "--all"];
+                round.push(wrk_while(
+                    &binary.path,
+                    &all,
+                    profile,
+                    "profiling every process",
+                )?);
+            }
+            rounds.push(round);
         }
         Ok(rounds)
     })();
     let _ = child.kill();
     let _ = child.wait();
     let rounds = result?;
-    let untraced = median(rounds.iter().map(|r| r.0).collect());
+    let untraced = median(rounds.iter().map(|r| r[0]).collect());
     println!("\nbench: crystal-samples' http_server under wrk -t2 -c20 -d{WRK_SECONDS}s on 127.0.0.1, {WRK_ROUNDS} alternating rounds (medians)");
-    println!("| way                                 | requests/s | vs untraced (median of rounds; range) |");
-    println!("|-------------------------------------|-----------:|--------------------------------------:|");
-    println!("| untraced                            | {untraced:>10.0} |                               100.0 % |");
-    let ways: [(&str, Of); 2] = [
-        ("memprof attach --gc-sampling refill", |r| r.1),
-        ("memprof attach --all (the machine)", |r| r.2),
-    ];
-    for (way, of) in ways {
+    println!("| way                                            | requests/s | vs untraced (median of rounds; range) |");
+    println!("|------------------------------------------------|-----------:|--------------------------------------:|");
+    println!("| untraced                                       | {untraced:>10.0} |                               100.0 % |");
+    let ways = binaries.iter().flat_map(|b| {
+        [
+            format!("memprof attach --gc-sampling refill{}", b.mark),
+            format!("memprof attach --all (the machine){}", b.mark),
+        ]
+    });
+    for (i, way) in ways.enumerate() {
+        let of = |r: &Round| r[i + 1];
         let traced = median(rounds.iter().map(of).collect());
-        let ratios: Vec<f64> = rounds.iter().map(|r| of(r) / r.0).collect();
+        let ratios: Vec<f64> = rounds.iter().map(|r| of(r) / r[0]).collect();
         let (low, high) = ratios
             .iter()
             .fold((f64::MAX, 0.0f64), |(l, h), &x| (l.min(x), h.max(x)));
         println!(
-            "| {way:<35} | {traced:>10.0} | {:>13.1} % ({:.0}–{:.0} %) |",
+            "| {way:<46} | {traced:>10.0} | {:>13.1} % ({:.0}–{:.0} %) |",
             median(ratios) * 100.0,
             low * 100.0,
             high * 100.0
@@ -377,35 +408,46 @@ fn send_signal(pid: u32, signal: i32) {
 
 /// Times `workload` every way; prints a table with each way's time per
 /// operation, against untraced and against the empty-probe floor.
-fn per_operation(workload: &Workload, memprof: &Path, profile: &Path) -> Result<()> {
-    let mut rows = Vec::new();
+fn per_operation(workload: &Workload, binaries: &[Binary], profile: &Path) -> Result<()> {
+    let mut rows: Vec<(String, f64)> = Vec::new();
     let mut ops = workload.ops;
-    for way in workload.ways {
-        let mut command = match way.memprof {
-            None => Command::new(&workload.command[0]),
-            Some(options) => {
-                let mut command = Command::new(memprof);
-                command
-                    .arg("run")
-                    .args(options)
-                    .arg("-o")
-                    .arg(profile)
-                    .arg("--")
-                    .arg(&workload.command[0]);
-                command
+    // This build's rows first (the floor and the collection pass read
+    // them by position), then the baseline's traced ways.
+    for (b, binary) in binaries.iter().enumerate() {
+        for way in workload.ways {
+            let memprof = &binary.path;
+            let mut command = match way.memprof {
+                None if b > 0 => continue,
+                None => Command::new(&workload.command[0]),
+                Some(options) => {
+                    let mut command = Command::new(memprof);
+                    command
+                        .arg("run")
+                        .args(options)
+                        .arg("-o")
+                        .arg(profile)
+                        .arg("--")
+                        .arg(&workload.command[0]);
+                    command
+                }
+            };
+            command.args(&workload.command[1..]);
+            let traced = way.memprof.map(|_| (memprof.as_path(), profile));
+            let time = median_time(&mut command, workload.clock, traced)?.as_secs_f64();
+            if ops.is_none() && way.name == "memprof (dwarf)" {
+                ops = Some(
+                    report_json(memprof, profile)?["counters"]["allocs"]
+                        .as_u64()
+                        .unwrap_or(0),
+                );
             }
-        };
-        command.args(&workload.command[1..]);
-        let traced = way.memprof.map(|_| (memprof, profile));
-        let time = median_time(&mut command, workload.clock, traced)?.as_secs_f64();
-        if ops.is_none() && way.name == "memprof (dwarf)" {
-            ops = Some(
-                report_json(memprof, profile)?["counters"]["allocs"]
-                    .as_u64()
-                    .unwrap_or(0),
-            );
+            let mark = if way.memprof.is_some() {
+                binary.mark
+            } else {
+                ""
+            };
+            rows.push((format!("{}{mark}", way.name), time));
         }
-        rows.push((way.name, time));
     }
     let ops = ops.context("no exact run counted the operations")?.max(1);
     let per_op = format!("µs per {}", workload.op);
@@ -416,19 +458,20 @@ fn per_operation(workload: &Workload, memprof: &Path, profile: &Path) -> Result<
         workload.op
     );
     println!(
-        "| {:<28} | {:>10} | {per_op:>24} | {:>11} | {:>9} |",
+        "| {:<39} | {:>10} | {per_op:>24} | {:>11} | {:>9} |",
         "way", "time ms", "vs untraced", "vs floor"
     );
     println!(
-        "|{:-<30}|{:-<12}|{:-<26}|{:-<13}|{:-<11}|",
+        "|{:-<41}|{:-<12}|{:-<26}|{:-<13}|{:-<11}|",
         "", "", "", "", ""
     );
     let untraced = rows[0].1;
-    let floor = rows.iter().find(|(name, _)| *name == FLOOR).map(|r| r.1);
-    for &(name, time) in &rows {
+    let floor = rows.iter().find(|(name, _)| name == FLOOR).map(|r| r.1);
+    for (name, time) in &rows {
+        let time = *time;
         let vs_floor = floor.map_or("".to_string(), |f| format!("{:.2} ×", time / f));
         println!(
-            "| {:<28} | {:>10.1} | {:>24.3} | {:>9.1} × | {:>9} |",
+            "| {:<39} | {:>10.1} | {:>24.3} | {:>9.1} × | {:>9} |",
             name,
             time * 1e3,
             time * 1e6 / ops as f64,
@@ -453,8 +496,27 @@ fn per_operation(workload: &Workload, memprof: &Path, profile: &Path) -> Result<
 /// A real program end to end under `memprof run` with defaults: wall
 /// time, allocations lost, memprof's peak memory, the profile's size and
 /// the longest mark-bit pass (the pause memprof added to one collection).
-fn end_to_end(memprof: &Path, program: &Path, arg: &str, profile: &Path) -> Result<()> {
+fn end_to_end(binaries: &[Binary], program: &Path, arg: &str, profile: &Path) -> Result<()> {
     let (untraced, _) = run_measured(Command::new(program).arg(arg))?;
+    let name = program.file_name().unwrap_or_default().to_string_lossy();
+    println!("\nbench: {name} {arg} end to end under `memprof run` (defaults), one run");
+    println!("| memprof | untraced s | memprof s | allocations | lost | memprof peak RSS MB | profile MB | longest pause ms |");
+    println!("|---------|-----------:|----------:|------------:|-----:|--------------------:|-----------:|-----------------:|");
+    for binary in binaries {
+        end_to_end_row(binary, untraced, program, arg, profile)?;
+    }
+    Ok(())
+}
+
+/// One row of [`end_to_end`]: `program arg` under `binary`.
+fn end_to_end_row(
+    binary: &Binary,
+    untraced: Duration,
+    program: &Path,
+    arg: &str,
+    profile: &Path,
+) -> Result<()> {
+    let memprof = &binary.path;
     let (wall, peak_kib) = run_measured(
         Command::new(memprof)
             .arg("run")
@@ -479,12 +541,13 @@ fn end_to_end(memprof: &Path, program: &Path, arg: &str, profile: &Path) -> Resu
     .sum::<u64>();
     let size = std::fs::metadata(profile)?.len();
     let pause = report["gc"]["longest_pass_seconds"].as_f64().unwrap_or(0.0);
-    let name = program.file_name().unwrap_or_default().to_string_lossy();
-    println!("\nbench: {name} {arg} end to end under `memprof run` (defaults), one run");
-    println!("| untraced s | memprof s | allocations | lost | memprof peak RSS MB | profile MB | longest pause ms |");
-    println!("|-----------:|----------:|------------:|-----:|--------------------:|-----------:|-----------------:|");
     println!(
-        "| {:>10.2} | {:>9.2} | {:>11} | {:>4} | {:>19.1} | {:>10.1} | {:>16.1} |",
+        "| {:<7} | {:>10.2} | {:>9.2} | {:>11} | {:>4} | {:>19.1} | {:>10.1} | {:>16.1} |",
+        if binary.mark.is_empty() {
+            "this"
+        } else {
+            "baseline"
+        },
         untraced.as_secs_f64(),
         wall.as_secs_f64(),
         thousands(field("allocs")),
@@ -498,22 +561,24 @@ fn end_to_end(memprof: &Path, program: &Path, arg: &str, profile: &Path) -> Resu
 
 /// What memprof costs before and after any allocation: `run -- /bin/true`
 /// (load, attach, detach, write), wall clock, median of [`REPETITIONS`].
-fn fixed_cost(memprof: &Path, profile: &Path) -> Result<()> {
+fn fixed_cost(binaries: &[Binary], profile: &Path) -> Result<()> {
     let mut untraced = Vec::new();
-    let mut traced = Vec::new();
+    let mut traced = vec![Vec::new(); binaries.len()];
+    // Alternating, so that a slower minute of the machine is shared.
     for _ in 0..REPETITIONS {
         untraced.push(run_measured(&mut Command::new("/bin/true"))?.0);
-        let (wall, _) = run_measured(
-            Command::new(memprof)
-                .arg("run")
-                .arg("-o")
-                .arg(profile)
-                .args(["--", "/bin/true"]),
-        )?;
-        traced.push(wall);
+        for (binary, times) in binaries.iter().zip(&mut traced) {
+            let (wall, _) = run_measured(
+                Command::new(&binary.path)
+                    .arg("run")
+                    .arg("-o")
+                    .arg(profile)
+                    .args(["--", "/bin/true"]),
+            )?;
+            times.push(wall);
+        }
     }
     untraced.sort();
-    traced.sort();
     println!("\nbench: fixed cost, median of {REPETITIONS} runs");
     println!("| way | wall ms |");
     println!("|-----|--------:|");
@@ -521,10 +586,14 @@ fn fixed_cost(memprof: &Path, profile: &Path) -> Result<()> {
         "| /bin/true | {:.1} |",
         untraced[REPETITIONS / 2].as_secs_f64() * 1e3
     );
-    println!(
-        "| memprof run -- /bin/true | {:.1} |",
-        traced[REPETITIONS / 2].as_secs_f64() * 1e3
-    );
+    for (binary, mut times) in binaries.iter().zip(traced) {
+        times.sort();
+        println!(
+            "| memprof run -- /bin/true{} | {:.1} |",
+            binary.mark,
+            times[REPETITIONS / 2].as_secs_f64() * 1e3
+        );
+    }
     Ok(())
 }
 

@@ -6,6 +6,7 @@
 //! cargo xtask test      # setup, build, then the integration tests (as root)
 //! cargo xtask demo      # setup, build, profile demo/demo.c and print the report
 //! cargo xtask bench     # setup, build, time bench_loop untraced and under memprof
+//!                       #   (--baseline OLD_MEMPROF: the same ways with an earlier build too)
 //! cargo xtask fixtures  # compile the C test fixtures into target/fixtures
 //! ```
 //!
@@ -41,7 +42,12 @@ enum Task {
     /// Set up, build, profile the demo program and print its report.
     Demo,
     /// Set up, build, and compare the cost of a malloc/free pair untraced and traced.
-    Bench,
+    Bench {
+        /// Also time this memprof binary (an earlier build, e.g. main's) in
+        /// every traced way, in the same invocation: rows marked "(baseline)".
+        #[arg(long, value_name = "MEMPROF")]
+        baseline: Option<PathBuf>,
+    },
     /// Compile the C test fixtures into target/fixtures.
     Fixtures,
 }
@@ -82,7 +88,7 @@ fn task(task: Task) -> Result<()> {
         Task::Build => build_memprof().map(drop),
         Task::Test => test(),
         Task::Demo => demo::demo(),
-        Task::Bench => bench::bench(),
+        Task::Bench { baseline } => bench::bench(baseline),
         Task::Fixtures => {
             let built = fixtures::compile_all(&fixtures_src(), &target_dir().join("fixtures"))
                 .map_err(anyhow::Error::msg)?;
