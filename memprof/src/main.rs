@@ -253,6 +253,9 @@ fn session_options(args: &SessionArgs, duration: Option<Duration>) -> Result<Ses
             // Set by the plan, which knows whether the target's libgc allows it.
             gc_refill: false,
             host: false,
+            // Set by the session, which knows whether mark bits are read.
+            gc_copy: false,
+            gc_verdicts: false,
         },
         probe_at_entry: args.probe_at_entry,
         duration,

@@ -13,7 +13,7 @@
 //! **Library loads (`run`).** `_dl_debug_state` stops the traced main
 //! thread with [`LIBRARY_LOAD_SIGNAL`](memprof_common::LIBRARY_LOAD_SIGNAL)
 //! after the dynamic linker changed the list of libraries, and flags it in
-//! `CONFIG`; [`Probes::take_library_load_signal`] tells that signal from
+//! `DLOPEN_SIGNALLED`; [`Probes::take_library_load_signal`] tells that signal from
 //! the program's own, and memprof adds the new modules' ranges before
 //! their code runs.
 //!
@@ -22,13 +22,11 @@
 //! changes nothing for the program. Both are switched off
 //! ([`Probes::stop_holding`], [`Probes::stop_library_loads`]) before the
 //! tracer detaches.
-use anyhow::Result;
+use anyhow::{ensure, Result};
 use aya::maps::{Array, HashMap, Map, MapData, RingBuf};
 use std::os::fd::AsRawFd;
 
-use memprof_common::{
-    config, gc_event, maps, programs, AllocSite, GcEvent, KernelCounters, KernelMarks,
-};
+use memprof_common::{gc_event, maps, programs, AllocSite, GcEvent, KernelCounters, KernelMarks};
 
 use super::view::{LiveBlock, Site};
 use super::Probes;
@@ -175,25 +173,25 @@ impl Probes {
             pid,
             "_dl_debug_state",
         )?;
-        self.config.set(config::SIGNAL_ON_DLOPEN, 1)
+        self.set_switch(maps::SIGNAL_ON_DLOPEN, 1)
     }
 
     /// No more library-load signals (before the tracer lets the threads go).
     pub fn stop_library_loads(&mut self) -> Result<()> {
-        self.config.set(config::SIGNAL_ON_DLOPEN, 0)
+        self.set_switch(maps::SIGNAL_ON_DLOPEN, 0)
     }
 
     /// Whether the kernel sent a library-load signal not taken yet
     /// ([`Self::take_library_load_signal`]).
     pub fn library_load_pending(&self) -> Result<bool> {
-        Ok(self.config.get(config::DLOPEN_SIGNALLED)? == 1)
+        Ok(self.switch(maps::DLOPEN_SIGNALLED)? == 1)
     }
 
     /// Whether the kernel sent the library-load signal since the last call.
     pub fn take_library_load_signal(&mut self) -> Result<bool> {
-        let sent = self.config.get(config::DLOPEN_SIGNALLED)? == 1;
+        let sent = self.switch(maps::DLOPEN_SIGNALLED)? == 1;
         if sent {
-            self.config.set(config::DLOPEN_SIGNALLED, 0)?;
+            self.set_switch(maps::DLOPEN_SIGNALLED, 0)?;
         }
         Ok(sent)
     }
@@ -227,7 +225,7 @@ impl Probes {
     /// collections (`false`: no more holds, as before the tracer lets the
     /// threads go).
     pub fn hold_collections(&mut self, hold: bool) -> Result<()> {
-        self.config.set(config::GC_HOLD, u32::from(hold))
+        self.set_switch(maps::GC_HOLD, u32::from(hold))
     }
 
     /// No more holds at collections (before the tracer lets the threads go).
@@ -238,12 +236,17 @@ impl Probes {
     /// Has the kernel judge the GC objects of the copy by the collector's
     /// mark bits itself, at each collection (`marks`: where they are), and
     /// stream its verdicts ([`GcChange::Collected`], [`GcChange::Judged`]):
-    /// before any probe is attached, after [`Self::keep_gc_copy`].
+    /// before any probe is attached, after [`Self::keep_gc_copy`]. The
+    /// probes must have been loaded for it ([`ProbeOptions::gc_verdicts`](super::ProbeOptions::gc_verdicts)).
     pub fn judge_gc_in_kernel(&mut self, marks: &KernelMarks) -> Result<()> {
+        ensure!(
+            self.gc_verdicts,
+            "the probes were loaded without the kernel's GC verdicts"
+        );
         let mut map: Array<&mut MapData, KernelMarks> =
             Array::try_from(self.map_mut(maps::GC_MARKS)?)?;
         map.set(0, *marks, 0)?;
-        self.config.set(config::GC_VERDICTS, 1)
+        Ok(())
     }
 
     /// The kernel's verdicts not given: GC objects its table had no room
@@ -280,10 +283,13 @@ impl Probes {
         self.gc_events.take()
     }
 
-    /// Has the kernel keep GC objects out of `LIVE` and stream them to
-    /// the ring buffer only ([`config::GC_COPY`]): before any probe is attached.
+    /// The kernel keeps GC objects out of `LIVE` and streams them to the
+    /// ring buffer only ([`memprof_common::globals::GC_COPY`]): a load-time
+    /// setting ([`ProbeOptions::gc_copy`](super::ProbeOptions::gc_copy)); this checks the probes were
+    /// loaded with it.
     pub fn keep_gc_copy(&mut self) -> Result<()> {
-        self.config.set(config::GC_COPY, 1)
+        ensure!(self.gc_copy, "the probes were loaded without the GC copy");
+        Ok(())
     }
 
     /// Starts predicting results with `settings` ([`memprof_common::Predict`]),

@@ -7,7 +7,7 @@
 //!
 //! | part | what it does |
 //! |---|---|
-//! | this module | loads the object with the map sizes of [`ProbeOptions`], owns the `CONFIG` settings, stops recording |
+//! | this module | loads the object with the map sizes and load-time settings of [`ProbeOptions`], flips the switches the kernel reads while running, stops recording |
 //! | `attach` | attaches programs to functions of the target, scoped to its pid |
 //! | `unwind_tables` | writes the CFI rows and the module ranges the kernel unwinder searches |
 //! | `gc_hold` | the protocols with a traced target: holding a collector for the mark-bit pass, stopping the main thread after `dlopen` |
@@ -18,7 +18,7 @@
 use anyhow::{anyhow, Result};
 use aya::maps::{Array, Map, MapData};
 use aya::{Ebpf, EbpfLoader};
-use memprof_common::{config, globals, maps};
+use memprof_common::{globals, maps};
 
 use crate::unwind::Tables;
 
@@ -63,6 +63,13 @@ pub struct ProbeOptions {
     /// `attach --all`: the probes sit on files for every process, with
     /// state per process ([`memprof_common::host`]).
     pub host: bool,
+    /// GC objects are kept in memprof's copy only (their mark bits are
+    /// read): the kernel streams them to the GC event ring, not to its
+    /// live table ([`globals::GC_COPY`]).
+    pub gc_copy: bool,
+    /// With `gc_copy`, the kernel judges the copy's objects by the mark
+    /// bits itself ([`globals::GC_VERDICTS`]).
+    pub gc_verdicts: bool,
 }
 
 impl ProbeOptions {
@@ -79,6 +86,8 @@ impl ProbeOptions {
             sample_bytes: 0,
             gc_refill: false,
             host: false,
+            gc_copy: false,
+            gc_verdicts: false,
         }
     }
 }
@@ -86,8 +95,6 @@ impl ProbeOptions {
 /// The loaded programs, with their links while attached.
 pub struct Probes {
     ebpf: Ebpf,
-    /// The `CONFIG` settings array.
-    config: Settings,
     empty: bool,
     /// The programs, loaded on first use.
     programs: multi::Programs,
@@ -115,6 +122,10 @@ pub struct Probes {
     pub predict: bool,
     /// `attach --all`: the capacity of the CFI row table.
     host_rows: u32,
+    /// Loaded with GC objects in memprof's copy only, and judged by the
+    /// kernel ([`ProbeOptions::gc_copy`], [`ProbeOptions::gc_verdicts`]).
+    gc_copy: bool,
+    gc_verdicts: bool,
 }
 
 impl Probes {
@@ -140,6 +151,7 @@ impl Probes {
         let gc_refill = u32::from(options.gc_refill);
         let dwarf = u32::from(unwind_tables.is_some() || options.host);
         let host = host::Sizes::new(options.host)?;
+        let gc_verdicts = options.gc_copy && options.gc_verdicts;
         let rows = if options.host { host.rows } else { rows };
         let (fp_stacks, dwarf_stacks) = if options.host {
             (1, options.max_stacks)
@@ -152,6 +164,8 @@ impl Probes {
             .override_global(globals::GC_REFILL, &gc_refill, true)
             .override_global(globals::UNWIND_DWARF, &dwarf, true)
             .override_global(globals::HOST, &u32::from(options.host), true)
+            .override_global(globals::GC_COPY, &u32::from(options.gc_copy), true)
+            .override_global(globals::GC_VERDICTS, &u32::from(gc_verdicts), true)
             .override_global(globals::TASK_REAL_PARENT, &host.real_parent, true)
             .override_global(globals::TASK_TGID, &host.tgid, true)
             .override_global(globals::TASK_EXIT_CODE, &host.exit_code, true)
@@ -172,7 +186,6 @@ impl Probes {
         let mut probes = Probes {
             programs,
             gc_events: Some(GcEvents::new(take_map(&mut ebpf, maps::GC_EVENTS)?)?),
-            config: Settings(Array::try_from(take_map(&mut ebpf, maps::CONFIG)?)?),
             ebpf,
             empty: options.empty,
             session: None,
@@ -184,6 +197,8 @@ impl Probes {
             gc_refill: options.gc_refill,
             dwarf: unwind_tables.is_some() || options.host,
             host_rows: 0,
+            gc_copy: options.gc_copy,
+            gc_verdicts,
         };
         if options.sample_bytes > 0 {
             let mut table: Array<&mut MapData, u64> =
@@ -231,9 +246,7 @@ impl Probes {
     }
 
     fn set_enabled(&mut self, on: bool) -> Result<()> {
-        let mut enabled: Array<&mut MapData, u32> = Array::try_from(self.map_mut(maps::ENABLED)?)?;
-        enabled.set(0, u32::from(on), 0)?;
-        Ok(())
+        self.set_switch(maps::ENABLED, u32::from(on))
     }
 
     /// Every program turns into a no-op when the `ENABLED` switch is
@@ -241,7 +254,22 @@ impl Probes {
     /// the target any more.
     pub fn disable(&mut self) -> Result<()> {
         self.set_enabled(false)?;
-        self.config.set(config::SIGNAL_ON_DLOPEN, 0)
+        self.set_switch(maps::SIGNAL_ON_DLOPEN, 0)
+    }
+
+    /// Sets the one-entry `u32` map `name`: a switch the kernel reads
+    /// while running (each its own map, so no write of one overwrites
+    /// another, nor a flag the kernel sets).
+    fn set_switch(&mut self, name: &str, value: u32) -> Result<()> {
+        let mut switch: Array<&mut MapData, u32> = Array::try_from(self.map_mut(name)?)?;
+        switch.set(0, value, 0)?;
+        Ok(())
+    }
+
+    /// The value of the one-entry `u32` map `name`.
+    fn switch(&self, name: &str) -> Result<u32> {
+        let switch: Array<&MapData, u32> = Array::try_from(self.map(name)?)?;
+        Ok(switch.get(&0, 0)?)
     }
 
     /// Closes every link. Closing a multi-uprobe link waits for the
@@ -284,19 +312,6 @@ fn map_data(map: &Map) -> Option<&MapData> {
 fn take_map(ebpf: &mut Ebpf, name: &str) -> Result<Map> {
     ebpf.take_map(name)
         .ok_or_else(|| anyhow!("eBPF object has no map {name}"))
-}
-
-/// The `CONFIG` array: `u32` settings indexed by [`memprof_common::config`].
-struct Settings(Array<MapData, u32>);
-
-impl Settings {
-    fn get(&self, index: u32) -> Result<u32> {
-        Ok(self.0.get(&index, 0)?)
-    }
-
-    fn set(&mut self, index: u32, value: u32) -> Result<()> {
-        Ok(self.0.set(index, value, 0)?)
-    }
 }
 
 /// Probes being detached on a background thread.
@@ -355,6 +370,46 @@ mod tests {
         let text = format!("{hinted:#}");
         assert!(text.starts_with("attaching a uprobe: "), "{text}");
         assert!(!text.contains("not permitted"), "{text}");
+    }
+
+    /// The names userspace attaches and opens by (`memprof_common`'s
+    /// `programs`, `maps`, `globals`) are exactly those of the built
+    /// object: the kernel side names its maps and settings after its
+    /// statics, so each name is written on both sides, and this is where
+    /// they are checked against each other.
+    fn sorted(mut names: Vec<&str>) -> Vec<&str> {
+        names.sort_unstable();
+        names
+    }
+
+    #[test]
+    fn the_object_has_exactly_the_contract_names() {
+        use object::{Object, ObjectSection, ObjectSymbol};
+        let parsed = aya_obj::Object::parse(OBJECT).unwrap();
+        // Sections aya turns into maps (`.rodata`, …) are not maps of ours.
+        let object_maps = parsed.maps.keys().map(String::as_str);
+        assert_eq!(
+            sorted(object_maps.filter(|name| !name.starts_with('.')).collect()),
+            sorted(maps::ALL.to_vec())
+        );
+        let object_programs = parsed.programs.keys().map(String::as_str).collect();
+        assert_eq!(
+            sorted(object_programs),
+            sorted(memprof_common::programs::ALL.to_vec())
+        );
+        let elf = object::File::parse(OBJECT).unwrap();
+        let in_rodata = |symbol: &object::Symbol| {
+            let section = symbol
+                .section_index()
+                .and_then(|i| elf.section_by_index(i).ok());
+            section.is_some_and(|s| s.name().is_ok_and(|n| n.starts_with(".rodata")))
+        };
+        let object_globals = elf
+            .symbols()
+            .filter(|symbol| symbol.is_global() && in_rodata(symbol))
+            .map(|symbol| symbol.name().unwrap())
+            .collect();
+        assert_eq!(sorted(object_globals), sorted(globals::ALL.to_vec()));
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! uses.
 use anyhow::Result;
 use aya::maps::{Array, MapData};
-use memprof_common::{config, maps, module_table, ModuleRange, UnwindRow};
+use memprof_common::{maps, module_table, ModuleRange, UnwindRow};
 
 use super::Probes;
 use crate::unwind::Tables;
@@ -37,7 +37,7 @@ impl Probes {
     /// past [`module_table::MAX_MODULES`] ranges are dropped).
     ///
     /// The kernel's table is double: the new ranges go into the half not in
-    /// use, then one write of `MODULE_COUNT` switches halves, so a probe
+    /// use, then one write of `MODULE_TABLE` switches halves, so a probe
     /// never unwinds with a half-written (or empty) table. Unchanged ranges
     /// are not rewritten.
     pub fn set_module_ranges(&mut self, ranges: &[ModuleRange]) -> Result<()> {
@@ -59,8 +59,8 @@ impl Probes {
             half,
             generation,
         };
-        self.config.set(
-            config::MODULE_COUNT,
+        self.set_switch(
+            maps::MODULE_TABLE,
             module_table::pack(ranges.len() as u32, half, generation),
         )
     }

@@ -288,6 +288,14 @@ impl GcWatch {
         watch
     }
 
+    /// What the probes are loaded for: GC objects kept in memprof's copy
+    /// only (with a judge), and judged by the kernel itself; what
+    /// [`Self::keep_copy`] then sets up.
+    pub(super) fn kernel_copy(&self) -> (bool, bool) {
+        let copy = self.judge.is_some();
+        (copy, copy && self.in_kernel)
+    }
+
     /// With a judge, has the kernel stream the GC objects to memprof's copy
     /// only (not to its live table) and starts feeding it: before any
     /// probe is attached.

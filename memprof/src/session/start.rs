@@ -107,12 +107,10 @@ impl Session {
             target::check_architecture(pid, &target.exe)?;
             let modules = ModuleCache::of_process(pid);
             run_to_libraries(pid, &modules)?;
-            let mut plan = Plan::new(modules, &target.exe, &mapped_files(pid)?, &options.choice())?;
-            let probes = Probes::load(&plan.probe_options(options), plan.tables.as_ref())?;
-            plan.loaded();
-            Ok((target, plan, probes))
+            let plan = Plan::new(modules, &target.exe, &mapped_files(pid)?, &options.choice())?;
+            Ok((target, plan))
         });
-        let (mut target, plan, probes) = match started {
+        let (mut target, plan) = match started {
             Ok(parts) => parts,
             Err(e) => {
                 give_up(&mut tracer);
@@ -122,7 +120,7 @@ impl Session {
         if let Some(command) = command {
             target.command = command.to_vec();
         }
-        let mut session = match Session::new(Mode::Run, target, plan, probes, output, options) {
+        let mut session = match Session::new(Mode::Run, target, plan, output, options) {
             Ok(session) => session,
             Err(e) => {
                 give_up(&mut tracer);
@@ -202,15 +200,13 @@ impl Session {
         } else {
             Output::create(options.output.as_ref(), &target.exe, Some(pid))?
         };
-        let mut plan = Plan::new(
+        let plan = Plan::new(
             ModuleCache::of_process(pid),
             &target.exe,
             &loaded,
             &options.choice(),
         )?;
-        let probes = Probes::load(&plan.probe_options(options), plan.tables.as_ref())?;
-        plan.loaded();
-        let mut session = Session::new(Mode::Attach, target, plan, probes, output, options)?;
+        let mut session = Session::new(Mode::Attach, target, plan, output, options)?;
         session.refresh_maps()?;
         // Collections are watched before allocations are: every GC object
         // recorded then reaches the mark-bit pass's copy.
@@ -351,11 +347,12 @@ impl Session {
         );
     }
 
+    /// The session of `target` with the probes of `plan` loaded (no probe
+    /// attached yet).
     fn new(
         mode: Mode,
         target: Target,
-        plan: Plan,
-        probes: Probes,
+        mut plan: Plan,
         output: Output,
         options: &SessionOptions,
     ) -> Result<Session> {
@@ -363,12 +360,17 @@ impl Session {
         let target_parent =
             crate::target::family::process_of(target.pid).map_or(0, |(_, parent)| parent);
         let target_ns_pid = crate::target::family::namespace_pid(target.pid);
-        let mut probes = probes;
         let mut gc = GcWatch::new(&plan, options, target.pid);
         let census = CensusWhen::or_default(options.census, mode);
         if census != CensusWhen::Off {
             gc.census_heap(&plan, target.pid, &target.exe, mode == Mode::Attach, census);
         }
+        // Whether GC objects go to memprof's copy, and are judged in the
+        // kernel, is decided by now: load-time settings of the probes.
+        let mut probe_options = plan.probe_options(options);
+        (probe_options.gc_copy, probe_options.gc_verdicts) = gc.kernel_copy();
+        let mut probes = Probes::load(&probe_options, plan.tables.as_ref())?;
+        plan.loaded();
         gc.keep_copy(&mut probes)?;
         if matches!(plan.gc_sampling, PlannedGcSampling::Refill { .. }) && !gc.copies() {
             bail!(

@@ -1,0 +1,42 @@
+//! Every load-time setting: `Global`s userspace sets when it loads the
+//! object (`EbpfLoader::override_global`, names in
+//! `memprof_common::globals`). They are constants to the verifier, which
+//! drops the paths they turn off: a setting costs nothing where it is off.
+//!
+//! What changes while running (the module table in use, the GC hold, the
+//! library-load signal) is no setting: those are one-entry maps, in the
+//! files of their concern.
+use aya_ebpf::Global;
+
+/// 1: fold recursion in DWARF stacks (`--keep-recursion` sets 0). A
+/// load-time constant: the verifier drops the path not taken.
+#[unsafe(no_mangle)]
+pub(crate) static FOLD_RECURSION: Global<u32> = Global::new(1);
+/// 1: unwind with the CFI tables (`UNWIND_ROWS`), 0: frame pointers.
+#[unsafe(no_mangle)]
+pub(crate) static UNWIND_DWARF: Global<u32> = Global::new(0);
+/// 1: sample allocations (`--sample-bytes`), 0: follow every one.
+#[unsafe(no_mangle)]
+pub(crate) static SAMPLING: Global<u32> = Global::new(0);
+/// 1: GC allocations are sampled at refills (`--gc-sampling refill`):
+/// the GC calls probed are not drawn by `SAMPLING`.
+#[unsafe(no_mangle)]
+pub(crate) static GC_REFILL: Global<u32> = Global::new(0);
+/// 1: userspace keeps the copy of the GC objects: GC allocations and
+/// frees go to the `GC_EVENTS` ring buffer only, not to `LIVE`.
+#[unsafe(no_mangle)]
+pub(crate) static GC_COPY: Global<u32> = Global::new(0);
+/// 1: the kernel judges the GC objects of the copy by the collector's
+/// mark bits itself, at each collection (`GC_MARKS`, `GC_SLOTS`).
+#[unsafe(no_mangle)]
+pub(crate) static GC_VERDICTS: Global<u32> = Global::new(0);
+/// 1: `attach --all`: every process, state per process (`PROCESSES`).
+#[unsafe(no_mangle)]
+pub(crate) static HOST: Global<u32> = Global::new(0);
+/// Offsets in `task_struct` (`attach --all`'s process events).
+#[unsafe(no_mangle)]
+pub(crate) static TASK_REAL_PARENT: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+pub(crate) static TASK_TGID: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+pub(crate) static TASK_EXIT_CODE: Global<u32> = Global::new(0);
