@@ -14,7 +14,7 @@ use std::sync::Arc;
 use anyhow::Result;
 use memprof_common::AllocKind;
 
-use crate::gc::pass::{merge_histories, SiteGc};
+use crate::gc::site::{merge_histories, SiteGc};
 use crate::probes::{HeapMaps, RecordedStack, Site};
 use crate::profile::Lifetimes;
 use crate::sampling;

@@ -28,7 +28,7 @@ use iced_x86::{Code, FlowControl, Instruction, Mnemonic, OpKind, Register};
 use super::parse_method;
 use crate::modules::Module;
 use crate::symbolize::{has_parameter, inlined_new_owners};
-use crate::x86::decode;
+use crate::x86::{decode, plt};
 
 /// The functions the compiler allocates objects with, and whether they
 /// allocate pointer-free (atomic) memory.
@@ -117,7 +117,7 @@ pub fn type_names(exe: &Module) -> TypeNames {
         .collect();
     // Release builds call libgc's through the PLT, inlined into callers.
     for (name, atomic) in [("GC_malloc", false), ("GC_malloc_atomic", true)] {
-        allocators.extend(exe.plt_stubs(name).into_iter().map(|a| (a, atomic)));
+        allocators.extend(plt::stubs(exe, name).into_iter().map(|a| (a, atomic)));
     }
     let mut constructors = Vec::new();
     let versioned = exe

@@ -332,25 +332,10 @@ impl Module {
         self.slots.is_external(slot)
     }
 
-    /// The PLT stubs that jump to `name` in another module (`call
-    /// GC_malloc@plt`): the address of each stub's `jmp *slot(%rip)` and
-    /// of the start of its entry (after an `endbr64`, entries are 16 bytes).
-    pub fn plt_stubs(&self, name: &str) -> Vec<u64> {
-        let mut stubs = Vec::new();
-        for plt in [".plt", ".plt.sec", ".plt.got"] {
-            let Some((start, bytes)) = self.section(plt) else {
-                continue;
-            };
-            for insn in crate::x86::decode::function(bytes, start) {
-                let jumps_through = insn.mnemonic() == iced_x86::Mnemonic::Jmp
-                    && insn.is_ip_rel_memory_operand()
-                    && self.slots.external_name(insn.ip_rel_memory_address()) == Some(name);
-                if jumps_through {
-                    stubs.extend([insn.ip(), insn.ip() & !0xf]);
-                }
-            }
-        }
-        stubs
+    /// The symbol the dynamic linker fills the word at `slot` with, when
+    /// it is another module's (what a PLT stub jumps through).
+    pub(crate) fn external_name(&self, slot: u64) -> Option<&str> {
+        self.slots.external_name(slot)
     }
 
     /// The value the word at `slot` holds at run time, as a link-time
