@@ -38,8 +38,8 @@
 //! - [`pass`]: the mark-bit pass after each collection (marks read while
 //!   the collector is held, the copy judged after);
 //! - [`census`]: the whole heap at one collection (`census/read.rs` the
-//!   held copy, `census/count.rs` the census by mark bits,
-//!   `census/graph.rs` the object graph and retained bytes).
+//!   held copy, into `census/heap_copy.rs`; `census/count.rs` the census
+//!   by mark bits; `census/graph.rs` the object graph and retained bytes).
 //!
 //! ```no_run
 //! # fn main() -> anyhow::Result<()> {

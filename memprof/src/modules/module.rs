@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use memmap2::Mmap;
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SectionFlags, SectionKind};
 
+use super::error::Error;
 use super::slots::Slots;
-use super::Error;
 use crate::target::maps::{self, Mapping};
 
 /// A loadable segment (`PT_LOAD`).
@@ -110,54 +110,10 @@ impl Module {
             path: path.to_path_buf(),
             source,
         })?;
-        let segments = parsed
-            .segments()
-            .map(|s| {
-                let (file_offset, file_size) = s.file_range();
-                let executable = matches!(s.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0);
-                Segment {
-                    address: s.address(),
-                    mem_size: s.size(),
-                    file_offset,
-                    file_size,
-                    executable,
-                }
-            })
-            .collect();
-        let sections = parsed
-            .sections()
-            .map(|s| Section {
-                name: s.name().unwrap_or_default().to_string(),
-                address: s.address(),
-                size: s.size(),
-                file_range: s.file_range(),
-                code: s.kind() == SectionKind::Text
-                    && matches!(s.flags(), SectionFlags::Elf { sh_flags } if sh_flags & u64::from(object::elf::SHF_EXECINSTR) != 0),
-            })
-            .collect();
-        let mut symbols = HashMap::new();
-        for symbol in parsed.dynamic_symbols().chain(parsed.symbols()) {
-            if let Ok(name) = symbol.name() {
-                if symbol.is_definition() && symbol.address() != 0 {
-                    symbols.entry(name.to_string()).or_insert(Symbol {
-                        address: symbol.address(),
-                        size: symbol.size(),
-                    });
-                }
-            }
-        }
-        // PT_TLS (`segments()` has the loadable ones only).
-        let tls_size = match &parsed {
-            object::File::Elf64(elf) => {
-                use object::read::elf::ProgramHeader;
-                let endian = elf.endian();
-                elf.elf_program_headers()
-                    .iter()
-                    .find(|h| h.p_type(endian) == object::elf::PT_TLS)
-                    .map(|h| h.p_memsz(endian))
-            }
-            _ => None,
-        };
+        let segments = segments_of(&parsed);
+        let sections = sections_of(&parsed);
+        let symbols = symbols_of(&parsed);
+        let tls_size = tls_size_of(&parsed);
         let got = parsed
             .sections()
             .filter(|s| matches!(s.name(), Ok(".got" | ".got.plt")))
@@ -439,6 +395,71 @@ impl Module {
         ours.iter()
             .find_map(|m| self.bias(m))
             .ok_or_else(not_mapped)
+    }
+}
+
+/// The loadable segments of `parsed`.
+fn segments_of(parsed: &object::File<'_>) -> Vec<Segment> {
+    parsed
+        .segments()
+        .map(|s| {
+            let (file_offset, file_size) = s.file_range();
+            let executable = matches!(s.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0);
+            Segment {
+                address: s.address(),
+                mem_size: s.size(),
+                file_offset,
+                file_size,
+                executable,
+            }
+        })
+        .collect()
+}
+
+/// The sections of `parsed`.
+fn sections_of(parsed: &object::File<'_>) -> Vec<Section> {
+    parsed
+        .sections()
+        .map(|s| Section {
+            name: s.name().unwrap_or_default().to_string(),
+            address: s.address(),
+            size: s.size(),
+            file_range: s.file_range(),
+            code: s.kind() == SectionKind::Text
+                && matches!(s.flags(), SectionFlags::Elf { sh_flags } if sh_flags & u64::from(object::elf::SHF_EXECINSTR) != 0),
+        })
+        .collect()
+}
+
+/// The symbols `parsed` defines, by name (`.dynsym` first).
+fn symbols_of(parsed: &object::File<'_>) -> HashMap<String, Symbol> {
+    let mut symbols = HashMap::new();
+    for symbol in parsed.dynamic_symbols().chain(parsed.symbols()) {
+        if let Ok(name) = symbol.name() {
+            if symbol.is_definition() && symbol.address() != 0 {
+                symbols.entry(name.to_string()).or_insert(Symbol {
+                    address: symbol.address(),
+                    size: symbol.size(),
+                });
+            }
+        }
+    }
+    symbols
+}
+
+/// The size of the module's TLS block.
+fn tls_size_of(parsed: &object::File<'_>) -> Option<u64> {
+    // PT_TLS (`segments()` has the loadable ones only).
+    match parsed {
+        object::File::Elf64(elf) => {
+            use object::read::elf::ProgramHeader;
+            let endian = elf.endian();
+            elf.elf_program_headers()
+                .iter()
+                .find(|h| h.p_type(endian) == object::elf::PT_TLS)
+                .map(|h| h.p_memsz(endian))
+        }
+        _ => None,
     }
 }
 

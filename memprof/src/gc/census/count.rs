@@ -3,7 +3,7 @@
 //! kind, size class and first word, free-list entries told apart.
 use std::collections::BTreeMap;
 
-use super::{cleared, marked, BlockState, HeapBlock, HeapCopy, AUNCOLLECTABLE, PTRFREE};
+use super::heap_copy::{cleared, marked, BlockState, HeapBlock, HeapCopy, AUNCOLLECTABLE, PTRFREE};
 
 /// Live objects and bytes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

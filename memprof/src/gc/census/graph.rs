@@ -3,7 +3,8 @@
 //! retains through it ([`HeapCopy::retained`]).
 use std::collections::BTreeMap;
 
-use super::{is_atomic, HeapCopy, LiveObject, Word};
+use super::count::{LiveObject, Word};
+use super::heap_copy::{is_atomic, HeapCopy};
 
 /// The live objects' references, as compressed rows: object `i` points
 /// into `targets[offsets[i]..offsets[i + 1]]`, from the word at `fields[…]`

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 
-use super::{is_atomic, marked, BlockState, HeapBlock, HeapCopy};
+use super::heap_copy::{is_atomic, marked, BlockState, HeapBlock, HeapCopy};
 use crate::gc::heap_stats::{self, HeapStatsLayout};
 use crate::gc::layout::{self, kind_offset};
 use crate::gc::lookup::Block;
