@@ -27,7 +27,7 @@ use iced_x86::{Code, FlowControl, Instruction, Mnemonic, OpKind, Register};
 
 use super::parse_method;
 use crate::modules::Module;
-use crate::symbolize::{has_parameter, inlined_new_owners};
+use crate::symbolize::inlined_new::{has_parameter, inlined_new_owners};
 use crate::x86::{decode, plt};
 
 /// The functions the compiler allocates objects with, and whether they

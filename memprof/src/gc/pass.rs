@@ -53,8 +53,8 @@ use crate::modules::{Module, ModuleCache};
 use crate::profile::GcSummary;
 use memprof_common::KernelMarks;
 
-/// Where they were before the site records had a file of their own.
-pub use super::site::{merge_histories, SiteGc};
+/// The passes' per-site record, named here by the session.
+pub use super::site::SiteGc;
 
 /// Judges tracked GC objects after each collection.
 pub struct Judge {

@@ -43,7 +43,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 pub use self::error::Error;
-pub use self::files::{open_in_root, strip_deleted};
+pub use self::files::strip_deleted;
 pub use self::module::{Module, Segment, Symbol};
 use crate::target::maps::Mapping;
 

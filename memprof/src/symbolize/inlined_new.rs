@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{Input, Sym, Symbolizer};
 
-use super::frames::{found, name_inlined_new, sym_frames, BATCH};
+use super::{found, name_inlined_new, sym_frames, BATCH};
 use crate::crystal;
 use crate::crystal::source::Sources;
 use crate::modules::Module;

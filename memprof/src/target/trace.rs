@@ -133,11 +133,11 @@ fn take_queued(tracer: u32) -> Vec<(u32, i32)> {
 }
 
 /// The options every traced thread gets.
-pub const OPTIONS: i32 = libc::PTRACE_O_TRACECLONE | libc::PTRACE_O_TRACEEXIT;
+pub(crate) const OPTIONS: i32 = libc::PTRACE_O_TRACECLONE | libc::PTRACE_O_TRACEEXIT;
 
 /// What `run` adds: the processes the command starts are traced from
 /// birth, and their `exec`s seen.
-pub const FAMILY_OPTIONS: i32 =
+pub(crate) const FAMILY_OPTIONS: i32 =
     libc::PTRACE_O_TRACEFORK | libc::PTRACE_O_TRACEVFORK | libc::PTRACE_O_TRACEEXEC;
 
 impl Tracer {

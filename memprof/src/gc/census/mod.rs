@@ -24,6 +24,9 @@
 //! empty buffer has the same zeros, but its array points to it), and
 //! counted apart, never as live.
 //!
+//! Files: `read.rs` the held part, into `heap_copy.rs`; `count.rs` the
+//! census; `graph.rs` the object graph and retained bytes.
+//!
 //! ```no_run
 //! # fn main() -> anyhow::Result<()> {
 //! use memprof::gc::census::HeapReader;

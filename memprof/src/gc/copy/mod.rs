@@ -24,6 +24,9 @@
 //!   back as the merge consumes them, while the settled array's new room
 //!   is written only as the merge reaches it.
 //!
+//! The events are fed in here; `record.rs` holds the record, its runs and
+//! the epochs, `settle.rs` the settle.
+//!
 //! ```
 //! use memprof::gc::copy::GcCopy;
 //! use memprof::probes::{LiveBlock, Site};
