@@ -14,7 +14,7 @@ use std::sync::Arc;
 use anyhow::Result;
 use memprof_common::AllocKind;
 
-use crate::gc::pass::{merge_histories, SiteGc};
+use crate::gc::site::{merge_histories, SiteGc};
 use crate::probes::{HeapMaps, RecordedStack, Site};
 use crate::profile::Lifetimes;
 use crate::sampling;
@@ -358,7 +358,7 @@ impl Grouper<'_> {
 
 /// `[caller, walk[1..]]`: drops the probe's own address (`walk[0]`) and the
 /// caller when the kernel already put it at `walk[1]`.
-pub fn join_caller(caller: u64, walk: &[u64]) -> Vec<u64> {
+fn join_caller(caller: u64, walk: &[u64]) -> Vec<u64> {
     let rest = walk.get(1..).unwrap_or(&[]);
     let rest = match rest.first() {
         Some(&first) if first == caller => &rest[1..],

@@ -14,7 +14,7 @@
 //! handed out again (the kernel's live table replaces the entry).
 use memprof_common::{layout as l, programs as p, AllocKind};
 
-use super::{AllocFn, ArgReg::*};
+use super::alloc_fn::{AllocFn, ArgReg::*};
 
 use AllocKind::{Gc, GcAtomic};
 

@@ -6,7 +6,7 @@
 //! `reallocarray`, `pvalloc` or `valloc`.
 use memprof_common::{layout as l, programs as p, AllocKind};
 
-use super::{AllocFn, ArgReg::*};
+use super::alloc_fn::{AllocFn, ArgReg::*};
 
 use AllocKind::{Libc, Mmap};
 

@@ -2,7 +2,7 @@
 //!
 //! Each allocator backend (today `libc`; the Boehm GC next) is a table of
 //! [`AllocFn`]s: the symbol, the eBPF program that reads its arguments, the
-//! [`AllocKind`] it produces and the argument registers the entry probe reads
+//! [`AllocKind`](memprof_common::AllocKind) it produces and the argument registers the entry probe reads
 //! (so [`crate::placement`] knows which registers must still be intact).
 //!
 //! [`resolve`] looks every symbol up in the target's modules in load order,
@@ -18,83 +18,19 @@
 //! }
 //! # Ok(()) }
 //! ```
+mod alloc_fn;
 pub mod boehm;
 pub mod libc;
 
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
-use memprof_common::AllocKind;
 
 use crate::modules::{Module, ModuleCache};
 
+pub use self::alloc_fn::{AllocFn, ArgReg};
 pub use self::boehm::{BOEHM, BOEHM_REFILL};
 pub use self::libc::LIBC;
-
-/// An x86-64 System V argument register, as the entry probe reads it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ArgReg {
-    Rdi,
-    Rsi,
-    Rdx,
-}
-
-/// One allocator function memprof knows how to probe.
-#[derive(Debug)]
-pub struct AllocFn {
-    pub symbol: &'static str,
-    /// eBPF program run at entry (see `memprof_common::programs`).
-    pub entry_program: &'static str,
-    /// eBPF program run at return, for functions that return a block.
-    pub exit_program: Option<&'static str>,
-    pub kind: AllocKind,
-    /// How the entry program reads the arguments
-    /// ([`memprof_common::layout`]; allocating functions only).
-    pub layout: u8,
-    /// Registers the entry program reads.
-    pub args: &'static [ArgReg],
-    /// A run may lack this function without being wrong (missing ones are noted, not fatal).
-    pub optional: bool,
-}
-
-impl AllocFn {
-    /// A function that returns a new block (probed at entry and return).
-    pub const fn alloc(
-        symbol: &'static str,
-        layout: u8,
-        kind: AllocKind,
-        args: &'static [ArgReg],
-        optional: bool,
-    ) -> AllocFn {
-        AllocFn {
-            symbol,
-            entry_program: memprof_common::programs::ALLOC_ENTER,
-            exit_program: Some(memprof_common::programs::ALLOC_EXIT),
-            layout,
-            kind,
-            args,
-            optional,
-        }
-    }
-
-    /// A function that releases the block its first argument points to.
-    pub const fn release(
-        symbol: &'static str,
-        entry_program: &'static str,
-        kind: AllocKind,
-        optional: bool,
-    ) -> AllocFn {
-        AllocFn {
-            symbol,
-            entry_program,
-            exit_program: None,
-            layout: 0,
-            kind,
-            args: &[ArgReg::Rdi],
-            optional,
-        }
-    }
-}
 
 /// A function found in a module of the target.
 #[derive(Debug, Clone)]

@@ -27,8 +27,8 @@ use iced_x86::{Code, FlowControl, Instruction, Mnemonic, OpKind, Register};
 
 use super::parse_method;
 use crate::modules::Module;
-use crate::symbolize::{has_parameter, inlined_new_owners};
-use crate::x86::decode;
+use crate::symbolize::inlined_new::{has_parameter, inlined_new_owners};
+use crate::x86::{decode, plt};
 
 /// The functions the compiler allocates objects with, and whether they
 /// allocate pointer-free (atomic) memory.
@@ -111,13 +111,52 @@ impl TypeNames {
 /// The type ids the code of `exe` stores after allocating, named after
 /// the class of each constructor that stores one.
 pub fn type_names(exe: &Module) -> TypeNames {
+    let (allocators, constructors) = allocators_and_constructors(exe);
+    let mut names = named_by_constructors(exe, constructors, &allocators);
+    let Stores {
+        mut stored,
+        sites,
+        mut calls,
+    } = stores(exe, &allocators);
+    // A constant stored after an allocation that no type id can be
+    // (Crystal programs have thousands of types, not millions): text, flags.
+    stored.retain(|&id, _| id != 0 && id <= MAX_TYPE_ID);
+    // Release builds: the store is in the caller `new` was inlined into;
+    // DWARF says where the inlined `new` comes from in the source.
+    // The allocator calls first: their inline chain is the object's `new`.
+    for (id, at) in sites {
+        calls.entry(id).or_default().extend(at);
+    }
+    for (id, name) in named_by_inlined_new(exe, calls, &stored, &names) {
+        names.entry(id).or_insert(name);
+    }
+    if let Some(sym) = exe.symbol("String::TYPE_ID") {
+        if let Some(bytes) = exe
+            .bytes_at(sym.address)
+            .filter(|_| exe.is_read_only(sym.address))
+            .and_then(|b| b.get(..4))
+        {
+            let id = u32::from_le_bytes(bytes.try_into().unwrap());
+            names.insert(id, "String".into());
+            *stored.entry(id).or_default() |= ATOMIC;
+        }
+    }
+    TypeNames { names, stored }
+}
+
+/// A class's constructor `new` or `allocate`: (class, address, size).
+type Constructor = (String, u64, u64);
+
+/// The allocators of `exe` (address: whether atomic), and its classes'
+/// constructors.
+fn allocators_and_constructors(exe: &Module) -> (HashMap<u64, bool>, Vec<Constructor>) {
     let mut allocators: HashMap<u64, bool> = ALLOCATORS
         .iter()
         .filter_map(|&(name, atomic)| exe.symbol(name).map(|s| (s.address, atomic)))
         .collect();
     // Release builds call libgc's through the PLT, inlined into callers.
     for (name, atomic) in [("GC_malloc", false), ("GC_malloc_atomic", true)] {
-        allocators.extend(exe.plt_stubs(name).into_iter().map(|a| (a, atomic)));
+        allocators.extend(plt::stubs(exe, name).into_iter().map(|a| (a, atomic)));
     }
     let mut constructors = Vec::new();
     let versioned = exe
@@ -144,20 +183,45 @@ pub fn type_names(exe: &Module) -> TypeNames {
             _ => {}
         }
     }
+    (allocators, constructors)
+}
+
+/// The ids the `constructors` store, named after their class.
+fn named_by_constructors(
+    exe: &Module,
+    mut constructors: Vec<Constructor>,
+    allocators: &HashMap<u64, bool>,
+) -> BTreeMap<u32, String> {
     let mut names = BTreeMap::new();
     // Sorted, so that an id two constructors claim gets the same name every run.
     constructors.sort();
     for (owner, address, size) in constructors {
-        if let Some(id) = constructed_id(exe, address, size, &allocators) {
+        if let Some(id) = constructed_id(exe, address, size, allocators) {
             names.entry(id).or_insert(owner);
         }
     }
-    let mut stored: BTreeMap<u32, u8> = BTreeMap::new();
-    // Where each id is stored, the first few places (for the ids no
-    // constructor names), and the allocator calls whose object it is
-    // stored into (their DWARF is the inlined `new`'s).
-    let mut sites: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
-    let mut calls: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+    names
+}
+
+/// The constants the code stores into freshly allocated objects.
+struct Stores {
+    /// Per id: the kinds ([`ATOMIC`], [`NORMAL`]) of the objects it is stored into.
+    stored: BTreeMap<u32, u8>,
+    /// Where each id is stored, the first few places (for the ids no
+    /// constructor names).
+    sites: BTreeMap<u32, Vec<u64>>,
+    /// The allocator calls whose object each id is stored into (their
+    /// DWARF is the inlined `new`'s).
+    calls: BTreeMap<u32, Vec<u64>>,
+}
+
+/// Every store of a constant into a freshly allocated object in `exe`.
+fn stores(exe: &Module, allocators: &HashMap<u64, bool>) -> Stores {
+    let mut found = Stores {
+        stored: BTreeMap::new(),
+        sites: BTreeMap::new(),
+        calls: BTreeMap::new(),
+    };
     // The kind of the last allocator call, and instructions since.
     let mut since_call: Option<(bool, usize)> = None;
     let mut held = Held::default();
@@ -169,21 +233,21 @@ pub fn type_names(exe: &Module) -> TypeNames {
         if let Some((call, atomic, id)) =
             id.and_then(|id| held.get(insn.memory_base()).map(|(c, a)| (c, a, id)))
         {
-            *stored.entry(id).or_default() |= if atomic { ATOMIC } else { NORMAL };
-            let at = calls.entry(id).or_default();
+            *found.stored.entry(id).or_default() |= if atomic { ATOMIC } else { NORMAL };
+            let at = found.calls.entry(id).or_default();
             if at.len() < SITES_PER_ID && !at.contains(&call) {
                 at.push(call);
             }
             held.forget(insn.memory_base());
         }
         if let Some((atomic, id)) = since_call.and_then(|(a, _)| Some((a, stored_id(insn)?))) {
-            *stored.entry(id).or_default() |= if atomic { ATOMIC } else { NORMAL };
-            let at = sites.entry(id).or_default();
+            *found.stored.entry(id).or_default() |= if atomic { ATOMIC } else { NORMAL };
+            let at = found.sites.entry(id).or_default();
             if at.len() < SITES_PER_ID {
                 at.push(insn.ip());
             }
             since_call = None;
-        } else if let Some(atomic) = allocator_call(insn, &allocators) {
+        } else if let Some(atomic) = allocator_call(insn, allocators) {
             since_call = Some((atomic, 0));
         } else if insn.flow_control() == FlowControl::Return {
             since_call = None;
@@ -193,27 +257,28 @@ pub fn type_names(exe: &Module) -> TypeNames {
                 since_call = None;
             }
         }
-        held.step(insn, allocator_call(insn, &allocators), &|at| {
+        held.step(insn, allocator_call(insn, allocators), &|at| {
             read_only_word(exe, at)
         });
     });
-    // A constant stored after an allocation that no type id can be
-    // (Crystal programs have thousands of types, not millions): text, flags.
-    stored.retain(|&id, _| id != 0 && id <= MAX_TYPE_ID);
-    // Release builds: the store is in the caller `new` was inlined into;
-    // DWARF says where the inlined `new` comes from in the source.
-    // The allocator calls first: their inline chain is the object's `new`.
-    for (id, at) in sites {
-        calls.entry(id).or_default().extend(at);
-    }
+    found
+}
+
+/// The ids stored but not named yet, named after the inlined `new` at
+/// their `calls`: per id, the first name without a type parameter left
+/// (`Array(T)` from the generic's own code) if a site gives one, else the first.
+fn named_by_inlined_new(
+    exe: &Module,
+    calls: BTreeMap<u32, Vec<u64>>,
+    stored: &BTreeMap<u32, u8>,
+    names: &BTreeMap<u32, String>,
+) -> BTreeMap<u32, String> {
     let unnamed: Vec<(u32, u64)> = calls
         .into_iter()
         .filter(|(id, _)| stored.contains_key(id) && !names.contains_key(id))
         .flat_map(|(id, at)| at.into_iter().map(move |a| (id, a)))
         .collect();
     let addresses: Vec<u64> = unnamed.iter().map(|&(_, at)| at).collect();
-    // Per id, the first name without a type parameter left (`Array(T)`
-    // from the generic's own code) if a site gives one, else the first.
     let mut found: BTreeMap<u32, String> = BTreeMap::new();
     for ((id, _), owner) in unnamed.iter().zip(inlined_new_owners(exe, &addresses)) {
         let Some(owner) = owner else { continue };
@@ -224,21 +289,7 @@ pub fn type_names(exe: &Module) -> TypeNames {
             }
         }
     }
-    for (id, name) in found {
-        names.entry(id).or_insert(name);
-    }
-    if let Some(sym) = exe.symbol("String::TYPE_ID") {
-        if let Some(bytes) = exe
-            .bytes_at(sym.address)
-            .filter(|_| exe.is_read_only(sym.address))
-            .and_then(|b| b.get(..4))
-        {
-            let id = u32::from_le_bytes(bytes.try_into().unwrap());
-            names.insert(id, "String".into());
-            *stored.entry(id).or_default() |= ATOMIC;
-        }
-    }
-    TypeNames { names, stored }
+    found
 }
 
 /// The registers holding an object just allocated, in a linear sweep of

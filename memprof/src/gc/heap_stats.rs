@@ -149,126 +149,20 @@ pub fn derive_heap_stats(module: &Path) -> Result<HeapStatsLayout> {
 pub(crate) fn derive(image: &Module) -> Result<HeapStatsLayout> {
     image.require_x86_64()?;
     let module = image.path();
-    // Every path through the getter must reach `ret` with one and the same
-    // value: a sum of words, or 0.
-    let returned = |name: &str| -> Result<Returned> {
-        let entry = image
-            .symbol(name)
-            .map(|s| s.address)
-            .ok_or_else(|| unsupported(module, format!("{name} is not defined")))?;
-        let facts = symbolic::explore(image, entry);
-        let fail = |what: String| {
-            let cut: Vec<&str> = facts.cut.iter().map(String::as_str).collect();
-            let cut = if cut.is_empty() {
-                String::new()
-            } else {
-                format!("; paths cut: {}", cut.join(", "))
-            };
-            unsupported(module, format!("{name}: {what}{cut}"))
-        };
-        if !facts.cut.is_empty() {
-            return Err(fail(
-                "not every path could be followed to its return".into(),
-            ));
-        }
-        let value = match facts.returns.iter().collect::<Vec<_>>().as_slice() {
-            [ReturnValue::Zero] => Returned::Zero,
-            [ReturnValue::Words(sum)] => Returned::Words(sum.terms().collect()),
-            returns => {
-                return Err(fail(format!(
-                    "does not return one sum of GC_arrays words on every path (returns {returns:?})"
-                )))
-            }
-        };
-        Ok(value)
-    };
-    let heap = returned("GC_get_heap_size")?;
-    let free = returned("GC_get_free_bytes")?;
-    let unmapped = returned("GC_get_unmapped_bytes")?;
-
-    let unmapped = match unmapped {
-        Returned::Zero => None,
-        Returned::Words(words) => match words.as_slice() {
-            &[(slot, off, false)] => Some((slot, off)),
-            _ => {
-                return Err(unsupported(
-                    module,
-                    format!("GC_get_unmapped_bytes: does not return one word: {words:x?}"),
-                ))
-            }
-        },
-    };
-    // `word` or `word - unmapped`: the word, and whether unmapped is subtracted.
-    let word_less_unmapped =
-        |name: &str, returned: Returned| -> Result<((Option<u64>, u64), bool)> {
-            let words = match returned {
-                Returned::Words(words) => words,
-                Returned::Zero => {
-                    return Err(unsupported(
-                        module,
-                        format!("{name}: returns the constant 0"),
-                    ))
-                }
-            };
-            let plus: Vec<(Option<u64>, u64)> = words
-                .iter()
-                .filter(|w| !w.2)
-                .map(|&(s, o, _)| (s, o))
-                .collect();
-            let minus: Vec<(Option<u64>, u64)> = words
-                .iter()
-                .filter(|w| w.2)
-                .map(|&(s, o, _)| (s, o))
-                .collect();
-            match (plus.as_slice(), minus.as_slice()) {
-                (&[word], []) if Some(word) != unmapped => Ok((word, false)),
-                (&[word], &[less]) if Some(less) == unmapped && Some(word) != unmapped => {
-                    Ok((word, true))
-                }
-                _ => Err(unsupported(
-                    module,
-                    format!(
-                    "{name}: returns neither a word nor a word minus GC_unmapped_bytes: {words:x?}"
-                ),
-                )),
-            }
-        };
-    let (heap, heap_less) = word_less_unmapped("GC_get_heap_size", heap)?;
-    let (free, free_less) = word_less_unmapped("GC_get_free_bytes", free)?;
+    let heap = returned(image, "GC_get_heap_size")?;
+    let free = returned(image, "GC_get_free_bytes")?;
+    let unmapped = unmapped_word(module, returned(image, "GC_get_unmapped_bytes")?)?;
+    let (heap, heap_less) = word_less_unmapped(module, "GC_get_heap_size", heap, unmapped)?;
+    let (free, free_less) = word_less_unmapped(module, "GC_get_free_bytes", free, unmapped)?;
     if heap == free {
         return Err(unsupported(
             module,
             "GC_get_heap_size and GC_get_free_bytes read the same word",
         ));
     }
-
-    // All through one GOT slot (its target is GC_arrays), or all plain addresses.
     let words = [Some(heap), Some(free), unmapped];
-    let slots: Vec<Option<u64>> = words.iter().flatten().map(|w| w.0).collect();
-    if slots.iter().any(|&s| s != slots[0]) {
-        return Err(unsupported(
-            module,
-            format!("the heap figures are not reached the same way: {words:x?}"),
-        ));
-    }
-    let (arrays, arrays_slot) = match slots[0] {
-        Some(slot) => {
-            let arrays = image
-                .slot_value(slot)
-                .ok_or_else(|| unsupported(module, "GOT slot of GC_arrays not resolved"))?;
-            (arrays, Some(slot))
-        }
-        None => {
-            let lowest = words.iter().flatten().map(|w| w.1).min().unwrap_or(0);
-            let arrays = image
-                .symbol("GC_arrays")
-                .map(|s| s.address)
-                .filter(|&a| a <= lowest)
-                .unwrap_or(0);
-            (arrays, None)
-        }
-    };
-    let offset = |(_, off): (Option<u64>, u64)| -> u64 {
+    let (arrays, arrays_slot, slot) = arrays_of(image, &words)?;
+    let offset = |(_, off): ArraysWord| -> u64 {
         if arrays_slot.is_some() {
             off
         } else {
@@ -276,10 +170,10 @@ pub(crate) fn derive(image: &Module) -> Result<HeapStatsLayout> {
         }
     };
     // Reached the same way as the others, or not used.
-    let bytes_allocd = match returned("GC_get_bytes_since_gc") {
+    let bytes_allocd = match returned(image, "GC_get_bytes_since_gc") {
         Ok(Returned::Words(words)) => match words.as_slice() {
-            &[(slot, off, false)] if slot == slots[0] && (slot.is_some() || off >= arrays) => {
-                Some(offset((slot, off)))
+            &[(s, off, false)] if s == slot && (s.is_some() || off >= arrays) => {
+                Some(offset((s, off)))
             }
             _ => None,
         },
@@ -295,6 +189,132 @@ pub(crate) fn derive(image: &Module) -> Result<HeapStatsLayout> {
         free_less_unmapped: free_less,
         bytes_allocd,
     })
+}
+
+/// A word of `GC_arrays` as the code reaches it: (the GOT slot of the
+/// base, the offset from it; or `None`, the address).
+type ArraysWord = (Option<u64>, u64);
+
+/// What the getter `name` returns: every path through it must reach `ret`
+/// with one and the same value, a sum of words, or 0.
+fn returned(image: &Module, name: &str) -> Result<Returned> {
+    let module = image.path();
+    let entry = image
+        .symbol(name)
+        .map(|s| s.address)
+        .ok_or_else(|| unsupported(module, format!("{name} is not defined")))?;
+    let facts = symbolic::explore(image, entry);
+    let fail = |what: String| {
+        let cut: Vec<&str> = facts.cut.iter().map(String::as_str).collect();
+        let cut = if cut.is_empty() {
+            String::new()
+        } else {
+            format!("; paths cut: {}", cut.join(", "))
+        };
+        unsupported(module, format!("{name}: {what}{cut}"))
+    };
+    if !facts.cut.is_empty() {
+        return Err(fail(
+            "not every path could be followed to its return".into(),
+        ));
+    }
+    let value = match facts.returns.iter().collect::<Vec<_>>().as_slice() {
+        [ReturnValue::Zero] => Returned::Zero,
+        [ReturnValue::Words(sum)] => Returned::Words(sum.terms().collect()),
+        returns => {
+            return Err(fail(format!(
+                "does not return one sum of GC_arrays words on every path (returns {returns:?})"
+            )))
+        }
+    };
+    Ok(value)
+}
+
+/// The word `GC_get_unmapped_bytes` returns, `None` for the constant 0
+/// (built without `USE_MUNMAP`).
+fn unmapped_word(module: &Path, unmapped: Returned) -> Result<Option<ArraysWord>> {
+    match unmapped {
+        Returned::Zero => Ok(None),
+        Returned::Words(words) => match words.as_slice() {
+            &[(slot, off, false)] => Ok(Some((slot, off))),
+            _ => Err(unsupported(
+                module,
+                format!("GC_get_unmapped_bytes: does not return one word: {words:x?}"),
+            )),
+        },
+    }
+}
+
+/// `word` or `word - unmapped`: the word, and whether unmapped is subtracted.
+fn word_less_unmapped(
+    module: &Path,
+    name: &str,
+    returned: Returned,
+    unmapped: Option<ArraysWord>,
+) -> Result<(ArraysWord, bool)> {
+    let words = match returned {
+        Returned::Words(words) => words,
+        Returned::Zero => {
+            return Err(unsupported(
+                module,
+                format!("{name}: returns the constant 0"),
+            ))
+        }
+    };
+    let plus: Vec<ArraysWord> = words
+        .iter()
+        .filter(|w| !w.2)
+        .map(|&(s, o, _)| (s, o))
+        .collect();
+    let minus: Vec<ArraysWord> = words
+        .iter()
+        .filter(|w| w.2)
+        .map(|&(s, o, _)| (s, o))
+        .collect();
+    match (plus.as_slice(), minus.as_slice()) {
+        (&[word], []) if Some(word) != unmapped => Ok((word, false)),
+        (&[word], &[less]) if Some(less) == unmapped && Some(word) != unmapped => Ok((word, true)),
+        _ => Err(unsupported(
+            module,
+            format!(
+                "{name}: returns neither a word nor a word minus GC_unmapped_bytes: {words:x?}"
+            ),
+        )),
+    }
+}
+
+/// The `GC_arrays` the heap figures are read from: all through one GOT
+/// slot (its target is `GC_arrays`), or all plain addresses. (Its address,
+/// its GOT slot if any, and the common slot of the words.)
+fn arrays_of(
+    image: &Module,
+    words: &[Option<ArraysWord>],
+) -> Result<(u64, Option<u64>, Option<u64>)> {
+    let module = image.path();
+    let slots: Vec<Option<u64>> = words.iter().flatten().map(|w| w.0).collect();
+    if slots.iter().any(|&s| s != slots[0]) {
+        return Err(unsupported(
+            module,
+            format!("the heap figures are not reached the same way: {words:x?}"),
+        ));
+    }
+    match slots[0] {
+        Some(slot) => {
+            let arrays = image
+                .slot_value(slot)
+                .ok_or_else(|| unsupported(module, "GOT slot of GC_arrays not resolved"))?;
+            Ok((arrays, Some(slot), slots[0]))
+        }
+        None => {
+            let lowest = words.iter().flatten().map(|w| w.1).min().unwrap_or(0);
+            let arrays = image
+                .symbol("GC_arrays")
+                .map(|s| s.address)
+                .filter(|&a| a <= lowest)
+                .unwrap_or(0);
+            Ok((arrays, None, slots[0]))
+        }
+    }
 }
 
 #[cfg(test)]

@@ -117,27 +117,90 @@ pub(crate) fn derive(image: &Module) -> Result<MarkLayout> {
     let marked = explore("GC_is_marked")?;
     let base = explore("GC_base")?;
     let size = explore("GC_size")?;
-    // Says which function did not show what was expected, and what the
-    // explorer had to skip there.
-    let fail = |func: &str, facts: &Facts, what: String| {
-        let cut: Vec<&str> = facts.cut.iter().map(String::as_str).collect();
-        let cut = if cut.is_empty() {
-            String::new()
-        } else {
-            format!("; paths cut: {}", cut.join(", "))
-        };
-        unsupported(module, format!("{func}: {what}{cut}"))
+    let lookup = lookup_of_is_marked(module, &marked)?;
+    let (hb_flags, free_blk, max_forward) = header_checks_of_base(module, &base, &lookup)?;
+    let hb_sz = size_field_of_size(module, &size)?;
+    let Lookup {
+        top_bits,
+        bi_key,
+        bi_hash_link,
+        bi_index,
+        bottom_bits,
+        hb_marks,
+        mark_bits,
+        ..
+    } = lookup;
+    check_fit(module, &lookup, free_blk, max_forward)?;
+    let (arrays, arrays_slot, top_index, all_nils) = arrays_base(image, &lookup)?;
+    Ok(MarkLayout {
+        arrays,
+        arrays_slot,
+        top_index,
+        all_nils,
+        key_shift: top_bits.shift,
+        top_mask: top_bits.mask,
+        bi_key,
+        bi_hash_link,
+        bi_index,
+        log_hblksize: bottom_bits.shift,
+        bottom_mask: bottom_bits.mask,
+        hb_marks,
+        granule_shift: mark_bits.shift,
+        hb_flags,
+        free_blk: free_blk as u8,
+        hb_sz,
+        max_forward,
+    })
+}
+
+/// The block lookup and mark byte read as `GC_is_marked` shows them.
+struct Lookup {
+    /// `top_index[]`: the GOT slot of the base, the offset (from the base,
+    /// or the whole address), the base the code split off, and `p`'s bits.
+    top_slot: Option<u64>,
+    top_off: u64,
+    top_base: Option<u64>,
+    top_bits: Bits,
+    bi_key: u64,
+    key_bits: Bits,
+    bi_hash_link: u64,
+    /// `GC_all_nils`: as `top_index[]`, without a base.
+    nils_slot: Option<u64>,
+    nils_off: u64,
+    bi_index: u64,
+    bottom_bits: Bits,
+    hb_marks: u64,
+    mark_bits: Bits,
+}
+
+/// Says which function did not show what was expected, and what the
+/// explorer had to skip there.
+fn fail(module: &Path, func: &str, facts: &Facts, what: String) -> anyhow::Error {
+    let cut: Vec<&str> = facts.cut.iter().map(String::as_str).collect();
+    let cut = if cut.is_empty() {
+        String::new()
+    } else {
+        format!("; paths cut: {}", cut.join(", "))
     };
-    let one = |func: &str, facts: &Facts, what: &str, count: usize| {
-        (count != 1).then(|| {
-            fail(
-                func,
-                facts,
-                format!("expected one {what}, found {count}: {facts:?}"),
-            )
-        })
-    };
-    let m = &marked;
+    unsupported(module, format!("{func}: {what}{cut}"))
+}
+
+/// An error unless `count` (of `what` seen in `func`) is one.
+fn expect_one(module: &Path, func: &str, facts: &Facts, what: &str, count: usize) -> Result<()> {
+    if count == 1 {
+        return Ok(());
+    }
+    Err(fail(
+        module,
+        func,
+        facts,
+        format!("expected one {what}, found {count}: {facts:?}"),
+    ))
+}
+
+/// The lookup `GC_is_marked` does: each piece seen exactly once, and one
+/// mark byte returned on every path.
+fn lookup_of_is_marked(module: &Path, m: &Facts) -> Result<Lookup> {
     for (what, count) in [
         ("top_index read", m.top.len()),
         ("bottom index key comparison", m.key.len()),
@@ -146,12 +209,11 @@ pub(crate) fn derive(image: &Module) -> Result<MarkLayout> {
         ("bi->index[] read", m.bottom.len()),
         ("mark byte read", m.marks.len()),
     ] {
-        if let Some(error) = one("GC_is_marked", m, what, count) {
-            return Err(error);
-        }
+        expect_one(module, "GC_is_marked", m, what, count)?;
     }
     if m.returns != [ReturnValue::MarkByte].into() {
         return Err(fail(
+            module,
             "GC_is_marked",
             m,
             format!(
@@ -160,49 +222,71 @@ pub(crate) fn derive(image: &Module) -> Result<MarkLayout> {
             ),
         ));
     }
-    let (top_slot, top_off, top_base, top_bits): (Option<u64>, u64, Option<u64>, Bits) =
-        first(&m.top);
-    let (bi_key, key_bits): (u64, Bits) = first(&m.key);
-    let bi_hash_link: u64 = first(&m.link);
-    let (nils_slot, nils_off): (Option<u64>, u64) = first(&m.nils);
-    let (bi_index, bottom_bits): (u64, Bits) = first(&m.bottom);
-    let (hb_marks, mark_bits): (u64, Bits) = first(&m.marks);
+    let (top_slot, top_off, top_base, top_bits) = first(&m.top);
+    let (bi_key, key_bits) = first(&m.key);
+    let (nils_slot, nils_off) = first(&m.nils);
+    let (bi_index, bottom_bits) = first(&m.bottom);
+    let (hb_marks, mark_bits) = first(&m.marks);
+    Ok(Lookup {
+        top_slot,
+        top_off,
+        top_base,
+        top_bits,
+        bi_key,
+        key_bits,
+        bi_hash_link: first(&m.link),
+        nils_slot,
+        nils_off,
+        bi_index,
+        bottom_bits,
+        hb_marks,
+        mark_bits,
+    })
+}
 
-    // GC_base must look blocks up the same way, and shows the header checks.
+/// `GC_base` must look blocks up the same way, and shows the header
+/// checks: (`hb_flags` offset, the free-block bit, the forwarding-count limit).
+fn header_checks_of_base(module: &Path, base: &Facts, l: &Lookup) -> Result<(u64, u64, u64)> {
     let same = base
         .top
         .iter()
-        .all(|t| (t.0, t.1, t.3) == (top_slot, top_off, top_bits))
-        && base.key.iter().all(|&k| k == (bi_key, key_bits))
-        && base.link.iter().all(|&l| l == bi_hash_link)
-        && base.nils.iter().all(|&n| n == (nils_slot, nils_off))
-        && base.bottom.iter().all(|&b| b == (bi_index, bottom_bits))
+        .all(|t| (t.0, t.1, t.3) == (l.top_slot, l.top_off, l.top_bits))
+        && base.key.iter().all(|&k| k == (l.bi_key, l.key_bits))
+        && base.link.iter().all(|&link| link == l.bi_hash_link)
+        && base.nils.iter().all(|&n| n == (l.nils_slot, l.nils_off))
+        && base
+            .bottom
+            .iter()
+            .all(|&b| b == (l.bi_index, l.bottom_bits))
         && !base.bottom.is_empty();
     if !same {
         return Err(fail(
+            module,
             "GC_base",
-            &base,
+            base,
             format!("does not look blocks up like GC_is_marked: {base:?}"),
         ));
     }
-    if let Some(error) = one(
+    expect_one(
+        module,
         "GC_base",
-        &base,
+        base,
         "test of a header flag",
         base.flag_tests.len(),
-    )
-    .or_else(|| {
-        one(
-            "GC_base",
-            &base,
-            "forwarding-count limit",
-            base.hdr_limits.len(),
-        )
-    }) {
-        return Err(error);
-    }
+    )?;
+    expect_one(
+        module,
+        "GC_base",
+        base,
+        "forwarding-count limit",
+        base.hdr_limits.len(),
+    )?;
     let (hb_flags, free_blk) = first(&base.flag_tests);
-    let max_forward = first(&base.hdr_limits);
+    Ok((hb_flags, free_blk, first(&base.hdr_limits)))
+}
+
+/// The header word `GC_size` returns (`hb_sz`).
+fn size_field_of_size(module: &Path, size: &Facts) -> Result<u64> {
     let sizes: Vec<(u64, u32)> = size
         .returns
         .iter()
@@ -218,14 +302,24 @@ pub(crate) fn derive(image: &Module) -> Result<MarkLayout> {
         .any(|r| !matches!(r, ReturnValue::Zero) && !matches!(r, ReturnValue::HdrField(_, 8)));
     if sizes.len() != 1 || other {
         return Err(fail(
+            module,
             "GC_size",
-            &size,
+            size,
             format!("does not return one header word: {:?}", size.returns),
         ));
     }
-    let hb_sz = sizes[0].0;
+    Ok(sizes[0].0)
+}
 
-    // The pieces must fit together the way HDR() and GC_is_marked define them.
+/// The pieces must fit together the way HDR() and GC_is_marked define them.
+fn check_fit(module: &Path, l: &Lookup, free_blk: u64, max_forward: u64) -> Result<()> {
+    let Lookup {
+        top_bits,
+        key_bits,
+        bottom_bits,
+        mark_bits,
+        ..
+    } = *l;
     let log_hblksize = bottom_bits.shift;
     let bottom_log = bottom_bits.mask.trailing_ones();
     let checks = [
@@ -263,63 +357,49 @@ pub(crate) fn derive(image: &Module) -> Result<MarkLayout> {
             "free-block flag test is not one bit of a byte",
         ),
         (
-            bi_key != bi_hash_link && bi_key >= bi_index + 8 * (bottom_bits.mask + 1),
+            l.bi_key != l.bi_hash_link && l.bi_key >= l.bi_index + 8 * (bottom_bits.mask + 1),
             "bottom index key/hash_link overlap its index array",
         ),
     ];
     if let Some((_, what)) = checks.iter().find(|(ok, _)| !ok) {
         return Err(unsupported(module, what));
     }
+    Ok(())
+}
 
+/// Where `top_index[]` and `GC_all_nils` are: (`GC_arrays` at link time,
+/// its GOT slot, their offsets in it).
+fn arrays_base(image: &Module, l: &Lookup) -> Result<(u64, Option<u64>, u64, u64)> {
+    let module = image.path();
     // Through a GOT slot, offsets are as the code has them. From a plain
     // address: relative to the base the code split off
     // (`lea GC_arrays(%rip),%rax; mov 0x289f0(%rax,…)`), or else to the
     // exported `GC_arrays`.
-    let (arrays, arrays_slot, top_index, all_nils) = match (top_slot, nils_slot) {
+    match (l.top_slot, l.nils_slot) {
         (Some(slot), Some(same)) if slot == same => {
             let arrays = image
                 .slot_value(slot)
                 .ok_or_else(|| unsupported(module, "GOT slot of GC_arrays not resolved"))?;
-            (arrays, Some(slot), top_off, nils_off)
+            Ok((arrays, Some(slot), l.top_off, l.nils_off))
         }
         (None, None) => {
-            let arrays = top_base
+            let arrays = l
+                .top_base
                 .or_else(|| image.symbol("GC_arrays").map(|s| s.address))
-                .filter(|&a| a <= top_off && a <= nils_off)
+                .filter(|&a| a <= l.top_off && a <= l.nils_off)
                 .ok_or_else(|| {
                     unsupported(
                         module,
                         "cannot tell the GC_arrays base of top_index and all_nils",
                     )
                 })?;
-            (arrays, None, top_off - arrays, nils_off - arrays)
+            Ok((arrays, None, l.top_off - arrays, l.nils_off - arrays))
         }
-        _ => {
-            return Err(unsupported(
-                module,
-                "top_index and all_nils are not reached the same way",
-            ))
-        }
-    };
-    Ok(MarkLayout {
-        arrays,
-        arrays_slot,
-        top_index,
-        all_nils,
-        key_shift: top_bits.shift,
-        top_mask: top_bits.mask,
-        bi_key,
-        bi_hash_link,
-        bi_index,
-        log_hblksize,
-        bottom_mask: bottom_bits.mask,
-        hb_marks,
-        granule_shift: mark_bits.shift,
-        hb_flags,
-        free_blk: free_blk as u8,
-        hb_sz,
-        max_forward,
-    })
+        _ => Err(unsupported(
+            module,
+            "top_index and all_nils are not reached the same way",
+        )),
+    }
 }
 
 /// The element of a set checked to hold exactly one.

@@ -19,7 +19,7 @@
 //! ```
 use std::io;
 
-use super::MarkLayout;
+use super::layout::MarkLayout;
 
 /// The collector's view of an address that was an object's start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

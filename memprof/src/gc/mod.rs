@@ -22,6 +22,25 @@
 //! `.dynsym`. Code that is not shaped as expected is an error
 //! (`unsupported libgc layout: …`), never a guess.
 //!
+//! The files, in data-flow order:
+//!
+//! - `symbolic.rs`: libgc's exported functions run symbolically (over
+//!   [`crate::x86::explore`]), the facts of their block lookup collected;
+//! - `mod.rs` (here): where the collection-done probes go ([`EndOfMark`]);
+//! - [`layout`], [`heap_stats`]: the mark-bit lookup and the heap figures,
+//!   derived from those facts; [`lookup`]: the verdict on one object, read
+//!   from the target's memory with that layout;
+//! - [`site`]: what is learned per allocation site ([`site::SiteGc`]) and
+//!   its history of live objects per collection;
+//! - [`copy`]: memprof's copy of the GC objects (`copy/record.rs` the
+//!   records, runs and epochs; `copy/mod.rs` the events fed in;
+//!   `copy/settle.rs` the merge that applies reuse, frees and verdicts);
+//! - [`pass`]: the mark-bit pass after each collection (marks read while
+//!   the collector is held, the copy judged after);
+//! - [`census`]: the whole heap at one collection (`census/read.rs` the
+//!   held copy, into `census/heap_copy.rs`; `census/count.rs` the census
+//!   by mark bits; `census/graph.rs` the object graph and retained bytes).
+//!
 //! ```no_run
 //! # fn main() -> anyhow::Result<()> {
 //! use memprof::gc;
@@ -40,6 +59,7 @@ pub mod heap_stats;
 pub mod layout;
 pub mod lookup;
 pub mod pass;
+pub(crate) mod site;
 mod symbolic;
 
 use std::collections::HashSet;
@@ -222,40 +242,65 @@ enum Held {
 /// The instructions that add 1 to the qword at `gc_no`, and the GOT slots
 /// they took its address from.
 fn increments(image: &Module, gc_no: u64, targets: &HashSet<u64>) -> (Vec<Instruction>, Vec<u64>) {
-    let mut found = Vec::new();
-    let mut slots = Vec::new();
-    let mut held: Vec<(Register, Held)> = Vec::new();
+    let mut sweep = IncrementSweep {
+        gc_no,
+        found: Vec::new(),
+        slots: Vec::new(),
+        held: Vec::new(),
+    };
     let mut info = InstructionInfoFactory::new();
     decode::sweep(image, |insn| {
         // What is known about registers holds only within straight-line code.
         if targets.contains(&insn.ip()) {
-            held.clear();
+            sweep.held.clear();
         }
-        let get = |held: &[(Register, Held)], reg: Register| {
-            held.iter()
-                .find(|(r, _)| *r == reg.full_register())
-                .map(|&(_, h)| h)
-        };
-        // Whether the memory operand is GC_gc_no: `Some(slot)`, with the
-        // GOT slot its address came from when it came from one.
-        let at_gc_no = |held: &[(Register, Held)]| -> Option<Option<u64>> {
-            if insn.memory_index() != Register::None || insn.segment_prefix() != Register::None {
-                return None;
+        sweep.note_increment(insn);
+        sweep.track_registers(image, insn, &mut info);
+    });
+    (sweep.found, sweep.slots)
+}
+
+/// The state of the sweep of [`increments`].
+struct IncrementSweep {
+    gc_no: u64,
+    /// The increments found, and the GOT slots they read `&GC_gc_no` from.
+    found: Vec<Instruction>,
+    slots: Vec<u64>,
+    /// What registers are known to hold.
+    held: Vec<(Register, Held)>,
+}
+
+impl IncrementSweep {
+    fn get(&self, reg: Register) -> Option<Held> {
+        self.held
+            .iter()
+            .find(|(r, _)| *r == reg.full_register())
+            .map(|&(_, h)| h)
+    }
+
+    /// Whether the memory operand of `insn` is GC_gc_no: `Some(slot)`, with
+    /// the GOT slot its address came from when it came from one.
+    fn at_gc_no(&self, insn: &Instruction) -> Option<Option<u64>> {
+        if insn.memory_index() != Register::None || insn.segment_prefix() != Register::None {
+            return None;
+        }
+        if insn.is_ip_rel_memory_operand() {
+            (insn.ip_rel_memory_address() == self.gc_no).then_some(None)
+        } else if insn.memory_base() == Register::None {
+            (insn.memory_displacement64() == self.gc_no).then_some(None)
+        } else {
+            match self.get(insn.memory_base()) {
+                Some(Held::Addr(slot)) if insn.memory_displacement64() == 0 => Some(slot),
+                _ => None,
             }
-            if insn.is_ip_rel_memory_operand() {
-                (insn.ip_rel_memory_address() == gc_no).then_some(None)
-            } else if insn.memory_base() == Register::None {
-                (insn.memory_displacement64() == gc_no).then_some(None)
-            } else {
-                match get(held, insn.memory_base()) {
-                    Some(Held::Addr(slot)) if insn.memory_displacement64() == 0 => Some(slot),
-                    _ => None,
-                }
-            }
-        };
+        }
+    }
+
+    /// Notes `insn` if it adds 1 to the qword at GC_gc_no.
+    fn note_increment(&mut self, insn: &Instruction) {
         let mem_qword = insn.memory_size().size() == 8;
         let op0_at = (insn.op0_kind() == OpKind::Memory && mem_qword)
-            .then(|| at_gc_no(&held))
+            .then(|| self.at_gc_no(insn))
             .flatten();
         let imm1 = |k: u64| {
             insn.op_count() == 2
@@ -270,23 +315,44 @@ fn increments(image: &Module, gc_no: u64, targets: &HashSet<u64>) -> (Vec<Instru
                 Mnemonic::Inc => true,
                 Mnemonic::Mov => {
                     insn.op1_kind() == OpKind::Register
-                        && get(&held, insn.op1_register()) == Some(Held::Value(1))
+                        && self.get(insn.op1_register()) == Some(Held::Value(1))
                 }
                 _ => false,
             };
         if increments {
-            found.push(*insn);
+            self.found.push(*insn);
             if let Some(Some(slot)) = op0_at {
-                if !slots.contains(&slot) {
-                    slots.push(slot);
+                if !self.slots.contains(&slot) {
+                    self.slots.push(slot);
                 }
             }
         }
+    }
 
-        // Track registers.
+    /// What `insn` leaves in the registers it writes.
+    fn track_registers(
+        &mut self,
+        image: &Module,
+        insn: &Instruction,
+        info: &mut InstructionInfoFactory,
+    ) {
         let dest = (insn.op0_kind() == OpKind::Register && insn.op0_register().is_gpr64())
             .then(|| insn.op0_register());
-        let now = dest.and_then(|reg| match (insn.mnemonic(), insn.op1_kind()) {
+        let now = dest.and_then(|reg| self.held_after(image, insn, reg));
+        let written: Vec<Register> = regs::written(info, insn).collect();
+        self.held.retain(|(r, _)| !written.contains(r));
+        if let (Some(reg), Some(h)) = (dest, now) {
+            self.held.push((reg, h));
+        }
+        if insn.flow_control() != FlowControl::Next || insn.code() == Code::INVALID {
+            self.held.clear();
+        }
+    }
+
+    /// What `reg`, the destination of `insn`, holds after it, if known.
+    fn held_after(&self, image: &Module, insn: &Instruction, reg: Register) -> Option<Held> {
+        let mem_qword = insn.memory_size().size() == 8;
+        match (insn.mnemonic(), insn.op1_kind()) {
             (Mnemonic::Mov, OpKind::Memory) if mem_qword => {
                 let plain_addr = insn.is_ip_rel_memory_operand()
                     || (insn.memory_base() == Register::None
@@ -296,49 +362,40 @@ fn increments(image: &Module, gc_no: u64, targets: &HashSet<u64>) -> (Vec<Instru
                 } else {
                     insn.memory_displacement64()
                 };
-                if plain_addr && image.slot_value(addr) == Some(gc_no) {
+                if plain_addr && image.slot_value(addr) == Some(self.gc_no) {
                     Some(Held::Addr(Some(addr)))
-                } else if at_gc_no(&held).is_some() {
+                } else if self.at_gc_no(insn).is_some() {
                     Some(Held::Value(0))
                 } else {
                     None
                 }
             }
             (Mnemonic::Lea, _) if insn.is_ip_rel_memory_operand() => {
-                (insn.ip_rel_memory_address() == gc_no).then_some(Held::Addr(None))
+                (insn.ip_rel_memory_address() == self.gc_no).then_some(Held::Addr(None))
             }
-            (Mnemonic::Lea, _) => match get(&held, insn.memory_base()) {
+            (Mnemonic::Lea, _) => match self.get(insn.memory_base()) {
                 Some(Held::Value(k)) if insn.memory_index() == Register::None => {
                     Some(Held::Value(k.wrapping_add(insn.memory_displacement64())))
                 }
                 _ => None,
             },
             (Mnemonic::Mov, OpKind::Immediate64 | OpKind::Immediate32to64) => {
-                (insn.immediate(1) == gc_no).then_some(Held::Addr(None))
+                (insn.immediate(1) == self.gc_no).then_some(Held::Addr(None))
             }
-            (Mnemonic::Mov, OpKind::Register) => get(&held, insn.op1_register()),
-            (Mnemonic::Add, _) if insn.op1_kind() != OpKind::Register => match get(&held, reg) {
+            (Mnemonic::Mov, OpKind::Register) => self.get(insn.op1_register()),
+            (Mnemonic::Add, _) if insn.op1_kind() != OpKind::Register => match self.get(reg) {
                 Some(Held::Value(k)) if insn.op1_kind() != OpKind::Memory => {
                     Some(Held::Value(k.wrapping_add(insn.immediate(1))))
                 }
                 _ => None,
             },
-            (Mnemonic::Inc, _) => match get(&held, reg) {
+            (Mnemonic::Inc, _) => match self.get(reg) {
                 Some(Held::Value(k)) => Some(Held::Value(k + 1)),
                 _ => None,
             },
             _ => None,
-        });
-        let written: Vec<Register> = regs::written(&mut info, insn).collect();
-        held.retain(|(r, _)| !written.contains(r));
-        if let (Some(reg), Some(h)) = (dest, now) {
-            held.push((reg, h));
         }
-        if insn.flow_control() != FlowControl::Next || insn.code() == Code::INVALID {
-            held.clear();
-        }
-    });
-    (found, slots)
+    }
 }
 
 #[cfg(test)]

@@ -31,6 +31,7 @@
 //! let malloc = libc.symbol("malloc").unwrap();
 //! println!("malloc at {:#x}, file offset {:?}", malloc.address, libc.file_offset(malloc.address));
 //! ```
+mod error;
 mod files;
 mod module;
 mod slots;
@@ -41,28 +42,10 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-pub use self::files::{open_in_root, strip_deleted};
+pub use self::error::Error;
+pub use self::files::strip_deleted;
 pub use self::module::{Module, Segment, Symbol};
 use crate::target::maps::Mapping;
-
-/// Why a module could not be used.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("cannot read {}: {source}", path.display())]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("{} is not an ELF file: {source}", path.display())]
-    NotElf {
-        path: PathBuf,
-        source: object::read::Error,
-    },
-    #[error("{}: only x86-64 is supported", path.display())]
-    NotX86_64 { path: PathBuf },
-    #[error("{} is not mapped in pid {pid}", path.display())]
-    NotMapped { path: PathBuf, pid: u32 },
-}
 
 /// The modules opened so far in one session, by the target's path. Cheap
 /// to share: each [`Module`] is behind an [`Arc`].

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use memmap2::Mmap;
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SectionFlags, SectionKind};
 
+use super::error::Error;
 use super::slots::Slots;
-use super::Error;
 use crate::target::maps::{self, Mapping};
 
 /// A loadable segment (`PT_LOAD`).
@@ -110,54 +110,10 @@ impl Module {
             path: path.to_path_buf(),
             source,
         })?;
-        let segments = parsed
-            .segments()
-            .map(|s| {
-                let (file_offset, file_size) = s.file_range();
-                let executable = matches!(s.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0);
-                Segment {
-                    address: s.address(),
-                    mem_size: s.size(),
-                    file_offset,
-                    file_size,
-                    executable,
-                }
-            })
-            .collect();
-        let sections = parsed
-            .sections()
-            .map(|s| Section {
-                name: s.name().unwrap_or_default().to_string(),
-                address: s.address(),
-                size: s.size(),
-                file_range: s.file_range(),
-                code: s.kind() == SectionKind::Text
-                    && matches!(s.flags(), SectionFlags::Elf { sh_flags } if sh_flags & u64::from(object::elf::SHF_EXECINSTR) != 0),
-            })
-            .collect();
-        let mut symbols = HashMap::new();
-        for symbol in parsed.dynamic_symbols().chain(parsed.symbols()) {
-            if let Ok(name) = symbol.name() {
-                if symbol.is_definition() && symbol.address() != 0 {
-                    symbols.entry(name.to_string()).or_insert(Symbol {
-                        address: symbol.address(),
-                        size: symbol.size(),
-                    });
-                }
-            }
-        }
-        // PT_TLS (`segments()` has the loadable ones only).
-        let tls_size = match &parsed {
-            object::File::Elf64(elf) => {
-                use object::read::elf::ProgramHeader;
-                let endian = elf.endian();
-                elf.elf_program_headers()
-                    .iter()
-                    .find(|h| h.p_type(endian) == object::elf::PT_TLS)
-                    .map(|h| h.p_memsz(endian))
-            }
-            _ => None,
-        };
+        let segments = segments_of(&parsed);
+        let sections = sections_of(&parsed);
+        let symbols = symbols_of(&parsed);
+        let tls_size = tls_size_of(&parsed);
         let got = parsed
             .sections()
             .filter(|s| matches!(s.name(), Ok(".got" | ".got.plt")))
@@ -332,25 +288,10 @@ impl Module {
         self.slots.is_external(slot)
     }
 
-    /// The PLT stubs that jump to `name` in another module (`call
-    /// GC_malloc@plt`): the address of each stub's `jmp *slot(%rip)` and
-    /// of the start of its entry (after an `endbr64`, entries are 16 bytes).
-    pub fn plt_stubs(&self, name: &str) -> Vec<u64> {
-        let mut stubs = Vec::new();
-        for plt in [".plt", ".plt.sec", ".plt.got"] {
-            let Some((start, bytes)) = self.section(plt) else {
-                continue;
-            };
-            for insn in crate::x86::decode::function(bytes, start) {
-                let jumps_through = insn.mnemonic() == iced_x86::Mnemonic::Jmp
-                    && insn.is_ip_rel_memory_operand()
-                    && self.slots.external_name(insn.ip_rel_memory_address()) == Some(name);
-                if jumps_through {
-                    stubs.extend([insn.ip(), insn.ip() & !0xf]);
-                }
-            }
-        }
-        stubs
+    /// The symbol the dynamic linker fills the word at `slot` with, when
+    /// it is another module's (what a PLT stub jumps through).
+    pub(crate) fn external_name(&self, slot: u64) -> Option<&str> {
+        self.slots.external_name(slot)
     }
 
     /// The value the word at `slot` holds at run time, as a link-time
@@ -454,6 +395,71 @@ impl Module {
         ours.iter()
             .find_map(|m| self.bias(m))
             .ok_or_else(not_mapped)
+    }
+}
+
+/// The loadable segments of `parsed`.
+fn segments_of(parsed: &object::File<'_>) -> Vec<Segment> {
+    parsed
+        .segments()
+        .map(|s| {
+            let (file_offset, file_size) = s.file_range();
+            let executable = matches!(s.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0);
+            Segment {
+                address: s.address(),
+                mem_size: s.size(),
+                file_offset,
+                file_size,
+                executable,
+            }
+        })
+        .collect()
+}
+
+/// The sections of `parsed`.
+fn sections_of(parsed: &object::File<'_>) -> Vec<Section> {
+    parsed
+        .sections()
+        .map(|s| Section {
+            name: s.name().unwrap_or_default().to_string(),
+            address: s.address(),
+            size: s.size(),
+            file_range: s.file_range(),
+            code: s.kind() == SectionKind::Text
+                && matches!(s.flags(), SectionFlags::Elf { sh_flags } if sh_flags & u64::from(object::elf::SHF_EXECINSTR) != 0),
+        })
+        .collect()
+}
+
+/// The symbols `parsed` defines, by name (`.dynsym` first).
+fn symbols_of(parsed: &object::File<'_>) -> HashMap<String, Symbol> {
+    let mut symbols = HashMap::new();
+    for symbol in parsed.dynamic_symbols().chain(parsed.symbols()) {
+        if let Ok(name) = symbol.name() {
+            if symbol.is_definition() && symbol.address() != 0 {
+                symbols.entry(name.to_string()).or_insert(Symbol {
+                    address: symbol.address(),
+                    size: symbol.size(),
+                });
+            }
+        }
+    }
+    symbols
+}
+
+/// The size of the module's TLS block.
+fn tls_size_of(parsed: &object::File<'_>) -> Option<u64> {
+    // PT_TLS (`segments()` has the loadable ones only).
+    match parsed {
+        object::File::Elf64(elf) => {
+            use object::read::elf::ProgramHeader;
+            let endian = elf.endian();
+            elf.elf_program_headers()
+                .iter()
+                .find(|h| h.p_type(endian) == object::elf::PT_TLS)
+                .map(|h| h.p_memsz(endian))
+        }
+        _ => None,
     }
 }
 

@@ -7,7 +7,7 @@
 //! script's children are never missing silently.
 use std::time::Instant;
 
-use super::launch::ExitStatus;
+use super::exit::ExitStatus;
 
 /// One process the command started, directly or not.
 #[derive(Debug, Clone)]

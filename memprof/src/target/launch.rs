@@ -15,43 +15,8 @@ use std::path::Path;
 
 use anyhow::{bail, Result};
 
+pub use super::exit::ExitStatus;
 use super::trace::{self, Tracer};
-
-/// How the target ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ExitStatus {
-    Code(i32),
-    Signal(i32),
-}
-
-impl ExitStatus {
-    pub(crate) fn from_wait(status: i32) -> Option<ExitStatus> {
-        if libc::WIFEXITED(status) {
-            Some(ExitStatus::Code(libc::WEXITSTATUS(status)))
-        } else if libc::WIFSIGNALED(status) {
-            Some(ExitStatus::Signal(libc::WTERMSIG(status)))
-        } else {
-            None
-        }
-    }
-
-    /// The exit code a shell would show (128 + signal for a signal).
-    pub fn shell_code(self) -> i32 {
-        match self {
-            ExitStatus::Code(c) => c,
-            ExitStatus::Signal(s) => 128 + s,
-        }
-    }
-}
-
-impl std::fmt::Display for ExitStatus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ExitStatus::Code(c) => write!(f, "exited with code {c}"),
-            ExitStatus::Signal(s) => write!(f, "was killed by signal {s}"),
-        }
-    }
-}
 
 /// Forks and execs `exe` with `argv`, held stopped after the `exec`.
 /// `child_mask` is the signal mask the command starts with (the caller
@@ -73,20 +38,9 @@ pub fn launch(exe: &Path, argv: &[String], child_mask: &libc::sigset_t) -> Resul
         bail!("fork failed: {}", std::io::Error::last_os_error());
     }
     if pid == 0 {
-        unsafe {
-            libc::close(go_w);
-            libc::close(err_r);
-            libc::sigprocmask(libc::SIG_SETMASK, child_mask, std::ptr::null_mut());
-            let mut byte = 0u8;
-            // EOF instead of the go byte: memprof gave up; do not run the command.
-            if libc::read(go_r, (&mut byte as *mut u8).cast(), 1) != 1 {
-                libc::_exit(127);
-            }
-            libc::execv(exe_c.as_ptr(), argv_p.as_ptr());
-            let errno = *libc::__errno_location();
-            libc::write(err_w, (&errno as *const i32).cast(), 4);
-            libc::_exit(127);
-        }
+        let pipes = [go_r, go_w, err_r, err_w];
+        // SAFETY: this is the child of the fork.
+        unsafe { exec_in_child(pipes, child_mask, &exe_c, &argv_p) }
     }
     let pid_u = pid as u32;
     unsafe {
@@ -109,7 +63,40 @@ pub fn launch(exe: &Path, argv: &[String], child_mask: &libc::sigset_t) -> Resul
         libc::close(go_w);
     }
     let child = Tracer::for_launched(pid_u);
-    // Wait for the exec stop; pass on any signal that arrives before it.
+    wait_for_exec(pid, err_r, exe)?;
+    Ok(child)
+}
+
+/// The forked child: waits for memprof's go byte (it is traced by then),
+/// then runs the command; `execv`'s errno goes back through the error pipe.
+/// `pipes`: the go pipe's ends, then the error pipe's.
+unsafe fn exec_in_child(
+    pipes: [libc::c_int; 4],
+    child_mask: &libc::sigset_t,
+    exe_c: &CString,
+    argv_p: &[*const libc::c_char],
+) -> ! {
+    let [go_r, go_w, err_r, err_w] = pipes;
+    unsafe {
+        libc::close(go_w);
+        libc::close(err_r);
+        libc::sigprocmask(libc::SIG_SETMASK, child_mask, std::ptr::null_mut());
+        let mut byte = 0u8;
+        // EOF instead of the go byte: memprof gave up; do not run the command.
+        if libc::read(go_r, (&mut byte as *mut u8).cast(), 1) != 1 {
+            libc::_exit(127);
+        }
+        libc::execv(exe_c.as_ptr(), argv_p.as_ptr());
+        let errno = *libc::__errno_location();
+        libc::write(err_w, (&errno as *const i32).cast(), 4);
+        libc::_exit(127);
+    }
+}
+
+/// Waits for the exec stop of the launched `pid`, passing on any signal
+/// that arrives before it; an error if the command exited first (with
+/// `execv`'s errno from `err_r`, when it failed).
+fn wait_for_exec(pid: libc::pid_t, err_r: libc::c_int, exe: &Path) -> Result<()> {
     loop {
         let status = wait(pid, 0)?.expect("blocking wait");
         if let Some(exit) = ExitStatus::from_wait(status) {
@@ -138,7 +125,7 @@ pub fn launch(exe: &Path, argv: &[String], child_mask: &libc::sigset_t) -> Resul
         };
     }
     unsafe { libc::close(err_r) };
-    Ok(child)
+    Ok(())
 }
 
 /// The signal to deliver when resuming from a signal-delivery stop.

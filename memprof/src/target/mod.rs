@@ -6,6 +6,7 @@
 //!   probes are attached before its first instruction runs.
 //! - [`modules`] lists the executable and the shared libraries it loads, in
 //!   load order (the order in which the dynamic linker binds symbols).
+pub(crate) mod exit;
 pub mod family;
 pub mod launch;
 pub mod maps;

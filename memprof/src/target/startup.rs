@@ -17,7 +17,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 
-use super::launch::ExitStatus;
+use super::exit::ExitStatus;
 use super::maps::{self, Mapping};
 use crate::modules::{Module, ModuleCache};
 

@@ -21,8 +21,8 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 
+use super::exit::ExitStatus;
 use super::family::{self, Member};
-use super::launch::ExitStatus;
 
 /// What [`Tracer::poll`] saw.
 #[derive(Debug, PartialEq, Eq)]
@@ -133,11 +133,11 @@ fn take_queued(tracer: u32) -> Vec<(u32, i32)> {
 }
 
 /// The options every traced thread gets.
-pub const OPTIONS: i32 = libc::PTRACE_O_TRACECLONE | libc::PTRACE_O_TRACEEXIT;
+pub(crate) const OPTIONS: i32 = libc::PTRACE_O_TRACECLONE | libc::PTRACE_O_TRACEEXIT;
 
 /// What `run` adds: the processes the command starts are traced from
 /// birth, and their `exec`s seen.
-pub const FAMILY_OPTIONS: i32 =
+pub(crate) const FAMILY_OPTIONS: i32 =
     libc::PTRACE_O_TRACEFORK | libc::PTRACE_O_TRACEVFORK | libc::PTRACE_O_TRACEEXEC;
 
 impl Tracer {
@@ -317,71 +317,90 @@ impl Tracer {
                 continue;
             }
             if !self.threads.contains(&tid) {
-                // A new process the command started, its first stop
-                // before its parent's fork event.
-                if let Some((process, parent)) = family::process_of(tid) {
-                    if process != self.pid {
-                        self.adopt(tid, process, parent);
-                        cont(tid, 0);
-                        continue;
-                    }
-                }
-                // A new thread's first stop, possibly before its parent's
-                // clone event.
-                self.threads.insert(tid);
-                route(tid, self.pid);
-                on_new_thread(tid);
-                cont(tid, 0);
+                self.first_stop(tid, on_new_thread);
                 continue;
             }
-            match status >> 16 {
-                0 => {
-                    let signal = libc::WSTOPSIG(status);
-                    if is_ours(signal) {
-                        self.stopped.insert(tid);
-                        return Ok(Some(Event::Signal { tid, signal }));
-                    }
-                    cont(tid, signal);
-                }
-                libc::PTRACE_EVENT_CLONE => {
-                    let mut new: libc::c_ulong = 0;
-                    unsafe { libc::ptrace(libc::PTRACE_GETEVENTMSG, tid as i32, 0, &mut new) };
-                    let new = new as u32;
-                    match family::process_of(new) {
-                        // A clone that is a process of its own.
-                        Some((process, _)) if process != self.pid => {
-                            self.adopt(new, process, self.pid)
-                        }
-                        _ => {
-                            if new != 0 && self.threads.insert(new) {
-                                route(new, self.pid);
-                                on_new_thread(new);
-                            }
-                        }
-                    }
-                    cont(tid, 0);
-                }
-                libc::PTRACE_EVENT_FORK | libc::PTRACE_EVENT_VFORK => {
-                    if let Some(new) = event_message(tid) {
-                        self.adopt(new, new, self.pid);
-                    }
-                    cont(tid, 0);
-                }
-                libc::PTRACE_EVENT_EXIT if tid == self.pid => {
-                    // Resumed by the next poll: the caller reads the mappings first.
-                    self.at_exit_stop = true;
-                    return Ok(Some(Event::Exiting));
-                }
-                libc::PTRACE_EVENT_STOP => event_stop(tid, status),
-                libc::PTRACE_EVENT_EXEC if tid == self.pid && self.own_exec => {
-                    // The exec left one thread, with the process's id.
-                    self.threads.retain(|&t| t == tid);
-                    self.stopped.insert(tid);
-                    return Ok(Some(Event::Exec));
-                }
-                _ => cont(tid, 0), // exec, exit of another thread
+            if let Some(event) = self.stop_of_thread(tid, status, on_new_thread) {
+                return Ok(Some(event));
             }
         }
+    }
+
+    /// The first stop of a task not known yet: a process the command
+    /// started or a new thread, each resumed.
+    fn first_stop(&mut self, tid: u32, on_new_thread: &mut dyn FnMut(u32)) {
+        // A new process the command started, its first stop
+        // before its parent's fork event.
+        if let Some((process, parent)) = family::process_of(tid) {
+            if process != self.pid {
+                self.adopt(tid, process, parent);
+                cont(tid, 0);
+                return;
+            }
+        }
+        // A new thread's first stop, possibly before its parent's
+        // clone event.
+        self.threads.insert(tid);
+        route(tid, self.pid);
+        on_new_thread(tid);
+        cont(tid, 0);
+    }
+
+    /// A stop of one of the command's threads: a signal, or a ptrace event
+    /// (clone, fork, exit, exec). The event the caller sees, if any; the
+    /// others are handled and the thread resumed.
+    fn stop_of_thread(
+        &mut self,
+        tid: u32,
+        status: i32,
+        on_new_thread: &mut dyn FnMut(u32),
+    ) -> Option<Event> {
+        match status >> 16 {
+            0 => {
+                let signal = libc::WSTOPSIG(status);
+                if is_ours(signal) {
+                    self.stopped.insert(tid);
+                    return Some(Event::Signal { tid, signal });
+                }
+                cont(tid, signal);
+            }
+            libc::PTRACE_EVENT_CLONE => {
+                let mut new: libc::c_ulong = 0;
+                unsafe { libc::ptrace(libc::PTRACE_GETEVENTMSG, tid as i32, 0, &mut new) };
+                let new = new as u32;
+                match family::process_of(new) {
+                    // A clone that is a process of its own.
+                    Some((process, _)) if process != self.pid => self.adopt(new, process, self.pid),
+                    _ => {
+                        if new != 0 && self.threads.insert(new) {
+                            route(new, self.pid);
+                            on_new_thread(new);
+                        }
+                    }
+                }
+                cont(tid, 0);
+            }
+            libc::PTRACE_EVENT_FORK | libc::PTRACE_EVENT_VFORK => {
+                if let Some(new) = event_message(tid) {
+                    self.adopt(new, new, self.pid);
+                }
+                cont(tid, 0);
+            }
+            libc::PTRACE_EVENT_EXIT if tid == self.pid => {
+                // Resumed by the next poll: the caller reads the mappings first.
+                self.at_exit_stop = true;
+                return Some(Event::Exiting);
+            }
+            libc::PTRACE_EVENT_STOP => event_stop(tid, status),
+            libc::PTRACE_EVENT_EXEC if tid == self.pid && self.own_exec => {
+                // The exec left one thread, with the process's id.
+                self.threads.retain(|&t| t == tid);
+                self.stopped.insert(tid);
+                return Some(Event::Exec);
+            }
+            _ => cont(tid, 0), // exec, exit of another thread
+        }
+        None
     }
 
     /// Follows thread `tid` of process `pid`, one the command started

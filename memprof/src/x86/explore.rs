@@ -225,98 +225,113 @@ impl<H: Hooks> Run<'_, H> {
                 Next::Fork(Box::new(taken))
             }
             FlowControl::UnconditionalBranch | FlowControl::IndirectBranch => {
-                match self.branch_target(state, &insn) {
-                    Some(target) if !self.hooks.jump(target) => Next::End,
-                    Some(target) => {
-                        state.ip = target;
-                        Next::Continue
-                    }
-                    // A jump through another module's GOT slot (a PLT stub,
-                    // a tail call) inside a followed call: that function
-                    // returns to the followed call's return address.
-                    None if state.depth > 0
-                        && insn.op0_kind() == OpKind::Memory
-                        && insn.is_ip_rel_memory_operand()
-                        && self.module.is_external(insn.ip_rel_memory_address())
-                        && matches!(
-                            self.top(state),
-                            Some(V::Ptr {
-                                base: Base::RetAddr,
-                                idx: None,
-                                ..
-                            })
-                        ) =>
-                    {
-                        for reg in CALLER_SAVED {
-                            state.set(reg, V::Unknown);
-                        }
-                        match self.pop(state) {
-                            Some(V::Ptr { off, .. }) => {
-                                state.depth -= 1;
-                                state.ip = off;
-                                Next::Continue
-                            }
-                            _ => Next::End,
-                        }
-                    }
-                    None => {
-                        self.cut
-                            .insert(format!("unknown jump target at {:#x}", insn.ip()));
-                        Next::End
-                    }
-                }
+                self.jump(state, &insn)
             }
-            FlowControl::Call | FlowControl::IndirectCall => {
-                let target = self.branch_target(state, &insn);
-                let follow = match target {
-                    Some(target) => self.hooks.call(target, &state.regs),
-                    None => false,
-                };
-                match target {
-                    Some(target)
-                        if follow
-                            && state.depth < MAX_DEPTH
-                            && self.push(
-                                state,
-                                V::Ptr {
-                                    base: Base::RetAddr,
-                                    off: next,
-                                    idx: None,
-                                },
-                            ) =>
-                    {
-                        state.depth += 1;
-                        state.ip = target;
-                    }
-                    _ => {
-                        for reg in CALLER_SAVED {
-                            state.set(reg, V::Unknown);
-                        }
-                        state.ip = next;
-                    }
-                }
+            FlowControl::Call | FlowControl::IndirectCall => self.call(state, &insn),
+            FlowControl::Return => self.ret(state),
+            // int3, ud2, hlt, syscall, …: nothing of interest follows.
+            _ => Next::End,
+        }
+    }
+
+    /// A jump: followed where the hooks allow and its target is known.
+    fn jump(&mut self, state: &mut State<H::Role>, insn: &Instruction) -> Next<H::Role> {
+        match self.branch_target(state, insn) {
+            Some(target) if !self.hooks.jump(target) => Next::End,
+            Some(target) => {
+                state.ip = target;
                 Next::Continue
             }
-            FlowControl::Return => {
-                let back = self.pop(state);
-                match back {
+            // A jump through another module's GOT slot (a PLT stub,
+            // a tail call) inside a followed call: that function
+            // returns to the followed call's return address.
+            None if state.depth > 0
+                && insn.op0_kind() == OpKind::Memory
+                && insn.is_ip_rel_memory_operand()
+                && self.module.is_external(insn.ip_rel_memory_address())
+                && matches!(
+                    self.top(state),
                     Some(V::Ptr {
                         base: Base::RetAddr,
-                        off,
                         idx: None,
-                    }) => {
+                        ..
+                    })
+                ) =>
+            {
+                for reg in CALLER_SAVED {
+                    state.set(reg, V::Unknown);
+                }
+                match self.pop(state) {
+                    Some(V::Ptr { off, .. }) => {
                         state.depth -= 1;
                         state.ip = off;
                         Next::Continue
                     }
-                    _ => {
-                        self.hooks.returned(state.reg(Register::RAX));
-                        Next::End
-                    }
+                    _ => Next::End,
                 }
             }
-            // int3, ud2, hlt, syscall, …: nothing of interest follows.
-            _ => Next::End,
+            None => {
+                self.cut
+                    .insert(format!("unknown jump target at {:#x}", insn.ip()));
+                Next::End
+            }
+        }
+    }
+
+    /// A call: followed into the callee where the hooks ask for it (and
+    /// the depth allows), else stepped over with the caller-saved
+    /// registers unknown.
+    fn call(&mut self, state: &mut State<H::Role>, insn: &Instruction) -> Next<H::Role> {
+        let next = insn.next_ip();
+        let target = self.branch_target(state, insn);
+        let follow = match target {
+            Some(target) => self.hooks.call(target, &state.regs),
+            None => false,
+        };
+        match target {
+            Some(target)
+                if follow
+                    && state.depth < MAX_DEPTH
+                    && self.push(
+                        state,
+                        V::Ptr {
+                            base: Base::RetAddr,
+                            off: next,
+                            idx: None,
+                        },
+                    ) =>
+            {
+                state.depth += 1;
+                state.ip = target;
+            }
+            _ => {
+                for reg in CALLER_SAVED {
+                    state.set(reg, V::Unknown);
+                }
+                state.ip = next;
+            }
+        }
+        Next::Continue
+    }
+
+    /// A return: to the followed call's return address, or out of the
+    /// explored function (the hooks see what it returns).
+    fn ret(&mut self, state: &mut State<H::Role>) -> Next<H::Role> {
+        let back = self.pop(state);
+        match back {
+            Some(V::Ptr {
+                base: Base::RetAddr,
+                off,
+                idx: None,
+            }) => {
+                state.depth -= 1;
+                state.ip = off;
+                Next::Continue
+            }
+            _ => {
+                self.hooks.returned(state.reg(Register::RAX));
+                Next::End
+            }
         }
     }
 
@@ -506,34 +521,7 @@ impl<H: Hooks> Run<'_, H> {
                 self.write(state, insn, addr);
             }
             Mnemonic::Add | Mnemonic::Sub | Mnemonic::And | Mnemonic::Xor | Mnemonic::Or => {
-                let a = self.operand(state, insn, 0);
-                let b = self.operand(state, insn, 1);
-                let same_register = insn.op0_kind() == OpKind::Register
-                    && insn.op1_kind() == OpKind::Register
-                    && insn.op0_register() == insn.op1_register();
-                let sum = match (insn.mnemonic(), a.words(), b.words()) {
-                    (Mnemonic::Add | Mnemonic::Sub, Some(x), Some(y)) if !same_register => {
-                        Some(WordSum::combine(x, y, insn.mnemonic() == Mnemonic::Sub))
-                    }
-                    _ => None,
-                };
-                let value = match insn.mnemonic() {
-                    _ if sum.is_some() => match sum.flatten() {
-                        None => V::Unknown,
-                        Some(WordSum([None, ..])) => V::imm(0), // x - x
-                        Some(sum) => V::Words(sum),
-                    },
-                    Mnemonic::Add => compose(&[(a, 1), (b, 1)], 0),
-                    Mnemonic::Sub if same_register => V::imm(0),
-                    Mnemonic::Sub => sub(a, b),
-                    Mnemonic::And => and(a, b),
-                    Mnemonic::Xor if same_register => V::imm(0),
-                    _ => match (a.as_imm(), b.as_imm()) {
-                        (Some(x), Some(y)) if insn.mnemonic() == Mnemonic::Or => V::imm(x | y),
-                        (Some(x), Some(y)) => V::imm(x ^ y),
-                        _ => V::Unknown,
-                    },
-                };
+                let value = self.arithmetic(state, insn);
                 self.write(state, insn, value);
             }
             Mnemonic::Shr | Mnemonic::Shl => {
@@ -586,6 +574,38 @@ impl<H: Hooks> Run<'_, H> {
                     state.set(reg, V::Unknown);
                 }
             }
+        }
+    }
+
+    /// The value `add`, `sub`, `and`, `xor` or `or` leaves in its destination.
+    fn arithmetic(&mut self, state: &State<H::Role>, insn: &Instruction) -> V<H::Role> {
+        let a = self.operand(state, insn, 0);
+        let b = self.operand(state, insn, 1);
+        let same_register = insn.op0_kind() == OpKind::Register
+            && insn.op1_kind() == OpKind::Register
+            && insn.op0_register() == insn.op1_register();
+        let sum = match (insn.mnemonic(), a.words(), b.words()) {
+            (Mnemonic::Add | Mnemonic::Sub, Some(x), Some(y)) if !same_register => {
+                Some(WordSum::combine(x, y, insn.mnemonic() == Mnemonic::Sub))
+            }
+            _ => None,
+        };
+        match insn.mnemonic() {
+            _ if sum.is_some() => match sum.flatten() {
+                None => V::Unknown,
+                Some(WordSum([None, ..])) => V::imm(0), // x - x
+                Some(sum) => V::Words(sum),
+            },
+            Mnemonic::Add => compose(&[(a, 1), (b, 1)], 0),
+            Mnemonic::Sub if same_register => V::imm(0),
+            Mnemonic::Sub => sub(a, b),
+            Mnemonic::And => and(a, b),
+            Mnemonic::Xor if same_register => V::imm(0),
+            _ => match (a.as_imm(), b.as_imm()) {
+                (Some(x), Some(y)) if insn.mnemonic() == Mnemonic::Or => V::imm(x | y),
+                (Some(x), Some(y)) => V::imm(x ^ y),
+                _ => V::Unknown,
+            },
         }
     }
 }

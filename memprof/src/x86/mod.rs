@@ -1,8 +1,10 @@
-//! x86-64 machine-code analysis, in one place: decoding ([`decode`]),
-//! which registers an instruction writes ([`regs`]), which instructions a
-//! uprobe emulates ([`uprobe`]), and a symbolic executor that follows every
-//! path of a function and lets its caller interpret what it reads
-//! ([`explore`], over the values of [`value`]).
+//! x86-64 machine-code analysis, in one place: decoding ([`decode`]), a
+//! module's PLT stubs ([`plt`]), which registers an instruction writes
+//! ([`regs`]), which instructions a uprobe emulates ([`uprobe`]), and a
+//! symbolic executor that follows every path of a function and lets its
+//! caller interpret what it reads ([`explore`], over the values of
+//! [`value`]). The modules they read ([`crate::modules`]) know nothing of
+//! machine code.
 //!
 //! Probe placement ([`crate::placement`]) and libgc layout recognition
 //! ([`crate::gc`]) both build on these parts, and not on each other.
@@ -15,6 +17,7 @@
 //! ```
 pub(crate) mod decode;
 pub(crate) mod explore;
+pub(crate) mod plt;
 pub(crate) mod regs;
 pub(crate) mod uprobe;
 pub(crate) mod value;

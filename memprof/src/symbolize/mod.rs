@@ -1,0 +1,456 @@
+//! Raw return addresses to function names and `file:line`, with blazesym.
+//!
+//! Addresses are mapped to (module, file offset) through the [`MapsCache`]
+//! the session kept while the target ran, so this works after the target has
+//! exited. Each module is symbolized in one batch. Return addresses point
+//! after the call instruction, so `address - 1` is looked up (the line of the
+//! call, not of the next statement). Inlined functions become frames of their
+//! own, innermost first.
+//!
+//! Every module is looked up twice: in its ELF symbol table (`.symtab`, else
+//! `.dynsym` of stripped binaries) for the function's name, and in its DWARF
+//! for `file:line` and inlined functions. Crystal's DWARF names are short
+//! (`new` for `*Foo::new<Int32>:Foo`), so the symbol table's full name wins;
+//! inlined functions have only their DWARF name. In `.dynsym` the linker cut
+//! Crystal names at `@`, taking the rest for a symbol version
+//! (`*Array(Foo)@Array(T)#push…` became `*Array(Foo)` + version
+//! `Array(T)#push…`): [`crate::modules::Module::versioned_crystal_names`] joins them again. A frame
+//! keeps the symbol in `raw_name`, and shows [`crate::crystal::readable`] or
+//! the demangled C++/Rust name in `function`:
+//!
+//! ```
+//! use memprof::symbolize::display_name;
+//! assert_eq!(display_name("*Foo::new<Int32>:Foo"), "Foo.new");
+//! assert_eq!(display_name("_ZNK4llvm6Module4dumpEv"), "llvm::Module::dump() const");
+//! assert_eq!(display_name("make_foo"), "make_foo");
+//! ```
+//!
+//! Here the addresses are grouped by module, symbolized in batches and the
+//! groups given their stacks, each address's frames made and named;
+//! [`inlined_new`] names the class an inlined Crystal `new` makes (for
+//! [`crate::crystal::type_ids`]).
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use blazesym::symbolize::source::{Elf, Source};
+use blazesym::symbolize::{CodeInfo, Input, Sym, Symbolized, Symbolizer};
+use memprof_common::AllocKind;
+
+use crate::crystal;
+use crate::heap::{RawGroup, RawGroups};
+use crate::modules::{Module, ModuleCache};
+use crate::profile::{Frame, Group, Stacks};
+use crate::target::maps::MapsCache;
+
+pub(crate) mod inlined_new;
+
+/// Addresses symbolized in one blazesym call: bounds the memory its
+/// results hold at once.
+const BATCH: usize = 4096;
+
+/// Symbolizes every group's stack and names the class each GC group
+/// allocates. Each distinct address is symbolized once and becomes one
+/// [`crate::profile::Location`]; the groups name their stacks in the returned table.
+pub fn symbolize(
+    raw: RawGroups,
+    maps: &MapsCache,
+    modules: &ModuleCache,
+    progress: bool,
+) -> (Vec<Group>, Stacks) {
+    let RawGroups {
+        groups: raw,
+        addresses: ids,
+    } = raw;
+    let (by_module, unknown) = addresses_by_module(&ids, maps);
+    let mut stacks = Stacks::default();
+    let location_of = locate(by_module, unknown, maps, modules, progress, &mut stacks);
+    // Each stack's addresses are given back as its locations are made:
+    // a big program's stacks are tens of megabytes either way.
+    let location_of: Vec<u32> = ids.iter().map(|a| location_of[a]).collect();
+    drop(ids);
+    let mut raw = raw;
+    let stack_ids = stack_ids(&mut raw, &location_of, &mut stacks);
+    let groups = into_groups(raw, stack_ids, &stacks);
+    (groups, stacks)
+}
+
+/// The distinct addresses (as the groups number them: stacks share most
+/// of their frames) by the module mapped at each, and those in none.
+fn addresses_by_module(ids: &[u64], maps: &MapsCache) -> (HashMap<PathBuf, Vec<u64>>, Vec<u64>) {
+    let mut addresses = ids.to_vec();
+    addresses.sort_unstable();
+    let mut by_module: HashMap<PathBuf, Vec<u64>> = HashMap::new();
+    let mut unknown: Vec<u64> = Vec::new();
+    for &addr in &addresses {
+        match maps.find(addr.saturating_sub(1)) {
+            Some(m) => by_module.entry(m.path.clone()).or_default().push(addr),
+            None => unknown.push(addr),
+        }
+    }
+    (by_module, unknown)
+}
+
+/// The location of each address in `stacks`, each module symbolized in
+/// batches (a bar on a terminal: thousands of addresses in big modules
+/// take seconds).
+fn locate(
+    by_module: HashMap<PathBuf, Vec<u64>>,
+    unknown: Vec<u64>,
+    maps: &MapsCache,
+    modules: &ModuleCache,
+    progress: bool,
+    stacks: &mut Stacks,
+) -> HashMap<u64, u32> {
+    let total: usize = by_module.values().map(Vec::len).sum();
+    if progress && total > 0 {
+        eprintln!(
+            "memprof: symbolizing {total} distinct addresses in {} modules",
+            by_module.len()
+        );
+    }
+    let mut symbolizers = Symbolizers::new();
+    let mut location_of: HashMap<u64, u32> = HashMap::with_capacity(total + unknown.len());
+    let bar = crate::progress::bar(if progress { total as u64 } else { 0 }, "symbolizing");
+    if !progress {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    for (module, addrs) in by_module {
+        bar.set_message(format!("symbolizing {}", crate::allocators::short(&module)));
+        // The file the target mapped, as the session opened it (never
+        // another file at the same path here): unreadable, no names.
+        let file = modules.get(&module).ok();
+        for batch in addrs.chunks(BATCH) {
+            let frames = symbolizers.batch(&module, file.as_deref(), batch, maps);
+            for (&addr, frames) in batch.iter().zip(frames) {
+                location_of.insert(addr, stacks.location(frames));
+            }
+            bar.inc(batch.len() as u64);
+        }
+    }
+    bar.finish_and_clear();
+    for addr in unknown {
+        location_of.insert(addr, stacks.location(vec![unknown_frame(None, addr)]));
+    }
+    location_of
+}
+
+/// The two blazesym symbolizers (symbol table names; DWARF lines and
+/// inlined functions) and the Crystal sources read so far.
+struct Symbolizers {
+    names: Symbolizer,
+    lines: Symbolizer,
+    sources: crystal::source::Sources,
+}
+
+impl Symbolizers {
+    fn new() -> Symbolizers {
+        // Demangling is ours (`display_name`): `raw_name` keeps the symbol as is.
+        Symbolizers {
+            names: Symbolizer::builder()
+                .enable_code_info(false)
+                .enable_demangling(false)
+                .build(),
+            lines: Symbolizer::builder()
+                .enable_code_info(true)
+                .enable_inlined_fns(true)
+                .enable_demangling(false)
+                .build(),
+            sources: crystal::source::Sources::default(),
+        }
+    }
+
+    /// The frames of each address of `batch`, all in `module` (`file`, if
+    /// it could be read).
+    fn batch(
+        &mut self,
+        module: &Path,
+        file: Option<&Module>,
+        batch: &[u64],
+        maps: &MapsCache,
+    ) -> Vec<Vec<Frame>> {
+        let module_name = module.display().to_string();
+        let path = file.map(|f| f.symbol_path());
+        let mapping = |a: u64| maps.find(a.saturating_sub(1));
+        let offsets: Vec<u64> = batch
+            .iter()
+            .map(|&a| mapping(a).map_or(0, |m| m.file_offset_of(a.saturating_sub(1))))
+            .collect();
+        let (symtab, dwarf) = match &path {
+            Some(path) => {
+                let mut symtab = Elf::new(path);
+                symtab.debug_syms = false;
+                (
+                    self.names
+                        .symbolize(&Source::Elf(symtab), Input::FileOffset(&offsets))
+                        .unwrap_or_default(),
+                    self.lines
+                        .symbolize(&Source::Elf(Elf::new(path)), Input::FileOffset(&offsets))
+                        .unwrap_or_default(),
+                )
+            }
+            None => (Vec::new(), Vec::new()),
+        };
+        let mut all = Vec::with_capacity(batch.len());
+        for (i, &addr) in batch.iter().enumerate() {
+            let mut symbol = found(&symtab, i).cloned();
+            if let Some(sym) = symbol.as_mut().filter(|s| s.name.starts_with(['*', '~'])) {
+                let names = file.map(|m| m.versioned_crystal_names());
+                if let Some(name) = names.and_then(|names| names.get(&sym.addr)) {
+                    sym.name = name.clone().into();
+                }
+            }
+            let mut frames = sym_frames(symbol.as_ref(), found(&dwarf, i), &module_name, addr);
+            name_inlined_new(&mut frames, &mut self.sources);
+            // The return address itself as an offset in the file (stable across runs).
+            let offset = mapping(addr).map(|m| m.file_offset_of(addr));
+            for f in &mut frames {
+                f.offset = offset;
+            }
+            all.push(frames);
+        }
+        all
+    }
+}
+
+/// Each raw group's stack as an id in `stacks`, from the locations of its
+/// addresses; the groups' address lists are given back on the way.
+fn stack_ids(raw: &mut [RawGroup], location_of: &[u32], stacks: &mut Stacks) -> Vec<u32> {
+    let mut locations: Vec<u32> = Vec::with_capacity(raw.iter().map(|g| g.frames.len()).sum());
+    let mut ends = Vec::with_capacity(raw.len());
+    for g in raw.iter_mut() {
+        locations.extend(g.frames.iter().map(|&id| location_of[id as usize]));
+        ends.push(locations.len());
+        g.frames = Arc::from([]);
+    }
+    stacks.stacks(&locations, &ends)
+}
+
+/// The groups of the profile, each with its stack and, for GC groups, the
+/// class it allocates (found once per stack).
+fn into_groups(mut raw: Vec<RawGroup>, mut ids: Vec<u32>, stacks: &Stacks) -> Vec<Group> {
+    let mut types: HashMap<u32, Option<String>> = HashMap::new();
+    // Taken from the end, the raw groups' array shrinking as it goes: the
+    // two arrays are not both whole at once.
+    let mut groups: Vec<Group> = Vec::with_capacity(raw.len());
+    while let (Some(g), Some(stack)) = (raw.pop(), ids.pop()) {
+        if raw.len().is_multiple_of(RELEASE_EVERY) {
+            raw.shrink_to_fit();
+        }
+        // Classes are a GC heap notion; libc and mmap rows keep their call site.
+        let type_name = match g.kind() {
+            AllocKind::Gc | AllocKind::GcAtomic => types
+                .entry(stack)
+                .or_insert_with(|| {
+                    let head: Vec<Frame> =
+                        stacks.frames(stack).take(TYPE_FRAMES).cloned().collect();
+                    crystal::allocated_type(&head)
+                })
+                .clone(),
+            AllocKind::Libc | AllocKind::Mmap => None,
+        };
+        groups.push(group(g, stack, type_name));
+    }
+    groups.reverse();
+    groups
+}
+
+/// The profile's group of a raw group.
+fn group(g: RawGroup, stack: u32, type_name: Option<String>) -> Group {
+    Group {
+        pid: 0,
+        kind: g.kind().name().to_string(),
+        live_count: g.live_count,
+        live_bytes: g.live_bytes,
+        total_count: g.total_count,
+        total_bytes: g.total_bytes,
+        type_name,
+        stack,
+        truncated: g.truncated,
+        folded: g.folded,
+        overflow: g.overflow,
+        collected_count: g.collected_count,
+        collected_bytes: g.collected_bytes,
+        marked_count: g.marked_count,
+        marked_bytes: g.marked_bytes,
+        lifetimes: g.lifetimes,
+        gc_history: g.gc_history,
+        v2_frames: Vec::new(),
+    }
+}
+
+/// Raw groups taken between two shrinks of their array.
+const RELEASE_EVERY: usize = 8192;
+
+/// Frames enough to name the class a stack allocates: the allocator
+/// plumbing (a handful of frames) and the frame above it.
+const TYPE_FRAMES: usize = 32;
+
+/// The `i`-th result of a batch, if a symbol was found.
+fn found<'a>(results: &'a [Symbolized<'a>], i: usize) -> Option<&'a Sym<'a>> {
+    match results.get(i) {
+        Some(Symbolized::Sym(sym)) => Some(sym),
+        _ => None,
+    }
+}
+
+/// The name to show for a symbol: Crystal's readable form, else the
+/// demangled C++ or Rust name, else the symbol itself.
+pub fn display_name(raw: &str) -> String {
+    crystal::readable(raw)
+        .or_else(|| demangle(raw))
+        .unwrap_or_else(|| raw.to_string())
+}
+
+/// Rust (legacy `_ZN…E` and v0 `_R…`) and C++ (`_Z…`) names, demangled.
+fn demangle(raw: &str) -> Option<String> {
+    if raw.starts_with("_R") || raw.starts_with("_ZN") {
+        if let Ok(name) = rustc_demangle::try_demangle(raw) {
+            return Some(format!("{name:#}"));
+        }
+    }
+    // Only `_Z` names: cpp_demangle also reads bare type codes (`i` → `int`).
+    if raw.starts_with("_Z") {
+        return cpp_demangle::Symbol::new(raw).ok()?.demangle().ok();
+    }
+    None
+}
+
+/// The frames of one address, innermost first: the functions DWARF says
+/// were inlined there, then the function the symbol table names.
+fn sym_frames(
+    symtab: Option<&Sym<'_>>,
+    dwarf: Option<&Sym<'_>>,
+    module: &str,
+    addr: u64,
+) -> Vec<Frame> {
+    let outer_name = match (symtab, dwarf) {
+        (Some(sym), _) | (None, Some(sym)) => sym.name.to_string(),
+        (None, None) => return vec![unknown_frame(Some(module), addr)],
+    };
+    let frame = |raw: &str, info: Option<&CodeInfo<'_>>| {
+        let (file, line) = match info {
+            Some(info) => (Some(info.to_path().display().to_string()), info.line),
+            None => (None, None),
+        };
+        Frame {
+            function: display_name(raw),
+            raw_name: raw.to_string(),
+            file,
+            line,
+            module: module.to_string(),
+            address: addr,
+            offset: None,
+        }
+    };
+    let mut frames = Vec::new();
+    if let Some(dwarf) = dwarf {
+        for inlined in dwarf.inlined.iter().rev() {
+            frames.push(frame(&inlined.name, inlined.code_info.as_ref()));
+        }
+    }
+    frames.push(frame(
+        &outer_name,
+        dwarf.and_then(|d| d.code_info.as_deref()),
+    ));
+    frames
+}
+
+/// Crystal release builds inline `Foo.new` and DWARF names the copy `new`
+/// alone: named `Foo.new` from the class its source line is in
+/// ([`crystal::source`]), `raw_name` kept as DWARF's. The same for
+/// `new:named_args` and for `initialize` (`Foo#initialize`).
+fn name_inlined_new(frames: &mut [Frame], sources: &mut crystal::source::Sources) {
+    for f in frames {
+        let separator = match f.raw_name.as_str() {
+            "new" => '.',
+            raw if raw.starts_with("new:") => '.',
+            "initialize" => '#',
+            _ => continue,
+        };
+        let (Some(file), Some(line)) = (f.file.as_deref(), f.line) else {
+            continue;
+        };
+        if !file.ends_with(".cr") {
+            continue;
+        }
+        if let Some(owner) = sources.enclosing_type(file, line) {
+            f.function = format!("{owner}{separator}{}", f.raw_name);
+        }
+    }
+}
+
+fn unknown_frame(module: Option<&str>, addr: u64) -> Frame {
+    Frame {
+        function: "[unknown]".into(),
+        raw_name: String::new(),
+        file: None,
+        line: None,
+        module: module.unwrap_or("[unknown]").to_string(),
+        address: addr,
+        offset: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_to_show() {
+        assert_eq!(
+            display_name("*Array(Int32)@Array(T)#push<Int32>:Array(Int32)"),
+            "Array(Int32)#push"
+        );
+        assert_eq!(display_name("__crystal_main"), "__crystal_main");
+        assert_eq!(display_name("_Znwm"), "operator new(unsigned long)");
+        assert_eq!(
+            display_name("_ZN3std2rt10lang_start17h0123456789abcdefE"),
+            "std::rt::lang_start"
+        );
+        // Not mangled, even if cpp_demangle would read it as a type.
+        assert_eq!(display_name("i"), "i");
+        assert_eq!(display_name("_Zgarbage"), "_Zgarbage");
+    }
+
+    /// The test binary itself: its symbol table names `display_name`, its
+    /// DWARF gives this file.
+    #[test]
+    fn symbolizes_an_address_of_this_binary() {
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let addr = display_name as fn(&str) -> String as usize as u64;
+        // The file offset of `addr`, from the mapping that holds it.
+        let offset = maps
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.split_whitespace();
+                let (range, _, off) = (f.next()?, f.next()?, f.next()?);
+                let (start, end) = range.split_once('-')?;
+                let start = u64::from_str_radix(start, 16).ok()?;
+                let end = u64::from_str_radix(end, 16).ok()?;
+                let path = f.nth(2)?;
+                (path == exe.to_str()? && (start..end).contains(&addr))
+                    .then(|| addr - start + u64::from_str_radix(off, 16).unwrap())
+            })
+            .next()
+            .expect("a mapping of the test binary holds display_name");
+        let names = Symbolizer::builder().enable_demangling(false).build();
+        let mut elf = Elf::new(&exe);
+        elf.debug_syms = false;
+        let symtab = names
+            .symbolize_single(&Source::Elf(elf), Input::FileOffset(offset))
+            .unwrap();
+        let Symbolized::Sym(sym) = symtab else {
+            panic!("no symbol for display_name")
+        };
+        let frames = sym_frames(Some(&sym), None, "self", addr);
+        assert_eq!(frames.len(), 1);
+        assert!(frames[0].raw_name.starts_with("_ZN"), "{:?}", frames[0]);
+        assert!(
+            frames[0].function.ends_with("symbolize::display_name"),
+            "{:?}",
+            frames[0]
+        );
+    }
+}
