@@ -121,6 +121,17 @@ fn totals(report: &HeapReport) -> [Tally; 3] {
 }
 
 fn markdown(report: &HeapReport, top: Option<usize>, out: &mut dyn Write) -> Result<()> {
+    summary(report, out)?;
+    types_table(report, top, out)?;
+    if let Some(graph) = &report.graph {
+        graph_section(graph, out)?;
+    }
+    size_classes(report, out)?;
+    rss_table(report, out)
+}
+
+/// The title, and what the collector's heap held.
+fn summary(report: &HeapReport, out: &mut dyn Write) -> Result<()> {
     let copy = &report.copy;
     let [live, free_list, unmarked] = totals(report);
     let heap_bytes: u64 = copy.blocks.iter().map(|b| b.bytes(copy.hblksize)).sum();
@@ -163,6 +174,11 @@ fn markdown(report: &HeapReport, top: Option<usize>, out: &mut dyn Write) -> Res
         )?;
     }
     writeln!(out)?;
+    Ok(())
+}
+
+/// Live objects by type, the `top` most bytes first.
+fn types_table(report: &HeapReport, top: Option<usize>, out: &mut dyn Write) -> Result<()> {
     writeln!(out, "## Live objects by type")?;
     writeln!(out)?;
     let sizes = report.retained.is_some();
@@ -209,14 +225,22 @@ fn markdown(report: &HeapReport, top: Option<usize>, out: &mut dyn Write) -> Res
         )?;
     }
     writeln!(out)?;
-    if let Some(graph) = &report.graph {
-        writeln!(out, "## Objects linking to {}", graph.target_type)?;
-        writeln!(out)?;
-        writeln!(out, "```mermaid")?;
-        write!(out, "{}", super::graph::mermaid(graph))?;
-        writeln!(out, "```")?;
-        writeln!(out)?;
-    }
+    Ok(())
+}
+
+/// `--graph`: the objects linking to the type asked for, as a mermaid chart.
+fn graph_section(graph: &super::graph::RefGraph, out: &mut dyn Write) -> Result<()> {
+    writeln!(out, "## Objects linking to {}", graph.target_type)?;
+    writeln!(out)?;
+    writeln!(out, "```mermaid")?;
+    write!(out, "{}", super::graph::mermaid(graph))?;
+    writeln!(out, "```")?;
+    writeln!(out)?;
+    Ok(())
+}
+
+/// The size classes: blocks, live objects, free-list and unmarked slots.
+fn size_classes(report: &HeapReport, out: &mut dyn Write) -> Result<()> {
     writeln!(out, "## Size classes")?;
     writeln!(out)?;
     writeln!(
@@ -242,6 +266,11 @@ fn markdown(report: &HeapReport, top: Option<usize>, out: &mut dyn Write) -> Res
         )?;
     }
     writeln!(out)?;
+    Ok(())
+}
+
+/// Where the RSS goes, and what smaps_rollup said.
+fn rss_table(report: &HeapReport, out: &mut dyn Write) -> Result<()> {
     writeln!(out, "## Where the RSS goes")?;
     writeln!(out)?;
     writeln!(out, "|      Bytes | What |")?;
