@@ -22,7 +22,7 @@ pub enum HeapFormat {
 
 /// Live objects of one type and kind.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TypeRow {
+struct TypeRow {
     /// The class; `(type N)` for an id no constructor names; `T buffer`
     /// for objects without a type id that an object of type `T` points
     /// into; `(no type id)` for the rest (raw memory).
@@ -39,7 +39,7 @@ pub struct TypeRow {
 
 /// The name of an object whose first word says `word`, in memory of `kind`:
 /// `Foo`, `(type 28)`, `Array(Foo) buffer`, `(type 28) buffer`, `(no type id)`.
-pub fn object_name(names: &TypeNames, word: Word, kind: u8) -> String {
+pub(crate) fn object_name(names: &TypeNames, word: Word, kind: u8) -> String {
     match word {
         Word::Type(id) => match names.type_of(id, is_atomic(kind)) {
             TypeOf::Named(name) => name.to_string(),
@@ -55,14 +55,14 @@ pub fn object_name(names: &TypeNames, word: Word, kind: u8) -> String {
 }
 
 /// Whether objects of `kind` are pointer-free.
-pub fn is_atomic(kind: u8) -> bool {
+pub(crate) fn is_atomic(kind: u8) -> bool {
     matches!(kind, PTRFREE | AUNCOLLECTABLE)
 }
 
 /// The type rows, most bytes first, named by [`crate::crystal::type_ids`]
 /// (the census kept as type ids only first words that are:
 /// [`TypeOf::NotAType`] never reaches here).
-pub fn type_rows(report: &HeapReport) -> Vec<TypeRow> {
+fn type_rows(report: &HeapReport) -> Vec<TypeRow> {
     let mut rows: BTreeMap<(String, Option<u32>, Option<u32>, u8), Tally> = BTreeMap::new();
     for (&(kind, word), tally) in &report.census.words {
         let name = object_name(&report.names, word, kind);
@@ -96,7 +96,7 @@ pub fn type_rows(report: &HeapReport) -> Vec<TypeRow> {
     out
 }
 
-pub fn write(report: &HeapReport, options: &HeapOptions, out: &mut dyn Write) -> Result<()> {
+pub(crate) fn write(report: &HeapReport, options: &HeapOptions, out: &mut dyn Write) -> Result<()> {
     match options.format {
         HeapFormat::Markdown => markdown(report, options.top, out),
         HeapFormat::Tsv => tsv(report, out),
@@ -310,9 +310,9 @@ fn tsv(report: &HeapReport, out: &mut dyn Write) -> Result<()> {
 }
 
 /// Schema version of the JSON report.
-pub const JSON_VERSION: u32 = 1;
+const JSON_VERSION: u32 = 1;
 
-pub fn to_json(report: &HeapReport) -> serde_json::Value {
+fn to_json(report: &HeapReport) -> serde_json::Value {
     let copy = &report.copy;
     let [live, free_list, unmarked] = totals(report);
     let heap_bytes: u64 = copy.blocks.iter().map(|b| b.bytes(copy.hblksize)).sum();

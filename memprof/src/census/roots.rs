@@ -30,7 +30,7 @@ enum Place {
 }
 
 /// Memory that may hold roots, copied at the hold.
-pub struct RootMemory {
+pub(crate) struct RootMemory {
     regions: Vec<(u64, Vec<u8>, Place)>,
     /// The held thread and its registers (name, value).
     registers: (u32, Vec<(&'static str, u64)>),
@@ -68,7 +68,7 @@ fn resident_runs(pagemap: &std::fs::File, start: u64, end: u64) -> Vec<(u64, u64
 }
 
 /// Copies the roots' memory of process `pid`, whose thread `tid` is held.
-pub fn read(pid: u32, tid: u32, mappings: &[Mapping]) -> Result<RootMemory> {
+pub(crate) fn read(pid: u32, tid: u32, mappings: &[Mapping]) -> Result<RootMemory> {
     let regs = registers_of(tid)?;
     let mut regions = Vec::new();
     let pagemap = std::fs::File::open(format!("/proc/{pid}/pagemap"))
@@ -182,7 +182,7 @@ fn place_of(mappings: &[Mapping], i: usize, rsp: u64, tid: u32) -> Option<Place>
 
 /// The roots pointing into `nodes` (`(address, bytes)`, ascending): per
 /// node, what points to it, deduplicated, in the order found.
-pub fn find(
+pub(crate) fn find(
     memory: &RootMemory,
     nodes: &[(u64, u64)],
     modules: &ModuleCache,

@@ -247,7 +247,7 @@ pub struct Group {
     /// GC kinds: `[collection number, live objects after it]` at the
     /// collections judged (at most 64 points, older ones thinned out):
     /// the growth the `--leaks` view looks for. Written as runs
-    /// `[first collection, live objects, collections]` (see [`history`]).
+    /// `[first collection, live objects, collections]`.
     #[serde(default, with = "history", skip_serializing_if = "Vec::is_empty")]
     pub gc_history: Vec<[u64; 2]>,
     /// Version-2 files only: the whole stack, moved into
