@@ -5,7 +5,7 @@
 //! What a library user gets: the data model ([`Profile`], its [`Group`]s
 //! of allocations per call stack, their [`Frame`]s through [`Stacks`], the
 //! [`Counters`] of what was lost, the collector's [`GcSummary`], the
-//! [`Timeline`]); [`write`] to write a profile, [`load`] and [`parse`] to
+//! [`Timeline`]); [`write()`] to write a profile, [`load`] and [`parse`] to
 //! read one back, and [`ProfileError`] saying why a file could not be
 //! read ([`ProfileErrorKind`]: not a profile, another version, truncated,
 //! corrupt, unreadable).
