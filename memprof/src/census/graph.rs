@@ -53,7 +53,7 @@ pub struct RefGraph {
 /// Walks the referrers of the objects named `target` (by `name_of`), up
 /// to `ref_level` levels, `ref_limit` objects and referrers each;
 /// `field_name(type, offset)` names a referrer's field where it can.
-pub fn walk(
+pub(crate) fn walk(
     objects: &[LiveObject],
     graph: &Graph,
     name_of: &dyn Fn(&LiveObject) -> String,
@@ -109,7 +109,7 @@ pub fn walk(
 
 /// The graph as mermaid (`graph LR`), MemProf's way: each edge
 /// `0x… ["0x… Type"] -- "@(field 8),0" --> 0x… ["0x… Type"]`.
-pub fn mermaid(graph: &RefGraph) -> String {
+pub(crate) fn mermaid(graph: &RefGraph) -> String {
     let name: std::collections::HashMap<u64, &str> =
         graph.nodes.iter().map(|(a, n)| (*a, n.as_str())).collect();
     let node = |a: u64| {

@@ -22,7 +22,7 @@ pub enum HeapFormat {
 
 /// Live objects of one type and kind.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TypeRow {
+struct TypeRow {
     /// The class; `(type N)` for an id no constructor names; `T buffer`
     /// for objects without a type id that an object of type `T` points
     /// into; `(no type id)` for the rest (raw memory).
@@ -39,7 +39,7 @@ pub struct TypeRow {
 
 /// The name of an object whose first word says `word`, in memory of `kind`:
 /// `Foo`, `(type 28)`, `Array(Foo) buffer`, `(type 28) buffer`, `(no type id)`.
-pub fn object_name(names: &TypeNames, word: Word, kind: u8) -> String {
+pub(crate) fn object_name(names: &TypeNames, word: Word, kind: u8) -> String {
     match word {
         Word::Type(id) => match names.type_of(id, is_atomic(kind)) {
             TypeOf::Named(name) => name.to_string(),
@@ -55,14 +55,14 @@ pub fn object_name(names: &TypeNames, word: Word, kind: u8) -> String {
 }
 
 /// Whether objects of `kind` are pointer-free.
-pub fn is_atomic(kind: u8) -> bool {
+pub(crate) fn is_atomic(kind: u8) -> bool {
     matches!(kind, PTRFREE | AUNCOLLECTABLE)
 }
 
 /// The type rows, most bytes first, named by [`crate::crystal::type_ids`]
 /// (the census kept as type ids only first words that are:
 /// [`TypeOf::NotAType`] never reaches here).
-pub fn type_rows(report: &HeapReport) -> Vec<TypeRow> {
+fn type_rows(report: &HeapReport) -> Vec<TypeRow> {
     let mut rows: BTreeMap<(String, Option<u32>, Option<u32>, u8), Tally> = BTreeMap::new();
     for (&(kind, word), tally) in &report.census.words {
         let name = object_name(&report.names, word, kind);
@@ -96,7 +96,7 @@ pub fn type_rows(report: &HeapReport) -> Vec<TypeRow> {
     out
 }
 
-pub fn write(report: &HeapReport, options: &HeapOptions, out: &mut dyn Write) -> Result<()> {
+pub(crate) fn write(report: &HeapReport, options: &HeapOptions, out: &mut dyn Write) -> Result<()> {
     match options.format {
         HeapFormat::Markdown => markdown(report, options.top, out),
         HeapFormat::Tsv => tsv(report, out),
@@ -121,6 +121,17 @@ fn totals(report: &HeapReport) -> [Tally; 3] {
 }
 
 fn markdown(report: &HeapReport, top: Option<usize>, out: &mut dyn Write) -> Result<()> {
+    summary(report, out)?;
+    types_table(report, top, out)?;
+    if let Some(graph) = &report.graph {
+        graph_section(graph, out)?;
+    }
+    size_classes(report, out)?;
+    rss_table(report, out)
+}
+
+/// The title, and what the collector's heap held.
+fn summary(report: &HeapReport, out: &mut dyn Write) -> Result<()> {
     let copy = &report.copy;
     let [live, free_list, unmarked] = totals(report);
     let heap_bytes: u64 = copy.blocks.iter().map(|b| b.bytes(copy.hblksize)).sum();
@@ -163,6 +174,11 @@ fn markdown(report: &HeapReport, top: Option<usize>, out: &mut dyn Write) -> Res
         )?;
     }
     writeln!(out)?;
+    Ok(())
+}
+
+/// Live objects by type, the `top` most bytes first.
+fn types_table(report: &HeapReport, top: Option<usize>, out: &mut dyn Write) -> Result<()> {
     writeln!(out, "## Live objects by type")?;
     writeln!(out)?;
     let sizes = report.retained.is_some();
@@ -209,14 +225,22 @@ fn markdown(report: &HeapReport, top: Option<usize>, out: &mut dyn Write) -> Res
         )?;
     }
     writeln!(out)?;
-    if let Some(graph) = &report.graph {
-        writeln!(out, "## Objects linking to {}", graph.target_type)?;
-        writeln!(out)?;
-        writeln!(out, "```mermaid")?;
-        write!(out, "{}", super::graph::mermaid(graph))?;
-        writeln!(out, "```")?;
-        writeln!(out)?;
-    }
+    Ok(())
+}
+
+/// `--graph`: the objects linking to the type asked for, as a mermaid chart.
+fn graph_section(graph: &super::graph::RefGraph, out: &mut dyn Write) -> Result<()> {
+    writeln!(out, "## Objects linking to {}", graph.target_type)?;
+    writeln!(out)?;
+    writeln!(out, "```mermaid")?;
+    write!(out, "{}", super::graph::mermaid(graph))?;
+    writeln!(out, "```")?;
+    writeln!(out)?;
+    Ok(())
+}
+
+/// The size classes: blocks, live objects, free-list and unmarked slots.
+fn size_classes(report: &HeapReport, out: &mut dyn Write) -> Result<()> {
     writeln!(out, "## Size classes")?;
     writeln!(out)?;
     writeln!(
@@ -242,6 +266,11 @@ fn markdown(report: &HeapReport, top: Option<usize>, out: &mut dyn Write) -> Res
         )?;
     }
     writeln!(out)?;
+    Ok(())
+}
+
+/// Where the RSS goes, and what smaps_rollup said.
+fn rss_table(report: &HeapReport, out: &mut dyn Write) -> Result<()> {
     writeln!(out, "## Where the RSS goes")?;
     writeln!(out)?;
     writeln!(out, "|      Bytes | What |")?;
@@ -281,9 +310,9 @@ fn tsv(report: &HeapReport, out: &mut dyn Write) -> Result<()> {
 }
 
 /// Schema version of the JSON report.
-pub const JSON_VERSION: u32 = 1;
+const JSON_VERSION: u32 = 1;
 
-pub fn to_json(report: &HeapReport) -> serde_json::Value {
+fn to_json(report: &HeapReport) -> serde_json::Value {
     let copy = &report.copy;
     let [live, free_list, unmarked] = totals(report);
     let heap_bytes: u64 = copy.blocks.iter().map(|b| b.bytes(copy.hblksize)).sum();

@@ -30,7 +30,7 @@ enum Place {
 }
 
 /// Memory that may hold roots, copied at the hold.
-pub struct RootMemory {
+pub(crate) struct RootMemory {
     regions: Vec<(u64, Vec<u8>, Place)>,
     /// The held thread and its registers (name, value).
     registers: (u32, Vec<(&'static str, u64)>),
@@ -68,74 +68,15 @@ fn resident_runs(pagemap: &std::fs::File, start: u64, end: u64) -> Vec<(u64, u64
 }
 
 /// Copies the roots' memory of process `pid`, whose thread `tid` is held.
-pub fn read(pid: u32, tid: u32, mappings: &[Mapping]) -> Result<RootMemory> {
-    // SAFETY: a plain-data struct the kernel fills.
-    let mut regs: libc::user_regs_struct = unsafe { std::mem::zeroed() };
-    // SAFETY: `tid` is stopped under memprof's ptrace; `regs` is writable.
-    let r = unsafe {
-        libc::ptrace(
-            libc::PTRACE_GETREGS,
-            tid as libc::pid_t,
-            0,
-            &mut regs as *mut libc::user_regs_struct,
-        )
-    };
-    if r == -1 {
-        return Err(std::io::Error::last_os_error())
-            .with_context(|| format!("reading the registers of thread {tid}"));
-    }
-    let registers = vec![
-        ("rax", regs.rax),
-        ("rbx", regs.rbx),
-        ("rcx", regs.rcx),
-        ("rdx", regs.rdx),
-        ("rsi", regs.rsi),
-        ("rdi", regs.rdi),
-        ("rbp", regs.rbp),
-        ("r8", regs.r8),
-        ("r9", regs.r9),
-        ("r10", regs.r10),
-        ("r11", regs.r11),
-        ("r12", regs.r12),
-        ("r13", regs.r13),
-        ("r14", regs.r14),
-        ("r15", regs.r15),
-    ];
+pub(crate) fn read(pid: u32, tid: u32, mappings: &[Mapping]) -> Result<RootMemory> {
+    let regs = registers_of(tid)?;
     let mut regions = Vec::new();
     let pagemap = std::fs::File::open(format!("/proc/{pid}/pagemap"))
         .with_context(|| format!("cannot read /proc/{pid}/pagemap"))?;
     let mut copied = 0;
     for (i, m) in mappings.iter().enumerate() {
-        if !m.perms.starts_with("rw") {
+        let Some(place) = place_of(mappings, i, regs.rsp, tid) else {
             continue;
-        }
-        let owner = if m.path.starts_with('/') {
-            Some(m.path.clone())
-        } else if m.path.is_empty() {
-            // `.bss` past the file: right after a writable mapping of it.
-            i.checked_sub(1)
-                .map(|j| &mappings[j])
-                .filter(|p| {
-                    p.end == m.start && p.path.starts_with('/') && p.perms.starts_with("rw")
-                })
-                .map(|p| p.path.clone())
-        } else {
-            None
-        };
-        // A stack: `[stack]`, or anonymous right above a `---p` guard.
-        let guarded = i
-            .checked_sub(1)
-            .map(|j| &mappings[j])
-            .is_some_and(|p| p.end == m.start && p.perms.starts_with("---") && p.path.is_empty());
-        let is_stack = m.path == "[stack]" || (m.path.is_empty() && guarded);
-        let place = match owner {
-            Some(path) => Place::Global(path),
-            None if (m.start..m.end).contains(&regs.rsp) => Place::Stack { tid },
-            None if is_stack => Place::OtherStack {
-                start: m.start,
-                end: m.end,
-            },
-            None => continue,
         };
         let ranges = match place {
             Place::Stack { .. } => vec![(regs.rsp.saturating_sub(RED_ZONE).max(m.start), m.end)],
@@ -158,13 +99,90 @@ pub fn read(pid: u32, tid: u32, mappings: &[Mapping]) -> Result<RootMemory> {
     }
     Ok(RootMemory {
         regions,
-        registers: (tid, registers),
+        registers: (tid, named_registers(&regs)),
     })
+}
+
+/// The registers of the held thread `tid` (`PTRACE_GETREGS`).
+fn registers_of(tid: u32) -> Result<libc::user_regs_struct> {
+    // SAFETY: a plain-data struct the kernel fills.
+    let mut regs: libc::user_regs_struct = unsafe { std::mem::zeroed() };
+    // SAFETY: `tid` is stopped under memprof's ptrace; `regs` is writable.
+    let r = unsafe {
+        libc::ptrace(
+            libc::PTRACE_GETREGS,
+            tid as libc::pid_t,
+            0,
+            &mut regs as *mut libc::user_regs_struct,
+        )
+    };
+    if r == -1 {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("reading the registers of thread {tid}"));
+    }
+    Ok(regs)
+}
+
+/// The general-purpose registers that may hold a pointer, by name.
+fn named_registers(regs: &libc::user_regs_struct) -> Vec<(&'static str, u64)> {
+    vec![
+        ("rax", regs.rax),
+        ("rbx", regs.rbx),
+        ("rcx", regs.rcx),
+        ("rdx", regs.rdx),
+        ("rsi", regs.rsi),
+        ("rdi", regs.rdi),
+        ("rbp", regs.rbp),
+        ("r8", regs.r8),
+        ("r9", regs.r9),
+        ("r10", regs.r10),
+        ("r11", regs.r11),
+        ("r12", regs.r12),
+        ("r13", regs.r13),
+        ("r14", regs.r14),
+        ("r15", regs.r15),
+    ]
+}
+
+/// What mapping `i` of `mappings` is, if it may hold roots: a module's
+/// data, the held thread's stack (it holds `rsp`), another stack; `None`
+/// for the rest.
+fn place_of(mappings: &[Mapping], i: usize, rsp: u64, tid: u32) -> Option<Place> {
+    let m = &mappings[i];
+    if !m.perms.starts_with("rw") {
+        return None;
+    }
+    let owner = if m.path.starts_with('/') {
+        Some(m.path.clone())
+    } else if m.path.is_empty() {
+        // `.bss` past the file: right after a writable mapping of it.
+        i.checked_sub(1)
+            .map(|j| &mappings[j])
+            .filter(|p| p.end == m.start && p.path.starts_with('/') && p.perms.starts_with("rw"))
+            .map(|p| p.path.clone())
+    } else {
+        None
+    };
+    // A stack: `[stack]`, or anonymous right above a `---p` guard.
+    let guarded = i
+        .checked_sub(1)
+        .map(|j| &mappings[j])
+        .is_some_and(|p| p.end == m.start && p.perms.starts_with("---") && p.path.is_empty());
+    let is_stack = m.path == "[stack]" || (m.path.is_empty() && guarded);
+    match owner {
+        Some(path) => Some(Place::Global(path)),
+        None if (m.start..m.end).contains(&rsp) => Some(Place::Stack { tid }),
+        None if is_stack => Some(Place::OtherStack {
+            start: m.start,
+            end: m.end,
+        }),
+        None => None,
+    }
 }
 
 /// The roots pointing into `nodes` (`(address, bytes)`, ascending): per
 /// node, what points to it, deduplicated, in the order found.
-pub fn find(
+pub(crate) fn find(
     memory: &RootMemory,
     nodes: &[(u64, u64)],
     modules: &ModuleCache,

@@ -32,7 +32,7 @@ const MAX_PAGES: u64 = 16 << 10;
 
 /// One mapping of `/proc/PID/smaps`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Mapping {
+pub(crate) struct Mapping {
     pub start: u64,
     pub end: u64,
     /// `rwxp` as the kernel writes it.
@@ -45,7 +45,7 @@ pub struct Mapping {
 
 /// What was read from the target for the table.
 #[derive(Debug, Clone, Default)]
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     pub mappings: Vec<Mapping>,
     /// Resident bytes of each range asked for, in order.
     pub resident: Vec<u64>,
@@ -53,7 +53,7 @@ pub struct Snapshot {
 
 /// Reads the mappings of `pid` and how much of each of `ranges`
 /// (`(start, bytes)`, page-aligned) is resident.
-pub fn read(pid: u32, ranges: &[(u64, u64)]) -> Result<Snapshot> {
+pub(crate) fn read(pid: u32, ranges: &[(u64, u64)]) -> Result<Snapshot> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/smaps"))
         .with_context(|| format!("cannot read /proc/{pid}/smaps"))?;
     let mappings = parse_smaps(&text);
@@ -96,7 +96,7 @@ pub fn read(pid: u32, ranges: &[(u64, u64)]) -> Result<Snapshot> {
 }
 
 /// The mappings of an smaps text, with their `Rss`.
-pub fn parse_smaps(text: &str) -> Vec<Mapping> {
+fn parse_smaps(text: &str) -> Vec<Mapping> {
     let mut out: Vec<Mapping> = Vec::new();
     for line in text.lines() {
         let mut fields = line.split_whitespace();
@@ -154,14 +154,14 @@ pub struct Row {
     pub bytes: u64,
 }
 
-pub const GC_LIVE: &str = "GC heap: live objects";
-pub const GC_SLACK: &str = "GC heap: free space in object blocks (dead, free, unused slots)";
-pub const GC_FREE: &str = "GC heap: free blocks";
+const GC_LIVE: &str = "GC heap: live objects";
+const GC_SLACK: &str = "GC heap: free space in object blocks (dead, free, unused slots)";
+const GC_FREE: &str = "GC heap: free blocks";
 
 /// The table: every mapping's resident bytes in one row, the GC heap's
 /// blocks (`blocks`, with `resident` bytes each, ascending) split by the
 /// census. Rows of 0 bytes are left out; GC rows first, then by size.
-pub fn table(snapshot: &Snapshot, blocks: &[GcBlock]) -> Vec<Row> {
+pub(crate) fn table(snapshot: &Snapshot, blocks: &[GcBlock]) -> Vec<Row> {
     let mut rows: BTreeMap<String, u64> = BTreeMap::new();
     let mut add = |what: &str, bytes: u64| *rows.entry(what.to_string()).or_default() += bytes;
     let maps = &snapshot.mappings;

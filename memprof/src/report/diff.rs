@@ -153,50 +153,75 @@ pub fn write(
     out: &mut dyn Write,
 ) -> Result<()> {
     let rows = rows(before, after, options);
-    let live = |p: &Profile| -> [u64; 2] {
-        p.groups
-            .iter()
-            .fold([0, 0], |[n, b], g| [n + g.live_count, b + g.live_bytes])
-    };
-    let (lb, la) = (live(before), live(after));
+    let sides = [(names[0], before), (names[1], after)];
     if json {
-        let rows: Vec<serde_json::Value> = rows
-            .iter()
-            .map(|r| {
-                let frames: Vec<serde_json::Value> = options
-                    .frames(r.profile, r.group, usize::MAX)
-                    .map(|f| {
-                        json!({"function": f.function, "file": f.file, "line": f.line,
-                               "module": f.module, "offset": f.offset.map(|o| format!("{o:#x}"))})
-                    })
-                    .collect();
-                json!({
-                    "kind": r.kind,
-                    "count_growth": r.count_growth, "bytes_growth": r.bytes_growth,
-                    "before": {"live_count": r.before[0], "live_bytes": r.before[1]},
-                    "after": {"live_count": r.after[0], "live_bytes": r.after[1]},
-                    "frames": frames,
-                })
-            })
-            .collect();
-        let side = |name: &str, p: &Profile, l: [u64; 2]| {
-            json!({"file": name, "pid": p.target.pid, "exe": p.target.exe,
-                   "start_unix_s": p.start_unix_s, "duration_s": p.duration_s,
-                   "live_count": l[0], "live_bytes": l[1]})
-        };
-        let doc = json!({
-            "format": "memprof-diff", "version": VERSION,
-            "before": side(names[0], before, lb),
-            "after": side(names[1], after, la),
-            "count_growth": la[0] as i64 - lb[0] as i64,
-            "bytes_growth": la[1] as i64 - lb[1] as i64,
-            "rows": rows,
-        });
-        serde_json::to_writer_pretty(&mut *out, &doc)?;
-        writeln!(out)?;
-        return Ok(());
+        write_json(sides, &rows, options, out)
+    } else {
+        write_markdown(sides, &rows, options, out)
     }
-    writeln!(out, "# memprof diff: {} → {}", names[0], names[1])?;
+}
+
+/// Live blocks and bytes of `p`.
+fn live(p: &Profile) -> [u64; 2] {
+    p.groups
+        .iter()
+        .fold([0, 0], |[n, b], g| [n + g.live_count, b + g.live_bytes])
+}
+
+/// The diff as JSON (`memprof-diff`, versioned; the README documents it).
+fn write_json(
+    [(before_name, before), (after_name, after)]: [(&str, &Profile); 2],
+    rows: &[Row<'_>],
+    options: &Options,
+    out: &mut dyn Write,
+) -> Result<()> {
+    let (lb, la) = (live(before), live(after));
+    let rows: Vec<serde_json::Value> = rows
+        .iter()
+        .map(|r| {
+            let frames: Vec<serde_json::Value> = options
+                .frames(r.profile, r.group, usize::MAX)
+                .map(|f| {
+                    json!({"function": f.function, "file": f.file, "line": f.line,
+                           "module": f.module, "offset": f.offset.map(|o| format!("{o:#x}"))})
+                })
+                .collect();
+            json!({
+                "kind": r.kind,
+                "count_growth": r.count_growth, "bytes_growth": r.bytes_growth,
+                "before": {"live_count": r.before[0], "live_bytes": r.before[1]},
+                "after": {"live_count": r.after[0], "live_bytes": r.after[1]},
+                "frames": frames,
+            })
+        })
+        .collect();
+    let side = |name: &str, p: &Profile, l: [u64; 2]| {
+        json!({"file": name, "pid": p.target.pid, "exe": p.target.exe,
+               "start_unix_s": p.start_unix_s, "duration_s": p.duration_s,
+               "live_count": l[0], "live_bytes": l[1]})
+    };
+    let doc = json!({
+        "format": "memprof-diff", "version": VERSION,
+        "before": side(before_name, before, lb),
+        "after": side(after_name, after, la),
+        "count_growth": la[0] as i64 - lb[0] as i64,
+        "bytes_growth": la[1] as i64 - lb[1] as i64,
+        "rows": rows,
+    });
+    serde_json::to_writer_pretty(&mut *out, &doc)?;
+    writeln!(out)?;
+    Ok(())
+}
+
+/// The diff as a markdown table, most growth first.
+fn write_markdown(
+    [(before_name, before), (after_name, after)]: [(&str, &Profile); 2],
+    rows: &[Row<'_>],
+    options: &Options,
+    out: &mut dyn Write,
+) -> Result<()> {
+    let (lb, la) = (live(before), live(after));
+    writeln!(out, "# memprof diff: {before_name} → {after_name}")?;
     writeln!(out)?;
     writeln!(
         out,

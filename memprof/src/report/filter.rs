@@ -271,7 +271,7 @@ impl Filter {
 
 /// Mean size of one allocation of `group` (`total_bytes / total_count`, or
 /// the live figures when the totals are missing), rounded down.
-pub fn mean_size(group: &Group) -> u64 {
+fn mean_size(group: &Group) -> u64 {
     group
         .total_bytes
         .checked_div(group.total_count)

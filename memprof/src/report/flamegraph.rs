@@ -7,13 +7,13 @@
 //!
 //! ```
 //! use memprof::profile::{Frame, Group, Profile};
-//! use memprof::report::{flamegraph, Options};
+//! use memprof::report::{render, Format, Options};
 //! let f = |name: &str| Frame { function: name.into(), ..Default::default() };
 //! let mut profile = Profile::default();
 //! profile.push(Group { kind: "gc".into(), live_count: 2, live_bytes: 64, ..Default::default() },
 //!     vec![f("Array(Foo)#<<"), f("main")]);
 //! let mut out = Vec::new();
-//! flamegraph::write(&profile, &Options::default(), &mut out).unwrap();
+//! render(&profile, Format::Flamegraph, &Options::default(), &mut out).unwrap();
 //! let svg = String::from_utf8(out).unwrap();
 //! assert!(svg.contains("Array(Foo)#&lt;&lt; (64 bytes, 100.00%)"));
 //! ```

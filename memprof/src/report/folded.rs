@@ -6,13 +6,13 @@
 //!
 //! ```
 //! use memprof::profile::{Frame, Group, Profile};
-//! use memprof::report::{folded, Options};
+//! use memprof::report::{render, Format, Options};
 //! let f = |name: &str| Frame { function: name.into(), ..Default::default() };
 //! let mut profile = Profile::default();
 //! profile.push(Group { kind: "libc".into(), live_count: 600, live_bytes: 28800, ..Default::default() },
 //!     vec![f("make_foo"), f("main")]);
 //! let mut out = Vec::new();
-//! folded::write(&profile, &Options::default(), &mut out).unwrap();
+//! render(&profile, Format::Folded, &Options::default(), &mut out).unwrap();
 //! assert_eq!(String::from_utf8(out).unwrap(), "main;make_foo 28800\n");
 //! ```
 use std::collections::{BTreeMap, HashMap};

@@ -6,12 +6,12 @@
 //!
 //! ```
 //! use memprof::profile::{Frame, Group, Profile};
-//! use memprof::report::{html, Options};
+//! use memprof::report::{render, Format, Options};
 //! let mut profile = Profile::default();
 //! profile.push(Group { kind: "libc".into(), live_count: 600, live_bytes: 28800, ..Default::default() },
 //!     vec![Frame { function: "make_foo".into(), ..Default::default() }]);
 //! let mut out = Vec::new();
-//! html::write(&profile, &Options::default(), &mut out).unwrap();
+//! render(&profile, Format::Html, &Options::default(), &mut out).unwrap();
 //! let page = String::from_utf8(out).unwrap();
 //! assert!(page.contains("<td class=\"n\">28,800</td>") && page.contains("make_foo"));
 //! ```

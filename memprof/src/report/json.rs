@@ -32,8 +32,9 @@ pub fn write(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
     Ok(())
 }
 
-/// The whole document as one value.
-pub fn to_value(profile: &Profile, options: &Options) -> Value {
+/// The whole document as one value (the streamed one, in tests).
+#[cfg(test)]
+fn to_value(profile: &Profile, options: &Options) -> Value {
     let mut top = top(profile);
     let groups = select(profile, options, 0, false)
         .into_iter()

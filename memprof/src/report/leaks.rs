@@ -113,7 +113,7 @@ fn judged(profile: &Profile) -> u64 {
 
 /// The live-count history as a sparkline of at most `width` bars (each the
 /// count at evenly spaced points), lowest `▁` to highest `█`.
-pub fn sparkline(history: &[[u64; 2]], width: usize) -> String {
+fn sparkline(history: &[[u64; 2]], width: usize) -> String {
     const BARS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
     if history.is_empty() || width == 0 {
         return String::new();
@@ -150,7 +150,7 @@ pub fn leaking(mut profile: Profile) -> Profile {
 }
 
 /// The leaking stacks of `profile`, most growth (bytes) first.
-pub fn ranked(profile: &Profile) -> Vec<&Group> {
+fn ranked(profile: &Profile) -> Vec<&Group> {
     let judged = judged(profile);
     rank(
         profile

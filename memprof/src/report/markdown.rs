@@ -117,7 +117,27 @@ fn processes(profile: &Profile, out: &mut dyn Write) -> Result<()> {
     Ok(())
 }
 
+/// What the profile is: the command, how it ran and ended, what was seen,
+/// lost and sampled, the processes, the collector.
 pub fn header(profile: &Profile, out: &mut dyn Write) -> Result<()> {
+    title(profile, out)?;
+    processes(profile, out)?;
+    sampling(profile, out)?;
+    writeln!(out, "{}.", capitalize(&loss_summary(profile)))?;
+    writeln!(out)?;
+    predictions(&profile.counters, out)?;
+    for note in super::symbol_notes(profile) {
+        writeln!(out, "Symbols: {}", escape_text(&note))?;
+        writeln!(out)?;
+    }
+    if let Some(gc) = &profile.gc {
+        gc_summary(gc, out)?;
+    }
+    Ok(())
+}
+
+/// The command, how long it ran and how it ended, what was live and seen.
+fn title(profile: &Profile, out: &mut dyn Write) -> Result<()> {
     let t = &profile.target;
     let live: u64 = profile.groups.iter().map(|g| g.live_bytes).sum();
     let live_n: u64 = profile.groups.iter().map(|g| g.live_count).sum();
@@ -154,7 +174,12 @@ pub fn header(profile: &Profile, out: &mut dyn Write) -> Result<()> {
         thousands(c.frees)
     )?;
     writeln!(out)?;
-    processes(profile, out)?;
+    Ok(())
+}
+
+/// `--sample-bytes` and `--gc-sampling refill`: the figures are estimates.
+fn sampling(profile: &Profile, out: &mut dyn Write) -> Result<()> {
+    let c = &profile.counters;
     if profile.sample_bytes > 0 {
         // With refill sampling the GC allocations are sampled apart (below).
         let which = if profile.gc_sampling == "refill" {
@@ -186,8 +211,11 @@ pub fn header(profile: &Profile, out: &mut dyn Write) -> Result<()> {
         )?;
         writeln!(out)?;
     }
-    writeln!(out, "{}.", capitalize(&loss_summary(profile)))?;
-    writeln!(out)?;
+    Ok(())
+}
+
+/// Allocations recorded at their entry, and how their predictions fared.
+fn predictions(c: &crate::profile::Counters, out: &mut dyn Write) -> Result<()> {
     if c.predicted > 0 || c.predictions_checked > 0 {
         let wrong = if c.predictions_wrong > 0 {
             format!(
@@ -204,13 +232,6 @@ pub fn header(profile: &Profile, out: &mut dyn Write) -> Result<()> {
             thousands(c.predictions_checked)
         )?;
         writeln!(out)?;
-    }
-    for note in super::symbol_notes(profile) {
-        writeln!(out, "Symbols: {}", escape_text(&note))?;
-        writeln!(out)?;
-    }
-    if let Some(gc) = &profile.gc {
-        gc_summary(gc, out)?;
     }
     Ok(())
 }

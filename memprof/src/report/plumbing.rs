@@ -4,13 +4,6 @@
 //! C++'s `operator new`/`new[]` with the standard library frames between it
 //! and the program (`std::__new_allocator<T>::allocate`,
 //! `std::vector<T>::_M_realloc_insert`, `std::string::_M_construct`, …).
-//!
-//! ```
-//! use memprof::report::plumbing::{is_operator_new, is_std_library};
-//! assert!(is_operator_new("_Znwm") && is_operator_new("_ZnamRKSt9nothrow_t"));
-//! assert!(is_std_library("_ZNSt15__new_allocatorIiE8allocateEmPKv"));
-//! assert!(!is_std_library("_Z11index_wordsi"));
-//! ```
 use crate::crystal;
 use crate::profile::Frame;
 
@@ -60,6 +53,13 @@ pub fn count<'a>(frames: impl Iterator<Item = &'a Frame>) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn operator_new_and_the_standard_library() {
+        assert!(is_operator_new("_Znwm") && is_operator_new("_ZnamRKSt9nothrow_t"));
+        assert!(is_std_library("_ZNSt15__new_allocatorIiE8allocateEmPKv"));
+        assert!(!is_std_library("_Z11index_wordsi"));
+    }
 
     fn frame(raw: &str) -> Frame {
         Frame {

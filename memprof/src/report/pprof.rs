@@ -13,17 +13,18 @@
 //! memprof writes, declared here with prost's derive (no `protoc` needed).
 //!
 //! ```
+//! use std::io::Read;
 //! use memprof::profile::{Frame, Group, Profile};
-//! use memprof::report::{pprof, Options};
-//! use prost::Message;
+//! use memprof::report::{render, Format, Options};
 //! let mut profile = Profile::default();
 //! profile.push(Group { kind: "libc".into(), live_count: 600, live_bytes: 28800,
 //!     total_count: 1000, total_bytes: 48000, ..Default::default() },
 //!     vec![Frame { function: "make_foo".into(), address: 0x1234, ..Default::default() }]);
-//! let proto = pprof::build(&profile, &Options::default());
-//! assert_eq!(proto.sample[0].value, [1000, 48000, 600, 28800]);
-//! let bytes = proto.encode_to_vec();
-//! assert_eq!(pprof::proto::Profile::decode(&bytes[..]).unwrap(), proto);
+//! let mut gzipped = Vec::new();
+//! render(&profile, Format::Pprof, &Options::default(), &mut gzipped).unwrap();
+//! let mut proto = Vec::new();
+//! flate2::read::GzDecoder::new(&gzipped[..]).read_to_end(&mut proto).unwrap();
+//! assert!(proto.windows(8).any(|w| w == b"make_foo"));
 //! ```
 use std::collections::HashMap;
 use std::io::Write;
@@ -33,7 +34,7 @@ use flate2::write::GzEncoder;
 use prost::Message;
 
 use super::{select, Options};
-use crate::profile::{Frame, Profile};
+use crate::profile::{Frame, Group, Profile};
 
 /// profile.proto's messages (field numbers as upstream).
 pub mod proto {
@@ -176,70 +177,19 @@ pub fn build(profile: &Profile, options: &Options) -> proto::Profile {
         unit: b.string(u),
     })
     .collect();
-    let kind_key = b.string("kind");
-    let (pid_key, comm_key) = (b.string("pid"), b.string("comm"));
-    let comms: std::collections::HashMap<u32, i64> = profile
-        .processes()
-        .iter()
-        .map(|p| (p.pid, b.string(p.comm())))
-        .collect();
+    let labels = LabelKeys::new(&mut b, profile);
     let groups = select(profile, options, 0, false);
     let bar = crate::progress::bar(groups.len() as u64, "writing pprof samples");
     let mut samples = Vec::with_capacity(groups.len());
     for g in groups {
         bar.inc(1);
         let frames: Vec<&Frame> = options.frames(profile, g, usize::MAX).collect();
-        let mut location_id = Vec::new();
-        // Inlined frames share their caller's return address: one location.
-        let mut i = 0;
-        while i < frames.len() {
-            let mut j = i + 1;
-            while j < frames.len() && frames[j].address == frames[i].address {
-                j += 1;
-            }
-            // The same frames of the stack table again: their location is known.
-            let seen = (std::ptr::from_ref(frames[i]) as usize, j - i);
-            let id = match b.seen.get(&seen) {
-                Some(&id) => id,
-                None => {
-                    let id = b.location(&frames[i..j]);
-                    b.seen.insert(seen, id);
-                    id
-                }
-            };
-            location_id.push(id);
-            i = j;
-        }
+        let mut location_id = b.stack(&frames);
         if g.truncated {
             // The root, as in folded: where the unwinder gave up.
             location_id.push(b.truncated_location());
         }
-        let mut label = vec![proto::Label {
-            key: kind_key,
-            str: b.string(&g.kind),
-            ..Default::default()
-        }];
-        // Which process: a number label and its program's name.
-        let pid = profile.pid_of(g);
-        label.push(proto::Label {
-            key: pid_key,
-            num: pid as i64,
-            ..Default::default()
-        });
-        if let Some(&comm) = comms.get(&pid) {
-            label.push(proto::Label {
-                key: comm_key,
-                str: comm,
-                ..Default::default()
-            });
-        }
-        if g.folded {
-            label.push(proto::Label {
-                key: b.string("stack"),
-                str: b.string(super::FOLDED_FRAME),
-                ..Default::default()
-            });
-        }
+        let label = labels.of(&mut b, profile, g);
         samples.push(proto::Sample {
             location_id,
             value: [g.total_count, g.total_bytes, g.live_count, g.live_bytes]
@@ -249,24 +199,7 @@ pub fn build(profile: &Profile, options: &Options) -> proto::Profile {
         });
     }
     bar.finish_and_clear();
-    let mut comment = vec![b.string(&format!(
-        "memprof {} of {}",
-        profile.mode,
-        super::flamegraph::target_name(profile)
-    ))];
-    // Sampled figures are estimates: say so where pprof shows it (`-comments`).
-    if profile.sample_bytes > 0 {
-        comment.push(b.string(&format!(
-            "sampled: one allocation per {} bytes on average (--sample-bytes); counts and bytes are estimates",
-            profile.sample_bytes
-        )));
-    }
-    if profile.gc_sampling == "refill" {
-        comment.push(b.string(&format!(
-            "GC allocations sampled at the collector's free-list refills (--gc-sampling refill, {} refills); GC counts and bytes are estimates",
-            profile.counters.refills
-        )));
-    }
+    let comment = comments(&mut b, profile);
     let period_type = Some(proto::ValueType {
         r#type: b.string("space"),
         unit: b.string("bytes"),
@@ -287,6 +220,86 @@ pub fn build(profile: &Profile, options: &Options) -> proto::Profile {
         comment,
         default_sample_type,
     }
+}
+
+/// The label keys every sample uses, and each process's program name.
+struct LabelKeys {
+    kind: i64,
+    pid: i64,
+    comm: i64,
+    comms: HashMap<u32, i64>,
+}
+
+impl LabelKeys {
+    fn new(b: &mut Builder, profile: &Profile) -> LabelKeys {
+        let kind = b.string("kind");
+        let (pid, comm) = (b.string("pid"), b.string("comm"));
+        let comms = profile
+            .processes()
+            .iter()
+            .map(|p| (p.pid, b.string(p.comm())))
+            .collect();
+        LabelKeys {
+            kind,
+            pid,
+            comm,
+            comms,
+        }
+    }
+
+    /// The labels of `g`'s sample: its kind, its process, folded recursion.
+    fn of(&self, b: &mut Builder, profile: &Profile, g: &Group) -> Vec<proto::Label> {
+        let mut label = vec![proto::Label {
+            key: self.kind,
+            str: b.string(&g.kind),
+            ..Default::default()
+        }];
+        // Which process: a number label and its program's name.
+        let pid = profile.pid_of(g);
+        label.push(proto::Label {
+            key: self.pid,
+            num: pid as i64,
+            ..Default::default()
+        });
+        if let Some(&comm) = self.comms.get(&pid) {
+            label.push(proto::Label {
+                key: self.comm,
+                str: comm,
+                ..Default::default()
+            });
+        }
+        if g.folded {
+            label.push(proto::Label {
+                key: b.string("stack"),
+                str: b.string(super::FOLDED_FRAME),
+                ..Default::default()
+            });
+        }
+        label
+    }
+}
+
+/// What the profile is, and that its figures are estimates when sampled
+/// (pprof shows comments with `-comments`).
+fn comments(b: &mut Builder, profile: &Profile) -> Vec<i64> {
+    let mut comment = vec![b.string(&format!(
+        "memprof {} of {}",
+        profile.mode,
+        super::flamegraph::target_name(profile)
+    ))];
+    if profile.sample_bytes > 0 {
+        comment.push(b.string(&format!(
+            "sampled: one allocation per {} bytes on average (--sample-bytes); counts and bytes are estimates",
+            profile.sample_bytes
+        )));
+    }
+    if profile.gc_sampling == "refill" {
+        comment.push(b.string(&format!(
+            "GC allocations sampled at the collector's free-list refills (--gc-sampling refill, {} refills); GC counts and bytes are estimates",
+            profile.counters.refills
+        )));
+    }
+    comment
 }
 
 pub fn write(profile: &Profile, options: &Options, out: &mut dyn Write) -> Result<()> {
@@ -430,6 +443,32 @@ impl Builder {
         id
     }
 
+    /// The locations of a stack's frames (innermost first).
+    fn stack(&mut self, frames: &[&Frame]) -> Vec<u64> {
+        let mut location_id = Vec::new();
+        // Inlined frames share their caller's return address: one location.
+        let mut i = 0;
+        while i < frames.len() {
+            let mut j = i + 1;
+            while j < frames.len() && frames[j].address == frames[i].address {
+                j += 1;
+            }
+            // The same frames of the stack table again: their location is known.
+            let seen = (std::ptr::from_ref(frames[i]) as usize, j - i);
+            let id = match self.seen.get(&seen) {
+                Some(&id) => id,
+                None => {
+                    let id = self.location(&frames[i..j]);
+                    self.seen.insert(seen, id);
+                    id
+                }
+            };
+            location_id.push(id);
+            i = j;
+        }
+        location_id
+    }
+
     /// One location for frames sharing an address (innermost first).
     fn location(&mut self, frames: &[&Frame]) -> u64 {
         let key = (
@@ -461,5 +500,34 @@ impl Builder {
         });
         self.location_ids.insert(key, id);
         id
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_sample_per_group_and_a_message_that_decodes() {
+        let mut profile = Profile::default();
+        profile.push(
+            Group {
+                kind: "libc".into(),
+                live_count: 600,
+                live_bytes: 28800,
+                total_count: 1000,
+                total_bytes: 48000,
+                ..Default::default()
+            },
+            vec![Frame {
+                function: "make_foo".into(),
+                address: 0x1234,
+                ..Default::default()
+            }],
+        );
+        let proto = build(&profile, &Options::default());
+        assert_eq!(proto.sample[0].value, [1000, 48000, 600, 28800]);
+        let bytes = proto.encode_to_vec();
+        assert_eq!(proto::Profile::decode(&bytes[..]).unwrap(), proto);
     }
 }

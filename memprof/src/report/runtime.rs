@@ -6,16 +6,6 @@
 //! (libstdc++'s 72 KiB emergency exception pool).
 //! Tables name them for what they are and list them after the program's
 //! rows, so the first rows are the user's.
-//!
-//! ```
-//! use memprof::profile::{Frame, Group, Profile};
-//! use memprof::report::runtime::{role, Role};
-//! let mut profile = Profile::default();
-//! let f = |raw: &str, module: &str| Frame { raw_name: raw.into(), module: module.into(), ..Default::default() };
-//! profile.push(Group { kind: "mmap".into(), ..Default::default() },
-//!     vec![f("", "/usr/lib/x86_64-linux-gnu/libgc.so.1.5.1"), f("GC_init", "/usr/lib/x86_64-linux-gnu/libgc.so.1.5.1")]);
-//! assert_eq!(role(&profile, &profile.groups[0]), Some(Role::GcHeap));
-//! ```
 use crate::profile::{Frame, Group, Profile};
 
 /// What a runtime allocation is.
@@ -101,6 +91,25 @@ fn is_fiber_stack(frame: &Frame) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_collectors_heap_sections() {
+        let mut profile = Profile::default();
+        let f = |raw: &str, module: &str| Frame {
+            raw_name: raw.into(),
+            module: module.into(),
+            ..Default::default()
+        };
+        let libgc = "/usr/lib/x86_64-linux-gnu/libgc.so.1.5.1";
+        profile.push(
+            Group {
+                kind: "mmap".into(),
+                ..Default::default()
+            },
+            vec![f("", libgc), f("GC_init", libgc)],
+        );
+        assert_eq!(role(&profile, &profile.groups[0]), Some(Role::GcHeap));
+    }
 
     #[test]
     fn fiber_stacks_in_release_and_debug_builds() {

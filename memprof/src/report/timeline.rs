@@ -6,7 +6,7 @@
 //!
 //! ```
 //! use memprof::profile::{Profile, Sample};
-//! use memprof::report::{timeline, Options};
+//! use memprof::report::{render, Format, Options};
 //! let mut profile = Profile::default();
 //! for (t, bytes) in [(0.1, 0), (0.2, 2048), (0.3, 4096)] {
 //!     let mut s = Sample { t_s: t, ..Default::default() };
@@ -14,7 +14,7 @@
 //!     profile.timeline.samples.push(s);
 //! }
 //! let mut out = Vec::new();
-//! timeline::write(&profile, &Options::default(), &mut out).unwrap();
+//! render(&profile, Format::Timeline, &Options::default(), &mut out).unwrap();
 //! let svg = String::from_utf8(out).unwrap();
 //! assert!(svg.starts_with("<svg") && svg.contains("live (KiB)") && svg.contains("libc"));
 //! ```

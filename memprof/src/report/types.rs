@@ -19,15 +19,6 @@
 //! collector's heap sections, [`super::runtime`]) are rows of their own,
 //! after the program's. Rows are sorted by bytes, then objects, then name;
 //! `--min-bytes` (default 0) and `--top` apply to rows.
-//!
-//! ```
-//! use memprof::profile::{Group, Profile};
-//! use memprof::report::{types, Options};
-//! let foo = Group { kind: "gc".into(), live_count: 2, live_bytes: 64, type_name: Some("Foo".into()), ..Default::default() };
-//! let profile = Profile { groups: vec![foo.clone(), foo], ..Default::default() };
-//! let rows = types::rows(&profile, &Options::default());
-//! assert_eq!((rows[0].name.as_str(), rows[0].objects, rows[0].bytes), ("Foo", 4, 128));
-//! ```
 use std::collections::HashMap;
 use std::io::Write;
 
@@ -257,6 +248,26 @@ fn type_of(profile: &Profile, group: &Group) -> String {
 mod tests {
     use super::*;
     use crate::profile::Frame;
+
+    #[test]
+    fn sums_groups_of_one_class() {
+        let foo = Group {
+            kind: "gc".into(),
+            live_count: 2,
+            live_bytes: 64,
+            type_name: Some("Foo".into()),
+            ..Default::default()
+        };
+        let profile = Profile {
+            groups: vec![foo.clone(), foo],
+            ..Default::default()
+        };
+        let rows = rows(&profile, &Options::default());
+        assert_eq!(
+            (rows[0].name.as_str(), rows[0].objects, rows[0].bytes),
+            ("Foo", 4, 128)
+        );
+    }
 
     fn group(
         type_name: Option<&str>,
