@@ -9,9 +9,9 @@ use std::sync::{Arc, Mutex};
 use memprof_common::ModuleRange;
 
 use crate::modules::{Module, ModuleCache};
+use crate::options::{SessionOptions, Unwind};
+use crate::plan::{Choice, Plan};
 use crate::probes::{Probes, RowTable};
-use crate::session::plan::{Choice, Plan};
-use crate::session::{SessionOptions, Unwind};
 use crate::target::maps::{self, Mapping};
 use crate::unwind::ModuleTable;
 
