@@ -3,8 +3,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::options::{CensusWhen, GcLiveness, GcSampling, Heap, Unwind};
 use crate::report::{Count, Format};
-use crate::session::{CensusWhen, GcLiveness, GcSampling, Heap, Unwind};
 
 #[derive(Debug, Parser)]
 #[command(

@@ -17,23 +17,31 @@
 //! | the `.mprof` file | [`profile`] |
 //! | output files written whole or not at all | [`outfile`] |
 //! | markdown, tsv, json, folded, flamegraph, pprof, timeline, html, diff | [`report`] |
-//! | the whole pipeline for `run` and `attach` | [`session`] |
+//! | what a session is asked to do | [`options`] |
+//! | which probes where, before anything is attached | [`plan`] |
+//! | the whole pipeline of one process, for `run` and `attach` | [`session`] |
 //! | `attach --all`: every process, one load of the probes | [`host`] |
 //! | timeline sampling, `--interval`, `--snapshot-every` while attached | [`live`] |
 //! | `memprof heap`: the whole GC heap at one collection, and where the RSS goes | [`census`] |
+//! | the one loop of every long-running mode; signals, output, profile header, merge | [`driver`] |
+//! | the subcommands: options checked, a mode run under the driver | [`commands`] |
 //! | progress bars on a terminal | [`progress`] |
 pub mod allocators;
 pub mod census;
 pub mod cli;
+pub mod commands;
 pub mod crystal;
+pub mod driver;
 pub mod gc;
 pub mod heap;
 pub mod host;
 pub mod live;
 pub mod memory;
 pub mod modules;
+pub mod options;
 pub mod outfile;
 pub mod placement;
+pub mod plan;
 pub mod predict;
 pub mod probes;
 pub mod profile;
@@ -47,3 +55,5 @@ pub mod target;
 pub mod top;
 pub mod unwind;
 pub(crate) mod x86;
+
+pub use commands::run_cli;

@@ -13,7 +13,19 @@ use std::collections::HashMap;
 use std::io::{self, IsTerminal, Write};
 use std::time::{Duration, Instant};
 
-use crate::session::Vitals;
+/// What `memprof top` shows of one process ([`crate::session::Session::vitals`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Vitals {
+    pub pid: u32,
+    /// The program's file name.
+    pub command: String,
+    /// Live bytes now (libc, mmap and GC).
+    pub live_bytes: u64,
+    /// Allocations so far (GC objects estimated with refill sampling).
+    pub allocations: u64,
+    /// GC collections seen so far.
+    pub collections: u64,
+}
 
 /// One row: a process and its rates over the last interval.
 #[derive(Debug, Clone, PartialEq)]

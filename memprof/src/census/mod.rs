@@ -30,12 +30,12 @@ use anyhow::{anyhow, bail, Result};
 
 use crate::allocators::{self, BOEHM};
 use crate::crystal::type_ids::{type_names, TypeNames, TypeOf};
+use crate::driver::preflight::{mapped_files, require_capabilities};
+use crate::driver::{Driven, Driver, Flow};
 use crate::gc::census::{Census, HeapCopy, HeapReader};
 use crate::modules::ModuleCache;
 use crate::outfile::OutFile;
 use crate::probes::{ProbeOptions, Probes};
-use crate::session::signals::Signals;
-use crate::session::start::{mapped_files, require_capabilities};
 use crate::target::trace::{Event, Tracer};
 use crate::target::{self, Target};
 
@@ -90,7 +90,7 @@ impl Drop for Attached {
 }
 
 /// `memprof heap --pid PID`.
-pub fn heap(pid: u32, options: &HeapOptions) -> Result<()> {
+pub fn heap(driver: &Driver, pid: u32, options: &HeapOptions) -> Result<()> {
     if !target::is_alive(pid) {
         bail!("no process with pid {pid}");
     }
@@ -111,21 +111,31 @@ pub fn heap(pid: u32, options: &HeapOptions) -> Result<()> {
         })?;
     let reader = HeapReader::new(cache.get(&gc_module)?)?;
     let names = type_names(&*cache.get(&target.exe)?);
-    let target_exe = target.exe.clone();
     // A destination that cannot be written fails before attaching.
-    let mut file = options.output.as_deref().map(OutFile::create).transpose()?;
-
+    let file = options.output.as_deref().map(OutFile::create).transpose()?;
     // Retained sizes and the graph need the words of large scanned objects.
     let whole = options.sizes || options.graph.is_some();
-    let signals = Signals::block()?;
-    let (copy, snapshot, rollup_rss, held, root_memory) = hold_and_copy(
+    let held = hold_and_copy(
+        driver,
         pid,
         &reader,
         options.wait,
-        whole,
-        options.graph.is_some(),
-        &signals,
+        (whole, options.graph.is_some()),
     )?;
+    let report = judge(target, held, names, &cache, options)?;
+    write(&report, options, file)
+}
+
+/// Judges every object of the copy, names their types, builds the RSS
+/// table and, when asked, the retained sizes and the referrers' graph.
+fn judge(
+    target: Target,
+    (copy, snapshot, rollup_rss, held, root_memory): Held,
+    names: TypeNames,
+    cache: &ModuleCache,
+    options: &HeapOptions,
+) -> Result<HeapReport> {
+    let pid = target.pid;
     let started = Instant::now();
     let census =
         copy.census(&|word, kind| names.type_of(word, report::is_atomic(kind)) != TypeOf::NotAType);
@@ -136,33 +146,23 @@ pub fn heap(pid: u32, options: &HeapOptions) -> Result<()> {
         .filter(|_| options.sizes)
         .map(|g| copy.retained(&census.objects, g));
     let ref_graph = match (&graph, &options.graph) {
-        (Some(g), Some((target, level, limit))) => {
-            let fields = crate::crystal::fields::field_names(&*cache.get(&target_exe)?);
+        (Some(g), Some((type_name, level, limit))) => {
+            let fields = crate::crystal::fields::field_names(&*cache.get(&target.exe)?);
             let mut walked = graph::walk(
                 &census.objects,
                 g,
                 &|o| report::object_name(&names, o.word, o.kind),
                 &|class, off| fields.get(class)?.get(&u64::from(off)).cloned(),
-                (target, *level, *limit),
+                (type_name, *level, *limit),
             )?;
             if let Some(memory) = &root_memory {
-                let objects = &census.objects;
-                let mut nodes: Vec<(u64, u64)> = walked
-                    .nodes
-                    .iter()
-                    .filter_map(|&(a, _)| {
-                        let i = objects.partition_point(|o| o.start < a);
-                        objects.get(i).filter(|o| o.start == a).map(|o| (a, o.size))
-                    })
-                    .collect();
-                nodes.sort_unstable();
-                walked.roots = roots::find(memory, &nodes, &cache, pid);
+                walked.roots = roots::find(memory, &graph_nodes(&walked, &census), cache, pid);
             }
             Some(walked)
         }
         _ => None,
     };
-    let report = HeapReport {
+    Ok(HeapReport {
         target,
         copy,
         census,
@@ -173,13 +173,32 @@ pub fn heap(pid: u32, options: &HeapOptions) -> Result<()> {
         rollup_rss,
         held,
         judged: started.elapsed(),
-    };
+    })
+}
+
+/// The objects of the graph walked, with their sizes, by address.
+fn graph_nodes(walked: &graph::RefGraph, census: &Census) -> Vec<(u64, u64)> {
+    let objects = &census.objects;
+    let mut nodes: Vec<(u64, u64)> = walked
+        .nodes
+        .iter()
+        .filter_map(|&(a, _)| {
+            let i = objects.partition_point(|o| o.start < a);
+            objects.get(i).filter(|o| o.start == a).map(|o| (a, o.size))
+        })
+        .collect();
+    nodes.sort_unstable();
+    nodes
+}
+
+/// Writes the report to `file` (`-o`, written whole) or stdout.
+fn write(report: &HeapReport, options: &HeapOptions, mut file: Option<OutFile>) -> Result<()> {
     let mut stdout = std::io::stdout().lock();
     let out: &mut dyn std::io::Write = match &mut file {
         Some(file) => file,
         None => &mut stdout,
     };
-    let written = report::write(&report, options, out)
+    let written = report::write(report, options, out)
         .and_then(|()| out.flush().map_err(Into::into))
         .and_then(|()| file.map_or(Ok(()), OutFile::commit));
     match written {
@@ -201,14 +220,14 @@ type Held = (
 );
 
 /// Attaches, waits for the next collection, copies the heap while the
-/// collector is held, lets the target go.
+/// collector is held, lets the target go. `(whole, with_roots)`: large
+/// scanned objects copied whole; the memory that may hold roots read.
 fn hold_and_copy(
+    driver: &Driver,
     pid: u32,
     reader: &HeapReader,
     wait: Duration,
-    whole: bool,
-    with_roots: bool,
-    signals: &Signals,
+    (whole, with_roots): (bool, bool),
 ) -> Result<Held> {
     let mut probes = Probes::load(&ProbeOptions::smallest(), None)?;
     let tracer = Tracer::seize(pid, &mut |tid| {
@@ -228,12 +247,60 @@ fn hold_and_copy(
             wait.as_secs_f64()
         );
     }
-    let deadline = Instant::now() + wait;
-    let result = loop {
-        if let Some(libc::SIGINT | libc::SIGTERM) = signals.wait(Duration::from_millis(50)) {
-            bail!("interrupted before pid {pid} collected; it runs on, untouched");
-        }
-        let Attached { probes, tracer } = &mut attached;
+    let mut hold = Hold {
+        pid,
+        reader,
+        whole,
+        with_roots,
+        attached,
+        copied: None,
+    };
+    driver.drive(&mut hold, Some(wait))?;
+    let Hold {
+        mut attached,
+        copied,
+        ..
+    } = hold;
+    // Let go before anything else is computed.
+    attached.probes.stop_holding()?;
+    attached.tracer.detach();
+    drop(attached);
+    match copied {
+        Some(copied) => copied,
+        // Ctrl-C and an exit end it with their own error: the deadline.
+        None => bail!(
+            "pid {pid} did not collect within {} s: a Boehm GC collects when the program allocates; put it under load (or have it call GC.collect) and run `memprof heap` again, or give it longer with --wait SECONDS",
+            wait.as_secs_f64()
+        ),
+    }
+}
+
+/// `memprof heap`'s wait for the next collection, and the copy at its hold.
+struct Hold<'a> {
+    pid: u32,
+    reader: &'a HeapReader,
+    whole: bool,
+    with_roots: bool,
+    attached: Attached,
+    /// What the hold copied (or how copying failed).
+    copied: Option<Result<Held>>,
+}
+
+impl Driven for Hold<'_> {
+    fn timeout(&self) -> Duration {
+        Duration::from_millis(50)
+    }
+
+    fn interrupted(&mut self) -> Result<Flow> {
+        bail!(
+            "interrupted before pid {} collected; it runs on, untouched",
+            self.pid
+        )
+    }
+
+    fn step(&mut self) -> Result<Flow> {
+        let pid = self.pid;
+        let Attached { probes, tracer } = &mut self.attached;
         let event = tracer.poll(&mut |tid| {
             let _ = probes.set_traced(tid);
         })?;
@@ -243,42 +310,51 @@ fn hold_and_copy(
                 if probes.take_held(tid)?.is_none() {
                     // The program's own SIGURG.
                     tracer.resume_signal(tid, signal, true);
-                    continue;
+                    return Ok(Flow::Go);
                 }
-                let copied = reader.copy(pid, whole).and_then(|copy| {
-                    let ranges: Vec<(u64, u64)> = copy
-                        .blocks
-                        .iter()
-                        .map(|b| (b.addr, b.bytes(copy.hblksize)))
-                        .collect();
-                    let snapshot = rss::read(pid, &ranges)?;
-                    let memory = with_roots
-                        .then(|| roots::read(pid, tid, &snapshot.mappings))
-                        .transpose()?;
-                    Ok((copy, snapshot, rollup_rss(pid), memory))
-                });
+                let copied = copy_held(pid, tid, self.reader, self.whole, self.with_roots);
                 probes.stop_holding()?;
                 tracer.resume_signal(tid, 0, false);
                 let held = started.elapsed();
-                break copied.map(|(c, s, r, m)| (c, s, r, held, m));
+                self.copied = Some(copied.map(|(c, s, r, m)| (c, s, r, held, m)));
+                Ok(Flow::Stop)
             }
-            Some(Event::Exiting) => {}
             Some(Event::Exited(_)) => bail!("pid {pid} exited before its next collection"),
-            // Not reported by an attach's tracer.
-            Some(Event::Exec) => {}
-            None if Instant::now() >= deadline => bail!(
-                "pid {pid} did not collect within {} s: a Boehm GC collects when the program allocates; put it under load (or have it call GC.collect) and run `memprof heap` again, or give it longer with --wait SECONDS",
-                wait.as_secs_f64()
-            ),
-            None => {}
+            // An exit coming; an `exec` is not reported by an attach's tracer.
+            Some(Event::Exiting | Event::Exec) | None => Ok(Flow::Go),
         }
-    };
-    // Let go before anything else is computed.
-    let Attached { probes, tracer } = &mut attached;
-    probes.stop_holding()?;
-    tracer.detach();
-    drop(attached);
-    result
+    }
+}
+
+/// What [`copy_held`] copies: [`Held`] but the time held.
+type Copied = (
+    HeapCopy,
+    rss::Snapshot,
+    Option<u64>,
+    Option<roots::RootMemory>,
+);
+
+/// While the collector is held: the heap, the mappings and resident
+/// pages of its blocks, smaps_rollup's Rss, and (`with_roots`) the memory
+/// that may hold roots.
+fn copy_held(
+    pid: u32,
+    tid: u32,
+    reader: &HeapReader,
+    whole: bool,
+    with_roots: bool,
+) -> Result<Copied> {
+    let copy = reader.copy(pid, whole)?;
+    let ranges: Vec<(u64, u64)> = copy
+        .blocks
+        .iter()
+        .map(|b| (b.addr, b.bytes(copy.hblksize)))
+        .collect();
+    let snapshot = rss::read(pid, &ranges)?;
+    let memory = with_roots
+        .then(|| roots::read(pid, tid, &snapshot.mappings))
+        .transpose()?;
+    Ok((copy, snapshot, rollup_rss(pid), memory))
 }
 
 /// Whether writing failed because the reader went away (`… | head`).

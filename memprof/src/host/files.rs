@@ -9,9 +9,9 @@ use std::sync::{Arc, Mutex};
 use memprof_common::ModuleRange;
 
 use crate::modules::{Module, ModuleCache};
+use crate::options::{SessionOptions, Unwind};
+use crate::plan::{Choice, Plan};
 use crate::probes::{Probes, RowTable};
-use crate::session::plan::{Choice, Plan};
-use crate::session::{SessionOptions, Unwind};
 use crate::target::maps::{self, Mapping};
 use crate::unwind::ModuleTable;
 
@@ -347,53 +347,49 @@ impl Files {
             .filter(|p| new_paths.contains(p.func.module.as_path()))
             .cloned()
             .collect();
-        if !planned.is_empty() {
-            let files: HashSet<&PathBuf> = planned.iter().map(|p| &p.func.module).collect();
-            match probes.attach(0, &planned, &plan.modules) {
-                Ok(()) => {
-                    self.probed += files.len();
-                    if self.started {
-                        for file in &files {
-                            eprintln!(
-                                "memprof: {} probed now, for every process: {} mapped it first, and what it allocated through it before is not seen",
-                                file.display(),
-                                exe.display()
-                            );
-                        }
-                    }
-                }
-                Err(e) => eprintln!(
-                    "memprof: the allocators of {} are not probed: {e:#}",
-                    files
-                        .iter()
-                        .map(|f| f.display().to_string())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            }
-        }
-        // The dynamic linker: its library loads, for every process.
-        for m in &new {
-            let Ok(module) = plan.modules.get(&m.path) else {
-                continue;
-            };
-            let hook = module
-                .symbol("_dl_debug_state")
-                .and_then(|s| module.file_offset(s.address));
-            if let Some(offset) = hook {
-                if let Err(e) = probes.watch_linker(&module, offset) {
-                    eprintln!(
-                        "memprof: library loads through {} are not seen: {e:#}",
-                        m.path.display()
-                    );
-                }
-            }
-        }
+        self.attach(probes, exe, &planned, &plan);
+        watch_linkers(probes, &new, &plan);
         for (path, module) in plan.modules.parsed() {
             if let Some(m) = mappings.iter().find(|m| m.path == path) {
                 let entry = self.entries.entry(m.file_id.clone()).or_default();
                 entry.module.get_or_insert(module);
             }
+        }
+    }
+
+    /// Attaches the `planned` probes (`exe`'s new files), for every process.
+    fn attach(
+        &mut self,
+        probes: &mut Probes,
+        exe: &std::path::Path,
+        planned: &[crate::placement::Planned],
+        plan: &Plan,
+    ) {
+        if planned.is_empty() {
+            return;
+        }
+        let files: HashSet<&PathBuf> = planned.iter().map(|p| &p.func.module).collect();
+        match probes.attach(0, planned, &plan.modules) {
+            Ok(()) => {
+                self.probed += files.len();
+                if self.started {
+                    for file in &files {
+                        eprintln!(
+                            "memprof: {} probed now, for every process: {} mapped it first, and what it allocated through it before is not seen",
+                            file.display(),
+                            exe.display()
+                        );
+                    }
+                }
+            }
+            Err(e) => eprintln!(
+                "memprof: the allocators of {} are not probed: {e:#}",
+                files
+                    .iter()
+                    .map(|f| f.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
         }
     }
 
@@ -408,5 +404,26 @@ impl Files {
         let module = cache.get(&m.path).ok()?;
         entry.module = Some(Arc::clone(&module));
         Some(module)
+    }
+}
+
+/// The dynamic linker among the `new` files: its library loads, for
+/// every process.
+fn watch_linkers(probes: &mut Probes, new: &[&Mapping], plan: &Plan) {
+    for m in new {
+        let Ok(module) = plan.modules.get(&m.path) else {
+            continue;
+        };
+        let hook = module
+            .symbol("_dl_debug_state")
+            .and_then(|s| module.file_offset(s.address));
+        if let Some(offset) = hook {
+            if let Err(e) = probes.watch_linker(&module, offset) {
+                eprintln!(
+                    "memprof: library loads through {} are not seen: {e:#}",
+                    m.path.display()
+                );
+            }
+        }
     }
 }

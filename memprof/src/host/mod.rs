@@ -16,7 +16,7 @@
 //!
 //! | part | what it does |
 //! |---|---|
-//! | this module | the loop: events, finalizing, the end |
+//! | this module | the [`Driven`] host: events, finalizing, the end |
 //! | `process` | one process: who it is, what it maps, its table |
 //! | `files` | each file once: its allocator probes, its CFI rows |
 use std::collections::{HashMap, HashSet};
@@ -27,13 +27,12 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{bail, Result};
 use memprof_common::host;
 
+use crate::driver::profiles::{self, Header};
+use crate::driver::{Driven, Driver, Flow, Output, Profiling};
 use crate::heap;
+use crate::options::{Heap, SessionOptions};
 use crate::probes::{ModuleTables, Probes};
 use crate::profile::{Counters, ExitInfo, GcSummary, Profile, TargetInfo};
-use crate::session::output::Output;
-use crate::session::signals::Signals;
-use crate::session::SessionOptions;
-use crate::symbolize;
 
 mod events;
 mod files;
@@ -53,40 +52,14 @@ const RESCAN: Duration = Duration::from_secs(2);
 
 /// Profiles every process until Ctrl-C, SIGTERM or `--duration`; one
 /// profile, one process each.
-pub fn attach_all(options: &SessionOptions) -> Result<i32> {
-    let signals = Signals::block()?;
+pub fn attach_all(driver: &Driver, options: &SessionOptions) -> Result<i32> {
     let mut output = Output::create(options.output.as_ref(), Path::new("host"), None)?;
-    let mut probe_options = options.probes.clone();
-    probe_options.host = true;
-    let mut probes = Probes::load(&probe_options, None)?;
-    let files = Files::new(options, probes.row_table()?);
-    let tables = Arc::new(Mutex::new(probes.module_tables()?));
-    let events = Reader::start(
-        probes.host_events()?,
-        Arc::clone(&files.rows),
-        Arc::clone(&tables),
-    );
-    let mut host = Host {
-        probes,
-        events,
-        tables,
-        processes: HashMap::new(),
-        to_examine: Vec::new(),
-        files,
-        ended: Vec::new(),
-        done: Vec::new(),
-        started: (Instant::now(), SystemTime::now(), monotonic_ns()),
-        seen: 0,
-        initial: HashSet::new(),
-    };
-    host.files.probe_system_libraries(&mut host.probes);
-    host.initial = host.rescan();
-    host.files.started = true;
+    let mut host = Host::start(options)?;
     let mut sampled = match options.probes.sample_bytes {
         0 => String::new(),
         n => format!(", sampled (--sample-bytes {n}; 0: every allocation)"),
     };
-    if options.heap == crate::session::Heap::Libc {
+    if options.heap == Heap::Libc {
         sampled.push_str(", libc and mmap (--heap all: Boehm GC objects too)");
     }
     eprintln!(
@@ -97,26 +70,7 @@ pub fn attach_all(options: &SessionOptions) -> Result<i32> {
             .map(|d| format!(", or wait {} s", d.as_secs_f64()))
             .unwrap_or_default()
     );
-    let deadline = options.duration.map(|d| Instant::now() + d);
-    let mut last_finalize = Instant::now();
-    let mut last_scan = Instant::now();
-    loop {
-        if let Some(libc::SIGINT | libc::SIGTERM) = signals.wait(Duration::ZERO) {
-            break;
-        }
-        host.read_events(POLL);
-        if last_finalize.elapsed() >= FINALIZE_EVERY {
-            last_finalize = Instant::now();
-            host.finalize_ended()?;
-        }
-        if last_scan.elapsed() >= RESCAN {
-            last_scan = Instant::now();
-            let _ = host.rescan();
-        }
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            break;
-        }
-    }
+    driver.drive(&mut host, options.duration)?;
     host.finish(&mut output, options.top)
 }
 
@@ -143,9 +97,81 @@ struct Host {
     /// The processes running when profiling started that have not
     /// `exec`ed since: profiled from then on, not from their start.
     initial: HashSet<u32>,
+    last_finalize: Instant,
+    last_scan: Instant,
+}
+
+impl Driven for Host {
+    /// Signals are looked at between waits for events.
+    fn timeout(&self) -> Duration {
+        Duration::ZERO
+    }
+
+    fn step(&mut self) -> Result<Flow> {
+        self.read_events(POLL);
+        if self.last_finalize.elapsed() >= FINALIZE_EVERY {
+            self.last_finalize = Instant::now();
+            self.finalize_ended()?;
+        }
+        if self.last_scan.elapsed() >= RESCAN {
+            self.last_scan = Instant::now();
+            let _ = self.rescan();
+        }
+        Ok(Flow::Go)
+    }
+}
+
+impl Profiling for Host {
+    fn pids(&self) -> Vec<u32> {
+        self.processes.values().map(|p| p.pid).collect()
+    }
+
+    /// Its blocks and sites read from the kernel's tables, left there.
+    fn snapshot(&mut self, pid: u32) -> Result<Profile> {
+        let Some(p) = self.processes.values().find(|p| p.pid == pid) else {
+            bail!("pid {pid} is not profiled");
+        };
+        let tables = self.probes.read_processes(&HashSet::from([p.index]))?;
+        let tables = tables.into_values().next().unwrap_or_default();
+        self.profile_of(p, tables)
+    }
 }
 
 impl Host {
+    /// The probes loaded for every process, the system's libraries and
+    /// every process running probed.
+    fn start(options: &SessionOptions) -> Result<Host> {
+        let mut probe_options = options.probes.clone();
+        probe_options.host = true;
+        let mut probes = Probes::load(&probe_options, None)?;
+        let files = Files::new(options, probes.row_table()?);
+        let tables = Arc::new(Mutex::new(probes.module_tables()?));
+        let events = Reader::start(
+            probes.host_events()?,
+            Arc::clone(&files.rows),
+            Arc::clone(&tables),
+        );
+        let mut host = Host {
+            probes,
+            events,
+            tables,
+            processes: HashMap::new(),
+            to_examine: Vec::new(),
+            files,
+            ended: Vec::new(),
+            done: Vec::new(),
+            started: (Instant::now(), SystemTime::now(), monotonic_ns()),
+            seen: 0,
+            initial: HashSet::new(),
+            last_finalize: Instant::now(),
+            last_scan: Instant::now(),
+        };
+        host.files.probe_system_libraries(&mut host.probes);
+        host.initial = host.rescan();
+        host.files.started = true;
+        Ok(host)
+    }
+
     /// Seconds since profiling started, of a kernel time.
     fn since(&self, time_ns: u64) -> f64 {
         time_ns.saturating_sub(self.started.2) as f64 / 1e9
@@ -297,10 +323,7 @@ impl Host {
         let recorded: u64 = tables.sites.iter().map(|(_, t)| t.count).sum();
         let maps = self.probes.peek()?.of_process(tables);
         let raw = heap::collect(&maps, None)?;
-        let (mut groups, stacks) = symbolize::symbolize(raw, &p.maps, &p.modules, false);
-        for g in &mut groups {
-            g.pid = p.pid;
-        }
+        let (groups, stacks) = profiles::groups_of(p.pid, raw, &p.maps, &p.modules, false);
         let counters = Counters {
             allocs: recorded,
             ..Counters::default()
@@ -308,23 +331,23 @@ impl Host {
         let mut info = p.info();
         info.counters = Some(counters.clone());
         Ok(Profile {
-            memprof_version: env!("CARGO_PKG_VERSION").to_string(),
-            mode: "attach".to_string(),
-            target: TargetInfo {
-                pid: p.pid,
-                command: p.command.clone(),
-                exe: p.exe.clone(),
-            },
-            start_unix_s: unix_s(self.started.1),
             duration_s: self.started.0.elapsed().as_secs_f64(),
             exit: p.exit,
-            unwind: "dwarf".to_string(),
-            sample_bytes: self.probes.sample_bytes(),
             counters,
             groups,
             stacks,
             processes: vec![info],
-            ..Profile::default()
+            ..profiles::header(Header {
+                mode: "attach",
+                target: TargetInfo {
+                    pid: p.pid,
+                    command: p.command.clone(),
+                    exe: p.exe.clone(),
+                },
+                started: self.started.1,
+                unwind: "dwarf".to_string(),
+                sample_bytes: self.probes.sample_bytes(),
+            })
         })
     }
 
@@ -340,8 +363,8 @@ impl Host {
         let host_counters = self.probes.peek()?.counters()?;
         let duration_s = self.started.0.elapsed().as_secs_f64();
         let detaching = self.probes.detach();
-        let mut profiles = std::mem::take(&mut self.done);
-        let pids: HashSet<u32> = profiles
+        let done = std::mem::take(&mut self.done);
+        let pids: HashSet<u32> = done
             .iter()
             .flat_map(|p| p.processes.iter().map(|i| i.pid))
             .collect();
@@ -350,18 +373,12 @@ impl Host {
             pids.len(),
             self.seen
         );
-        if profiles.is_empty() {
+        let Some(mut profile) = profiles::merge(None, done) else {
             detaching.wait();
             bail!(
                 "no process allocated while memprof watched ({duration_s:.1} s): nothing to write"
             );
-        }
-        profiles.sort_by(|a, b| {
-            let start = |p: &Profile| p.processes.first().map_or(0.0, |i| i.start_s);
-            start(a).total_cmp(&start(b))
-        });
-        let mut profile = profiles.remove(0);
-        crate::profile::family::merge(&mut profile, profiles);
+        };
         // Each from its start, or (running before memprof) from start_s 0.
         for p in &mut profile.processes {
             p.profiled_from_s = None;
@@ -420,10 +437,4 @@ fn monotonic_ns() -> u64 {
     // SAFETY: `ts` is a valid timespec to write.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-fn unix_s(at: SystemTime) -> f64 {
-    at.duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
 }

@@ -241,6 +241,21 @@ impl Probes {
     /// Takes the live blocks and the sites of the processes `indexes` out
     /// of the kernel's tables (they ended: nothing adds to them any more).
     pub fn take_ended(&mut self, indexes: &HashSet<u32>) -> Result<HashMap<u32, Prefetched>> {
+        self.tables_of(indexes, true)
+    }
+
+    /// Reads the live blocks and the sites of the processes `indexes`,
+    /// left in the kernel's tables (they run on: a snapshot).
+    pub fn read_processes(&mut self, indexes: &HashSet<u32>) -> Result<HashMap<u32, Prefetched>> {
+        self.tables_of(indexes, false)
+    }
+
+    /// The tables of processes `indexes`; `remove`: taken out.
+    fn tables_of(
+        &mut self,
+        indexes: &HashSet<u32>,
+        remove: bool,
+    ) -> Result<HashMap<u32, Prefetched>> {
         let mut taken: HashMap<u32, Prefetched> = HashMap::new();
         if indexes.is_empty() {
             return Ok(taken);
@@ -260,8 +275,8 @@ impl Probes {
                 }
             }
         }
-        for key in keys {
-            let _ = live.remove(&key);
+        for key in keys.iter().filter(|_| remove) {
+            let _ = live.remove(key);
         }
         let mut sites: PerCpuHashMap<&mut MapData, AllocSite, SiteTotals> =
             PerCpuHashMap::try_from(self.map_mut(maps::SITE_TOTALS)?)?;
@@ -279,8 +294,8 @@ impl Probes {
                 }
             }
         }
-        for key in keys {
-            let _ = sites.remove(&key);
+        for key in keys.iter().filter(|_| remove) {
+            let _ = sites.remove(key);
         }
         Ok(taken)
     }

@@ -1,5 +1,7 @@
-//! `memprof run` and `memprof attach`: start a [`Session`], step it until
-//! the end, finish it. They differ only in when they stop: `run` when the
+//! The session-based modes, as the [`Driver`] steps them: `run`
+//! ([`Command`]), `attach --pid` ([`Attached`]), `attach --comm/--exe` and
+//! `top` (`Watch`, in [`super::watch`]), and the end census's wait
+//! ([`CensusWait`]). They differ only in when they stop: `run` when the
 //! command exits (after Ctrl-C it gives the command a moment to exit by
 //! itself, then lets it go), `attach` at Ctrl-C / SIGTERM, `--duration` or
 //! the process's exit.
@@ -7,69 +9,135 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
-use std::path::Path;
-
-use anyhow::bail;
-
-use super::output::Output;
-use super::select::{self, Selection};
-use super::signals::Signals;
-use super::{Session, SessionOptions, Step};
+use super::{Session, Step};
+use crate::driver::{Driven, Driver, End, Flow, Profiling};
+use crate::options::SessionOptions;
 use crate::profile::{ExitInfo, Profile};
 use crate::target::launch::ExitStatus;
+
+pub use super::watch::{attach_matching, top};
 
 /// `run`: after Ctrl-C, how long to wait for the command to exit by itself
 /// (it usually got the same Ctrl-C) before detaching from it.
 const EXIT_GRACE: Duration = Duration::from_secs(1);
 
+/// How a target ended, when it did: its status if memprof traced it.
+type Exited = Option<Option<ExitStatus>>;
+
 /// `memprof run`: launches `command` under the probes. Returns the exit code
 /// memprof should exit with (the command's own).
-pub fn run(command: &[String], options: &SessionOptions) -> Result<i32> {
-    let signals = Signals::block()?;
-    let mut session = Session::launch(command, options, &signals.original)?;
+pub fn run(driver: &Driver, command: &[String], options: &SessionOptions) -> Result<i32> {
+    let mut session = Session::launch(command, options, driver.child_mask())?;
     session.begin();
-    let mut followed = Followed::default();
-    let deadline = options.duration.map(|d| Instant::now() + d);
-    let mut grace: Option<Instant> = None;
-    let status = loop {
-        if let Some(libc::SIGINT | libc::SIGTERM) =
-            signals.wait(followed.timeout(session.timeout()))
-        {
-            grace.get_or_insert(Instant::now() + EXIT_GRACE);
-        }
-        let step = session.step()?;
-        followed.adopt(session.take_execs(), options);
-        followed.attach_forked(session.take_forked(FORK_AGE), options);
-        match step {
-            Step::Exited(status) => break status,
-            Step::Exec => {
-                session = session.exec_again(options)?;
-                session.begin();
+    let mut run = Command {
+        session: Some(session),
+        followed: Followed::default(),
+        grace: None,
+        exited: None,
+        options,
+    };
+    driver.drive(&mut run, options.duration)?;
+    let Command {
+        session,
+        followed,
+        exited,
+        ..
+    } = run;
+    let mut session = session.expect("a session after every step");
+    let status = match exited {
+        Some(status) => status,
+        // Ctrl-C and its grace, or `--duration`.
+        None => match end_census(driver, &mut session, options.census_wait)? {
+            Some(status) => status,
+            None => {
+                session.release(false)?;
+                eprintln!(
+                    "memprof: stopped profiling; pid {} keeps running",
+                    session.pid()
+                );
+                None
             }
-            Step::Running => {}
-        }
-        followed.step(options);
-        let now = Instant::now();
-        if grace.is_some_and(|g| now >= g) || deadline.is_some_and(|d| now >= d) {
-            if let Some(status) = end_census(&mut session, &signals, options.census_wait)? {
-                break status;
-            }
-            session.release(false)?;
-            eprintln!(
-                "memprof: stopped profiling; pid {} keeps running",
-                session.pid()
-            );
-            break None;
-        }
+        },
     };
     if let Some(status) = status {
         eprintln!("memprof: {} {status}", command.join(" "));
     }
-    // `signals` stays blocked until the profile is written (dropped on
-    // return): a second Ctrl-C must not lose it.
+    // The driver's signals stay blocked until the profile is written: a
+    // second Ctrl-C must not lose it.
     let followed = followed.finish();
     session.finish(status.map(ExitInfo::from), followed)?;
     Ok(status.map_or(0, ExitStatus::shell_code))
+}
+
+/// `run`'s command and the processes it started.
+struct Command<'a> {
+    /// Always there between steps (taken only while it `exec`s).
+    session: Option<Session>,
+    followed: Followed,
+    /// Ctrl-C came: when to stop waiting for the command to exit.
+    grace: Option<Instant>,
+    exited: Exited,
+    options: &'a SessionOptions,
+}
+
+impl Command<'_> {
+    fn session(&self) -> &Session {
+        self.session.as_ref().expect("a session after every step")
+    }
+}
+
+impl Driven for Command<'_> {
+    fn timeout(&self) -> Duration {
+        self.followed.timeout(self.session().timeout())
+    }
+
+    fn interrupted(&mut self) -> Result<Flow> {
+        self.grace.get_or_insert(Instant::now() + EXIT_GRACE);
+        Ok(Flow::Go)
+    }
+
+    fn step(&mut self) -> Result<Flow> {
+        let Some(session) = &mut self.session else {
+            anyhow::bail!("no session to step");
+        };
+        let step = session.step()?;
+        let (execs, forked) = (session.take_execs(), session.take_forked(FORK_AGE));
+        self.followed.adopt(execs, self.options);
+        self.followed.attach_forked(forked, self.options);
+        match step {
+            Step::Exited(status) => {
+                self.exited = Some(status);
+                return Ok(Flow::Stop);
+            }
+            Step::Exec => {
+                let session = self.session.take().expect("stepped just now");
+                let mut session = session.exec_again(self.options)?;
+                session.begin();
+                self.session = Some(session);
+            }
+            Step::Running => {}
+        }
+        self.followed.step(self.options);
+        Ok(match self.grace {
+            Some(grace) if Instant::now() >= grace => Flow::Stop,
+            _ => Flow::Go,
+        })
+    }
+}
+
+impl Profiling for Command<'_> {
+    fn pids(&self) -> Vec<u32> {
+        let mut pids = vec![self.session().pid()];
+        pids.extend(self.followed.pids());
+        pids
+    }
+
+    fn snapshot(&mut self, pid: u32) -> Result<Profile> {
+        match &self.session {
+            Some(session) if session.pid() == pid => session.snapshot(),
+            _ => self.followed.snapshot(pid),
+        }
+    }
 }
 
 /// A process the command forked is attached to once it has run this long
@@ -79,9 +147,10 @@ const FORK_AGE: Duration = Duration::from_millis(200);
 /// The processes `run` follows with sessions of their own: each one the
 /// command started (or one of those did) that `exec`ed a program, from
 /// that program's first instruction, and each forked worker, from
-/// [`FORK_AGE`] after its fork; to its exit or the command's.
+/// [`FORK_AGE`] after its fork; to its exit or the command's. Also the
+/// processes `attach --comm/--exe` and `top` select.
 #[derive(Default)]
-struct Followed {
+pub(super) struct Followed {
     running: Vec<Session>,
     /// The profiles of those that ended.
     done: Vec<Profile>,
@@ -104,7 +173,7 @@ impl Followed {
 
     /// Steps every followed session; those whose process exited are
     /// finished, and what they started in turn is adopted.
-    fn step(&mut self, options: &SessionOptions) {
+    pub(super) fn step(&mut self, options: &SessionOptions) {
         let mut i = 0;
         while i < self.running.len() {
             let step = self.running[i].step();
@@ -142,7 +211,7 @@ impl Followed {
 
     /// Keeps a session just started for `pid`; one that could not start
     /// says so, and its process runs on.
-    fn started(&mut self, pid: u32, session: Result<Session>) {
+    pub(super) fn started(&mut self, pid: u32, session: Result<Session>) {
         match session {
             Ok(session) => self.running.push(session),
             Err(_) if !crate::target::is_alive(pid) => {
@@ -163,16 +232,33 @@ impl Followed {
     }
 
     /// How long the driver may wait before the next step of any session.
-    fn timeout(&self, command: Duration) -> Duration {
+    pub(super) fn timeout(&self, command: Duration) -> Duration {
         self.running
             .iter()
             .map(Session::timeout)
             .fold(command, Duration::min)
     }
 
+    /// The sessions running now.
+    pub(super) fn running(&mut self) -> &mut [Session] {
+        &mut self.running
+    }
+
+    pub(super) fn pids(&self) -> Vec<u32> {
+        self.running.iter().map(Session::pid).collect()
+    }
+
+    /// A profile of followed process `pid` now.
+    pub(super) fn snapshot(&self, pid: u32) -> Result<Profile> {
+        match self.running.iter().find(|s| s.pid() == pid) {
+            Some(session) => session.snapshot(),
+            None => anyhow::bail!("pid {pid} is not profiled"),
+        }
+    }
+
     /// The profiles of every followed process; those still running are
     /// let go first (they run on, untraced).
-    fn finish(mut self) -> Vec<Profile> {
+    pub(super) fn finish(mut self) -> Vec<Profile> {
         for mut session in std::mem::take(&mut self.running) {
             // An exit already reported (the command's often comes right
             // after its children's) is taken now, with its status.
@@ -192,23 +278,18 @@ impl Followed {
 
 /// `memprof attach`: profiles a running process until Ctrl-C, SIGTERM,
 /// `--duration` or its exit, and leaves it running.
-pub fn attach(pid: u32, options: &SessionOptions) -> Result<i32> {
-    let signals = Signals::block()?;
-    let mut session = Session::attach(pid, options)?;
-    let deadline = options.duration.map(|d| Instant::now() + d);
-    let exited = loop {
-        if let Some(libc::SIGINT | libc::SIGTERM) = signals.wait(session.timeout()) {
-            break None;
-        }
-        if let Step::Exited(status) = session.step()? {
-            break Some(status);
-        }
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            break None;
-        }
+pub fn attach(driver: &Driver, pid: u32, options: &SessionOptions) -> Result<i32> {
+    let mut attached = Attached {
+        session: Session::attach(pid, options)?,
+        exited: None,
     };
+    driver.drive(&mut attached, options.duration)?;
+    let Attached {
+        mut session,
+        exited,
+    } = attached;
     let exited = match exited {
-        None => end_census(&mut session, &signals, options.census_wait)?,
+        None => end_census(driver, &mut session, options.census_wait)?,
         exited => exited,
     };
     if exited.is_some() {
@@ -216,8 +297,8 @@ pub fn attach(pid: u32, options: &SessionOptions) -> Result<i32> {
     }
     // No new holds, then let every thread go.
     session.release(exited.is_some())?;
-    // `signals` stays blocked until the profile is written (dropped on
-    // return): a second Ctrl-C must not lose it.
+    // The driver's signals stay blocked until the profile is written: a
+    // second Ctrl-C must not lose it.
     session.finish(
         exited.map(|status| status.map_or(ExitInfo::UNKNOWN, ExitInfo::from)),
         Vec::new(),
@@ -225,143 +306,36 @@ pub fn attach(pid: u32, options: &SessionOptions) -> Result<i32> {
     Ok(0)
 }
 
-/// `memprof attach --comm NAME` / `--exe PATH`: profiles every process
-/// the selection names, those running and those that start while memprof
-/// runs (found within [`select::RESCAN`]), each from its attach on, until
-/// Ctrl-C, SIGTERM or `--duration`; one profile, one process each.
-pub fn attach_matching(selection: &Selection, options: &SessionOptions) -> Result<i32> {
-    watch_matching(selection, options, None)
+/// `attach --pid`'s one session, until its process exits.
+struct Attached {
+    session: Session,
+    exited: Exited,
 }
 
-/// `memprof top`: [`attach_matching`] with the processes' heaps shown
-/// every `refresh` (`count` times, or until `q`, Ctrl-C, SIGTERM,
-/// `--duration`); a profile is written only if `-o` asks for one.
-pub fn top(
-    selection: &Selection,
-    options: &SessionOptions,
-    refresh: Duration,
-    count: Option<u32>,
-) -> Result<i32> {
-    watch_matching(selection, options, Some((refresh, count)))
+impl Driven for Attached {
+    fn timeout(&self) -> Duration {
+        self.session.timeout()
+    }
+
+    fn step(&mut self) -> Result<Flow> {
+        if let Step::Exited(status) = self.session.step()? {
+            self.exited = Some(status);
+            return Ok(Flow::Stop);
+        }
+        Ok(Flow::Go)
+    }
 }
 
-/// The processes `selection` names, each with a session of its own, until
-/// the end; with `top` (`refresh`, `count`), shown as a table.
-fn watch_matching(
-    selection: &Selection,
-    options: &SessionOptions,
-    top: Option<(Duration, Option<u32>)>,
-) -> Result<i32> {
-    let signals = Signals::block()?;
-    let mut output = match (top, &options.output) {
-        (Some(_), None) => None,
-        _ => Some(Output::create(
-            options.output.as_ref(),
-            Path::new(&selection_name(selection)),
-            None,
-        )?),
-    };
-    let mut view = top.map(|_| crate::top::View::new());
-    let mut next_refresh = Instant::now();
-    let mut refreshes = 0u32;
-    let mut followed = Followed::default();
-    let mut seen = std::collections::HashSet::new();
-    let deadline = options.duration.map(|d| Instant::now() + d);
-    let started = Instant::now();
-    let mut last_scan: Option<Instant> = None;
-    let mut sampled = match options.probes.sample_bytes {
-        0 => String::new(),
-        n => format!(", sampled (--sample-bytes {n}; 0: every allocation)"),
-    };
-    if options.gc_sampling == super::GcSampling::Refill {
-        sampled.push_str(
-            ", GC allocations at the collector's refills (--gc-sampling exact: every one)",
-        );
+impl Profiling for Attached {
+    fn pids(&self) -> Vec<u32> {
+        vec![self.session.pid()]
     }
-    eprintln!(
-        "memprof: {} every process of {} (now and as they start){sampled}; Ctrl-C to stop{}",
-        if top.is_some() {
-            "watching"
-        } else {
-            "profiling"
-        },
-        selection.describe(),
-        options
-            .duration
-            .map(|d| format!(", or wait {} s", d.as_secs_f64()))
-            .unwrap_or_default()
-    );
-    loop {
-        if last_scan.is_none_or(|t| t.elapsed() >= select::RESCAN) {
-            last_scan = Some(Instant::now());
-            for pid in selection.matching() {
-                if seen.insert(pid) {
-                    followed.started(pid, Session::attach_followed(pid, options));
-                }
-            }
-        }
-        if let (Some(view), Some((refresh, count))) = (&mut view, top) {
-            if Instant::now() >= next_refresh {
-                let vitals: Vec<_> = followed
-                    .running
-                    .iter_mut()
-                    .filter_map(|s| s.vitals().ok())
-                    .collect();
-                view.refresh(&vitals, &selection.describe())?;
-                refreshes += 1;
-                next_refresh += refresh;
-                if count.is_some_and(|n| refreshes >= n) {
-                    break;
-                }
-            }
-            if view.quit_pressed() {
-                break;
-            }
-        }
-        let mut wait = followed.timeout(select::RESCAN);
-        if top.is_some() {
-            wait = wait.min(next_refresh.saturating_duration_since(Instant::now()));
-        }
-        if let Some(libc::SIGINT | libc::SIGTERM) = signals.wait(wait) {
-            break;
-        }
-        followed.step(options);
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            break;
-        }
-    }
-    // The terminal is given back before anything else is printed.
-    drop(view);
-    let mut profiles = followed.finish();
-    let Some(output) = &mut output else {
-        eprintln!(
-            "memprof: watched {} process{}; each runs on, untraced",
-            profiles.len(),
-            if profiles.len() == 1 { "" } else { "es" }
-        );
-        return Ok(0);
-    };
-    if profiles.is_empty() {
-        bail!(
-            "no process of {} ran while memprof watched ({:.1} s): nothing to write",
-            selection.describe(),
-            started.elapsed().as_secs_f64()
-        );
-    }
-    // The first process attached to stands for the session; the others join it.
-    profiles.sort_by(|a, b| a.start_unix_s.total_cmp(&b.start_unix_s));
-    let mut profile = profiles.remove(0);
-    crate::profile::family::merge(&mut profile, profiles);
-    output.write_and_print(&profile, options.top)?;
-    Ok(0)
-}
 
-/// The profile's default name: the first program the selection names.
-fn selection_name(selection: &Selection) -> String {
-    match (selection.comms.first(), selection.exes.first()) {
-        (Some(comm), _) => comm.clone(),
-        (None, Some(exe)) => exe.display().to_string(),
-        (None, None) => "attach".to_string(),
+    fn snapshot(&mut self, pid: u32) -> Result<Profile> {
+        match self.session.pid() == pid {
+            true => self.session.snapshot(),
+            false => anyhow::bail!("pid {pid} is not profiled"),
+        }
     }
 }
 
@@ -369,11 +343,7 @@ fn selection_name(selection: &Selection) -> String {
 /// the next collection the target makes (none is forced: memprof runs
 /// nothing in the target). Waits up to `wait`; Ctrl-C or SIGTERM skips
 /// it. Returns the target's exit status if it exits meanwhile.
-fn end_census(
-    session: &mut Session,
-    signals: &Signals,
-    wait: Duration,
-) -> Result<Option<Option<ExitStatus>>> {
+fn end_census(driver: &Driver, session: &mut Session, wait: Duration) -> Result<Exited> {
     if wait.is_zero() || !session.want_end_census()? {
         return Ok(None);
     }
@@ -381,25 +351,48 @@ fn end_census(
         "memprof: waiting up to {} s for a collection, for the end census (Ctrl-C to skip)",
         wait.as_secs_f64()
     );
-    let deadline = Instant::now() + wait;
-    loop {
-        if session.end_census_copied() {
-            return Ok(None);
+    let mut census = CensusWait {
+        session,
+        exited: None,
+    };
+    let end = driver.drive(&mut census, Some(wait))?;
+    if end == End::Deadline && !census.session.end_census_copied() {
+        eprintln!(
+            "memprof: no collection came within {} s: no end census of its own (the profile's census note says what stands for it)",
+            wait.as_secs_f64()
+        );
+    }
+    Ok(census.exited)
+}
+
+/// The wait for the end census: until it is copied, or the target exits.
+struct CensusWait<'a> {
+    session: &'a mut Session,
+    exited: Exited,
+}
+
+impl Driven for CensusWait<'_> {
+    fn due(&mut self) -> Result<Flow> {
+        Ok(match self.session.end_census_copied() {
+            true => Flow::Stop,
+            false => Flow::Go,
+        })
+    }
+
+    fn timeout(&self) -> Duration {
+        self.session.timeout()
+    }
+
+    fn interrupted(&mut self) -> Result<Flow> {
+        eprintln!("memprof: end census skipped");
+        Ok(Flow::Stop)
+    }
+
+    fn step(&mut self) -> Result<Flow> {
+        if let Step::Exited(status) = self.session.step()? {
+            self.exited = Some(status);
+            return Ok(Flow::Stop);
         }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            eprintln!(
-                "memprof: no collection came within {} s: no end census of its own (the profile's census note says what stands for it)",
-                wait.as_secs_f64()
-            );
-            return Ok(None);
-        }
-        if let Some(libc::SIGINT | libc::SIGTERM) = signals.wait(session.timeout().min(left)) {
-            eprintln!("memprof: end census skipped");
-            return Ok(None);
-        }
-        if let Step::Exited(status) = session.step()? {
-            return Ok(Some(status));
-        }
+        Ok(Flow::Go)
     }
 }

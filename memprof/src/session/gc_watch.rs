@@ -24,12 +24,12 @@ use std::thread::JoinHandle;
 
 use anyhow::Result;
 
-use super::plan::PlannedGcSampling;
-use super::{CensusWhen, GcLiveness, Plan, SessionOptions};
 use crate::census::session::SessionCensus;
 use crate::gc::copy::GcCopy;
 use crate::gc::pass::{judged_in_kernel, Judge, KernelCollection, KernelVerdicts, Marks, SiteGc};
 use crate::gc::HeapStats;
+use crate::options::{CensusWhen, GcLiveness, SessionOptions};
+use crate::plan::{Plan, PlannedGcSampling};
 use crate::probes::{GcChange, GcEvents, Probes, Site};
 use crate::profile::{Censuses, GcSummary};
 use crate::target::trace::Tracer;

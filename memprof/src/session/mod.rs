@@ -2,7 +2,7 @@
 //! implement, in order.
 //!
 //! 1. find the target ([`crate::target`]) and its allocator functions, and
-//!    place the probes ([`plan`]);
+//!    place the probes ([`crate::plan`]);
 //! 2. load and attach the probes ([`crate::probes`]) — for `run`, while the
 //!    command is held right after its `exec` ([`start`]);
 //! 3. [`Session::step`] until the end (the target exits, Ctrl-C / SIGTERM,
@@ -15,27 +15,30 @@
 //!    ([`crate::report`]).
 //!
 //! `run` and `attach` differ only in how they start ([`start`]) and when
-//! they stop ([`drive`]). A session holds everything of one target and
-//! nothing process-global: the signal mask belongs to the driver.
+//! they stop ([`drive`]: the modes [`crate::driver`] runs). A session
+//! holds everything of one target and nothing process-global: the signal
+//! mask belongs to the driver.
 //!
 //! The probes are detached on every path out: [`Probes`] closes its links
 //! when dropped, and the kernel closes them if memprof itself dies.
-mod drive;
+pub mod drive;
 mod gc_watch;
-pub(crate) mod output;
-pub(crate) mod plan;
 pub mod select;
-pub(crate) mod signals;
-pub(crate) mod start;
+mod start;
+mod watch;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Result;
 
-use crate::live::{Live, LiveOptions};
+use crate::driver::profiles::{self, Header};
+use crate::driver::Output;
+use crate::live::Live;
 use crate::modules::ModuleCache;
-use crate::probes::{HeapMaps, ProbeOptions, Probes};
+use crate::options::{Mode, SessionOptions};
+use crate::plan::{self, Plan};
+use crate::probes::{HeapMaps, Probes};
 use crate::profile::{
     Counters, ExitInfo, Group, ProbeInfo, ProcessInfo, Profile, Stacks, TargetInfo,
 };
@@ -43,12 +46,10 @@ use crate::target::launch::ExitStatus;
 use crate::target::maps::MapsCache;
 use crate::target::trace::{Event, Tracer};
 use crate::target::Target;
+use crate::top::Vitals;
 use crate::{heap, symbolize};
 
-pub use drive::{attach, attach_matching, run, top};
 use gc_watch::GcWatch;
-use output::Output;
-pub use plan::{plan_for_pid, Choice, Plan};
 
 /// How often the mappings are re-read while the target runs.
 const MAPS_REFRESH: Duration = Duration::from_secs(1);
@@ -57,150 +58,6 @@ const MAPS_REFRESH: Duration = Duration::from_secs(1);
 /// exit (a step can come 60 times a second, one per held collection, and
 /// each look is a file read).
 const EXIT_CHECK: Duration = Duration::from_millis(50);
-
-/// Which allocator families to probe.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Heap {
-    /// libc (malloc & co, mmap) and the Boehm GC, whichever the target has.
-    All,
-    /// Only the Boehm GC (`GC_malloc` & co).
-    Gc,
-    /// Only libc: malloc & co and mmap.
-    Libc,
-}
-
-/// How to capture stacks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Unwind {
-    /// DWARF: right for code with and without frame pointers.
-    Auto,
-    /// Frame pointers only (cheaper; short stacks for code without them).
-    Fp,
-    /// CFI tables from each module's .eh_frame, unwound in the kernel.
-    Dwarf,
-}
-
-/// Settings shared by `run` and `attach`.
-#[derive(Debug, Clone)]
-pub struct SessionOptions {
-    pub output: Option<PathBuf>,
-    pub probes: ProbeOptions,
-    pub probe_at_entry: bool,
-    pub duration: Option<Duration>,
-    pub heap: Heap,
-    pub unwind: Unwind,
-    /// Rows of the table printed at the end.
-    pub top: usize,
-    /// Timeline sampling, `--interval`, `--snapshot-every`.
-    pub live: LiveOptions,
-    pub gc_liveness: GcLiveness,
-    /// `--gc-sampling`: every Boehm allocation, or samples at refills.
-    pub gc_sampling: GcSampling,
-    /// `--census` (`None`: the mode's default, [`CensusWhen::or_default`]).
-    pub census: Option<CensusWhen>,
-    /// How long the end census waits for a collection (`--census-wait`).
-    pub census_wait: Duration,
-    /// Write every mark-bit verdict here (`--gc-verdicts`, for tests).
-    pub gc_verdicts: Option<PathBuf>,
-    /// `run`: profile the processes the command starts too (`--no-follow`: not).
-    pub follow: bool,
-    /// This session is one of a process `run` follows (said in one line).
-    pub followed: bool,
-}
-
-/// How dead Boehm GC objects are recognized.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum GcLiveness {
-    /// Read the collector's mark bits after every collection (the
-    /// collecting thread is held meanwhile; memprof traces the target),
-    /// plus address reuse.
-    Marks,
-    /// Only address reuse: an object counts as live until GC_free or
-    /// until its address is allocated again (no tracing, no pause).
-    Reuse,
-}
-
-/// How Boehm GC allocations are followed (`--gc-sampling`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum GcSampling {
-    /// Every `GC_malloc`/`GC_malloc_atomic` call is probed.
-    Exact,
-    /// Samples where a thread's free list is refilled, each standing for
-    /// the objects of the list; the free lists' fast path is not probed
-    /// ([`crate::refill`]).
-    Refill,
-}
-
-pub use crate::census::session::CensusWhen;
-
-impl CensusWhen {
-    /// `--census`, or the mode's default: `attach` censuses what was
-    /// live before it and what is live as it leaves; `run` saw every
-    /// allocation, and a census holds the collector ~1 ms per MB of heap
-    /// (and keeps a copy of the heap in memprof) for what the profile has.
-    pub fn or_default(when: Option<CensusWhen>, mode: Mode) -> CensusWhen {
-        when.unwrap_or(match mode {
-            Mode::Attach => CensusWhen::Both,
-            Mode::Run => CensusWhen::Off,
-        })
-    }
-}
-
-impl SessionOptions {
-    /// The options of a session whose profile becomes part of another's
-    /// (a process `run` follows, one `attach --comm/--exe` selects): no
-    /// file, no live output or census of its own, its plan said quietly.
-    pub fn for_followed(&self) -> SessionOptions {
-        SessionOptions {
-            output: None,
-            live: LiveOptions::default(),
-            census: Some(CensusWhen::Off),
-            followed: true,
-            ..self.clone()
-        }
-    }
-
-    /// What the plan depends on.
-    pub fn choice(&self) -> Choice {
-        Choice {
-            heap: self.heap,
-            unwind: self.unwind,
-            probe_at_entry: self.probe_at_entry,
-            gc_refill: self.gc_sampling == GcSampling::Refill,
-            quiet: self.followed,
-        }
-    }
-}
-
-/// What `memprof top` shows of one process ([`Session::vitals`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Vitals {
-    pub pid: u32,
-    /// The program's file name.
-    pub command: String,
-    /// Live bytes now (libc, mmap and GC).
-    pub live_bytes: u64,
-    /// Allocations so far (GC objects estimated with refill sampling).
-    pub allocations: u64,
-    /// GC collections seen so far.
-    pub collections: u64,
-}
-
-/// How the session started: `run` launched the target, `attach` found it running.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    Run,
-    Attach,
-}
-
-impl Mode {
-    fn name(self) -> &'static str {
-        match self {
-            Mode::Run => "run",
-            Mode::Attach => "attach",
-        }
-    }
-}
 
 /// What [`Session::step`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -534,8 +391,8 @@ impl Session {
     pub fn finish(self, exit: Option<ExitInfo>, followed: Vec<Profile>) -> Result<()> {
         let top = self.options.top;
         let mut output = Output::none();
-        let (mut profile, detaching) = self.collect(exit, Some(&mut output))?;
-        crate::profile::family::merge(&mut profile, followed);
+        let (profile, detaching) = self.collect(exit, Some(&mut output))?;
+        let profile = profiles::merge(Some(profile), followed).unwrap_or_default();
         output.write_and_print(&profile, top)?;
         eprintln!("memprof: detaching {} probes", detaching.1);
         detaching.0.wait();
@@ -586,11 +443,13 @@ impl Session {
         let mut counters = self.tables.counters()?;
         counters.unknown_frees += gc_counts.0;
         counters.sites_overflowed += gc_counts.1;
-        let (mut groups, stacks) =
-            symbolize::symbolize(raw, &self.maps, &self.plan.modules, output.is_some());
-        for g in &mut groups {
-            g.pid = self.target.pid;
-        }
+        let (groups, stacks) = profiles::groups_of(
+            self.target.pid,
+            raw,
+            &self.maps,
+            &self.plan.modules,
+            output.is_some(),
+        );
         let duration_s = self.started.0.elapsed().as_secs_f64();
         let timeline =
             self.live
@@ -679,21 +538,6 @@ impl Session {
     /// The metadata of a profile: target, mode, start, probes.
     fn describe(&self) -> Profile {
         Profile {
-            memprof_version: env!("CARGO_PKG_VERSION").to_string(),
-            mode: self.mode.name().to_string(),
-            target: TargetInfo {
-                pid: self.target.pid,
-                command: self.target.command.clone(),
-                exe: self.target.exe.display().to_string(),
-            },
-            start_unix_s: self
-                .started
-                .1
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map(|d| d.as_secs_f64())
-                .unwrap_or(0.0),
-            unwind: self.plan.unwind_name().to_string(),
-            sample_bytes: self.probes.sample_bytes(),
             gc_sampling: match self.plan.gc_sampling {
                 plan::PlannedGcSampling::Refill { .. } => "refill".to_string(),
                 _ => String::new(),
@@ -710,7 +554,17 @@ impl Session {
                     reason: p.placement.reason.clone(),
                 })
                 .collect(),
-            ..Profile::default()
+            ..profiles::header(Header {
+                mode: self.mode.name(),
+                target: TargetInfo {
+                    pid: self.target.pid,
+                    command: self.target.command.clone(),
+                    exe: self.target.exe.display().to_string(),
+                },
+                started: self.started.1,
+                unwind: self.plan.unwind_name().to_string(),
+                sample_bytes: self.probes.sample_bytes(),
+            })
         }
     }
 }

@@ -7,14 +7,17 @@ use std::time::{Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
 
-use super::plan::PlannedGcSampling;
-use super::{update_ranges, CensusWhen, GcWatch, Mode, Output, Plan, Session, SessionOptions};
+use super::{update_ranges, GcWatch, Session};
 use crate::allocators;
+use crate::driver::preflight::{mapped_files, require_capabilities};
+use crate::driver::Output;
 use crate::live::Live;
 use crate::modules::ModuleCache;
+use crate::options::{CensusWhen, Mode, SessionOptions};
+use crate::plan::{Choice, Plan, PlannedGcSampling};
 use crate::predict::Predictor;
 use crate::probes::{ProbeOptions, Probes};
-use crate::target::maps::{self, MapsCache};
+use crate::target::maps::MapsCache;
 use crate::target::trace::Tracer;
 use crate::target::{self, launch, startup, Target};
 use memprof_common::LIBRARY_LOAD_SIGNAL;
@@ -107,7 +110,12 @@ impl Session {
             target::check_architecture(pid, &target.exe)?;
             let modules = ModuleCache::of_process(pid);
             run_to_libraries(pid, &modules)?;
-            let plan = Plan::new(modules, &target.exe, &mapped_files(pid)?, &options.choice())?;
+            let plan = Plan::new(
+                modules,
+                &target.exe,
+                &mapped_files(pid)?,
+                &Choice::of(options),
+            )?;
             Ok((target, plan))
         });
         let (mut target, plan) = match started {
@@ -204,7 +212,7 @@ impl Session {
             ModuleCache::of_process(pid),
             &target.exe,
             &loaded,
-            &options.choice(),
+            &Choice::of(options),
         )?;
         let mut session = Session::new(Mode::Attach, target, plan, output, options)?;
         session.refresh_maps()?;
@@ -416,46 +424,5 @@ fn run_to_libraries(pid: u32, modules: &ModuleCache) -> Result<()> {
     probes.stop_library_loads()?;
     // Its one link closes in the background (~0.1 s).
     drop(probes.detach());
-    Ok(())
-}
-
-/// The files `pid` maps, from its own mappings.
-pub(crate) fn mapped_files(pid: u32) -> Result<Vec<PathBuf>> {
-    Ok(maps::read(pid)
-        .with_context(|| format!("cannot read the mappings of pid {pid}"))?
-        .into_iter()
-        .map(|m| m.path)
-        .collect())
-}
-
-/// memprof needs CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN) for the
-/// probes and CAP_SYS_PTRACE to trace the target and read its memory:
-/// checked as capabilities, not as uid 0.
-pub(crate) fn require_capabilities() -> Result<()> {
-    const CAP_SYS_PTRACE: u32 = 19;
-    const CAP_SYS_ADMIN: u32 = 21;
-    const CAP_PERFMON: u32 = 38;
-    const CAP_BPF: u32 = 39;
-    let status =
-        std::fs::read_to_string("/proc/self/status").context("cannot read /proc/self/status")?;
-    let effective = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
-        .unwrap_or(0);
-    let has = |cap: u32| effective & (1u64 << cap) != 0;
-    let mut missing = Vec::new();
-    if !(has(CAP_BPF) && has(CAP_PERFMON) || has(CAP_SYS_ADMIN)) {
-        missing.extend(["CAP_BPF", "CAP_PERFMON"]);
-    }
-    if !has(CAP_SYS_PTRACE) {
-        missing.push("CAP_SYS_PTRACE");
-    }
-    if !missing.is_empty() {
-        bail!(
-            "memprof needs {} to load eBPF programs, attach uprobes and trace the target: run it as root (sudo) or grant them",
-            missing.join(", ")
-        );
-    }
     Ok(())
 }

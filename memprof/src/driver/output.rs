@@ -11,14 +11,14 @@ use crate::outfile::OutFile;
 use crate::profile::{self, Profile};
 use crate::report::{self, markdown};
 
-pub(crate) struct Output {
+pub struct Output {
     path: PathBuf,
     /// `None` once written.
     file: Option<OutFile>,
 }
 
 impl Output {
-    pub(crate) fn create(given: Option<&PathBuf>, exe: &Path, pid: Option<u32>) -> Result<Output> {
+    pub fn create(given: Option<&PathBuf>, exe: &Path, pid: Option<u32>) -> Result<Output> {
         let path = match given {
             Some(p) => p.clone(),
             None => {
@@ -39,19 +39,19 @@ impl Output {
 
     /// No file: a session whose profile becomes part of another's (a
     /// process `run` follows).
-    pub(super) fn none() -> Output {
+    pub fn none() -> Output {
         Output {
             path: PathBuf::new(),
             file: None,
         }
     }
 
-    pub(super) fn path(&self) -> &Path {
+    pub fn path(&self) -> &Path {
         &self.path
     }
 
     /// Writes the profile and gives the file its name.
-    pub(super) fn write(&mut self, profile: &Profile) -> Result<()> {
+    pub fn write(&mut self, profile: &Profile) -> Result<()> {
         let Some(mut file) = self.file.take() else {
             anyhow::bail!("the profile {} was written already", self.path.display());
         };
@@ -63,7 +63,7 @@ impl Output {
 
 impl Output {
     /// Writes the profile, then prints its header and its `top` stacks.
-    pub(crate) fn write_and_print(&mut self, profile: &Profile, top: usize) -> Result<()> {
+    pub fn write_and_print(&mut self, profile: &Profile, top: usize) -> Result<()> {
         use std::io::Write;
         self.write(profile)?;
         let path = self.path();

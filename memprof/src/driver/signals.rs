@@ -1,4 +1,4 @@
-//! The signals that end or wake a session, received synchronously.
+//! The signals that end or wake the driver, received synchronously.
 use std::time::Duration;
 
 use anyhow::{bail, Result};
@@ -6,14 +6,14 @@ use anyhow::{bail, Result};
 /// SIGINT, SIGTERM and SIGCHLD, blocked and received synchronously with
 /// `sigtimedwait`, so the wait loop wakes at once when the target stops or
 /// the user interrupts, without handlers. The mask is restored on drop.
-pub(crate) struct Signals {
+pub struct Signals {
     set: libc::sigset_t,
     /// The mask before blocking: what a launched command must start with.
     pub(super) original: libc::sigset_t,
 }
 
 impl Signals {
-    pub(crate) fn block() -> Result<Signals> {
+    pub(super) fn block() -> Result<Signals> {
         unsafe {
             let mut set: libc::sigset_t = std::mem::zeroed();
             let mut original: libc::sigset_t = std::mem::zeroed();
@@ -29,7 +29,7 @@ impl Signals {
     }
 
     /// Waits up to `timeout` for one of the signals.
-    pub(crate) fn wait(&self, timeout: Duration) -> Option<i32> {
+    pub(super) fn wait(&self, timeout: Duration) -> Option<i32> {
         let ts = libc::timespec {
             tv_sec: timeout.as_secs() as libc::time_t,
             tv_nsec: timeout.subsec_nanos() as libc::c_long,

@@ -8,9 +8,9 @@ use std::time::Instant;
 use anyhow::Result;
 use memprof_common::AllocKind;
 
-use super::{GcLiveness, Heap, SessionOptions, Unwind};
 use crate::allocators::{self, ResolvedFn, BOEHM, BOEHM_REFILL, LIBC};
 use crate::modules::ModuleCache;
+use crate::options::{GcLiveness, GcSampling, Heap, SessionOptions, Unwind};
 use crate::placement::{self, Planned};
 use crate::probes::ProbeOptions;
 use crate::report;
@@ -35,6 +35,19 @@ pub struct Choice {
     /// A process `run` follows: what the command's plan said already
     /// (unwind table sizes, sampling notes) is not said again.
     pub quiet: bool,
+}
+
+impl Choice {
+    /// What the plan depends on, of a session's options.
+    pub fn of(options: &SessionOptions) -> Choice {
+        Choice {
+            heap: options.heap,
+            unwind: options.unwind,
+            probe_at_entry: options.probe_at_entry,
+            gc_refill: options.gc_sampling == GcSampling::Refill,
+            quiet: options.followed,
+        }
+    }
 }
 
 /// What to attach where.

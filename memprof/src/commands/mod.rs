@@ -1,0 +1,174 @@
+//! The subcommands, from the parsed command line to the mode that runs
+//! them: each command's options are checked and built here ([`flags`]
+//! for the profiling sessions', [`report`] for `memprof report`), then the
+//! long-running modes go through one [`Driver`].
+mod flags;
+mod report;
+
+use std::io::Write;
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+
+use crate::allocators;
+use crate::cli::{Cli, Command, SessionArgs};
+use crate::driver::Driver;
+use crate::options::{Heap, SessionOptions};
+use crate::session::{drive, select::Selection};
+use flags::{seconds, selection_gc_sampling, session_options};
+
+/// Runs the command line's subcommand; returns memprof's exit code.
+pub fn run_cli(cli: Cli) -> Result<i32> {
+    match cli.command {
+        Command::Report(args) => report::report(&args).map(|()| 0),
+        Command::Probes {
+            pid,
+            probe_at_entry,
+            heap,
+        } => probes(pid, probe_at_entry, heap),
+        command => {
+            // The long-running modes: Ctrl-C, SIGTERM and SIGCHLD are the
+            // driver's from here until the profile is written.
+            let driver = Driver::new()?;
+            long_running(&driver, command)
+        }
+    }
+}
+
+/// `run`, `attach`, `top` and `heap`, under `driver`.
+fn long_running(driver: &Driver, command: Command) -> Result<i32> {
+    match command {
+        Command::Run {
+            session,
+            no_follow,
+            command,
+        } => {
+            refuse_attach_flags(&command[0])?;
+            let options = SessionOptions {
+                follow: !no_follow,
+                ..session_options(&session, None)?
+            };
+            drive::run(driver, &command, &options)
+        }
+        Command::Attach {
+            pid,
+            all,
+            comm,
+            exe,
+            duration,
+            session,
+        } => {
+            let duration = seconds("--duration", duration)?;
+            let options = session_options(&session, duration)?;
+            match (all, pid) {
+                (true, _) => crate::host::attach_all(driver, &flags::for_all(&session, options)),
+                (false, Some(pid)) => drive::attach(driver, pid, &options),
+                (false, None) => {
+                    let options = flags::for_selection(&session, options);
+                    drive::attach_matching(driver, &Selection::new(comm, exe)?, &options)
+                }
+            }
+        }
+        Command::Top {
+            pid,
+            comm,
+            exe,
+            count,
+            duration,
+            session,
+        } => top(driver, (pid, comm, exe), count, duration, &session),
+        Command::Heap {
+            pid,
+            wait,
+            format,
+            output,
+            top,
+            sizes,
+            graph,
+            ref_level,
+            ref_limit,
+        } => {
+            if ref_limit == 0 {
+                bail!("--ref-limit must be at least 1");
+            }
+            if !(wait > 0.0 && wait.is_finite()) {
+                bail!("--wait must be a positive number of seconds");
+            }
+            let top = match (top, format) {
+                (Some(0), _) => bail!("--top must be at least 1"),
+                (Some(n), _) => Some(n),
+                (None, crate::census::HeapFormat::Markdown) => Some(40),
+                (None, _) => None,
+            };
+            let options = crate::census::HeapOptions {
+                wait: Duration::from_secs_f64(wait),
+                format,
+                output,
+                top,
+                sizes,
+                graph: graph.map(|t| (t, ref_level, ref_limit)),
+            };
+            crate::census::heap(driver, pid, &options).map(|()| 0)
+        }
+        Command::Report(_) | Command::Probes { .. } => bail!("not a long-running command"),
+    }
+}
+
+/// `memprof top`: the processes selected by pid, name or executable.
+fn top(
+    driver: &Driver,
+    (pid, comm, exe): (Vec<u32>, Vec<String>, Vec<std::path::PathBuf>),
+    count: Option<u32>,
+    duration: Option<f64>,
+    session: &SessionArgs,
+) -> Result<i32> {
+    if pid.is_empty() && comm.is_empty() && exe.is_empty() {
+        bail!("memprof top: say which processes: --pid N, --comm NAME or --exe PATH (each repeatable)");
+    }
+    if session.sample_bytes.unwrap_or(0) > 0 {
+        bail!("memprof top reads its live bytes without walking the tables: --sample-bytes does not apply (GC allocations are sampled at the collector's refills already)");
+    }
+    if count == Some(0) {
+        bail!("--count must be at least 1");
+    }
+    let duration = seconds("--duration", duration)?;
+    let refresh = seconds("--interval", session.interval)?.unwrap_or(crate::top::DEFAULT_REFRESH);
+    let mut options = session_options(session, duration)?;
+    // The sessions print nothing of their own; the table is the view.
+    options.live = Default::default();
+    selection_gc_sampling(session, &mut options);
+    let selection = Selection::new(comm, exe)?.with_pids(pid)?;
+    drive::top(driver, &selection, &options, refresh, count)
+}
+
+/// `memprof probes --pid N`: where the probes would go, and why.
+fn probes(pid: u32, probe_at_entry: bool, heap: Heap) -> Result<i32> {
+    let plan = crate::plan::plan_for_pid(pid, probe_at_entry, heap)?;
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "{:<16} {:<28} {:>8}  why",
+        "function", "module", "offset"
+    )?;
+    for p in plan {
+        writeln!(
+            out,
+            "{:<16} {:<28} {:>8}  {}",
+            p.func.func.symbol,
+            allocators::short(&p.func.module),
+            format!("+{}", p.placement.offset),
+            p.placement.reason
+        )?;
+    }
+    Ok(0)
+}
+
+/// `memprof run --pid 5 …`: clap takes an unknown flag for the command;
+/// say which subcommand has it instead of "command not found: --pid".
+fn refuse_attach_flags(first: &str) -> Result<()> {
+    let flag = first.split('=').next().unwrap_or(first);
+    if matches!(flag, "-p" | "--pid" | "-d" | "--duration") {
+        bail!("{flag} is an option of `memprof attach`, not of `memprof run` (which starts the command given after --)");
+    }
+    Ok(())
+}

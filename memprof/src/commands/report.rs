@@ -1,0 +1,194 @@
+//! `memprof report`: a profile (or two, `--diff`) loaded, filtered and
+//! written in the format asked for.
+use std::io::Write;
+
+use anyhow::{bail, Result};
+
+use crate::cli::ReportArgs;
+use crate::outfile::OutFile;
+use crate::profile::{self, Profile};
+use crate::report::{self, diff, filter, Format};
+
+/// `memprof report FILE` / `memprof report --diff BEFORE AFTER`.
+pub(super) fn report(args: &ReportArgs) -> Result<()> {
+    filter::check_sizes(args.size_min, args.size_max)?;
+    let filter = filter_of(args)?;
+    let mut options = report::Options {
+        min_bytes: args.min_bytes,
+        depth: args.depth,
+        skip: args.skip,
+        top: args.top,
+        skip_runtime: args.skip_runtime,
+        count: args.count,
+        total: args.total,
+        inverted: args.inverted,
+        filters: describe_filters(args),
+        keep_order: false,
+    };
+    check_format(args)?;
+    let mut loaded = load(args, &filter)?;
+    // --leaks: its own table in markdown; for the other formats (and
+    // both profiles of --diff), only the leaking stacks, ranked by growth.
+    let leak_table = args.leaks && args.format == Format::Markdown && args.diff.is_none();
+    if args.leaks && !leak_table {
+        for profile in &mut loaded {
+            *profile = report::leaks::leaking(std::mem::take(profile));
+        }
+        options.keep_order = true;
+        options.min_bytes.get_or_insert(0);
+    }
+    match write(args, &loaded, leak_table, &options) {
+        // `memprof report … | head` is done, not failed.
+        Err(e) if is_broken_pipe(&e) => Ok(()),
+        other => other,
+    }
+}
+
+/// The filters of the command line.
+fn filter_of(args: &ReportArgs) -> Result<filter::Filter> {
+    Ok(filter::Filter {
+        kinds: filter::kinds(&args.kind)?,
+        function: filter::regex("--function", args.function.as_deref())?,
+        source: filter::regex("--source", args.source.as_deref())?,
+        exclude_function: filter::regex("--exclude-function", args.exclude_function.as_deref())?,
+        size_min: args.size_min,
+        size_max: args.size_max,
+        leaked: args.leaked,
+        temporary: args.temporary,
+        temporary_ns: args.temporary_ms.saturating_mul(1_000_000),
+        pids: args.pid.clone(),
+        comms: args.comm.clone(),
+    })
+}
+
+/// Formats that cannot be written as asked: a diff not in markdown or
+/// json, pprof (binary) to a terminal.
+fn check_format(args: &ReportArgs) -> Result<()> {
+    if args.diff.is_some() && !args.format.diffable() {
+        bail!(
+            "--diff writes markdown or json, not {}",
+            clap::ValueEnum::to_possible_value(&args.format).map_or_else(
+                || format!("{:?}", args.format),
+                |v| v.get_name().to_string()
+            )
+        );
+    }
+    if args.format == Format::Pprof
+        && args.output.is_none()
+        && std::io::IsTerminal::is_terminal(&std::io::stdout())
+    {
+        bail!("pprof is binary (gzipped protobuf): write it to a file with -o FILE.pb.gz");
+    }
+    Ok(())
+}
+
+/// The profile, or the two of `--diff`, loaded and filtered.
+fn load(args: &ReportArgs, filter: &filter::Filter) -> Result<Vec<Profile>> {
+    Ok(match (&args.diff, &args.file) {
+        (Some(files), _) => {
+            let [before, after] = [0, 1].map(|i| profile::load(&files[i]));
+            let (before, after) = (before?, after?);
+            filter.check_processes(&before)?;
+            filter.check_processes(&after)?;
+            let (before, after) = (filter.apply(before), filter.apply(after));
+            diff::check_compatible(&before, &after)?;
+            vec![before, after]
+        }
+        (None, Some(file)) => {
+            let profile = profile::load(file)?;
+            filter.check_processes(&profile)?;
+            vec![if filter.is_empty() {
+                profile
+            } else {
+                filter.apply(profile)
+            }]
+        }
+        (None, None) => bail!("no profile given"),
+    })
+}
+
+/// Writes the report: to `-o` (whole or not at all), else stdout.
+fn write(
+    args: &ReportArgs,
+    loaded: &[Profile],
+    leak_table: bool,
+    options: &report::Options,
+) -> Result<()> {
+    let mut file = args.output.as_deref().map(OutFile::create).transpose()?;
+    let mut stdout = std::io::stdout().lock();
+    let out: &mut dyn Write = match &mut file {
+        Some(file) => file,
+        None => &mut stdout,
+    };
+    // One profile, or the two of --diff.
+    match loaded {
+        [profile] if leak_table => report::leaks::write(profile, options, out),
+        [profile] => report::render(profile, args.format, options, out),
+        [before, after, ..] => {
+            let files = args.diff.as_deref().unwrap_or_default();
+            let names = [0, 1].map(|i| files[i].to_str().unwrap_or("?"));
+            diff::write(
+                before,
+                after,
+                names,
+                args.format == Format::Json,
+                options,
+                out,
+            )
+        }
+        [] => Ok(()),
+    }
+    .and_then(|()| out.flush().map_err(Into::into))
+    .and_then(|()| file.map_or(Ok(()), OutFile::commit))
+}
+
+/// The filters given, in words, for report headers.
+fn describe_filters(args: &ReportArgs) -> Option<String> {
+    let mut parts = Vec::new();
+    if !args.kind.is_empty() {
+        parts.push(format!("--kind {}", args.kind.join(",")));
+    }
+    for pid in &args.pid {
+        parts.push(format!("--pid {pid}"));
+    }
+    for comm in &args.comm {
+        parts.push(format!("--comm {comm}"));
+    }
+    for (flag, value) in [
+        ("--function", &args.function),
+        ("--source", &args.source),
+        ("--exclude-function", &args.exclude_function),
+    ] {
+        if let Some(v) = value {
+            parts.push(format!("{flag} '{v}'"));
+        }
+    }
+    if let Some(min) = args.size_min {
+        parts.push(format!("--size-min {min} (mean allocation size)"));
+    }
+    if let Some(max) = args.size_max {
+        parts.push(format!("--size-max {max} (mean allocation size)"));
+    }
+    if args.leaked {
+        parts.push("--leaked (stacks with blocks live at the end)".to_string());
+    }
+    if args.temporary {
+        parts.push(format!(
+            "--temporary: live counts and bytes are the allocations that died soon (GC: at the first collection; libc and mmap: within {} ms)",
+            args.temporary_ms
+        ));
+    }
+    (!parts.is_empty()).then(|| parts.join("; "))
+}
+
+/// Whether writing failed because the reader went away (`… | head`),
+/// whichever writer met it.
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    use std::io::ErrorKind::BrokenPipe;
+    err.chain().any(|e| {
+        e.downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == BrokenPipe)
+            || e.downcast_ref::<serde_json::Error>()
+                .is_some_and(|e| e.io_error_kind() == Some(BrokenPipe))
+    })
+}

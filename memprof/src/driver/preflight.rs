@@ -1,0 +1,48 @@
+//! What every mode checks of the machine and the target before it
+//! attaches anything: memprof's capabilities, the files the target maps.
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+
+use crate::target::maps;
+
+/// The files `pid` maps, from its own mappings.
+pub fn mapped_files(pid: u32) -> Result<Vec<PathBuf>> {
+    Ok(maps::read(pid)
+        .with_context(|| format!("cannot read the mappings of pid {pid}"))?
+        .into_iter()
+        .map(|m| m.path)
+        .collect())
+}
+
+/// memprof needs CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN) for the
+/// probes and CAP_SYS_PTRACE to trace the target and read its memory:
+/// checked as capabilities, not as uid 0.
+pub fn require_capabilities() -> Result<()> {
+    const CAP_SYS_PTRACE: u32 = 19;
+    const CAP_SYS_ADMIN: u32 = 21;
+    const CAP_PERFMON: u32 = 38;
+    const CAP_BPF: u32 = 39;
+    let status =
+        std::fs::read_to_string("/proc/self/status").context("cannot read /proc/self/status")?;
+    let effective = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .unwrap_or(0);
+    let has = |cap: u32| effective & (1u64 << cap) != 0;
+    let mut missing = Vec::new();
+    if !(has(CAP_BPF) && has(CAP_PERFMON) || has(CAP_SYS_ADMIN)) {
+        missing.extend(["CAP_BPF", "CAP_PERFMON"]);
+    }
+    if !has(CAP_SYS_PTRACE) {
+        missing.push("CAP_SYS_PTRACE");
+    }
+    if !missing.is_empty() {
+        bail!(
+            "memprof needs {} to load eBPF programs, attach uprobes and trace the target: run it as root (sudo) or grant them",
+            missing.join(", ")
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,127 @@
+//! What a profiling session is asked to do: the options of `run`,
+//! `attach` and `top`, built from the command line by [`crate::commands`]
+//! and read by every stage below.
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::live::LiveOptions;
+use crate::probes::ProbeOptions;
+
+pub use crate::census::session::CensusWhen;
+
+/// Which allocator families to probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Heap {
+    /// libc (malloc & co, mmap) and the Boehm GC, whichever the target has.
+    All,
+    /// Only the Boehm GC (`GC_malloc` & co).
+    Gc,
+    /// Only libc: malloc & co and mmap.
+    Libc,
+}
+
+/// How to capture stacks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Unwind {
+    /// DWARF: right for code with and without frame pointers.
+    Auto,
+    /// Frame pointers only (cheaper; short stacks for code without them).
+    Fp,
+    /// CFI tables from each module's .eh_frame, unwound in the kernel.
+    Dwarf,
+}
+
+/// Settings shared by `run` and `attach`.
+#[derive(Debug, Clone)]
+pub struct SessionOptions {
+    pub output: Option<PathBuf>,
+    pub probes: ProbeOptions,
+    pub probe_at_entry: bool,
+    pub duration: Option<Duration>,
+    pub heap: Heap,
+    pub unwind: Unwind,
+    /// Rows of the table printed at the end.
+    pub top: usize,
+    /// Timeline sampling, `--interval`, `--snapshot-every`.
+    pub live: LiveOptions,
+    pub gc_liveness: GcLiveness,
+    /// `--gc-sampling`: every Boehm allocation, or samples at refills.
+    pub gc_sampling: GcSampling,
+    /// `--census` (`None`: the mode's default, [`CensusWhen::or_default`]).
+    pub census: Option<CensusWhen>,
+    /// How long the end census waits for a collection (`--census-wait`).
+    pub census_wait: Duration,
+    /// Write every mark-bit verdict here (`--gc-verdicts`, for tests).
+    pub gc_verdicts: Option<PathBuf>,
+    /// `run`: profile the processes the command starts too (`--no-follow`: not).
+    pub follow: bool,
+    /// This session is one of a process `run` follows (said in one line).
+    pub followed: bool,
+}
+
+/// How dead Boehm GC objects are recognized.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum GcLiveness {
+    /// Read the collector's mark bits after every collection (the
+    /// collecting thread is held meanwhile; memprof traces the target),
+    /// plus address reuse.
+    Marks,
+    /// Only address reuse: an object counts as live until GC_free or
+    /// until its address is allocated again (no tracing, no pause).
+    Reuse,
+}
+
+/// How Boehm GC allocations are followed (`--gc-sampling`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum GcSampling {
+    /// Every `GC_malloc`/`GC_malloc_atomic` call is probed.
+    Exact,
+    /// Samples where a thread's free list is refilled, each standing for
+    /// the objects of the list; the free lists' fast path is not probed
+    /// ([`crate::refill`]).
+    Refill,
+}
+
+impl CensusWhen {
+    /// `--census`, or the mode's default: `attach` censuses what was
+    /// live before it and what is live as it leaves; `run` saw every
+    /// allocation, and a census holds the collector ~1 ms per MB of heap
+    /// (and keeps a copy of the heap in memprof) for what the profile has.
+    pub fn or_default(when: Option<CensusWhen>, mode: Mode) -> CensusWhen {
+        when.unwrap_or(match mode {
+            Mode::Attach => CensusWhen::Both,
+            Mode::Run => CensusWhen::Off,
+        })
+    }
+}
+
+impl SessionOptions {
+    /// The options of a session whose profile becomes part of another's
+    /// (a process `run` follows, one `attach --comm/--exe` selects): no
+    /// file, no live output or census of its own, its plan said quietly.
+    pub fn for_followed(&self) -> SessionOptions {
+        SessionOptions {
+            output: None,
+            live: LiveOptions::default(),
+            census: Some(CensusWhen::Off),
+            followed: true,
+            ..self.clone()
+        }
+    }
+}
+
+/// How the session started: `run` launched the target, `attach` found it running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Run,
+    Attach,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Run => "run",
+            Mode::Attach => "attach",
+        }
+    }
+}

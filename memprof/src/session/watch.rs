@@ -1,0 +1,206 @@
+//! `memprof attach --comm NAME` / `--exe PATH` and `memprof top`: every
+//! process a [`Selection`] names, those running and those that start while
+//! memprof runs (found within [`RESCAN`]), each with a session of its own
+//! from its attach on, until Ctrl-C, SIGTERM or `--duration`; one profile,
+//! one process each. `top` shows their heaps as a table meanwhile.
+use std::collections::HashSet;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+
+use super::drive::Followed;
+use super::select::{Selection, RESCAN};
+use super::Session;
+use crate::driver::{profiles, Driven, Driver, Flow, Output, Profiling};
+use crate::options::{GcSampling, SessionOptions};
+use crate::profile::Profile;
+
+/// `memprof attach --comm NAME` / `--exe PATH`.
+pub fn attach_matching(
+    driver: &Driver,
+    selection: &Selection,
+    options: &SessionOptions,
+) -> Result<i32> {
+    watch_matching(driver, selection, options, None)
+}
+
+/// `memprof top`: [`attach_matching`] with the processes' heaps shown
+/// every `refresh` (`count` times, or until `q`, Ctrl-C, SIGTERM,
+/// `--duration`); a profile is written only if `-o` asks for one.
+pub fn top(
+    driver: &Driver,
+    selection: &Selection,
+    options: &SessionOptions,
+    refresh: Duration,
+    count: Option<u32>,
+) -> Result<i32> {
+    watch_matching(driver, selection, options, Some((refresh, count)))
+}
+
+/// The processes `selection` names, each with a session of its own, until
+/// the end; with `top` (`refresh`, `count`), shown as a table.
+fn watch_matching(
+    driver: &Driver,
+    selection: &Selection,
+    options: &SessionOptions,
+    top: Option<(Duration, Option<u32>)>,
+) -> Result<i32> {
+    let mut output = match (top, &options.output) {
+        (Some(_), None) => None,
+        _ => Some(Output::create(
+            options.output.as_ref(),
+            Path::new(&selection_name(selection)),
+            None,
+        )?),
+    };
+    let mut watch = Watch {
+        selection,
+        options,
+        followed: Followed::default(),
+        seen: HashSet::new(),
+        last_scan: None,
+        top: top.map(|(refresh, count)| Top {
+            view: crate::top::View::new(),
+            refresh,
+            count,
+            next: Instant::now(),
+            shown: 0,
+        }),
+    };
+    let started = Instant::now();
+    say_watching(selection, options, top.is_some());
+    driver.drive(&mut watch, options.duration)?;
+    // The terminal is given back before anything else is printed.
+    drop(watch.top.take());
+    let profiles = watch.followed.finish();
+    let Some(output) = &mut output else {
+        eprintln!(
+            "memprof: watched {} process{}; each runs on, untraced",
+            profiles.len(),
+            if profiles.len() == 1 { "" } else { "es" }
+        );
+        return Ok(0);
+    };
+    // The first process attached to stands for the session; the others join it.
+    let Some(profile) = profiles::merge(None, profiles) else {
+        bail!(
+            "no process of {} ran while memprof watched ({:.1} s): nothing to write",
+            selection.describe(),
+            started.elapsed().as_secs_f64()
+        );
+    };
+    output.write_and_print(&profile, options.top)?;
+    Ok(0)
+}
+
+/// The first line: what is watched, how it is sampled, how it ends.
+fn say_watching(selection: &Selection, options: &SessionOptions, top: bool) {
+    let mut sampled = match options.probes.sample_bytes {
+        0 => String::new(),
+        n => format!(", sampled (--sample-bytes {n}; 0: every allocation)"),
+    };
+    if options.gc_sampling == GcSampling::Refill {
+        sampled.push_str(
+            ", GC allocations at the collector's refills (--gc-sampling exact: every one)",
+        );
+    }
+    eprintln!(
+        "memprof: {} every process of {} (now and as they start){sampled}; Ctrl-C to stop{}",
+        if top { "watching" } else { "profiling" },
+        selection.describe(),
+        options
+            .duration
+            .map(|d| format!(", or wait {} s", d.as_secs_f64()))
+            .unwrap_or_default()
+    );
+}
+
+/// The profile's default name: the first program the selection names.
+fn selection_name(selection: &Selection) -> String {
+    match (selection.comms.first(), selection.exes.first()) {
+        (Some(comm), _) => comm.clone(),
+        (None, Some(exe)) => exe.display().to_string(),
+        (None, None) => "attach".to_string(),
+    }
+}
+
+/// The processes a selection names, as the driver steps them.
+struct Watch<'a> {
+    selection: &'a Selection,
+    options: &'a SessionOptions,
+    followed: Followed,
+    /// Every process attached to (or tried), never again.
+    seen: HashSet<u32>,
+    last_scan: Option<Instant>,
+    top: Option<Top>,
+}
+
+/// `memprof top`'s table: shown every `refresh`, `count` times at most.
+struct Top {
+    view: crate::top::View,
+    refresh: Duration,
+    count: Option<u32>,
+    /// When it is shown next.
+    next: Instant,
+    shown: u32,
+}
+
+impl Driven for Watch<'_> {
+    /// Processes started since the last look, then `top`'s table when due.
+    fn due(&mut self) -> Result<Flow> {
+        if self.last_scan.is_none_or(|t| t.elapsed() >= RESCAN) {
+            self.last_scan = Some(Instant::now());
+            for pid in self.selection.matching() {
+                if self.seen.insert(pid) {
+                    let session = Session::attach_followed(pid, self.options);
+                    self.followed.started(pid, session);
+                }
+            }
+        }
+        let Some(top) = &mut self.top else {
+            return Ok(Flow::Go);
+        };
+        if Instant::now() >= top.next {
+            let vitals: Vec<_> = self
+                .followed
+                .running()
+                .iter_mut()
+                .filter_map(|s| s.vitals().ok())
+                .collect();
+            top.view.refresh(&vitals, &self.selection.describe())?;
+            top.shown += 1;
+            top.next += top.refresh;
+            if top.count.is_some_and(|n| top.shown >= n) {
+                return Ok(Flow::Stop);
+            }
+        }
+        Ok(match top.view.quit_pressed() {
+            true => Flow::Stop,
+            false => Flow::Go,
+        })
+    }
+
+    fn timeout(&self) -> Duration {
+        let wait = self.followed.timeout(RESCAN);
+        match &self.top {
+            Some(top) => wait.min(top.next.saturating_duration_since(Instant::now())),
+            None => wait,
+        }
+    }
+
+    fn step(&mut self) -> Result<Flow> {
+        self.followed.step(self.options);
+        Ok(Flow::Go)
+    }
+}
+
+impl Profiling for Watch<'_> {
+    fn pids(&self) -> Vec<u32> {
+        self.followed.pids()
+    }
+
+    fn snapshot(&mut self, pid: u32) -> Result<Profile> {
+        self.followed.snapshot(pid)
+    }
+}
