@@ -28,8 +28,8 @@
 //!
 //! Systematic sampling: one sample per list, so a program whose
 //! allocations of one size repeat with the list's period would put every
-//! sample on the same stack (see the README's "Sampling at the collector's
-//! refills").
+//! sample on the same stack (see docs/how-it-works.md, "Sampling at the
+//! collector's refills").
 use std::path::Path;
 
 use anyhow::{anyhow, Result};

@@ -194,7 +194,7 @@ fn static_and_stripped_builds() {
 /// The class's total stays right; the split between the two sites does
 /// not. Runs here (other environments, other phases) put Rare, 4,000
 /// objects, anywhere from 12 to 11,716. Each sample on it stands for a
-/// whole list. The README says so.
+/// whole list. docs/how-it-works.md says so.
 #[test]
 fn allocations_in_step_with_the_lists_alias() {
     let dir = TempDir::new("refill-alias");
@@ -205,7 +205,7 @@ fn allocations_in_step_with_the_lists_alias() {
     let error = (rare as f64 - 4_000.0).abs() / 4_000.0;
     assert!(
         error > 0.25,
-        "Rare estimated at {rare} (truth 4,000): within 25 %, no longer aliased? Update the README"
+        "Rare estimated at {rare} (truth 4,000): within 25 %, no longer aliased? Update docs/how-it-works.md"
     );
 }
 

@@ -1,6 +1,6 @@
 //! The `memprof heap` report: markdown (live objects per type, the size
 //! classes, where the RSS goes), tsv (the type rows) or json (everything,
-//! versioned; the README documents it).
+//! versioned; docs/formats.md documents it).
 use std::collections::BTreeMap;
 use std::io::Write;
 

@@ -75,8 +75,8 @@ pub struct Counters {
     #[serde(default)]
     pub returns_probed: u64,
     /// Allocations recorded at their entry, their result read from the
-    /// thread's cache (no return probed; see the README's "Allocations
-    /// without their return").
+    /// thread's cache (no return probed; see docs/how-it-works.md,
+    /// "Allocations without their return").
     #[serde(default)]
     pub predicted: u64,
     /// Predictions checked against their return, and of those wrong (one
@@ -86,8 +86,8 @@ pub struct Counters {
     #[serde(default)]
     pub predictions_wrong: u64,
     /// `--gc-sampling refill`: free-list refills recorded, each a sample
-    /// standing for the objects of the list it refilled (see the README's
-    /// "Sampling at the collector's refills"). Included in `allocs`.
+    /// standing for the objects of the list it refilled (see
+    /// docs/how-it-works.md, "Sampling at the collector's refills"). Included in `allocs`.
     #[serde(default)]
     pub refills: u64,
     /// `attach --all`: allocations of processes memprof had no room for

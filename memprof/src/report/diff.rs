@@ -168,7 +168,7 @@ fn live(p: &Profile) -> [u64; 2] {
         .fold([0, 0], |[n, b], g| [n + g.live_count, b + g.live_bytes])
 }
 
-/// The diff as JSON (`memprof-diff`, versioned; the README documents it).
+/// The diff as JSON (`memprof-diff`, versioned; docs/formats.md documents it).
 fn write_json(
     [(before_name, before), (after_name, after)]: [(&str, &Profile); 2],
     rows: &[Row<'_>],

@@ -1,4 +1,4 @@
-//! Everything in the profile as one JSON document (schema in the README,
+//! Everything in the profile as one JSON document (schema in docs/formats.md,
 //! `"version"` bumps on incompatible changes). Unlike the tables it keeps
 //! stacks with nothing live and applies `--min-bytes`/`--top`/`--depth` only
 //! when given; the allocator plumbing is hidden unless `--skip-runtime=false`.

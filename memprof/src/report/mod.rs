@@ -77,7 +77,7 @@ pub enum Format {
     Markdown,
     /// Row count, then `count<TAB>bytes<TAB>frame<TAB>frame…` per stack.
     Tsv,
-    /// Everything in the profile, documented in the README.
+    /// Everything in the profile, documented in docs/formats.md.
     Json,
     /// Live objects and bytes per allocated Crystal class (`| Objects | Bytes | Type |`).
     Types,
