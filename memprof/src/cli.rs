@@ -23,7 +23,7 @@ memprof report app.mprof --format html -o r.html    one page: summary, timeline,
 memprof report --diff snap-0001.mprof snap-0002.mprof   what grew between two snapshots\n  \
 sudo memprof probes --pid 1234                      show where the probes would go and why\n  \
 sudo memprof heap --pid 1234                        live objects per type in the whole GC heap, and where the RSS goes\n\n\
-run, attach, probes and heap need root (CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE)."
+run, attach, top, probes and heap need root (CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE)."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -109,7 +109,7 @@ pub enum Command {
     /// objects estimated with --gc-sampling refill) and GC collections a
     /// second. Processes are selected as `attach` selects them, now and as
     /// they start; each is attached to with a session of its own (~0.5 s,
-    /// ~130 MB of kernel memory at the default --max-live) and let go,
+    /// ~126 MB of kernel memory at the default --max-live) and let go,
     /// untraced, at the end. `q` quits in a terminal; without one, each
     /// refresh is appended to stdout. No profile is written unless -o asks
     /// for one. libc figures are exact; GC ones are estimated from the
@@ -211,7 +211,7 @@ pub struct SessionArgs {
     /// Capacity of the kernel's live-block table (libc and mmap blocks; GC
     /// objects too with --gc-liveness reuse); blocks beyond it are counted
     /// as lost. GC objects judged by mark bits are in memprof's own copy.
-    /// The table is preallocated: ~130 MB of kernel memory at 1048576.
+    /// The table is preallocated: ~126 MB of kernel memory at 1048576.
     /// [default: 1048576; 65536 when allocations are sampled by bytes,
     /// as for attach --comm/--exe, where each process has a table: a
     /// sampled table holds about one block per 512 KiB live]
@@ -441,10 +441,11 @@ pub struct ReportArgs {
     /// rounded up to the next bucket bound.
     #[arg(long, default_value_t = crate::report::filter::DEFAULT_TEMPORARY_MS, value_name = "MS")]
     pub temporary_ms: u64,
-    /// Only GC stacks that leak, most growth first: seen at 3 or more
-    /// collections, more live objects at the last than at the first, rose
-    /// at more collections than it fell, and within 10% of its highest
-    /// count at the end. Growth in bytes = objects gained × mean object
+    /// Only GC stacks that leak, most growth first: seen at 6 or more
+    /// collections (at least half of those judged), each quarter of the
+    /// history's mean live count above the one before, the last quarter's
+    /// lowest above the first's highest, rising at a quarter or more of the
+    /// collections. Growth in bytes = objects gained × mean object
     /// size. (Needs `--gc-liveness marks` when profiling; for libc blocks
     /// the plain table, "still live at the end", is the leak view.)
     #[arg(long)]
