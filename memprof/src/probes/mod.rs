@@ -201,14 +201,7 @@ impl Probes {
             gc_verdicts,
         };
         if options.sample_bytes > 0 {
-            let mut table: Array<&mut MapData, u64> =
-                Array::try_from(probes.map_mut(maps::SAMPLE_DISTANCES)?)?;
-            for (i, distance) in crate::sampling::distances(options.sample_bytes)
-                .into_iter()
-                .enumerate()
-            {
-                table.set(i as u32, distance, 0)?;
-            }
+            probes.write_sample_distances(options.sample_bytes)?;
         }
         if !options.empty {
             probes.watch_thread_exits()?;
@@ -221,6 +214,19 @@ impl Probes {
             probes.start_host(host)?;
         }
         Ok(probes)
+    }
+
+    /// Fills `SAMPLE_DISTANCES` for a mean distance of `sample_bytes`.
+    fn write_sample_distances(&mut self, sample_bytes: u64) -> Result<()> {
+        let mut table: Array<&mut MapData, u64> =
+            Array::try_from(self.map_mut(maps::SAMPLE_DISTANCES)?)?;
+        for (i, distance) in crate::sampling::distances(sample_bytes)
+            .into_iter()
+            .enumerate()
+        {
+            table.set(i as u32, distance, 0)?;
+        }
+        Ok(())
     }
 
     fn map_mut(&mut self, name: &str) -> Result<&mut Map> {
