@@ -10,6 +10,7 @@ pub(crate) mod exit;
 pub mod family;
 pub mod launch;
 pub mod maps;
+mod router;
 pub mod startup;
 pub mod trace;
 

@@ -15,14 +15,14 @@
 //!
 //! Why a signal and not `SIGSTOP`: a group-stop would be seen by the
 //! program's parent (a shell would take the terminal back).
-use std::cell::RefCell;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 use anyhow::{bail, Result};
 
 use super::exit::ExitStatus;
 use super::family::{self, Member};
+use super::router::{has_queued, next_change, route, take_queued, take_queued_of, unroute};
 
 /// What [`Tracer::poll`] saw.
 #[derive(Debug, PartialEq, Eq)]
@@ -66,72 +66,6 @@ pub struct Tracer {
     pub own_exec: bool,
 }
 
-/// memprof's tracers (the command's, and one per process `run` follows
-/// with a session of its own) share one `waitpid(-1)`: each state change
-/// goes to the tracer of its thread.
-#[derive(Default)]
-struct Router {
-    /// The tracer (by its process) of each traced thread.
-    route: HashMap<u32, u32>,
-    /// Changes taken for another tracer than the one waiting.
-    queued: HashMap<u32, VecDeque<(u32, i32)>>,
-}
-
-thread_local! {
-    // ptrace binds a tracee to the thread that traced it: one router per thread.
-    static ROUTER: RefCell<Router> = RefCell::default();
-}
-
-/// Thread `tid` is followed by the tracer of process `tracer`.
-fn route(tid: u32, tracer: u32) {
-    ROUTER.with(|r| r.borrow_mut().route.insert(tid, tracer));
-}
-
-/// The next state change of a thread of tracer `tracer`, without blocking.
-fn next_change(tracer: u32) -> Result<Option<(u32, i32)>> {
-    ROUTER.with(|r| {
-        let mut r = r.borrow_mut();
-        if let Some(change) = r.queued.get_mut(&tracer).and_then(VecDeque::pop_front) {
-            return Ok(Some(change));
-        }
-        loop {
-            let Some((tid, status)) = wait_any(libc::WNOHANG)? else {
-                return Ok(None);
-            };
-            // A thread not seen yet: its process's tracer, or for a new
-            // process (its first stop before its parent's fork event), its
-            // parent's.
-            let owner = r.route.get(&tid).copied().or_else(|| {
-                let (process, parent) = family::process_of(tid)?;
-                r.route
-                    .get(&process)
-                    .or_else(|| r.route.get(&parent))
-                    .copied()
-            });
-            let owner = owner.unwrap_or(tracer);
-            if ExitStatus::from_wait(status).is_some() {
-                r.route.remove(&tid);
-            }
-            if owner == tracer {
-                return Ok(Some((tid, status)));
-            }
-            r.queued.entry(owner).or_default().push_back((tid, status));
-        }
-    })
-}
-
-/// The changes already taken for tracer `tracer` (its threads stopped or
-/// gone in them), dropping its queue.
-fn take_queued(tracer: u32) -> Vec<(u32, i32)> {
-    ROUTER.with(|r| {
-        r.borrow_mut()
-            .queued
-            .remove(&tracer)
-            .map(Vec::from)
-            .unwrap_or_default()
-    })
-}
-
 /// The options every traced thread gets.
 pub(crate) const OPTIONS: i32 = libc::PTRACE_O_TRACECLONE | libc::PTRACE_O_TRACEEXIT;
 
@@ -171,7 +105,7 @@ impl Tracer {
     /// Lets go of a process stopped after its `exec` that no session took
     /// over: it runs on, untraced.
     pub fn let_go(pid: u32) {
-        ROUTER.with(|r| r.borrow_mut().route.remove(&pid));
+        unroute(pid);
         unsafe { libc::ptrace(libc::PTRACE_DETACH, pid as i32, 0, 0) };
     }
 
@@ -599,17 +533,6 @@ fn let_go_threads(mut left: Vec<u32>, taken: &mut HashMap<u32, i32>) {
     }
 }
 
-/// Whether a change of one of threads `tids` was taken for tracer
-/// `tracer` and not handled yet.
-fn has_queued(tracer: u32, tids: &[u32]) -> bool {
-    ROUTER.with(|r| {
-        r.borrow()
-            .queued
-            .get(&tracer)
-            .is_some_and(|queue| queue.iter().any(|(tid, _)| tids.contains(tid)))
-    })
-}
-
 /// Whether the kernel has a state change of thread `tid` to report (left
 /// to be reported: `WNOWAIT`).
 fn change_pending(tid: u32) -> bool {
@@ -618,21 +541,6 @@ fn change_pending(tid: u32) -> bool {
     let flags = libc::WSTOPPED | libc::WEXITED | libc::WNOHANG | libc::WNOWAIT | libc::__WALL;
     let r = unsafe { libc::waitid(libc::P_PID, tid as libc::id_t, &mut info, flags) };
     r == 0 && unsafe { info.si_pid() } != 0
-}
-
-/// The changes already taken for tracer `tracer` of threads `tids`; the
-/// others stay queued.
-fn take_queued_of(tracer: u32, tids: &[u32]) -> HashMap<u32, i32> {
-    ROUTER.with(|r| {
-        let mut r = r.borrow_mut();
-        let Some(queue) = r.queued.get_mut(&tracer) else {
-            return HashMap::new();
-        };
-        let (mine, rest): (Vec<_>, Vec<_>) =
-            queue.drain(..).partition(|(tid, _)| tids.contains(tid));
-        queue.extend(rest);
-        mine.into_iter().collect()
-    })
 }
 
 /// The pid a fork, vfork or clone event of `tid` names.
@@ -659,26 +567,6 @@ fn event_stop(tid: u32, status: i32) {
 
 fn cont(tid: u32, signal: i32) {
     unsafe { libc::ptrace(libc::PTRACE_CONT, tid as i32, 0, signal as libc::c_long) };
-}
-
-/// `waitpid(-1)` over every traced thread; `None` when `WNOHANG` found nothing.
-fn wait_any(flags: i32) -> Result<Option<(u32, i32)>> {
-    let mut status = 0;
-    loop {
-        let r = unsafe { libc::waitpid(-1, &mut status, flags | libc::__WALL) };
-        if r > 0 {
-            return Ok(Some((r as u32, status)));
-        }
-        if r == 0 {
-            return Ok(None);
-        }
-        let err = std::io::Error::last_os_error();
-        match err.raw_os_error() {
-            Some(libc::EINTR) => continue,
-            Some(libc::ECHILD) => return Ok(None),
-            _ => bail!("waiting for the target: {err}"),
-        }
-    }
 }
 
 /// The thread ids of `pid`.
