@@ -171,8 +171,8 @@ pub enum Command {
         #[arg(long, default_value_t = 30.0, value_name = "SECONDS")]
         wait: f64,
         /// Output format.
-        #[arg(long, short, value_enum, default_value_t = crate::census::HeapFormat::Markdown)]
-        format: crate::census::HeapFormat,
+        #[arg(long, short, value_enum, default_value_t = crate::whole_heap::HeapFormat::Markdown)]
+        format: crate::whole_heap::HeapFormat,
         /// Write to this file instead of standard output (written whole, only on success).
         #[arg(long, short)]
         output: Option<PathBuf>,

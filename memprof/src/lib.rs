@@ -1,59 +1,78 @@
 //! memprof: a memory profiler for Linux that attaches to a program from
 //! outside, with eBPF uprobes on its allocator functions.
 //!
-//! The modules follow one allocation from the probe to the printed table:
+//! As a library, memprof offers what a program needs to work with the
+//! profiles the `memprof` command writes:
+//!
+//! - [`profile`]: read a `.mprof` file ([`profile::load`], [`profile::parse`],
+//!   with a typed [`profile::ProfileError`]) or write one;
+//! - [`report`]: render a profile in any of the command's formats
+//!   ([`report::render`]);
+//! - [`cli`] and [`run_cli`]: the command line itself, for the `memprof`
+//!   binary.
+//!
+//! Everything else is the command's own pipeline, private to the crate.
+//! Its modules, in the order one allocation goes through them (and
+//! `docs/ARCHITECTURE.md` draws the same map):
 //!
 //! | stage | module |
 //! |---|---|
-//! | the process, its modules, launching it held | [`target`] |
-//! | each module file of the target, mapped and parsed once | [`modules`] |
-//! | which functions to probe, where they are | [`allocators`] |
-//! | where in each function to put the probe (x86 analysis: `x86`) | [`placement`] |
-//! | `--gc-sampling refill`: what weighs a free-list refill | [`refill`] |
-//! | the eBPF programs: loading, attaching, their tables, the GC hold | [`probes`] |
-//! | the kernel's tables → groups per stack | [`heap`] |
-//! | addresses → names and `file:line` | [`symbolize`] |
-//! | Crystal names, allocator plumbing, allocated classes | [`crystal`] |
+//! | the command line, checked, a mode chosen | `cli`, `commands` |
+//! | what a session is asked to do | `options` |
+//! | the one loop of every long-running mode; signals, output, profile header, merge | `driver` |
+//! | the process, its modules, launching it held | `target` |
+//! | each module file of the target, mapped and parsed once | `modules` |
+//! | which functions to probe, where they are | `allocators` |
+//! | where in each function to put the probe (x86 analysis: `x86`) | `placement` |
+//! | reading an allocator's result at its entry | `predict` |
+//! | `--gc-sampling refill`: what weighs a free-list refill | `refill` |
+//! | `--sample-bytes`: the kernel's distances, the scale-up | `sampling` |
+//! | `.eh_frame` → compact CFI rows for the kernel's unwinder | `unwind` |
+//! | which probes where, before anything is attached | `plan` |
+//! | the eBPF programs: loading, attaching, their tables, the GC hold | `probes` |
+//! | the whole pipeline of one process, for `run` and `attach` | `session` |
+//! | `attach --all`: every process of the machine, one load of the probes | `machine` |
+//! | GC liveness: libgc's layout, the copy of GC objects, mark bits, the census | `gc` |
+//! | timeline sampling, `--interval`, `--snapshot-every` while attached | `live` |
+//! | `memprof top`: the watched processes' running figures | `top` |
+//! | the kernel's tables → groups per stack | `groups` |
+//! | addresses → names and `file:line` | `symbolize` |
+//! | Crystal names, allocator plumbing, allocated classes | `crystal` |
 //! | the `.mprof` file | [`profile`] |
-//! | output files written whole or not at all | [`outfile`] |
+//! | output files written whole or not at all | `outfile` |
 //! | markdown, tsv, json, folded, flamegraph, pprof, timeline, html, diff | [`report`] |
-//! | what a session is asked to do | [`options`] |
-//! | which probes where, before anything is attached | [`plan`] |
-//! | the whole pipeline of one process, for `run` and `attach` | [`session`] |
-//! | `attach --all`: every process, one load of the probes | [`host`] |
-//! | timeline sampling, `--interval`, `--snapshot-every` while attached | [`live`] |
-//! | `memprof heap`: the whole GC heap at one collection, and where the RSS goes | [`census`] |
-//! | the one loop of every long-running mode; signals, output, profile header, merge | [`driver`] |
-//! | the subcommands: options checked, a mode run under the driver | [`commands`] |
-//! | progress bars on a terminal | [`progress`] |
-pub mod allocators;
-pub mod census;
+//! | `memprof heap`: the whole GC heap at one collection, and where the RSS goes | `whole_heap` |
+//! | memprof's own memory; progress bars on a terminal | `memory`, `progress` |
 pub mod cli;
-pub mod commands;
-pub mod crystal;
-pub mod driver;
-pub mod gc;
-pub mod heap;
-pub mod host;
-pub mod live;
-pub mod memory;
-pub mod modules;
-pub mod options;
-pub mod outfile;
-pub mod placement;
-pub mod plan;
-pub mod predict;
-pub mod probes;
 pub mod profile;
-pub mod progress;
-pub mod refill;
 pub mod report;
-pub mod sampling;
-pub mod session;
-pub mod symbolize;
-pub mod target;
-pub mod top;
-pub mod unwind;
+
+pub(crate) mod allocators;
+pub(crate) mod commands;
+pub(crate) mod crystal;
+pub(crate) mod driver;
+pub(crate) mod gc;
+pub(crate) mod groups;
+pub(crate) mod live;
+pub(crate) mod machine;
+pub(crate) mod memory;
+pub(crate) mod modules;
+pub(crate) mod options;
+pub(crate) mod outfile;
+pub(crate) mod placement;
+pub(crate) mod plan;
+pub(crate) mod predict;
+pub(crate) mod probes;
+pub(crate) mod progress;
+pub(crate) mod refill;
+pub(crate) mod sampling;
+pub(crate) mod session;
+pub(crate) mod symbolize;
+pub(crate) mod target;
+pub(crate) mod top;
+pub(crate) mod unwind;
+pub(crate) mod whole_heap;
 pub(crate) mod x86;
 
 pub use commands::run_cli;
+pub use memory::configure as configure_memory;

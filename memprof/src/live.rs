@@ -20,13 +20,7 @@
 //! [`Live::timeout`]; it hands in the kernel's tables for a sample and its
 //! own snapshot of the profile for a table or a file ([`Live::publish`]).
 //!
-//! ```
-//! use std::time::{Duration, Instant};
-//! use memprof::live::{snapshot_path, Live, LiveOptions};
-//! let live = Live::new(LiveOptions::default(), Instant::now(), "app.mprof".as_ref());
-//! assert!(live.timeout(Duration::from_millis(200)) <= Duration::from_millis(100));
-//! assert_eq!(snapshot_path("out/snap.mprof".as_ref(), 2).to_str(), Some("out/snap-0002.mprof"));
-//! ```
+//! (Example: `doc_examples::example_1` below, run by the tests.)
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -243,12 +237,14 @@ pub struct Due {
 pub struct PerKind([[u64; 2]; AllocKind::ALL.len()]);
 
 impl PerKind {
+    #[cfg(test)]
     pub fn add(&mut self, kind: AllocKind, blocks: u64, bytes: u64) {
         let sum = &mut self.0[kind as usize];
         sum[0] += blocks;
         sum[1] += bytes;
     }
 
+    #[cfg(test)]
     pub fn blocks(&self) -> u64 {
         self.0.iter().map(|k| k[0]).sum()
     }
@@ -276,4 +272,21 @@ fn write_atomically(profile: &Profile, path: &Path) -> Result<()> {
         file.commit()
     };
     write().with_context(|| format!("cannot write snapshot {}", path.display()))
+}
+
+/// The examples of this file's documentation, as unit tests (the module
+/// is private to the crate, so rustdoc cannot run them).
+#[cfg(test)]
+mod doc_examples {
+    #[test]
+    fn example_1() {
+        use crate::live::{snapshot_path, Live, LiveOptions};
+        use std::time::{Duration, Instant};
+        let live = Live::new(LiveOptions::default(), Instant::now(), "app.mprof".as_ref());
+        assert!(live.timeout(Duration::from_millis(200)) <= Duration::from_millis(100));
+        assert_eq!(
+            snapshot_path("out/snap.mprof".as_ref(), 2).to_str(),
+            Some("out/snap-0002.mprof")
+        );
+    }
 }

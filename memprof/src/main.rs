@@ -7,7 +7,7 @@ use clap::Parser;
 use memprof::cli::Cli;
 
 fn main() -> ExitCode {
-    memprof::memory::configure();
+    memprof::configure_memory();
     let cli = Cli::parse();
     match memprof::run_cli(cli) {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),

@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::live::LiveOptions;
 use crate::probes::ProbeOptions;
 
-pub use crate::census::session::CensusWhen;
+pub use crate::session::census::CensusWhen;
 
 /// Which allocator families to probe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

@@ -14,18 +14,7 @@
 //! written to directly, but only if it is memprof's own standard output or
 //! error, or `/dev/null`: a link planted to a device is refused.
 //!
-//! ```
-//! use std::io::Write;
-//! let dir = std::env::temp_dir().join(format!("outfile-doc-{}", std::process::id()));
-//! std::fs::create_dir_all(&dir).unwrap();
-//! let dest = dir.join("out.txt");
-//! let mut out = memprof::outfile::OutFile::create(&dest).unwrap();
-//! out.write_all(b"done\n").unwrap();
-//! assert!(!dest.exists()); // nothing there until the commit
-//! out.commit().unwrap();
-//! assert_eq!(std::fs::read(&dest).unwrap(), b"done\n");
-//! std::fs::remove_dir_all(&dir).unwrap();
-//! ```
+//! (Example: `doc_examples::example_1` below, run by the tests.)
 use std::ffi::{CString, OsString};
 use std::fs::File;
 use std::io::Write;
@@ -109,6 +98,7 @@ impl OutFile {
         })
     }
 
+    #[cfg(test)]
     pub fn path(&self) -> &Path {
         &self.dest
     }
@@ -327,6 +317,25 @@ mod tests {
         let dir = temp_dir("dir");
         let e = OutFile::create(&dir).err().unwrap();
         assert!(format!("{e}").contains("is a directory"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+/// The examples of this file's documentation, as unit tests (the module
+/// is private to the crate, so rustdoc cannot run them).
+#[cfg(test)]
+mod doc_examples {
+    #[test]
+    fn example_1() {
+        use std::io::Write;
+        let dir = std::env::temp_dir().join(format!("outfile-doc-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let dest = dir.join("out.txt");
+        let mut out = crate::outfile::OutFile::create(&dest).unwrap();
+        out.write_all(b"done\n").unwrap();
+        assert!(!dest.exists()); // nothing there until the commit
+        out.commit().unwrap();
+        assert_eq!(std::fs::read(&dest).unwrap(), b"done\n");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

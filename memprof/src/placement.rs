@@ -16,14 +16,7 @@
 //!
 //! Otherwise the probe stays at +0.
 //!
-//! ```
-//! use memprof::{allocators::ArgReg, placement::choose};
-//! // glibc's free: test %rdi,%rdi ; je … ; push %rbp
-//! let code = [0x48, 0x85, 0xff, 0x0f, 0x84, 0xbf, 0x00, 0x00, 0x00, 0x55];
-//! let p = choose(&code, 0x98ef0, &[ArgReg::Rdi]);
-//! assert_eq!(p.offset, 3);
-//! assert!(p.emulated);
-//! ```
+//! (Example: `doc_examples::example_1` below, run by the tests.)
 use iced_x86::{FlowControl, Instruction, InstructionInfoFactory, Mnemonic, Register};
 
 use crate::allocators::{ArgReg, ResolvedFn};
@@ -211,5 +204,20 @@ mod tests {
         let code = [0x48, 0x85, 0xff, 0x74, 0xfe];
         let p = choose(&code, 0x1000, &[ArgReg::Rdi]);
         assert_eq!(p.offset, 0, "{}", p.reason);
+    }
+}
+
+/// The examples of this file's documentation, as unit tests (the module
+/// is private to the crate, so rustdoc cannot run them).
+#[cfg(test)]
+mod doc_examples {
+    #[test]
+    fn example_1() {
+        use crate::{allocators::ArgReg, placement::choose};
+        // glibc's free: test %rdi,%rdi ; je … ; push %rbp
+        let code = [0x48, 0x85, 0xff, 0x0f, 0x84, 0xbf, 0x00, 0x00, 0x00, 0x55];
+        let p = choose(&code, 0x98ef0, &[ArgReg::Rdi]);
+        assert_eq!(p.offset, 3);
+        assert!(p.emulated);
     }
 }

@@ -2,11 +2,7 @@
 //! profile (symbolizing thousands of stacks, writing pprof): drawn on
 //! stderr when it is a terminal, silent otherwise (pipes, logs, tests).
 //!
-//! ```
-//! let bar = memprof::progress::bar(3, "symbolizing");
-//! bar.inc(3);
-//! bar.finish_and_clear();
-//! ```
+//! (Example: `doc_examples::example_1` below, run by the tests.)
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 /// A bar of `len` steps named `what`; hidden unless stderr is a terminal.
@@ -19,4 +15,16 @@ pub fn bar(len: u64, what: &str) -> ProgressBar {
     }
     bar.set_message(what.to_string());
     bar
+}
+
+/// The examples of this file's documentation, as unit tests (the module
+/// is private to the crate, so rustdoc cannot run them).
+#[cfg(test)]
+mod doc_examples {
+    #[test]
+    fn example_1() {
+        let bar = crate::progress::bar(3, "symbolizing");
+        bar.inc(3);
+        bar.finish_and_clear();
+    }
 }

@@ -30,7 +30,6 @@
 //! allocations of one size repeat with the list's period would put every
 //! sample on the same stack (see docs/how-it-works.md, "Sampling at the
 //! collector's refills").
-use std::path::Path;
 
 use anyhow::{anyhow, Result};
 use iced_x86::Register;
@@ -187,8 +186,9 @@ fn size_register(module: &Module) -> Option<Register> {
     seen.holding?.first().copied()
 }
 
+#[cfg(test)]
 /// [`RefillLayout::derive`] of the file at `path`.
-pub fn derive_refill_layout(path: &Path) -> Result<RefillLayout> {
+pub fn derive_refill_layout(path: &std::path::Path) -> Result<RefillLayout> {
     RefillLayout::derive(&Module::open(path)?)
 }
 
@@ -202,7 +202,7 @@ mod tests {
     /// `GC_bytes_allocd` at +0x40, 4 KiB blocks, the size kept in `%r12`.
     #[test]
     fn debian_shared() {
-        let layout = derive_refill_layout(Path::new(LIBGC_SO)).unwrap();
+        let layout = derive_refill_layout(std::path::Path::new(LIBGC_SO)).unwrap();
         assert_eq!(
             layout,
             RefillLayout {

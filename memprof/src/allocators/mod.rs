@@ -9,15 +9,7 @@
 //! the way the dynamic linker binds them: the first module that defines a
 //! function wins (an executable or a preloaded allocator interposes libc).
 //!
-//! ```no_run
-//! # fn main() -> anyhow::Result<()> {
-//! use memprof::{allocators, modules::ModuleCache};
-//! let modules = vec!["/usr/bin/ls".into(), "/lib/x86_64-linux-gnu/libc.so.6".into()];
-//! for f in allocators::resolve(&ModuleCache::default(), &modules, allocators::LIBC)? {
-//!     println!("{} in {} at file offset {:#x}", f.func.symbol, f.module.display(), f.file_offset);
-//! }
-//! # Ok(()) }
-//! ```
+//! (Example: `doc_examples::example_1` below, compiled by the tests, not run: it needs a live process.)
 mod alloc_fn;
 pub mod boehm;
 pub mod libc;
@@ -145,4 +137,27 @@ pub fn require(resolved: &[ResolvedFn], table: &[AllocFn], modules: &[PathBuf]) 
         missing.join(", "),
         searched.join(", ")
     ))
+}
+
+/// The examples of this file's documentation, as unit tests (the module
+/// is private to the crate, so rustdoc cannot run them).
+#[cfg(test)]
+mod doc_examples {
+    #[allow(dead_code)]
+    fn example_1() -> anyhow::Result<()> {
+        use crate::{allocators, modules::ModuleCache};
+        let modules = vec![
+            "/usr/bin/ls".into(),
+            "/lib/x86_64-linux-gnu/libc.so.6".into(),
+        ];
+        for f in allocators::resolve(&ModuleCache::default(), &modules, allocators::LIBC)? {
+            println!(
+                "{} in {} at file offset {:#x}",
+                f.func.symbol,
+                f.module.display(),
+                f.file_offset
+            );
+        }
+        Ok(())
+    }
 }

@@ -61,7 +61,7 @@ fn long_running(driver: &Driver, command: Command) -> Result<i32> {
             let duration = seconds("--duration", duration)?;
             let options = session_options(&session, duration)?;
             match (all, pid) {
-                (true, _) => crate::host::attach_all(driver, &flags::for_all(&session, options)),
+                (true, _) => crate::machine::attach_all(driver, &flags::for_all(&session, options)),
                 (false, Some(pid)) => drive::attach(driver, pid, &options),
                 (false, None) => {
                     let options = flags::for_selection(&session, options);
@@ -97,10 +97,10 @@ fn long_running(driver: &Driver, command: Command) -> Result<i32> {
             let top = match (top, format) {
                 (Some(0), _) => bail!("--top must be at least 1"),
                 (Some(n), _) => Some(n),
-                (None, crate::census::HeapFormat::Markdown) => Some(40),
+                (None, crate::whole_heap::HeapFormat::Markdown) => Some(40),
                 (None, _) => None,
             };
-            let options = crate::census::HeapOptions {
+            let options = crate::whole_heap::HeapOptions {
                 wait: Duration::from_secs_f64(wait),
                 format,
                 output,
@@ -108,7 +108,7 @@ fn long_running(driver: &Driver, command: Command) -> Result<i32> {
                 sizes,
                 graph: graph.map(|t| (t, ref_level, ref_limit)),
             };
-            crate::census::heap(driver, pid, &options).map(|()| 0)
+            crate::whole_heap::run(driver, pid, &options).map(|()| 0)
         }
         Command::Report(_) | Command::Probes { .. } => bail!("not a long-running command"),
     }

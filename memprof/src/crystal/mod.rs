@@ -9,17 +9,7 @@
 //! `~NAME:init`. DWARF names are short (`new`), so [`crate::symbolize`] takes
 //! names from the symbol table and calls [`readable`] on them.
 //!
-//! ```
-//! use memprof::crystal::{is_runtime_frame, readable};
-//! assert_eq!(readable("*Foo::new<Int32>:Foo").as_deref(), Some("Foo.new"));
-//! assert_eq!(
-//!     readable("*Array(Int32)@Array(T)#push<Int32>:Array(Int32)").as_deref(),
-//!     Some("Array(Int32)#push")
-//! );
-//! assert_eq!(readable("make_foo"), None); // not Crystal: shown as is
-//! assert!(is_runtime_frame("*GC::malloc<UInt64>:Pointer(Void)"));
-//! assert!(!is_runtime_frame("*Foo::new<Int32>:Foo"));
-//! ```
+//! (Example: `doc_examples::example_1` below, run by the tests.)
 use crate::profile::Frame;
 
 pub mod fields;
@@ -140,18 +130,7 @@ enum Via {
 /// gives `Type buffer`; the buffers of `String` and `String::Builder` give
 /// `String`. `None` when the first frame shown is not a Crystal method.
 ///
-/// ```
-/// use memprof::crystal::allocated_type;
-/// use memprof::profile::Frame;
-/// let frame = |raw: &str| Frame { raw_name: raw.into(), ..Frame::default() };
-/// let stack = [
-///     frame("*GC::malloc<UInt64>:Pointer(Void)"),
-///     frame("__crystal_malloc64"),
-///     frame("*Foo::new<Int64, Int64, Int32>:Foo"),
-///     frame("*make_foos:Array(Foo)"),
-/// ];
-/// assert_eq!(allocated_type(&stack).as_deref(), Some("Foo"));
-/// ```
+/// (Example: `doc_examples::example_2` below, run by the tests.)
 pub fn allocated_type(frames: &[Frame]) -> Option<String> {
     let plumbing = frames.iter().take_while(|f| is_runtime(f)).count();
     let via = if frames[..plumbing].iter().any(is_pointer_frame) {
@@ -210,5 +189,39 @@ fn is_pointer_frame(frame: &Frame) -> bool {
                     .as_deref()
                     .is_some_and(|f| f.ends_with("/primitives.cr") || f.ends_with("/pointer.cr"))
         }
+    }
+}
+
+/// The examples of this file's documentation, as unit tests (the module
+/// is private to the crate, so rustdoc cannot run them).
+#[cfg(test)]
+mod doc_examples {
+    #[test]
+    fn example_1() {
+        use crate::crystal::{is_runtime_frame, readable};
+        assert_eq!(readable("*Foo::new<Int32>:Foo").as_deref(), Some("Foo.new"));
+        assert_eq!(
+            readable("*Array(Int32)@Array(T)#push<Int32>:Array(Int32)").as_deref(),
+            Some("Array(Int32)#push")
+        );
+        assert_eq!(readable("make_foo"), None); // not Crystal: shown as is
+        assert!(is_runtime_frame("*GC::malloc<UInt64>:Pointer(Void)"));
+        assert!(!is_runtime_frame("*Foo::new<Int32>:Foo"));
+    }
+    #[test]
+    fn example_2() {
+        use crate::crystal::allocated_type;
+        use crate::profile::Frame;
+        let frame = |raw: &str| Frame {
+            raw_name: raw.into(),
+            ..Frame::default()
+        };
+        let stack = [
+            frame("*GC::malloc<UInt64>:Pointer(Void)"),
+            frame("__crystal_malloc64"),
+            frame("*Foo::new<Int64, Int64, Int32>:Foo"),
+            frame("*make_foos:Array(Foo)"),
+        ];
+        assert_eq!(allocated_type(&stack).as_deref(), Some("Foo"));
     }
 }

@@ -8,13 +8,7 @@
 //! innermost `class`/`struct`/`module` that encloses that line, read from
 //! the source file as Crystal's formatter indents it.
 //!
-//! ```
-//! use memprof::crystal::source::enclosing_type;
-//! let src = "class Tree\n  class Node\n    def initialize(@key : Int32)\n    end\n  end\nend\n";
-//! let lines: Vec<&str> = src.lines().collect();
-//! assert_eq!(enclosing_type(&lines, 3).as_deref(), Some("Tree::Node"));
-//! assert_eq!(enclosing_type(&lines, 1), None);
-//! ```
+//! (Example: `doc_examples::example_1` below, run by the tests.)
 use std::collections::HashMap;
 
 /// The type whose body holds line `line` (1-based) of `lines`: the
@@ -60,14 +54,7 @@ fn enclosing<S: AsRef<str>>(lines: &[S], line: usize) -> Option<(Vec<&str>, bool
 /// anything else. (Type arguments the compiler infers, as in
 /// `Array.new(3, 0)`, stay unwritten: `Array`.)
 ///
-/// ```
-/// use memprof::crystal::source::constructed;
-/// assert_eq!(constructed("Output.new(@io)").as_deref(), Some("Output"));
-/// assert_eq!(constructed("Hash(Key, String | Array(String)).new").as_deref(), Some("Hash(Key, String | Array(String))"));
-/// assert_eq!(constructed("[] of BasicBlock").as_deref(), Some("Array(BasicBlock)"));
-/// assert_eq!(constructed("{} of Int32 => BasicBlock").as_deref(), Some("Hash(Int32, BasicBlock)"));
-/// assert_eq!(constructed("foo.new"), None);
-/// ```
+/// (Example: `doc_examples::example_2` below, run by the tests.)
 pub fn constructed(text: &str) -> Option<String> {
     if let Some(rest) = text.strip_prefix("[] of ") {
         return Some(format!("Array({})", type_expr(rest)?.0));
@@ -217,5 +204,38 @@ end
         // A module's own method: no class.
         assert_eq!(enclosing_type(&lines, 8), None);
         assert_eq!(enclosing_type(&lines, 99), None);
+    }
+}
+
+/// The examples of this file's documentation, as unit tests (the module
+/// is private to the crate, so rustdoc cannot run them).
+#[cfg(test)]
+mod doc_examples {
+    #[test]
+    fn example_1() {
+        use crate::crystal::source::enclosing_type;
+        let src =
+            "class Tree\n  class Node\n    def initialize(@key : Int32)\n    end\n  end\nend\n";
+        let lines: Vec<&str> = src.lines().collect();
+        assert_eq!(enclosing_type(&lines, 3).as_deref(), Some("Tree::Node"));
+        assert_eq!(enclosing_type(&lines, 1), None);
+    }
+    #[test]
+    fn example_2() {
+        use crate::crystal::source::constructed;
+        assert_eq!(constructed("Output.new(@io)").as_deref(), Some("Output"));
+        assert_eq!(
+            constructed("Hash(Key, String | Array(String)).new").as_deref(),
+            Some("Hash(Key, String | Array(String))")
+        );
+        assert_eq!(
+            constructed("[] of BasicBlock").as_deref(),
+            Some("Array(BasicBlock)")
+        );
+        assert_eq!(
+            constructed("{} of Int32 => BasicBlock").as_deref(),
+            Some("Hash(Int32, BasicBlock)")
+        );
+        assert_eq!(constructed("foo.new"), None);
     }
 }

@@ -13,8 +13,8 @@
 //! | `attach --pid` | `session::drive::Attached` |
 //! | `attach --comm/--exe`, `top` | `session::drive::Watch` |
 //! | the end census's wait (`run`, `attach`) | `session::drive::CensusWait` |
-//! | `attach --all` | [`crate::host`]'s `Host` |
-//! | `memprof heap`'s wait for a collection | [`crate::census`]'s `Hold` |
+//! | `attach --all` | [`crate::machine`]'s `Host` |
+//! | `memprof heap`'s wait for a collection | [`crate::whole_heap`]'s `Hold` |
 //!
 //! Those that profile processes are also [`Profiling`]: which processes
 //! they follow, and a profile of any one of them now, the others running
@@ -87,6 +87,9 @@ pub trait Driven {
 /// taken at any moment without stopping the others (what a long-running
 /// agent serves). Implemented by every session-based mode and by `attach
 /// --all`'s host.
+// Its callers come with the agent (issue #30: profiles served while it
+// runs); every profiling mode implements it already.
+#[allow(dead_code)]
 pub trait Profiling: Driven {
     /// The processes profiled now.
     fn pids(&self) -> Vec<u32>;

@@ -2,7 +2,7 @@
 //! one process's groups symbolized, and many processes' profiles as one.
 use std::time::SystemTime;
 
-use crate::heap::RawGroups;
+use crate::groups::RawGroups;
 use crate::modules::ModuleCache;
 use crate::profile::{self, Group, Profile, Stacks, TargetInfo};
 use crate::symbolize;

@@ -19,20 +19,7 @@
 //! loops and spills to the value in `%rax` at `ret`) and accepts exactly
 //! these shapes; anything else is `unsupported libgc layout: …`.
 //!
-//! ```no_run
-//! # fn main() -> anyhow::Result<()> {
-//! use memprof::gc::heap_stats::derive_heap_stats;
-//! let layout = derive_heap_stats("/usr/lib/x86_64-linux-gnu/libgc.so.1".as_ref())?;
-//! // Debian 8.2.2: GC_arrays through its GOT slot 0x2cf08.
-//! assert_eq!((layout.heap_size, layout.large_free, layout.unmapped), (0, 0x18, Some(0xb8)));
-//! // In a process: `bias` is the module's run-time minus link-time address.
-//! # let (pid, bias) = (1, 0);
-//! let mem = std::fs::File::open(format!("/proc/{pid}/mem"))?;
-//! let mut read = |addr: u64, buf: &mut [u8]| std::os::unix::fs::FileExt::read_exact_at(&mem, buf, addr);
-//! let stats = layout.read(bias, &mut read)?;
-//! println!("heap {} free {} unmapped {}", stats.heap_size, stats.free_bytes, stats.unmapped_bytes);
-//! # Ok(()) }
-//! ```
+//! (Example: `doc_examples::example_1` below, compiled by the tests, not run: it needs a live process.)
 use std::io;
 use std::path::Path;
 
@@ -138,6 +125,7 @@ enum Returned {
     Words(Vec<Word>),
 }
 
+#[cfg(test)]
 /// Derives the [`HeapStatsLayout`] of the libgc in `module` (a shared libgc
 /// or an executable with libgc linked in, stripped or not) from its
 /// `GC_get_heap_size`, `GC_get_free_bytes` and `GC_get_unmapped_bytes`.
@@ -497,5 +485,32 @@ mod tests {
         } = stats;
         assert!(free_bytes > 0 && unmapped_bytes > 0 && heap_size > free_bytes + unmapped_bytes);
         assert_ne!(free_bytes, unmapped_bytes);
+    }
+}
+
+/// The examples of this file's documentation, as unit tests (the module
+/// is private to the crate, so rustdoc cannot run them).
+#[cfg(test)]
+mod doc_examples {
+    #[allow(dead_code)]
+    fn example_1() -> anyhow::Result<()> {
+        use crate::gc::heap_stats::derive_heap_stats;
+        let layout = derive_heap_stats("/usr/lib/x86_64-linux-gnu/libgc.so.1".as_ref())?;
+        // Debian 8.2.2: GC_arrays through its GOT slot 0x2cf08.
+        assert_eq!(
+            (layout.heap_size, layout.large_free, layout.unmapped),
+            (0, 0x18, Some(0xb8))
+        );
+        // In a process: `bias` is the module's run-time minus link-time address.
+        let (pid, bias) = (1, 0);
+        let mem = std::fs::File::open(format!("/proc/{pid}/mem"))?;
+        let mut read =
+            |addr: u64, buf: &mut [u8]| std::os::unix::fs::FileExt::read_exact_at(&mem, buf, addr);
+        let stats = layout.read(bias, &mut read)?;
+        println!(
+            "heap {} free {} unmapped {}",
+            stats.heap_size, stats.free_bytes, stats.unmapped_bytes
+        );
+        Ok(())
     }
 }

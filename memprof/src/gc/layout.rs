@@ -89,16 +89,12 @@ fn unsupported(module: &Path, what: impl std::fmt::Display) -> anyhow::Error {
     anyhow!("unsupported libgc layout: {what} (in {})", module.display())
 }
 
+#[cfg(test)]
 /// Derives the [`MarkLayout`] of the libgc in `module` (a shared libgc or an
 /// executable with libgc linked in, stripped or not: the `GC_*` functions
 /// are looked up in `.dynsym` too).
 ///
-/// ```no_run
-/// # fn main() -> anyhow::Result<()> {
-/// let layout = memprof::gc::derive_layout("/usr/lib/x86_64-linux-gnu/libgc.so.1".as_ref())?;
-/// assert_eq!((layout.top_index, layout.all_nils), (0x289f0, 0xc0)); // Debian 8.2.2
-/// # Ok(()) }
-/// ```
+/// (Example: `doc_examples::example_1` below, compiled by the tests, not run: it needs a live process.)
 pub fn derive_layout(module: &Path) -> Result<MarkLayout> {
     derive(&Module::open(module)?)
 }
@@ -446,5 +442,17 @@ pub(crate) fn kind_offset(image: &Module, layout: &MarkLayout) -> Result<u64> {
                 facts.returns
             ),
         )),
+    }
+}
+
+/// The examples of this file's documentation, as unit tests (the module
+/// is private to the crate, so rustdoc cannot run them).
+#[cfg(test)]
+mod doc_examples {
+    #[allow(dead_code)]
+    fn example_1() -> anyhow::Result<()> {
+        let layout = crate::gc::derive_layout("/usr/lib/x86_64-linux-gnu/libgc.so.1".as_ref())?;
+        assert_eq!((layout.top_index, layout.all_nils), (0x289f0, 0xc0)); // Debian 8.2.2
+        Ok(())
     }
 }

@@ -2,21 +2,7 @@
 //! with a [`MarkLayout`]: what `GC_base(p) == p && GC_is_marked(p)` says in
 //! the process, and why.
 //!
-//! ```
-//! use memprof::gc::{MarkLayout, Verdict};
-//! let layout = MarkLayout {
-//!     arrays: 0x2d920, arrays_slot: None, top_index: 0x289f0, all_nils: 0xc0, key_shift: 22, top_mask: 0x7ff,
-//!     bi_key: 0x2010, bi_hash_link: 0x2018, bi_index: 0, log_hblksize: 12, bottom_mask: 0x3ff,
-//!     hb_marks: 0x40, granule_shift: 4, hb_flags: 0x19, free_blk: 4, hb_sz: 0x20,
-//!     max_forward: 0xfff,
-//! };
-//! // Memory of zeros: top_index[…] is GC_all_nils (0), whose index[] entries are 0: no block.
-//! let mut zeros = |_addr: u64, buf: &mut [u8]| {
-//!     buf.fill(0);
-//!     Ok(())
-//! };
-//! assert_eq!(layout.verdict(0x7f00_0000_1000, 0, &mut zeros).unwrap(), Verdict::NoBlock);
-//! ```
+//! (Example: `doc_examples::example_1` below, run by the tests.)
 use std::io;
 
 use super::layout::MarkLayout;
@@ -51,6 +37,7 @@ impl Verdict {
 const MAX_CHAIN: usize = 1 << 16;
 
 impl MarkLayout {
+    #[cfg(test)]
     /// The verdict on `p` (an address `GC_malloc` returned), reading the
     /// target through `read(address, buffer)`; `bias` is the module's
     /// run-time minus link-time address. Follows `GC_base` and
@@ -64,6 +51,7 @@ impl MarkLayout {
         Ok(self.judge(p, bias, read)?.0)
     }
 
+    #[cfg(test)]
     /// [`Self::verdict`], and the object's size as the GC counts it (its
     /// block's object size, `hb_sz`) when it is [`Verdict::Marked`] or
     /// [`Verdict::Unmarked`], else 0.
@@ -155,6 +143,7 @@ impl MarkLayout {
         Ok(blocks)
     }
 
+    #[cfg(test)]
     /// What the GC's block index and header say about the heap block at
     /// `block` (a multiple of the block size); `arrays` from [`Self::arrays_at`].
     /// Objects in one block share it: a pass reads it once per block.
@@ -341,11 +330,13 @@ pub struct Headers {
 }
 
 impl Headers {
+    #[cfg(test)]
     /// How many headers were read.
     pub fn len(&self) -> usize {
         self.hdrs.len()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.hdrs.is_empty()
     }
@@ -441,5 +432,43 @@ mod tests {
         // Not contiguous: 0x3000.. was not read.
         assert!(headers.bytes(0x2ffe, 4).is_none());
         assert!(headers.bytes(0x800, 4).is_none());
+    }
+}
+
+/// The examples of this file's documentation, as unit tests (the module
+/// is private to the crate, so rustdoc cannot run them).
+#[cfg(test)]
+mod doc_examples {
+    #[test]
+    fn example_1() {
+        use crate::gc::{MarkLayout, Verdict};
+        let layout = MarkLayout {
+            arrays: 0x2d920,
+            arrays_slot: None,
+            top_index: 0x289f0,
+            all_nils: 0xc0,
+            key_shift: 22,
+            top_mask: 0x7ff,
+            bi_key: 0x2010,
+            bi_hash_link: 0x2018,
+            bi_index: 0,
+            log_hblksize: 12,
+            bottom_mask: 0x3ff,
+            hb_marks: 0x40,
+            granule_shift: 4,
+            hb_flags: 0x19,
+            free_blk: 4,
+            hb_sz: 0x20,
+            max_forward: 0xfff,
+        };
+        // Memory of zeros: top_index[…] is GC_all_nils (0), whose index[] entries are 0: no block.
+        let mut zeros = |_addr: u64, buf: &mut [u8]| {
+            buf.fill(0);
+            Ok(())
+        };
+        assert_eq!(
+            layout.verdict(0x7f00_0000_1000, 0, &mut zeros).unwrap(),
+            Verdict::NoBlock
+        );
     }
 }

@@ -41,18 +41,7 @@
 //!   held copy, into `census/heap_copy.rs`; `census/count.rs` the census
 //!   by mark bits; `census/graph.rs` the object graph and retained bytes).
 //!
-//! ```no_run
-//! # fn main() -> anyhow::Result<()> {
-//! use memprof::gc;
-//! let libgc = std::path::Path::new("/usr/lib/x86_64-linux-gnu/libgc.so.1");
-//! let end = gc::find_end_of_mark(libgc)?;
-//! // Debian 8.2.2: `add qword ptr [rax],1` at 0x18572, and `mov [rax],rsi` at 0x18628
-//! // (the copy that usually runs).
-//! assert_eq!((end.increments[0].offset, end.increments[0].after_offset), (0x18572, 0x18576));
-//! let layout = gc::derive_layout(libgc)?;
-//! assert_eq!((layout.top_index, layout.all_nils, layout.hb_marks), (0x289f0, 0xc0, 0x40));
-//! # Ok(()) }
-//! ```
+//! (Example: `doc_examples::example_1` below, compiled by the tests, not run: it needs a live process.)
 pub mod census;
 pub mod copy;
 pub mod heap_stats;
@@ -63,15 +52,14 @@ pub(crate) mod site;
 mod symbolic;
 
 use std::collections::HashSet;
-use std::path::Path;
 
 use anyhow::{anyhow, Result};
 use iced_x86::{
     Code, FlowControl, Instruction, InstructionInfoFactory, Mnemonic, OpKind, Register,
 };
 
-pub use self::heap_stats::{derive_heap_stats, HeapStats, HeapStatsLayout};
-pub use self::layout::{derive_layout, MarkLayout};
+pub use self::heap_stats::{HeapStats, HeapStatsLayout};
+pub use self::layout::MarkLayout;
 pub use self::lookup::Verdict;
 use crate::modules::Module;
 use crate::x86::{decode, regs, uprobe};
@@ -156,6 +144,7 @@ pub struct Increment {
     pub after_joined: bool,
 }
 
+#[cfg(test)]
 /// Finds every increment of `GC_gc_no` in `module`.
 ///
 /// `GC_gc_no` is exported data; the increment sits in a static function
@@ -169,7 +158,7 @@ pub struct Increment {
 /// what bdwgc's source says (7.x to master), not something the code can
 /// show; a run can check it: each collection event must see `GC_gc_no`
 /// one higher than the last.
-pub fn find_end_of_mark(module: &Path) -> Result<EndOfMark> {
+pub fn find_end_of_mark(module: &std::path::Path) -> Result<EndOfMark> {
     end_of_mark(&Module::open(module)?)
 }
 
@@ -402,3 +391,27 @@ impl IncrementSweep {
 mod test_programs;
 #[cfg(test)]
 mod tests;
+
+/// The examples of this file's documentation, as unit tests (the module
+/// is private to the crate, so rustdoc cannot run them).
+#[cfg(test)]
+mod doc_examples {
+    #[allow(dead_code)]
+    fn example_1() -> anyhow::Result<()> {
+        use crate::gc;
+        let libgc = std::path::Path::new("/usr/lib/x86_64-linux-gnu/libgc.so.1");
+        let end = gc::find_end_of_mark(libgc)?;
+        // Debian 8.2.2: `add qword ptr [rax],1` at 0x18572, and `mov [rax],rsi` at 0x18628
+        // (the copy that usually runs).
+        assert_eq!(
+            (end.increments[0].offset, end.increments[0].after_offset),
+            (0x18572, 0x18576)
+        );
+        let layout = gc::derive_layout(libgc)?;
+        assert_eq!(
+            (layout.top_index, layout.all_nils, layout.hb_marks),
+            (0x289f0, 0xc0, 0x40)
+        );
+        Ok(())
+    }
+}

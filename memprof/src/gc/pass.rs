@@ -26,14 +26,7 @@
 //! mark is 0 until the next one). Objects whose address is allocated again
 //! are found collected by the copy (address reuse) even if a pass was missed.
 //!
-//! ```no_run
-//! # fn main() -> anyhow::Result<()> {
-//! use memprof::{gc::pass::Judge, modules::ModuleCache};
-//! let libgc = std::path::Path::new("/usr/lib/x86_64-linux-gnu/libgc.so.1");
-//! let judge = Judge::new(&ModuleCache::default(), 1234, libgc, None)?; // pid 1234
-//! assert_eq!(judge.summary().collections, 0);
-//! # Ok(()) }
-//! ```
+//! (Example: `doc_examples::example_1` below, compiled by the tests, not run: it needs a live process.)
 use std::collections::HashMap;
 use std::fs::File;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -465,4 +458,18 @@ pub(crate) fn monotonic_ns() -> u64 {
     };
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The examples of this file's documentation, as unit tests (the module
+/// is private to the crate, so rustdoc cannot run them).
+#[cfg(test)]
+mod doc_examples {
+    #[allow(dead_code)]
+    fn example_1() -> anyhow::Result<()> {
+        use crate::{gc::pass::Judge, modules::ModuleCache};
+        let libgc = std::path::Path::new("/usr/lib/x86_64-linux-gnu/libgc.so.1");
+        let judge = Judge::new(&ModuleCache::default(), 1234, libgc, None)?; // pid 1234
+        assert_eq!(judge.summary().collections, 0);
+        Ok(())
+    }
 }

@@ -24,13 +24,7 @@
 //! exited) and hands out [`Module::fd_path`] for whatever must open it again
 //! (the kernel's uprobes, blazesym). Messages name the target's path.
 //!
-//! ```no_run
-//! use memprof::modules::ModuleCache;
-//! let cache = ModuleCache::default();
-//! let libc = cache.get("/usr/lib/x86_64-linux-gnu/libc.so.6".as_ref()).unwrap();
-//! let malloc = libc.symbol("malloc").unwrap();
-//! println!("malloc at {:#x}, file offset {:?}", malloc.address, libc.file_offset(malloc.address));
-//! ```
+//! (Example: `doc_examples::example_1` below, compiled by the tests, not run: it needs a live process.)
 mod error;
 mod files;
 mod module;
@@ -44,7 +38,7 @@ use std::sync::{Arc, Mutex};
 
 pub use self::error::Error;
 pub use self::files::strip_deleted;
-pub use self::module::{Module, Segment, Symbol};
+pub use self::module::Module;
 use crate::target::maps::Mapping;
 
 /// The modules opened so far in one session, by the target's path. Cheap
@@ -173,5 +167,26 @@ impl ModuleCache {
 
     fn lock_kept(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, File>> {
         self.kept.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The examples of this file's documentation, as unit tests (the module
+/// is private to the crate, so rustdoc cannot run them).
+#[cfg(test)]
+mod doc_examples {
+    #[allow(dead_code)]
+    fn example_1() -> anyhow::Result<()> {
+        use crate::modules::ModuleCache;
+        let cache = ModuleCache::default();
+        let libc = cache
+            .get("/usr/lib/x86_64-linux-gnu/libc.so.6".as_ref())
+            .unwrap();
+        let malloc = libc.symbol("malloc").unwrap();
+        println!(
+            "malloc at {:#x}, file offset {:?}",
+            malloc.address,
+            libc.file_offset(malloc.address)
+        );
+        Ok(())
     }
 }

@@ -61,7 +61,6 @@ pub struct Module {
     /// Defined symbols with a non-zero address, `.dynsym` first (the first
     /// definition of a name wins).
     symbols: HashMap<String, Symbol>,
-    build_id: Option<Vec<u8>>,
     slots: Slots,
     /// Whole names of Crystal symbols of a module without `.symtab`.
     versioned: HashMap<u64, String>,
@@ -124,7 +123,6 @@ impl Module {
             file,
             same_here,
             x86_64: parsed.architecture() == object::Architecture::X86_64,
-            build_id: parsed.build_id().ok().flatten().map(<[u8]>::to_vec),
             slots: Slots::read(&parsed, got),
             versioned: super::versions::crystal_names(&parsed),
             segments,
@@ -176,6 +174,7 @@ impl Module {
         &self.data
     }
 
+    #[cfg(test)]
     /// Whether the file is x86-64 code, the only kind memprof decodes.
     pub fn is_x86_64(&self) -> bool {
         self.x86_64
@@ -190,11 +189,6 @@ impl Module {
                 path: self.path.clone(),
             })
         }
-    }
-
-    /// The GNU build id, if the file has one.
-    pub fn build_id(&self) -> Option<&[u8]> {
-        self.build_id.as_deref()
     }
 
     /// The loadable segments.

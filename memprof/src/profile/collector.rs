@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 /// Censuses of the GC heap taken at held collections of a session
-/// ([`crate::census::session`]).
+/// ([`crate::session::census`]).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Censuses {
     /// At the first held collection: in `attach`, the objects not seen

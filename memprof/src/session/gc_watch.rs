@@ -24,7 +24,6 @@ use std::thread::JoinHandle;
 
 use anyhow::Result;
 
-use crate::census::session::SessionCensus;
 use crate::gc::copy::GcCopy;
 use crate::gc::pass::{judged_in_kernel, Judge, KernelCollection, KernelVerdicts, Marks, SiteGc};
 use crate::gc::HeapStats;
@@ -32,6 +31,7 @@ use crate::options::{CensusWhen, GcLiveness, SessionOptions};
 use crate::plan::{Plan, PlannedGcSampling};
 use crate::probes::{GcChange, GcEvents, Probes, Site};
 use crate::profile::{Censuses, GcSummary};
+use crate::session::census::SessionCensus;
 use crate::target::trace::Tracer;
 
 /// The mark-bit passes of a session with a GC heap, or why there are none.

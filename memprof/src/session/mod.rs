@@ -10,7 +10,7 @@
 //!    collections: [`gc_watch`]), the mappings for symbolization, the live
 //!    view ([`crate::live`]);
 //! 4. [`Session::finish`]: detach, read the kernel's tables
-//!    ([`crate::heap`]), symbolize ([`crate::symbolize`]), write the profile
+//!    ([`crate::groups`]), symbolize ([`crate::symbolize`]), write the profile
 //!    ([`crate::profile`]) and print the top of the table
 //!    ([`crate::report`]).
 //!
@@ -21,9 +21,10 @@
 //!
 //! The probes are detached on every path out: [`Probes`] closes its links
 //! when dropped, and the kernel closes them if memprof itself dies.
-pub mod drive;
+pub(crate) mod census;
+pub(crate) mod drive;
 mod gc_watch;
-pub mod select;
+pub(crate) mod select;
 mod start;
 mod watch;
 
@@ -47,7 +48,7 @@ use crate::target::maps::MapsCache;
 use crate::target::trace::{Event, Tracer};
 use crate::target::Target;
 use crate::top::Vitals;
-use crate::{heap, symbolize};
+use crate::{groups, symbolize};
 
 use gc_watch::GcWatch;
 
@@ -434,12 +435,12 @@ impl Session {
         crate::memory::trim();
         let (gc_figures, gc_counts) = match gc_sites {
             Some(s) => (
-                Some(heap::GcFigures::Owned(s.sites)),
+                Some(groups::GcFigures::Owned(s.sites)),
                 (s.unknown_frees, s.sites_overflowed),
             ),
             None => (None, (0, 0)),
         };
-        let raw = heap::collect(&self.tables, gc_figures)?;
+        let raw = groups::collect(&self.tables, gc_figures)?;
         let mut counters = self.tables.counters()?;
         counters.unknown_frees += gc_counts.0;
         counters.sites_overflowed += gc_counts.1;
@@ -584,10 +585,10 @@ fn read_tables(
 
 /// The counters and the groups per stack (addresses), from the kernel's
 /// tables and the copy of the GC objects.
-fn raw_tables(tables: &HeapMaps, gc: &GcWatch) -> Result<(Counters, heap::RawGroups)> {
+fn raw_tables(tables: &HeapMaps, gc: &GcWatch) -> Result<(Counters, groups::RawGroups)> {
     let settled = gc.settled();
     let copy = settled.as_deref();
-    let raw = heap::collect(tables, copy.map(|c| heap::GcFigures::Borrowed(c.sites())))?;
+    let raw = groups::collect(tables, copy.map(|c| groups::GcFigures::Borrowed(c.sites())))?;
     let mut counters = tables.counters()?;
     // GC_free of an address the copy did not track.
     counters.unknown_frees += copy.map_or(0, |c| c.unknown_frees());

@@ -170,7 +170,10 @@ impl Driven for Watch<'_> {
                 .collect();
             top.view.refresh(&vitals, &self.selection.describe())?;
             top.shown += 1;
-            top.next += top.refresh;
+            // A refresh made late (attaching to new processes took
+            // longer) sets the next from now: missed ones are not replayed
+            // as a burst of tables of one instant.
+            top.next = (top.next + top.refresh).max(Instant::now() + top.refresh / 2);
             if top.count.is_some_and(|n| top.shown >= n) {
                 return Ok(Flow::Stop);
             }

@@ -18,12 +18,7 @@
 //! keeps the symbol in `raw_name`, and shows [`crate::crystal::readable`] or
 //! the demangled C++/Rust name in `function`:
 //!
-//! ```
-//! use memprof::symbolize::display_name;
-//! assert_eq!(display_name("*Foo::new<Int32>:Foo"), "Foo.new");
-//! assert_eq!(display_name("_ZNK4llvm6Module4dumpEv"), "llvm::Module::dump() const");
-//! assert_eq!(display_name("make_foo"), "make_foo");
-//! ```
+//! (Example: `doc_examples::example_1` below, run by the tests.)
 //!
 //! Here the addresses are grouped by module, symbolized in batches and the
 //! groups given their stacks, each address's frames made and named;
@@ -38,7 +33,7 @@ use blazesym::symbolize::{CodeInfo, Input, Sym, Symbolized, Symbolizer};
 use memprof_common::AllocKind;
 
 use crate::crystal;
-use crate::heap::{RawGroup, RawGroups};
+use crate::groups::{RawGroup, RawGroups};
 use crate::modules::{Module, ModuleCache};
 use crate::profile::{Frame, Group, Stacks};
 use crate::target::maps::MapsCache;
@@ -452,5 +447,21 @@ mod tests {
             "{:?}",
             frames[0]
         );
+    }
+}
+
+/// The examples of this file's documentation, as unit tests (the module
+/// is private to the crate, so rustdoc cannot run them).
+#[cfg(test)]
+mod doc_examples {
+    #[test]
+    fn example_1() {
+        use crate::symbolize::display_name;
+        assert_eq!(display_name("*Foo::new<Int32>:Foo"), "Foo.new");
+        assert_eq!(
+            display_name("_ZNK4llvm6Module4dumpEv"),
+            "llvm::Module::dump() const"
+        );
+        assert_eq!(display_name("make_foo"), "make_foo");
     }
 }

@@ -94,6 +94,7 @@ impl MapsCache {
         (addr < m.end).then_some(m)
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.mappings.is_empty()
     }

@@ -218,6 +218,7 @@ impl Tracer {
         }
     }
 
+    #[cfg(test)]
     /// The traced threads.
     pub fn threads(&self) -> impl Iterator<Item = u32> + '_ {
         self.threads.iter().copied()

@@ -9,12 +9,7 @@
 //! unwinder binary-searches at each frame. [`Tables::ranges`] then tells it
 //! where each module is mapped in the target.
 //!
-//! ```no_run
-//! use memprof::{modules::Module, unwind::ModuleTable};
-//! let libc = Module::open("/usr/lib/x86_64-linux-gnu/libc.so.6".as_ref()).unwrap();
-//! let table = ModuleTable::build(&libc).unwrap();
-//! println!("{} rows", table.rows.len());
-//! ```
+//! (Example: `doc_examples::example_1` below, compiled by the tests, not run: it needs a live process.)
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -277,5 +272,18 @@ mod tests {
             .address;
         let first = table.rows.iter().find(|r| r.func as u64 == malloc).unwrap();
         assert_eq!(first.pc as u64, malloc);
+    }
+}
+
+/// The examples of this file's documentation, as unit tests (the module
+/// is private to the crate, so rustdoc cannot run them).
+#[cfg(test)]
+mod doc_examples {
+    #[allow(dead_code)]
+    fn example_1() {
+        use crate::{modules::Module, unwind::ModuleTable};
+        let libc = Module::open("/usr/lib/x86_64-linux-gnu/libc.so.6".as_ref()).unwrap();
+        let table = ModuleTable::build(&libc).unwrap();
+        println!("{} rows", table.rows.len());
     }
 }

@@ -27,31 +27,39 @@
 //! Files: `read.rs` the held part, into `heap_copy.rs`; `count.rs` the
 //! census; `graph.rs` the object graph and retained bytes.
 //!
-//! ```no_run
-//! # fn main() -> anyhow::Result<()> {
-//! use memprof::gc::census::HeapReader;
-//! use memprof::modules::Module;
-//! let libgc = Module::open("/usr/lib/x86_64-linux-gnu/libgc.so.1".as_ref())?;
-//! let reader = HeapReader::new(std::sync::Arc::new(libgc))?;
-//! // With the collector of pid 1234 held at `GC_gc_no++`:
-//! let copy = reader.copy(1234, false)?; // false: large objects by their head only
-//! let census = copy.census(&|word, _kind| (1..1000).contains(&word)); // type ids
-//! println!("{} live objects at collection {}", census.live_count(), copy.gc_no);
-//! # Ok(()) }
-//! ```
+//! (Example: `doc_examples::example_1` below, compiled by the tests, not run: it needs a live process.)
 mod count;
 mod graph;
 mod heap_copy;
 mod read;
 
-pub use self::count::{Census, LiveObject, SizeClass, Tally, Word};
+pub use self::count::{Census, LiveObject, Tally, Word};
 pub use self::graph::Graph;
-pub use self::heap_copy::{
-    is_atomic, kind_name, BlockState, HeapBlock, HeapCopy, AUNCOLLECTABLE, NORMAL, PTRFREE,
-    UNCOLLECTABLE,
-};
+pub use self::heap_copy::{kind_name, HeapCopy, AUNCOLLECTABLE, PTRFREE};
 pub(crate) use self::read::vm_read;
 pub use self::read::HeapReader;
 
 #[cfg(test)]
 mod tests;
+
+/// The examples of this file's documentation, as unit tests (the module
+/// is private to the crate, so rustdoc cannot run them).
+#[cfg(test)]
+mod doc_examples {
+    #[allow(dead_code)]
+    fn example_1() -> anyhow::Result<()> {
+        use crate::gc::census::HeapReader;
+        use crate::modules::Module;
+        let libgc = Module::open("/usr/lib/x86_64-linux-gnu/libgc.so.1".as_ref())?;
+        let reader = HeapReader::new(std::sync::Arc::new(libgc))?;
+        // With the collector of pid 1234 held at `GC_gc_no++`:
+        let copy = reader.copy(1234, false)?; // false: large objects by their head only
+        let census = copy.census(&|word, _kind| (1..1000).contains(&word)); // type ids
+        println!(
+            "{} live objects at collection {}",
+            census.live_count(),
+            copy.gc_no
+        );
+        Ok(())
+    }
+}

@@ -27,21 +27,7 @@
 //! The events are fed in here; `record.rs` holds the record, its runs and
 //! the epochs, `settle.rs` the settle.
 //!
-//! ```
-//! use memprof::gc::copy::GcCopy;
-//! use memprof::probes::{LiveBlock, Site};
-//! use memprof_common::AllocKind;
-//! let site = Site { caller: 0x10, stack: None, kind: AllocKind::Gc };
-//! let block = |t| LiveBlock { site, size: 32, timestamp_ns: t, epoch: 0 };
-//! let mut copy = GcCopy::default();
-//! copy.allocated(0x1000, &block(1));
-//! copy.allocated(0x1000, &block(5)); // the first was collected: its address is reused
-//! copy.allocated(0x2000, &block(6));
-//! copy.freed(0x2000, 9);
-//! copy.settle(None).unwrap();
-//! let s = &copy.sites()[0].1;
-//! assert_eq!((s.tracked_count, s.collected_count, s.lifetimes.died), (1, 1, 2));
-//! ```
+//! (Example: `doc_examples::example_1` below, run by the tests.)
 use std::collections::HashMap;
 
 use anyhow::Result;
@@ -127,6 +113,7 @@ impl GcCopy {
         }
     }
 
+    #[cfg(test)]
     /// A GC object allocated at `addr`.
     pub fn allocated(&mut self, addr: u64, block: &LiveBlock) {
         self.allocated_as(addr, block, 1);
@@ -241,15 +228,18 @@ impl GcCopy {
         blocks
     }
 
+    #[cfg(test)]
     /// Records (objects, frees not yet applied) held.
     pub fn len(&self) -> usize {
         self.settled.len() + self.runs.iter().map(Vec::len).sum::<usize>() + self.incoming.len()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
+    #[cfg(test)]
     /// Bytes the copy holds (its record arrays and site table).
     pub fn memory_bytes(&self) -> usize {
         let runs: usize = self.runs.iter().map(Vec::capacity).sum();
@@ -373,3 +363,37 @@ impl GcCopy {
 
 #[cfg(test)]
 mod tests;
+
+/// The examples of this file's documentation, as unit tests (the module
+/// is private to the crate, so rustdoc cannot run them).
+#[cfg(test)]
+mod doc_examples {
+    #[test]
+    fn example_1() {
+        use crate::gc::copy::GcCopy;
+        use crate::probes::{LiveBlock, Site};
+        use memprof_common::AllocKind;
+        let site = Site {
+            caller: 0x10,
+            stack: None,
+            kind: AllocKind::Gc,
+        };
+        let block = |t| LiveBlock {
+            site,
+            size: 32,
+            timestamp_ns: t,
+            epoch: 0,
+        };
+        let mut copy = GcCopy::default();
+        copy.allocated(0x1000, &block(1));
+        copy.allocated(0x1000, &block(5)); // the first was collected: its address is reused
+        copy.allocated(0x2000, &block(6));
+        copy.freed(0x2000, 9);
+        copy.settle(None).unwrap();
+        let s = &copy.sites()[0].1;
+        assert_eq!(
+            (s.tracked_count, s.collected_count, s.lifetimes.died),
+            (1, 1, 2)
+        );
+    }
+}

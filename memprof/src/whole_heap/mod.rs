@@ -21,7 +21,6 @@ pub mod graph;
 pub mod report;
 pub mod roots;
 pub mod rss;
-pub mod session;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -90,7 +89,7 @@ impl Drop for Attached {
 }
 
 /// `memprof heap --pid PID`.
-pub fn heap(driver: &Driver, pid: u32, options: &HeapOptions) -> Result<()> {
+pub fn run(driver: &Driver, pid: u32, options: &HeapOptions) -> Result<()> {
     if !target::is_alive(pid) {
         bail!("no process with pid {pid}");
     }
@@ -387,7 +386,6 @@ fn gc_blocks(copy: &HeapCopy, census: &Census) -> Vec<rss::GcBlock> {
     copy.blocks
         .iter()
         .map(|b| {
-            let bytes = b.bytes(copy.hblksize);
             let in_block = match live.peek() {
                 Some(&&(addr, _, l)) if addr == b.addr => {
                     live.next();
@@ -397,7 +395,6 @@ fn gc_blocks(copy: &HeapCopy, census: &Census) -> Vec<rss::GcBlock> {
             };
             rss::GcBlock {
                 start: b.addr,
-                bytes,
                 live: in_block.unwrap_or(0),
                 free_block: in_block.is_none(),
             }

@@ -38,11 +38,11 @@ use std::time::Instant;
 
 use anyhow::{anyhow, Result};
 
-use super::report::{is_atomic, object_name};
 use crate::crystal::type_ids::{type_names, TypeNames, TypeOf};
 use crate::gc::census::{kind_name, HeapCopy, HeapReader, Word};
 use crate::modules::{Module, ModuleCache};
 use crate::profile::{CensusType, Censuses, HeapCensus};
+use crate::whole_heap::report::{is_atomic, object_name};
 
 /// When a profile gets a census of the whole GC heap by type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

@@ -141,7 +141,6 @@ fn full_path(line: &str) -> String {
 /// What the GC heap's blocks hold, for the table.
 pub struct GcBlock {
     pub start: u64,
-    pub bytes: u64,
     /// Live bytes in it (0 for a free block).
     pub live: u64,
     pub free_block: bool,

@@ -29,7 +29,7 @@ use memprof_common::host;
 
 use crate::driver::profiles::{self, Header};
 use crate::driver::{Driven, Driver, Flow, Output, Profiling};
-use crate::heap;
+use crate::groups;
 use crate::options::{Heap, SessionOptions};
 use crate::probes::{ModuleTables, Probes};
 use crate::profile::{Counters, ExitInfo, GcSummary, Profile, TargetInfo};
@@ -322,7 +322,7 @@ impl Host {
     fn profile_of(&self, p: &HostProcess, tables: crate::probes::Prefetched) -> Result<Profile> {
         let recorded: u64 = tables.sites.iter().map(|(_, t)| t.count).sum();
         let maps = self.probes.peek()?.of_process(tables);
-        let raw = heap::collect(&maps, None)?;
+        let raw = groups::collect(&maps, None)?;
         let (groups, stacks) = profiles::groups_of(p.pid, raw, &p.maps, &p.modules, false);
         let counters = Counters {
             allocs: recorded,
