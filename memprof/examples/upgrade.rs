@@ -8,7 +8,5 @@ fn main() -> Result<()> {
         anyhow::bail!("usage: upgrade OLD.mprof NEW.mprof");
     };
     let profile = memprof::profile::load(from.as_ref())?;
-    let mut out = memprof::outfile::OutFile::create(to.as_ref())?;
-    memprof::profile::write(&profile, &mut out)?;
-    out.commit().with_context(|| format!("cannot write {to}"))
+    memprof::profile::save(&profile, to.as_ref()).with_context(|| format!("cannot write {to}"))
 }

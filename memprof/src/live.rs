@@ -237,18 +237,6 @@ pub struct Due {
 pub struct PerKind([[u64; 2]; AllocKind::ALL.len()]);
 
 impl PerKind {
-    #[cfg(test)]
-    pub fn add(&mut self, kind: AllocKind, blocks: u64, bytes: u64) {
-        let sum = &mut self.0[kind as usize];
-        sum[0] += blocks;
-        sum[1] += bytes;
-    }
-
-    #[cfg(test)]
-    pub fn blocks(&self) -> u64 {
-        self.0.iter().map(|k| k[0]).sum()
-    }
-
     /// From `[blocks, bytes]` per kind (indexed by [`AllocKind`]).
     pub fn from_array(per_kind: [[u64; 2]; 4]) -> PerKind {
         PerKind(per_kind)

@@ -98,11 +98,6 @@ impl OutFile {
         })
     }
 
-    #[cfg(test)]
-    pub fn path(&self) -> &Path {
-        &self.dest
-    }
-
     /// Gives the written file the destination's name.
     pub fn commit(mut self) -> Result<()> {
         let fail = |e: std::io::Error| anyhow::anyhow!("cannot write {}: {e}", self.dest.display());

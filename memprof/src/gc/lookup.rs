@@ -330,17 +330,6 @@ pub struct Headers {
 }
 
 impl Headers {
-    #[cfg(test)]
-    /// How many headers were read.
-    pub fn len(&self) -> usize {
-        self.hdrs.len()
-    }
-
-    #[cfg(test)]
-    pub fn is_empty(&self) -> bool {
-        self.hdrs.is_empty()
-    }
-
     /// The little-endian field of `len` bytes (1 to 8) at offset `off` of
     /// the `i`-th header, if it was read.
     pub fn field(&self, i: usize, off: u64, len: usize) -> Option<u64> {

@@ -59,6 +59,8 @@ use iced_x86::{
 };
 
 pub use self::heap_stats::{HeapStats, HeapStatsLayout};
+#[cfg(test)]
+pub use self::layout::derive_layout;
 pub use self::layout::MarkLayout;
 pub use self::lookup::Verdict;
 use crate::modules::Module;

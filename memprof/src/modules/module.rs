@@ -174,12 +174,6 @@ impl Module {
         &self.data
     }
 
-    #[cfg(test)]
-    /// Whether the file is x86-64 code, the only kind memprof decodes.
-    pub fn is_x86_64(&self) -> bool {
-        self.x86_64
-    }
-
     /// Errs unless the module is x86-64 code.
     pub fn require_x86_64(&self) -> Result<(), Error> {
         if self.x86_64 {

@@ -62,6 +62,15 @@ impl<W: Write> Write for Checksummed<W> {
     }
 }
 
+/// Writes `profile` to the file `path` as [`write`] does, whole or not at
+/// all: a temporary file beside it, renamed into place once complete, never
+/// written through a link planted at `path`.
+pub fn save(profile: &Profile, path: &Path) -> anyhow::Result<()> {
+    let mut out = crate::outfile::OutFile::create(path)?;
+    write(profile, &mut out)?;
+    out.commit()
+}
+
 /// Reads a profile file; errors say what is wrong with it in one line,
 /// starting with the file's path.
 pub fn load(path: &Path) -> Result<Profile, ProfileError> {

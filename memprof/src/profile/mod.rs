@@ -94,7 +94,7 @@ mod timeline;
 pub use collector::{CensusType, Censuses, GcSummary, HeapCensus};
 pub use counters::Counters;
 pub use error::{Corruption, ProfileError, ProfileErrorKind};
-pub use format::{load, parse, write, MAGIC, OLDEST_READ, VERSION};
+pub use format::{load, parse, save, write, MAGIC, OLDEST_READ, VERSION};
 pub use lifetimes::{Lifetimes, LIFETIME_BOUNDS_NS};
 pub use model::{ExitInfo, Frame, Group, ProbeInfo, ProcessInfo, Profile, TargetInfo};
 pub use stacks::{Location, Stacks};

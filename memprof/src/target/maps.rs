@@ -93,11 +93,6 @@ impl MapsCache {
         let m = self.mappings.get(i.checked_sub(1)?)?;
         (addr < m.end).then_some(m)
     }
-
-    #[cfg(test)]
-    pub fn is_empty(&self) -> bool {
-        self.mappings.is_empty()
-    }
 }
 
 #[cfg(test)]

@@ -218,12 +218,6 @@ impl Tracer {
         }
     }
 
-    #[cfg(test)]
-    /// The traced threads.
-    pub fn threads(&self) -> impl Iterator<Item = u32> + '_ {
-        self.threads.iter().copied()
-    }
-
     /// Handles the threads' state changes without blocking; returns at the
     /// first event the caller must see. New threads are passed to
     /// `on_new_thread` before they run one instruction.

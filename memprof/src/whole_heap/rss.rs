@@ -289,13 +289,11 @@ Rss:                   8 kB
         let blocks = [
             GcBlock {
                 start: 0x7f0000000000,
-                bytes: 8192,
                 live: 3072,
                 free_block: false,
             },
             GcBlock {
                 start: 0x7f0000002000,
-                bytes: 4096,
                 live: 0,
                 free_block: true,
             },

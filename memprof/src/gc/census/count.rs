@@ -74,11 +74,6 @@ impl Census {
     pub fn live_count(&self) -> u64 {
         self.classes.values().map(|c| c.live.count).sum()
     }
-
-    #[cfg(test)]
-    pub fn live_bytes(&self) -> u64 {
-        self.classes.values().map(|c| c.live.bytes).sum()
-    }
 }
 
 impl HeapCopy {

@@ -1,3 +1,4 @@
+use super::heap_copy::{BlockState, HeapBlock, NORMAL};
 use super::*;
 use std::collections::BTreeMap;
 

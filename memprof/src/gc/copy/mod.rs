@@ -234,19 +234,6 @@ impl GcCopy {
         self.settled.len() + self.runs.iter().map(Vec::len).sum::<usize>() + self.incoming.len()
     }
 
-    #[cfg(test)]
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    #[cfg(test)]
-    /// Bytes the copy holds (its record arrays and site table).
-    pub fn memory_bytes(&self) -> usize {
-        let runs: usize = self.runs.iter().map(Vec::capacity).sum();
-        (self.settled.capacity() + runs + self.incoming.capacity()) * std::mem::size_of::<Record>()
-            + self.sites.capacity() * std::mem::size_of::<(Site, SiteGc)>()
-    }
-
     fn site_number(&mut self, site: Site) -> u32 {
         if let Some((last, number)) = self.last_site {
             if last == site {
