@@ -131,3 +131,11 @@ pub struct ThreadClock {
     pub jiffies: u64,
     pub epoch: u64,
 }
+
+/// What an entry returns in a uprobe session: whether the kernel runs
+/// the program again at the call's return (for the pair of programs,
+/// ignored: the return probe runs anyway). Skipping it skips the
+/// return probe's whole cost, trap and trampoline: with sampling, most
+/// calls.
+pub const RUN_RETURN: u32 = 0;
+pub const SKIP_RETURN: u32 = 1;

@@ -28,26 +28,20 @@ use memprof_common::{
 };
 
 use crate::branchless::{differ, select};
+use crate::counters::{bump, enabled};
 use crate::host::{known_process, this_process};
 use crate::prediction::{check_prediction, predict_call};
-use crate::record::{bump, enabled, record, release, LIVE, STACKS};
+use crate::record::{record, release, LIVE, STACKS};
 use crate::refill::{bytes_allocd, record_refill, requested_size};
 use crate::sampling::draw;
 use crate::settings::UNWIND_DWARF;
 use crate::unwind::dwarf_unwind;
+use memprof_common::{RUN_RETURN, SKIP_RETURN};
 
 /// The calls in flight, one slot per thread (kept between its calls).
 /// Sizes are defaults; userspace sets them from --max-live / --max-stacks.
 #[map]
 static PENDING: HashMap<u64, PendingCall> = HashMap::with_max_entries(8192, 0);
-
-/// What an entry returns in a uprobe session: whether the kernel runs
-/// the program again at the call's return (for the pair of programs,
-/// ignored: the return probe runs anyway). Skipping it skips the
-/// return probe's whole cost, trap and trampoline: with sampling, most
-/// calls.
-pub(crate) const RUN_RETURN: u32 = 0;
-pub(crate) const SKIP_RETURN: u32 = 1;
 
 /// An allocator call as its entry reads it.
 #[derive(Clone, Copy)]

@@ -18,8 +18,8 @@ use aya_ebpf::{
 };
 use memprof_common::{gc_event, GcEvent, KernelMarks, HOLD_SIGNAL};
 
+use crate::counters::{bump, enabled};
 use crate::gc_copy::send_gc_event;
-use crate::record::{bump, enabled};
 use crate::settings::GC_VERDICTS;
 
 /// Collections seen (see `gc_collection`).

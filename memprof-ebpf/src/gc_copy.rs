@@ -11,7 +11,7 @@ use aya_ebpf::{
 };
 use memprof_common::{AllocKind, GcEvent, LiveAlloc, PendingCall, ThreadClock};
 
-use crate::record::bump;
+use crate::counters::bump;
 use crate::settings::GC_COPY;
 
 /// GC objects allocated and freed, for userspace's copy (size set by userspace).

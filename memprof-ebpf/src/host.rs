@@ -15,7 +15,7 @@ use aya_ebpf::{
 };
 use memprof_common::{errno, host, HostEvent};
 
-use crate::record::{bump, enabled};
+use crate::counters::{bump, enabled};
 use crate::settings::{HOST, TASK_EXIT_CODE, TASK_REAL_PARENT, TASK_TGID, UNWIND_DWARF};
 use crate::unwind::MODULE_TABLE;
 

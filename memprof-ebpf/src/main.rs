@@ -35,6 +35,9 @@ mod branchless;
 /// An allocator call's entry and return, and the frees.
 #[cfg(target_arch = "bpf")]
 mod calls;
+/// `ENABLED` and `COUNTERS`, which every program uses.
+#[cfg(target_arch = "bpf")]
+mod counters;
 /// Boehm collections: the hold, the kernel's verdicts.
 #[cfg(target_arch = "bpf")]
 mod gc;

@@ -14,10 +14,11 @@ use memprof_common::{
     PREDICT_CHECK_EVERY, PREDICT_TRUST_AFTER, TCACHE_BINS,
 };
 
-use crate::calls::{RUN_RETURN, SKIP_RETURN};
+use crate::counters::{bump, COUNTERS};
 use crate::gc::GC_EPOCH;
 use crate::gc_copy::is_gc;
-use crate::record::{bump, record, COUNTERS};
+use crate::record::record;
+use memprof_common::{RUN_RETURN, SKIP_RETURN};
 
 /// How allocators' results are read at their entry, per predictor
 /// ([`Predict`]): written by userspace once attached.

@@ -1,28 +1,23 @@
 //! The core tables and what writes them: each block followed is in `LIVE`
 //! (keyed by address) until freed, each site's totals in `SITE_TOTALS`,
 //! each frame-pointer stack in `STACKS`; what could not be recorded is
-//! counted in `COUNTERS`. `ENABLED` stops every program at once.
+//! counted in `COUNTERS` (`counters`).
 use aya_ebpf::{
     bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
     helpers::bpf_ktime_get_ns,
     macros::map,
-    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, StackTrace},
+    maps::{HashMap, PerCpuArray, PerCpuHashMap, StackTrace},
 };
 use memprof_common::{
-    errno, gc_event, host, lifetime_bucket, AllocKind, AllocSite, KernelCounters, KindLive,
-    LiveAlloc, PendingCall, SiteTotals, SITES_OVERFLOW,
+    errno, gc_event, host, lifetime_bucket, AllocKind, AllocSite, KindLive, LiveAlloc, PendingCall,
+    SiteTotals, SITES_OVERFLOW,
 };
 
+use crate::counters::bump;
 use crate::gc::{judge_later, GC_EPOCH};
 use crate::gc_copy::{gc_event, gc_time, in_copy, is_gc};
 use crate::settings::GC_VERDICTS;
 
-/// 1 while recording; userspace clears it to stop every program at once.
-#[map]
-pub(crate) static ENABLED: Array<u32> = Array::with_max_entries(1, 0);
-/// One entry per CPU: see `bump`.
-#[map]
-pub(crate) static COUNTERS: PerCpuArray<KernelCounters> = PerCpuArray::with_max_entries(1, 0);
 // Sizes are defaults; userspace sets them from --max-live / --max-stacks.
 #[map]
 pub(crate) static LIVE: HashMap<u64, LiveAlloc> = HashMap::with_max_entries(1 << 20, 0);
@@ -40,20 +35,6 @@ static OVERFLOW_TOTALS: PerCpuArray<SiteTotals> =
     PerCpuArray::with_max_entries(AllocKind::ALL.len() as u32, 0);
 #[map]
 pub(crate) static STACKS: StackTrace = StackTrace::with_max_entries(1 << 15, 0);
-
-#[inline(always)]
-pub(crate) fn enabled() -> bool {
-    ENABLED.get(0).is_some_and(|&on| on == 1)
-}
-
-/// Adds one to a counter: `bump(|c| &mut c.allocs)`.
-#[inline(always)]
-pub(crate) fn bump(counter: impl FnOnce(&mut KernelCounters) -> &mut u64) {
-    if let Some(counters) = COUNTERS.get_ptr_mut(0) {
-        // Per-CPU value: no other CPU writes it.
-        unsafe { *counter(&mut *counters) += 1 };
-    }
-}
 
 /// Records an allocation at `addr`; `slot`: the thread's `PENDING` slot.
 #[inline(always)]

@@ -4,7 +4,8 @@
 use aya_ebpf::{helpers::bpf_probe_read_user, macros::map, maps::Array, programs::ProbeContext};
 use memprof_common::{PendingCall, Refill};
 
-use crate::record::{bump, record};
+use crate::counters::bump;
+use crate::record::record;
 
 /// How a free-list refill is weighed (`--gc-sampling refill`,
 /// [`Refill`]): written by userspace once attached.

@@ -6,9 +6,10 @@ use aya_ebpf::{
 };
 use memprof_common::{host, op, SAMPLE_QUANTILES};
 
+use crate::counters::bump;
 use crate::gc_copy::is_gc;
 use crate::host::this_process;
-use crate::record::{bump, LIVE};
+use crate::record::LIVE;
 use crate::settings::{GC_REFILL, SAMPLING};
 
 /// Bytes to the next sample point, per CPU (0: not drawn yet).

@@ -16,7 +16,7 @@ use memprof_common::{
 };
 
 use crate::branchless::{at_or_before, differ, select};
-use crate::record::bump;
+use crate::counters::bump;
 use crate::settings::FOLD_RECURSION;
 
 /// Filled on demand (BPF_F_NO_PREALLOC): most runs use a fraction of it.
