@@ -430,26 +430,9 @@ mod tests {
 mod doc_examples {
     #[test]
     fn example_1() {
-        use crate::gc::{MarkLayout, Verdict};
-        let layout = MarkLayout {
-            arrays: 0x2d920,
-            arrays_slot: None,
-            top_index: 0x289f0,
-            all_nils: 0xc0,
-            key_shift: 22,
-            top_mask: 0x7ff,
-            bi_key: 0x2010,
-            bi_hash_link: 0x2018,
-            bi_index: 0,
-            log_hblksize: 12,
-            bottom_mask: 0x3ff,
-            hb_marks: 0x40,
-            granule_shift: 4,
-            hb_flags: 0x19,
-            free_blk: 4,
-            hb_sz: 0x20,
-            max_forward: 0xfff,
-        };
+        use crate::gc::Verdict;
+        // Debian 8.2.2's layout (the tests' own).
+        let layout = crate::gc::tests::debian_layout(0x2d920, None);
         // Memory of zeros: top_index[…] is GC_all_nils (0), whose index[] entries are 0: no block.
         let mut zeros = |_addr: u64, buf: &mut [u8]| {
             buf.fill(0);

@@ -17,7 +17,7 @@ const VERDICTS_C: &str = include_str!("fixtures/verdicts.c");
 const VERDICTS_CR: &str = include_str!("fixtures/verdicts.cr");
 
 /// Debian 8.2.2's layout, as docs/ARCHITECTURE.md ("GC liveness") gives it; `arrays` differs per build.
-fn debian_layout(arrays: u64, arrays_slot: Option<u64>) -> MarkLayout {
+pub(super) fn debian_layout(arrays: u64, arrays_slot: Option<u64>) -> MarkLayout {
     MarkLayout {
         arrays,
         arrays_slot,
