@@ -136,6 +136,11 @@ counters! {
         /// `attach --all`: allocations of processes that got no index
         /// (the process table full, or every index given): not followed.
         pub processes_not_followed: u64,
+        /// `attach --all`: module tables the kernel could not build
+        /// itself (no free segment, or the process's memory map busy):
+        /// the process waited for userspace's, its first stacks may be
+        /// cut short.
+        pub tables_not_built: u64,
     }
 }
 

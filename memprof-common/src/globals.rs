@@ -22,6 +22,10 @@ pub const HOST: &str = "HOST";
 pub const TASK_REAL_PARENT: &str = "TASK_REAL_PARENT";
 pub const TASK_TGID: &str = "TASK_TGID";
 pub const TASK_EXIT_CODE: &str = "TASK_EXIT_CODE";
+/// [`KernelLayout`](super::host::KernelLayout): offsets in the running
+/// kernel's `vm_area_struct`, `file`, `inode`, `super_block` and
+/// `linux_binprm`, for `attach --all`'s tables built in the kernel.
+pub const KERNEL_LAYOUT: &str = "KERNEL_LAYOUT";
 /// `u32`, 1: userspace keeps the copy of the GC objects (their mark bits
 /// are read): GC allocations and frees go to the `GC_EVENTS` ring buffer
 /// only, not to `LIVE`.
@@ -35,7 +39,7 @@ pub const GC_VERDICTS: &str = "GC_VERDICTS";
 
 /// Every load-time constant of the eBPF object (checked against the
 /// object by a userspace test, as [`maps::ALL`](super::maps::ALL) is).
-pub const ALL: [&str; 10] = [
+pub const ALL: [&str; 11] = [
     FOLD_RECURSION,
     UNWIND_DWARF,
     SAMPLING,
@@ -44,6 +48,7 @@ pub const ALL: [&str; 10] = [
     TASK_REAL_PARENT,
     TASK_TGID,
     TASK_EXIT_CODE,
+    KERNEL_LAYOUT,
     GC_COPY,
     GC_VERDICTS,
 ];

@@ -26,6 +26,10 @@ pub const fn split(key: u64) -> (u32, u64) {
 /// [`HostEvent::op`]: the process's first allocation followed (its
 /// index is new); `comm` is its name then.
 pub const NEW: u8 = 0;
+/// [`NEW`]'s `exit_code` for a process first seen allocating, not at an
+/// `exec`: a forked child (or one running before memprof), which starts
+/// with its parent's module table and maps what its parent maps.
+pub const FORKED: u32 = 1;
 /// The process exited (its main thread did): `exit_code` is the
 /// kernel's (`wait` status).
 pub const EXIT: u8 = 1;
@@ -33,6 +37,21 @@ pub const EXIT: u8 = 1;
 pub const LIBRARIES: u8 = 2;
 /// The process `exec`ed: the index it had is done.
 pub const EXEC: u8 = 3;
+/// An executable file mapping of the process, as the kernel saw it when
+/// it built the process's module table ([`HostEvent::mapping`]): what
+/// names and symbolizes a process gone before /proc was read.
+pub const MAPPING: u8 = 4;
+/// The kernel gave the process a module table of its own
+/// ([`HostEvent::mapping`]`.start`: the packed table it replaced, `.end`:
+/// the new one), built from [`KnownFile`]s.
+pub const TABLE: u8 = 5;
+/// The program the process `exec`ed now ([`HostEvent::path`], as given
+/// to `execve`), after [`EXEC`] for its old index: its new index.
+pub const PROGRAM: u8 = 6;
+
+/// Bytes of a path an event carries (longer ones are cut: the process
+/// is still named by its mappings' files).
+pub const PATH_BYTES: usize = 256;
 
 /// A change to the processes of `attach --all` (the `HOST_EVENTS` ring).
 #[repr(C)]
@@ -44,10 +63,75 @@ pub struct HostEvent {
     pub index: u32,
     /// Its parent's tgid ([`NEW`]).
     pub ppid: u32,
-    /// [`EXIT`]: the wait status.
+    /// [`EXIT`]: the wait status. [`NEW`]: [`FORKED`] or 0.
     pub exit_code: u32,
     pub comm: [u8; 16],
     /// One of this module's event codes.
     pub op: u8,
     pub _pad: [u8; 7],
+    /// [`MAPPING`] (and [`TABLE`]).
+    pub mapping: MappedFile,
+    /// [`PROGRAM`]: NUL-terminated.
+    pub path: [u8; PATH_BYTES],
 }
+
+/// An executable file mapping, as the kernel's `vm_area_struct` says it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MappedFile {
+    pub start: u64,
+    pub end: u64,
+    /// In pages.
+    pub pgoff: u64,
+    pub file: FileKey,
+}
+
+/// A file as the kernel names it: the `s_dev` of its filesystem
+/// (`MAJOR << 20 | MINOR`) and its inode number, as /proc/PID/maps shows
+/// them. Key of `KNOWN_FILES`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FileKey {
+    pub dev: u32,
+    pub _pad: u32,
+    pub ino: u64,
+}
+
+/// A file whose CFI rows are in `UNWIND_ROWS`: the kernel builds the
+/// module table of a process that maps it without waiting for userspace.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KnownFile {
+    pub row_start: u32,
+    pub row_count: u32,
+    /// Its executable segment's address minus its file offset: a
+    /// mapping at `start` of page `pgoff` has the load bias
+    /// `start - pgoff * 4096 - vaddr_less_offset`.
+    pub vaddr_less_offset: u64,
+}
+
+/// Segments of `MODULE_RANGES` the kernel takes its tables from
+/// (`FREE_SEGMENTS`): the upper half; userspace's are the lower one.
+pub const KERNEL_SEGMENTS: core::ops::Range<u32> =
+    crate::module_table::SEGMENTS / 2..crate::module_table::SEGMENTS;
+
+/// Offsets in the running kernel's structures (from its BTF) the
+/// kernel's table building reads (`globals::KERNEL_LAYOUT`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelLayout {
+    pub vma_start: u32,
+    pub vma_end: u32,
+    pub vma_flags: u32,
+    pub vma_pgoff: u32,
+    pub vma_file: u32,
+    pub file_inode: u32,
+    pub inode_ino: u32,
+    pub inode_sb: u32,
+    pub sb_dev: u32,
+    /// `linux_binprm.filename`.
+    pub bprm_filename: u32,
+}
+
+/// `VM_EXEC` of `vm_area_struct.vm_flags`.
+pub const VM_EXEC: u64 = 0x4;

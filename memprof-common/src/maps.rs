@@ -85,6 +85,16 @@ pub const PROCESS_MODULES: &str = "PROCESS_MODULES";
 pub const PROCESS_COUNT: &str = "PROCESS_COUNT";
 /// `attach --all`: ring of [`HostEvent`](super::HostEvent)s.
 pub const HOST_EVENTS: &str = "HOST_EVENTS";
+/// `attach --all`: [`FileKey`](super::host::FileKey) →
+/// [`KnownFile`](super::host::KnownFile), the files whose rows are in
+/// `UNWIND_ROWS`; written by userspace.
+pub const KNOWN_FILES: &str = "KNOWN_FILES";
+/// `attach --all`: a queue of the segments of `MODULE_RANGES` the kernel
+/// may build a table in ([`KERNEL_SEGMENTS`](super::host::KERNEL_SEGMENTS));
+/// userspace puts back those no process uses any more.
+pub const FREE_SEGMENTS: &str = "FREE_SEGMENTS";
+/// `attach --all`: per CPU, the table being built (its segment, its count).
+pub const TABLE_BUILD: &str = "TABLE_BUILD";
 
 // library_load: `_dl_debug_state`.
 /// One `u32`, 1: the main thread is traced by memprof (`run`): signal it
@@ -97,7 +107,7 @@ pub const SIGNAL_ON_DLOPEN: &str = "SIGNAL_ON_DLOPEN";
 pub const DLOPEN_SIGNALLED: &str = "DLOPEN_SIGNALLED";
 
 /// Every map of the eBPF object.
-pub const ALL: [&str; 33] = [
+pub const ALL: [&str; 36] = [
     ENABLED,
     COUNTERS,
     LIVE,
@@ -131,4 +141,7 @@ pub const ALL: [&str; 33] = [
     HOST_EVENTS,
     SIGNAL_ON_DLOPEN,
     DLOPEN_SIGNALLED,
+    KNOWN_FILES,
+    FREE_SEGMENTS,
+    TABLE_BUILD,
 ];

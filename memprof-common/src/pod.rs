@@ -17,3 +17,6 @@ unsafe impl aya::Pod for HostEvent {}
 unsafe impl aya::Pod for KernelMarks {}
 unsafe impl aya::Pod for Refill {}
 unsafe impl aya::Pod for KernelCounters {}
+unsafe impl aya::Pod for host::FileKey {}
+unsafe impl aya::Pod for host::KnownFile {}
+unsafe impl aya::Pod for host::KernelLayout {}

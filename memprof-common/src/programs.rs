@@ -44,3 +44,18 @@ pub const ALL: [&str; 11] = [
 /// helper call with this number (no helper has it) that userspace rewrites
 /// into the kfunc call, with the running kernel's BTF id for it.
 pub const SESSION_IS_RETURN: u32 = 0x0bad_5e55;
+
+/// The numbers the kernel programs call the task-VMA iterator's kfuncs
+/// by (`bpf_iter_task_vma_new`, `_next`, `_destroy`), rewritten as
+/// [`SESSION_IS_RETURN`] is.
+pub const ITER_TASK_VMA_NEW: u32 = 0x0bad_17e0;
+pub const ITER_TASK_VMA_NEXT: u32 = 0x0bad_17e1;
+pub const ITER_TASK_VMA_DESTROY: u32 = 0x0bad_17e2;
+
+/// Every kfunc the programs call: its placeholder number and its name.
+pub const KFUNCS: [(u32, &str); 4] = [
+    (SESSION_IS_RETURN, "bpf_session_is_return"),
+    (ITER_TASK_VMA_NEW, "bpf_iter_task_vma_new"),
+    (ITER_TASK_VMA_NEXT, "bpf_iter_task_vma_next"),
+    (ITER_TASK_VMA_DESTROY, "bpf_iter_task_vma_destroy"),
+];

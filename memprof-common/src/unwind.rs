@@ -66,6 +66,12 @@ pub mod module_table {
         count | half << HALF_SHIFT | generation << GENERATION_SHIFT
     }
 
+    /// The generation of a packed value.
+    #[inline(always)]
+    pub const fn generation(packed: u32) -> u32 {
+        packed >> GENERATION_SHIFT
+    }
+
     /// Modules in use, from a packed value. A mask, not `min()`: `min()`
     /// would give the verifier a constant bound, and with constant indices
     /// it cannot prune the binary searches.

@@ -7,17 +7,21 @@
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns,
-        bpf_probe_read_kernel,
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task,
+        bpf_get_current_task_btf, bpf_ktime_get_ns, bpf_probe_read_kernel,
+        bpf_probe_read_kernel_str_bytes,
     },
     macros::map,
-    maps::{Array, HashMap, RingBuf},
+    maps::{Array, HashMap, PerCpuArray, Queue, RingBuf},
 };
-use memprof_common::{errno, host, HostEvent};
+use memprof_common::host::{FileKey, KnownFile, MappedFile};
+use memprof_common::{errno, host, module_table, programs, HostEvent, ModuleRange};
 
 use crate::counters::{bump, enabled};
-use crate::settings::{HOST, TASK_EXIT_CODE, TASK_REAL_PARENT, TASK_TGID, UNWIND_DWARF};
-use crate::unwind::MODULE_TABLE;
+use crate::settings::{
+    HOST, KERNEL_LAYOUT, TASK_EXIT_CODE, TASK_REAL_PARENT, TASK_TGID, UNWIND_DWARF,
+};
+use crate::unwind::{MODULE_RANGES, MODULE_TABLE};
 
 /// `attach --all`: the processes followed, tgid → index (see
 /// `this_process`). Only the kernel writes it.
@@ -37,9 +41,21 @@ pub(crate) struct ProcessState {
 /// `attach --all`: `[0]`, the next process index.
 #[map]
 static PROCESS_COUNT: Array<u64> = Array::with_max_entries(1, 0);
-/// `attach --all`: processes seen, exited, `exec`ed, relinked.
+/// `attach --all`: processes seen, exited, `exec`ed, relinked, their
+/// mappings and tables.
 #[map]
 static HOST_EVENTS: RingBuf = RingBuf::with_byte_size(1 << 12, 0);
+/// `attach --all`: the files whose rows are in `UNWIND_ROWS`. Written by
+/// userspace.
+#[map]
+static KNOWN_FILES: HashMap<FileKey, KnownFile> = HashMap::with_max_entries(1, 0);
+/// `attach --all`: segments of `MODULE_RANGES` free for a table built
+/// here (userspace puts back those no process uses).
+#[map]
+static FREE_SEGMENTS: Queue<u32> = Queue::with_max_entries(1, 0);
+/// `attach --all`: the table being built, per CPU.
+#[map]
+static TABLE_BUILD: PerCpuArray<TableBuild> = PerCpuArray::with_max_entries(1, 0);
 
 /// The process making this call: under `attach --all` its entry of
 /// `PROCESSES` (added with a new index at its first call followed, when
@@ -59,20 +75,27 @@ pub(crate) fn this_process() -> Option<ProcessState> {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     let index = match PROCESSES.get_ptr(&tgid) {
         Some(index) => unsafe { *index },
-        None => new_process(tgid)?,
+        None => new_process(tgid, true)?,
     };
     if index == host::IGNORED {
         return None;
     }
-    Some(ProcessState {
-        index,
-        modules: PROCESS_MODULES.get(index).copied().unwrap_or(0),
-    })
+    let mut modules = PROCESS_MODULES.get(index).copied().unwrap_or(0);
+    if modules == 0 {
+        // No table yet (a program's first calls, before its dynamic
+        // linker's first `_dl_debug_state`): the kernel's own, once.
+        modules = build_table(index, tgid);
+    }
+    Some(ProcessState { index, modules })
 }
 
-/// [`this_process`] for a process not in `PROCESSES` yet.
+/// [`this_process`] for a process not in `PROCESSES` yet. `forked`: it
+/// allocates before any `exec` memprof saw (a forked child, or a process
+/// running before memprof): it maps what its parent maps, so it starts
+/// with its parent's module table until userspace gives it its own (a
+/// forked worker is unwound from its first allocation).
 #[inline(always)]
-fn new_process(tgid: u32) -> Option<u32> {
+fn new_process(tgid: u32, forked: bool) -> Option<u32> {
     let count = PROCESS_COUNT.get_ptr_mut(0)?;
     let mut i = 1u64;
     unsafe {
@@ -87,13 +110,14 @@ fn new_process(tgid: u32) -> Option<u32> {
         return None;
     }
     let index = i as u32;
-    // Its table is none until userspace gives one.
+    // Its table is none (or its parent's) until userspace gives one.
+    let inherited = if forked { parent_table() } else { 0 };
     if let Some(modules) = PROCESS_MODULES.get_ptr_mut(index) {
-        unsafe { *modules = 0 };
+        unsafe { *modules = inherited };
     }
     match PROCESSES.insert(&tgid, &index, BPF_NOEXIST as u64) {
         Ok(()) => {
-            host_event(host::NEW, tgid, index, 0);
+            host_event(host::NEW, tgid, index, if forked { host::FORKED } else { 0 });
             Some(index)
         }
         // Another thread of the process added it meanwhile.
@@ -105,23 +129,51 @@ fn new_process(tgid: u32) -> Option<u32> {
     }
 }
 
+/// The module table of the calling process's parent, if it is followed
+/// (0: none).
+#[inline(always)]
+fn parent_table() -> u32 {
+    let task = unsafe { bpf_get_current_task() } as *const u8;
+    let Ok(parent) = (unsafe {
+        bpf_probe_read_kernel(task.wrapping_add(TASK_REAL_PARENT.load() as usize) as *const u64)
+    }) else {
+        return 0;
+    };
+    let at = (parent as *const u8).wrapping_add(TASK_TGID.load() as usize);
+    let Ok(ppid) = (unsafe { bpf_probe_read_kernel(at as *const u32) }) else {
+        return 0;
+    };
+    let Some(index) = PROCESSES.get_ptr(&ppid) else {
+        return 0;
+    };
+    PROCESS_MODULES.get(unsafe { *index }).copied().unwrap_or(0)
+}
+
 /// Tells userspace of a change to process `tgid` (`index`).
 #[inline(always)]
 pub(crate) fn host_event(op: u8, tgid: u32, index: u32, exit_code: u32) {
-    let mut event = HostEvent {
-        time_ns: unsafe { bpf_ktime_get_ns() },
-        tgid,
-        index,
-        ppid: 0,
-        exit_code,
-        comm: [0; 16],
-        op,
-        _pad: [0; 7],
-    };
-    if let Ok(comm) = bpf_get_current_comm() {
-        event.comm = comm;
+    if let Some(mut entry) = HOST_EVENTS.reserve::<HostEvent>(0) {
+        let event = unsafe { &mut *entry.as_mut_ptr() };
+        fill(event, op, tgid, index, exit_code);
+        entry.submit(0);
     }
-    if op == host::NEW {
+}
+
+/// An event's common part, written in place in the ring (an event with
+/// its path is too big for the program's stack).
+#[inline(always)]
+fn fill(event: &mut HostEvent, op: u8, tgid: u32, index: u32, exit_code: u32) {
+    event.time_ns = unsafe { bpf_ktime_get_ns() };
+    event.tgid = tgid;
+    event.index = index;
+    event.ppid = 0;
+    event.exit_code = exit_code;
+    event.comm = bpf_get_current_comm().unwrap_or([0; 16]);
+    event.op = op;
+    event._pad = [0; 7];
+    event.mapping = MappedFile::default();
+    event.path[0] = 0;
+    if op == host::NEW || op == host::PROGRAM {
         let task = unsafe { bpf_get_current_task() } as *const u8;
         let parent: Option<u64> = unsafe {
             bpf_probe_read_kernel(task.add(TASK_REAL_PARENT.load() as usize) as *const u64).ok()
@@ -131,7 +183,6 @@ pub(crate) fn host_event(op: u8, tgid: u32, index: u32, exit_code: u32) {
             event.ppid = unsafe { bpf_probe_read_kernel(at as *const u32) }.unwrap_or(0);
         }
     }
-    let _ = HOST_EVENTS.output::<HostEvent>(&event, 0);
 }
 
 /// The index of the process making this call if it has one (no new
@@ -167,11 +218,13 @@ pub(crate) fn thread_exit(thread: u64) {
 
 /// `attach --all`: a process `exec`ed: the index of its old program is
 /// done, and the new program gets one now, before any of its code
-/// runs: userspace reads its mappings and gives the unwinder its table
-/// while the dynamic linker is still at work, and probes the
+/// runs, with the path it was started by (`bprm`: the tracepoint's
+/// `struct linux_binprm *`): a process gone before userspace reads /proc
+/// is still named. Userspace reads its mappings and gives the unwinder
+/// its table while the dynamic linker is still at work, and probes the
 /// allocators of a program it has not seen (a static one).
 #[inline(always)]
-pub(crate) fn process_exec() -> i32 {
+pub(crate) fn process_exec(bprm: u64) -> i32 {
     if HOST.load() == 0 || !enabled() {
         return 0;
     }
@@ -184,6 +237,206 @@ pub(crate) fn process_exec() -> i32 {
         host_event(host::EXEC, tgid, index, 0);
         let _ = PROCESSES.remove(&tgid);
     }
-    let _ = new_process(tgid);
+    let Some(index) = new_process(tgid, false) else {
+        return 0;
+    };
+    if let Some(mut entry) = HOST_EVENTS.reserve::<HostEvent>(0) {
+        let event = unsafe { &mut *entry.as_mut_ptr() };
+        fill(event, host::PROGRAM, tgid, index, 0);
+        let at = (bprm as *const u8).wrapping_add(KERNEL_LAYOUT.load().bprm_filename as usize);
+        if let Ok(name) = unsafe { bpf_probe_read_kernel(at as *const u64) } {
+            let _ = unsafe { bpf_probe_read_kernel_str_bytes(name as *const u8, &mut event.path) };
+        }
+        entry.submit(0);
+    }
     0
+}
+
+/// The kernel's own module table for process `index` (the calling one),
+/// from its executable file mappings as the kernel has them now and the
+/// files whose rows userspace wrote (`KNOWN_FILES`): a program memprof
+/// has seen before is unwound from its first allocation, without
+/// waiting for userspace to read /proc. Each executable mapping is told
+/// to userspace (`MAPPING`), known or not: what names and symbolizes a
+/// process that ends before /proc is read. The table goes into a
+/// segment of `FREE_SEGMENTS` and replaces the process's with one write.
+#[inline(never)]
+pub(crate) fn build_table(index: u32, tgid: u32) -> u32 {
+    let Some(modules) = PROCESS_MODULES.get_ptr_mut(index) else {
+        return 0;
+    };
+    let old = unsafe { *modules };
+    let Some(build) = TABLE_BUILD.get_ptr_mut(0) else {
+        return old;
+    };
+    let Ok(Some(segment)) = FREE_SEGMENTS.pop() else {
+        bump(|c| &mut c.tables_not_built);
+        return old;
+    };
+    unsafe {
+        (*build).segment = segment;
+        (*build).count = 0;
+    }
+    let task = unsafe { bpf_get_current_task_btf() } as u64;
+    let mut iter = [0u64; 1];
+    let iter_at = iter.as_mut_ptr() as u64;
+    if vma_iter_new(iter_at, task) == 0 {
+        // Bounded: a process has at most vm.max_map_count mappings, and
+        // the kernel's iterator ends; each step costs little.
+        loop {
+            let vma = vma_iter_next(iter_at);
+            if vma == 0 {
+                break;
+            }
+            visit(vma, index, tgid, build);
+        }
+    } else {
+        bump(|c| &mut c.tables_not_built);
+    }
+    vma_iter_destroy(iter_at);
+    let count = unsafe { (*build).count } & module_table::MAX_MODULES;
+    // The next generation (the row cache is valid for one table).
+    let generation = module_table::generation(old).wrapping_add(1) | 1;
+    if count == 0 {
+        let _ = FREE_SEGMENTS.push(segment, 0);
+        if old == 0 {
+            // Tried: an empty table, not tried again at every call.
+            let empty = module_table::pack(0, 0, generation);
+            unsafe { *modules = empty };
+            return empty;
+        }
+        return old;
+    }
+    let packed = module_table::pack(count, segment, generation);
+    unsafe { *modules = packed };
+    if let Some(mut entry) = HOST_EVENTS.reserve::<HostEvent>(0) {
+        let event = unsafe { &mut *entry.as_mut_ptr() };
+        fill(event, host::TABLE, tgid, index, 0);
+        // An empty table (count 0) is no segment's.
+        event.mapping.start = u64::from(old) * u64::from(module_table::count(old) != 0);
+        event.mapping.end = u64::from(packed);
+        entry.submit(0);
+    }
+    packed
+}
+
+/// The table being built on this CPU.
+#[derive(Clone, Copy)]
+pub(crate) struct TableBuild {
+    segment: u32,
+    count: u32,
+}
+
+/// One mapping of [`build_table`]'s walk.
+#[inline(never)]
+fn visit(vma: u64, index: u32, tgid: u32, build: *mut TableBuild) {
+    let layout = KERNEL_LAYOUT.load();
+    let read = |base: u64, offset: u32| -> u64 {
+        let at = (base as *const u8).wrapping_add(offset as usize);
+        unsafe { bpf_probe_read_kernel(at as *const u64) }.unwrap_or(0)
+    };
+    if read(vma, layout.vma_flags) & host::VM_EXEC == 0 {
+        return;
+    }
+    let file = read(vma, layout.vma_file);
+    if file == 0 {
+        return;
+    }
+    let inode = read(file, layout.file_inode);
+    let sb = read(inode, layout.inode_sb);
+    let key = FileKey {
+        dev: read(sb, layout.sb_dev) as u32,
+        _pad: 0,
+        ino: read(inode, layout.inode_ino),
+    };
+    let mapped = MappedFile {
+        start: read(vma, layout.vma_start),
+        end: read(vma, layout.vma_end),
+        pgoff: read(vma, layout.vma_pgoff),
+        file: key,
+    };
+    if let Some(mut entry) = HOST_EVENTS.reserve::<HostEvent>(0) {
+        let event = unsafe { &mut *entry.as_mut_ptr() };
+        fill(event, host::MAPPING, tgid, index, 0);
+        event.mapping = mapped;
+        entry.submit(0);
+    }
+    let Some(known) = (unsafe { KNOWN_FILES.get(&key) }) else {
+        return;
+    };
+    let count = unsafe { (*build).count };
+    if count >= module_table::MAX_MODULES {
+        return;
+    }
+    let slot = module_table::slot(unsafe { (*build).segment }, count & module_table::MAX_MODULES);
+    if let Some(range) = MODULE_RANGES.get_ptr_mut(slot) {
+        unsafe {
+            *range = ModuleRange {
+                start: mapped.start,
+                end: mapped.end,
+                bias: mapped
+                    .start
+                    .wrapping_sub(mapped.pgoff << 12)
+                    .wrapping_sub(known.vaddr_less_offset),
+                row_start: known.row_start,
+                row_count: known.row_count,
+            };
+            (*build).count = count + 1;
+        }
+    }
+}
+
+/// The task-VMA iterator's kfuncs, called by placeholder helper numbers
+/// that userspace rewrites (as `bpf_session_is_return`): `new` returns
+/// 0 when the process's memory map could be read.
+#[inline(always)]
+fn vma_iter_new(iter: u64, task: u64) -> i64 {
+    let r: i64;
+    unsafe {
+        core::arch::asm!(
+            "call {n}",
+            n = const programs::ITER_TASK_VMA_NEW,
+            inlateout("r1") iter => _,
+            inlateout("r2") task => _,
+            inlateout("r3") 0u64 => _,
+            lateout("r0") r,
+            lateout("r4") _,
+            lateout("r5") _,
+        )
+    };
+    r
+}
+
+#[inline(always)]
+fn vma_iter_next(iter: u64) -> u64 {
+    let r: u64;
+    unsafe {
+        core::arch::asm!(
+            "call {n}",
+            n = const programs::ITER_TASK_VMA_NEXT,
+            inlateout("r1") iter => _,
+            lateout("r0") r,
+            lateout("r2") _,
+            lateout("r3") _,
+            lateout("r4") _,
+            lateout("r5") _,
+        )
+    };
+    r
+}
+
+#[inline(always)]
+fn vma_iter_destroy(iter: u64) {
+    unsafe {
+        core::arch::asm!(
+            "call {n}",
+            n = const programs::ITER_TASK_VMA_DESTROY,
+            inlateout("r1") iter => _,
+            lateout("r0") _,
+            lateout("r2") _,
+            lateout("r3") _,
+            lateout("r4") _,
+            lateout("r5") _,
+        )
+    };
 }

@@ -9,7 +9,7 @@ use aya_ebpf::{
 };
 use memprof_common::{host, LIBRARY_LOAD_SIGNAL};
 
-use crate::host::{host_event, known_process};
+use crate::host::{build_table, host_event, known_process};
 use crate::settings::HOST;
 
 /// 1: signal the traced main thread at each library load (`run`, until
@@ -34,6 +34,9 @@ pub(crate) fn libraries_changed() -> u32 {
         // allocators of files it has not seen: a process not followed
         // yet may be about to call them).
         let index = known_process().unwrap_or(host::IGNORED);
+        if index != host::IGNORED {
+            let _ = build_table(index, (thread >> 32) as u32);
+        }
         host_event(host::LIBRARIES, (thread >> 32) as u32, index, 0);
         return 0;
     }

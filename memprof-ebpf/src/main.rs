@@ -136,8 +136,9 @@ mod programs {
 
     /// `attach --all`: a process `exec`ed.
     #[raw_tracepoint(tracepoint = "sched_process_exec")]
-    pub fn process_exec(_ctx: RawTracePointContext) -> i32 {
-        host::process_exec()
+    pub fn process_exec(ctx: RawTracePointContext) -> i32 {
+        // args: the task, its old pid, its `struct linux_binprm *`.
+        host::process_exec(ctx.arg::<u64>(2))
     }
 
     /// Benchmark baseline: the bare cost of a probe hit.

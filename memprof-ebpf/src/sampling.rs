@@ -8,7 +8,7 @@ use memprof_common::{host, op, SAMPLE_QUANTILES};
 
 use crate::counters::bump;
 use crate::gc_copy::is_gc;
-use crate::host::this_process;
+use crate::host::known_process;
 use crate::record::LIVE;
 use crate::settings::{GC_REFILL, SAMPLING};
 
@@ -33,8 +33,8 @@ pub(crate) fn draw(kind: u8, size: u64, op: u8, arg_ptr: u64) -> Option<u8> {
     bump(|c| &mut c.unsampled_allocs);
     let tracked = op == op::REALLOC
         && arg_ptr != 0
-        && this_process()
-            .is_some_and(|p| LIVE.get_ptr(&host::live_key(arg_ptr, p.index)).is_some());
+        && known_process()
+            .is_some_and(|index| LIVE.get_ptr(&host::live_key(arg_ptr, index)).is_some());
     tracked.then_some(1)
 }
 

@@ -7,6 +7,7 @@
 //! library-load signal) is no setting: those are one-entry maps, in the
 //! files of their concern.
 use aya_ebpf::Global;
+use memprof_common::host::KernelLayout;
 
 /// 1: fold recursion in DWARF stacks (`--keep-recursion` sets 0). A
 /// load-time constant: the verifier drops the path not taken.
@@ -40,3 +41,18 @@ pub(crate) static TASK_REAL_PARENT: Global<u32> = Global::new(0);
 pub(crate) static TASK_TGID: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 pub(crate) static TASK_EXIT_CODE: Global<u32> = Global::new(0);
+/// Offsets in the kernel's memory-map structures (`attach --all`'s
+/// tables built in the kernel).
+#[unsafe(no_mangle)]
+pub(crate) static KERNEL_LAYOUT: Global<KernelLayout> = Global::new(KernelLayout {
+    vma_start: 0,
+    vma_end: 0,
+    vma_flags: 0,
+    vma_pgoff: 0,
+    vma_file: 0,
+    file_inode: 0,
+    inode_ino: 0,
+    inode_sb: 0,
+    sb_dev: 0,
+    bprm_filename: 0,
+});

@@ -176,20 +176,30 @@ fn fsbase_offset() -> Result<u64> {
 /// The byte offset of `path` (nested members) in kernel struct `name`,
 /// from the running kernel's BTF (`/sys/kernel/btf/vmlinux`).
 pub(crate) fn kernel_member_offset(name: &str, path: &[&str]) -> Result<u64> {
+    Ok(kernel_member_offsets(&[(name, path)])?[0])
+}
+
+/// [`kernel_member_offset`] of each `(struct, path)`, the BTF read once.
+pub(crate) fn kernel_member_offsets(queries: &[(&str, &[&str])]) -> Result<Vec<u64>> {
     let data = std::fs::read(Path::new("/sys/kernel/btf/vmlinux"))?;
     let btf = Btf::parse(&data)?;
-    let mut id = btf
-        .struct_named(name)
-        .ok_or_else(|| anyhow!("no struct {name}"))?;
-    let mut offset = 0;
-    for member in path {
-        let (bits, next) = btf
-            .member(id, member)
-            .ok_or_else(|| anyhow!("no member {member} in struct {name}"))?;
-        offset += bits / 8;
-        id = btf.resolve(next);
-    }
-    Ok(offset)
+    queries
+        .iter()
+        .map(|(name, path)| {
+            let mut id = btf
+                .struct_named(name)
+                .ok_or_else(|| anyhow!("no struct {name}"))?;
+            let mut offset = 0;
+            for member in *path {
+                let (bits, next) = btf
+                    .member(id, member)
+                    .ok_or_else(|| anyhow!("no member {member} in struct {name}"))?;
+                offset += bits / 8;
+                id = btf.resolve(next);
+            }
+            Ok(offset)
+        })
+        .collect()
 }
 
 /// Just enough of BTF's format (the kernel's `Documentation/bpf/btf.rst`)
@@ -201,6 +211,7 @@ struct Btf<'a> {
 }
 
 const KIND_STRUCT: u32 = 4;
+const KIND_UNION: u32 = 5;
 const KIND_TYPEDEF: u32 = 8;
 const KIND_VOLATILE: u32 = 9;
 const KIND_CONST: u32 = 10;
@@ -261,18 +272,45 @@ impl<'a> Btf<'a> {
         })
     }
 
-    /// Member `name` of struct `id`: its offset in bits and its type.
+    /// Member `name` of struct (or union) `id`: its offset in bits and
+    /// its type. Members of anonymous structs and unions inside it are
+    /// its own (`vm_area_struct.vm_start` is in one).
     fn member(&self, id: usize, name: &str) -> Option<(u64, usize)> {
+        self.member_within(id, name, 4)
+    }
+
+    fn member_within(&self, id: usize, name: &str, depth: u32) -> Option<(u64, usize)> {
         let &(_, info, _, extra) = self.types.get(id)?;
         let bitfields = info >> 31 == 1;
-        extra.chunks_exact(12).find_map(|m| {
+        let members = extra.chunks_exact(12).map(|m| {
             let word = |i: usize| u32::from_le_bytes(m[i..i + 4].try_into().unwrap());
             let offset = if bitfields {
                 word(8) & 0xff_ffff
             } else {
                 word(8)
             };
-            (self.name(word(0)) == name.as_bytes()).then_some((u64::from(offset), word(4) as usize))
+            (word(0), u64::from(offset), word(4) as usize)
+        });
+        let mut anonymous = Vec::new();
+        for (member, offset, ty) in members {
+            if self.name(member) == name.as_bytes() {
+                return Some((offset, ty));
+            }
+            if member == 0 {
+                anonymous.push((offset, ty));
+            }
+        }
+        if depth == 0 {
+            return None;
+        }
+        anonymous.into_iter().find_map(|(offset, ty)| {
+            let inner = self.resolve(ty);
+            let kind = (self.types.get(inner)?.1 >> 24) & 0x1f;
+            if kind != KIND_STRUCT && kind != KIND_UNION {
+                return None;
+            }
+            let (at, ty) = self.member_within(inner, name, depth - 1)?;
+            Some((offset + at, ty))
         })
     }
 
@@ -307,5 +345,17 @@ mod tests {
         let thread = kernel_member_offset("task_struct", &["thread"]).unwrap();
         assert_eq!(offset - thread, 40);
         assert!(kernel_member_offset("task_struct", &["no_such_member"]).is_err());
+    }
+
+    #[test]
+    fn finds_members_inside_anonymous_unions() {
+        // vm_start and vm_end open vm_area_struct, inside an anonymous
+        // struct inside an anonymous union (6.x).
+        let offsets = kernel_member_offsets(&[
+            ("vm_area_struct", &["vm_start"]),
+            ("vm_area_struct", &["vm_end"]),
+        ])
+        .unwrap();
+        assert_eq!(offsets, [0, 8]);
     }
 }

@@ -103,6 +103,11 @@ fn read_ring(
         let last = stopping.load(Ordering::Acquire);
         queue.drain(ring);
         while let Some((event, read)) = queue.items.pop_front() {
+            if event.op == host::TABLE {
+                // In order with this thread's own tables.
+                let (old, new) = (event.mapping.start as u32, event.mapping.end as u32);
+                lock(tables).built_by_kernel(event.index, old, new);
+            }
             if let Some(read) = &read {
                 publish(&event, read, rows, tables, &mut || queue.drain(ring));
             }
@@ -196,9 +201,10 @@ fn lock(tables: &Mutex<ModuleTables>) -> std::sync::MutexGuard<'_, ModuleTables>
     tables.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// What an event's process shows now (nothing for an exit).
+/// What an event's process shows now: for its first allocation (or
+/// `exec`) and its library loads.
 fn read_now(event: &HostEvent, reading: u64) -> Option<ReadNow> {
-    if event.op == host::EXIT {
+    if !matches!(event.op, host::NEW | host::LIBRARIES) {
         return None;
     }
     let pid = event.tgid;

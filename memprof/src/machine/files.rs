@@ -6,6 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
+use memprof_common::host::{FileKey, KnownFile};
 use memprof_common::ModuleRange;
 
 use crate::modules::{Module, ModuleCache};
@@ -77,6 +78,25 @@ fn file_id(path: &std::path::Path) -> Option<FileId> {
     let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
     let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
     Some((format!("{major:02x}:{minor:02x}"), meta.ino()))
+}
+
+/// A [`FileId`] as the kernel names the file (`s_dev` is `MAJOR << 20 |
+/// MINOR`).
+pub fn kernel_key((dev, ino): &FileId) -> Option<FileKey> {
+    let (major, minor) = dev.split_once(':')?;
+    let major = u32::from_str_radix(major, 16).ok()?;
+    let minor = u32::from_str_radix(minor, 16).ok()?;
+    Some(FileKey {
+        dev: major << 20 | minor,
+        _pad: 0,
+        ino: *ino,
+    })
+}
+
+/// [`kernel_key`] back: the [`FileId`] of a file the kernel named.
+pub fn file_id_of(key: &FileKey) -> FileId {
+    let (major, minor) = (key.dev >> 20, key.dev & 0xf_ffff);
+    (format!("{major:02x}:{minor:02x}"), key.ino)
 }
 
 /// The reader builds the rows of files up to this size at once (a few
@@ -151,11 +171,31 @@ fn build_rows(rows: &RowIndex, m: &Mapping, cache: &ModuleCache) -> Option<FileR
     let table = table?;
     let mut unwinding = rows.lock().unwrap_or_else(|e| e.into_inner());
     match unwinding.table.add(&table.rows) {
-        Ok(Some(start)) => Some(FileRows {
-            start,
-            count: table.rows.len() as u32,
-            module,
-        }),
+        Ok(Some(start)) => {
+            let count = table.rows.len() as u32;
+            // The kernel builds the tables of the processes that map it
+            // from now on itself, from their first allocation.
+            if let (Some(key), Some(vaddr_less_offset)) =
+                (kernel_key(&m.file_id), module.exec_vaddr_less_offset())
+            {
+                let known = KnownFile {
+                    row_start: start,
+                    row_count: count,
+                    vaddr_less_offset,
+                };
+                if let Err(e) = unwinding.table.name(key, known) {
+                    eprintln!(
+                        "memprof: the kernel is not told of {}'s rows (its processes wait for memprof's tables): {e:#}",
+                        m.path.display()
+                    );
+                }
+            }
+            Some(FileRows {
+                start,
+                count,
+                module,
+            })
+        }
         Ok(None) => {
             if !unwinding.full {
                 unwinding.full = true;
@@ -391,6 +431,16 @@ impl Files {
                     .join(", ")
             ),
         }
+    }
+
+    /// The file `id`, parsed, if memprof has seen it: examined, or with
+    /// rows.
+    pub fn module_by_id(&self, id: &FileId) -> Option<Arc<Module>> {
+        if let Some(module) = self.entries.get(id).and_then(|e| e.module.clone()) {
+            return Some(module);
+        }
+        let rows = self.rows.lock().unwrap_or_else(|e| e.into_inner());
+        rows.files.get(id).map(|f| Arc::clone(&f.module))
     }
 
     /// The module mapped at `m`, parsed once per file (through `cache`,

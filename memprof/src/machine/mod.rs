@@ -33,6 +33,7 @@ use crate::groups;
 use crate::options::{Heap, SessionOptions};
 use crate::probes::{ModuleTables, Probes};
 use crate::profile::{Counters, ExitInfo, GcSummary, Profile, TargetInfo};
+use crate::target::maps::Mapping;
 
 mod events;
 mod files;
@@ -203,7 +204,8 @@ impl Host {
                 } else {
                     start_s
                 };
-                let process = HostProcess::seen(e.tgid, e.index, e.ppid, &comm, start_s, read);
+                let mut process = HostProcess::seen(e.tgid, e.index, e.ppid, &comm, start_s, read);
+                process.forked = e.exit_code == host::FORKED;
                 self.processes.insert(e.index, process);
                 self.seen += 1;
                 self.publish(e.index);
@@ -218,12 +220,37 @@ impl Host {
                     self.to_examine.push(e.tgid);
                 }
             }
+            host::MAPPING => {
+                let Some(p) = self.processes.get_mut(&e.index).filter(|_| index_known) else {
+                    return;
+                };
+                let m = e.mapping;
+                let id = files::file_id_of(&m.file);
+                if let Some(module) = self.files.module_by_id(&id) {
+                    let mapping = Mapping {
+                        start: m.start,
+                        end: m.end,
+                        file_offset: m.pgoff << 12,
+                        executable: true,
+                        path: module.path().to_path_buf(),
+                        file_id: id,
+                    };
+                    p.mapped(mapping, module);
+                }
+            }
+            host::PROGRAM => {
+                if let Some(p) = self.processes.get_mut(&e.index).filter(|_| index_known) {
+                    p.program(&comm_of_path(&e.path));
+                }
+            }
             host::EXEC | host::EXIT => {
                 let end_s = self.since(e.time_ns);
                 if let Some(p) = self.processes.get_mut(&e.index).filter(|_| index_known) {
                     p.end_s = Some(end_s);
                     if e.op == host::EXIT {
                         p.exit = Some(wait_status(e.exit_code));
+                    } else {
+                        p.execed = true;
                     }
                     self.ended.push(e.index);
                 }
@@ -299,7 +326,8 @@ impl Host {
             if tables.sites.is_empty() {
                 continue;
             }
-            if p.unread {
+            let orphan = !self.processes.values().any(|q| q.pid == p.ppid && !q.unread);
+            if p.unread && orphan {
                 eprintln!(
                     "memprof: pid {} ({}) ended before memprof could read its mappings: its frames are addresses",
                     p.pid,
@@ -323,7 +351,17 @@ impl Host {
         let recorded: u64 = tables.sites.iter().map(|(_, t)| t.count).sum();
         let maps = self.probes.peek()?.of_process(tables);
         let raw = groups::collect(&maps, None)?;
-        let (groups, stacks) = profiles::groups_of(p.pid, raw, &p.maps, &p.modules, false);
+        // A forked child gone (or `exec`ed) before it was read maps what
+        // its parent maps (the kernel unwound it with its parent's table).
+        let parent = self
+            .processes
+            .values()
+            .find(|q| p.forked && (p.unread || p.execed) && q.pid == p.ppid && !q.unread);
+        let (maps, modules) = match parent {
+            Some(q) => (&q.maps, &q.modules),
+            None => (&p.maps, &p.modules),
+        };
+        let (groups, stacks) = profiles::groups_of(p.pid, raw, maps, modules, false);
         let counters = Counters {
             allocs: recorded,
             ..Counters::default()
@@ -410,6 +448,12 @@ impl Host {
 fn comm_of(comm: &[u8; 16]) -> String {
     let end = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
     String::from_utf8_lossy(&comm[..end]).into_owned()
+}
+
+/// A path an event carries, as text.
+fn comm_of_path(path: &[u8]) -> String {
+    let end = path.iter().position(|&b| b == 0).unwrap_or(path.len());
+    String::from_utf8_lossy(&path[..end]).into_owned()
 }
 
 /// A wait status (`task_struct.exit_code`) as the profile says it.

@@ -30,9 +30,15 @@ pub struct HostProcess {
     /// Its mappings as last read (and which reading), not yet given to
     /// the unwinder by the main loop.
     pub latest: Option<(u64, Vec<Mapping>)>,
-    /// Its mappings could never be read (gone first): its frames are
-    /// addresses, not names.
+    /// Its mappings could never be read (gone first), from /proc or from
+    /// the kernel: its frames are addresses, not names.
     pub unread: bool,
+    /// First seen allocating, not at an `exec`: it mapped what its parent
+    /// maps (its parent's table unwound it).
+    pub forked: bool,
+    /// Its index ended with an `exec`: a reading of /proc may have been
+    /// of the program it became.
+    pub execed: bool,
 }
 
 impl HostProcess {
@@ -69,6 +75,8 @@ impl HostProcess {
             modules: ModuleCache::of_process(pid),
             latest: None,
             unread: true,
+            forked: false,
+            execed: false,
         };
         if let Some(read) = now {
             process.take(read);
@@ -82,6 +90,26 @@ impl HostProcess {
         self.modules.absorb(read.modules);
         self.latest = Some((read.reading, read.maps));
         self.unread = false;
+    }
+
+    /// An executable mapping of a file memprof has (`module`), as the
+    /// kernel told it: its frames there are named even if it is gone
+    /// before /proc is read.
+    pub fn mapped(&mut self, mapping: Mapping, module: std::sync::Arc<crate::modules::Module>) {
+        self.modules.adopt(&mapping.path, module);
+        self.maps.merge(vec![mapping]);
+        self.unread = false;
+    }
+
+    /// The program it `exec`ed, as given to `execve`: its executable and
+    /// command when /proc could not be read.
+    pub fn program(&mut self, path: &str) {
+        if self.exe.is_empty() && !path.is_empty() {
+            self.exe = path.to_string();
+            if self.command.len() <= 1 {
+                self.command = vec![path.to_string()];
+            }
+        }
     }
 
     /// The executable mappings last read, taken (`None`: none new).

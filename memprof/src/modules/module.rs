@@ -327,6 +327,14 @@ impl Module {
         Some(mapping.start.wrapping_sub(address))
     }
 
+    /// Its (first) executable segment's link-time address minus its file
+    /// offset: what the kernel subtracts, with a mapping's start and
+    /// offset, to get the load bias of a mapping of that segment.
+    pub fn exec_vaddr_less_offset(&self) -> Option<u64> {
+        let s = self.segments.iter().find(|s| s.executable)?;
+        Some(s.address.wrapping_sub(s.file_offset))
+    }
+
     /// Bytes of the module's thread-local storage block, if it has one.
     pub fn tls_size(&self) -> Option<u64> {
         self.tls_size

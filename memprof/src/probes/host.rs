@@ -16,7 +16,8 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use anyhow::{Context, Result};
-use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuHashMap, RingBuf};
+use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuHashMap, Queue, RingBuf};
+use memprof_common::host::{FileKey, KernelLayout, KnownFile, KERNEL_SEGMENTS};
 use memprof_common::{
     host, maps, module_table, programs, AllocSite, HostEvent, LiveAlloc, ModuleRange, SiteTotals,
     UnwindRow,
@@ -30,8 +31,11 @@ use super::{take_map, Probes};
 const HOST_ROWS: u32 = 1 << 21;
 /// Processes with an index at once (`PROCESSES`).
 const HOST_PROCESSES: u32 = 1 << 15;
-/// The process event ring.
-const HOST_EVENTS_BYTES: u32 = 1 << 20;
+/// The process event ring: 4 MiB, ~11,000 events (a process that
+/// starts a program and ends sends ~20).
+const HOST_EVENTS_BYTES: u32 = 1 << 22;
+/// Files the kernel knows the rows of (`KNOWN_FILES`).
+const HOST_KNOWN_FILES: u32 = 1 << 14;
 
 /// Map sizes and offsets the object is loaded with.
 pub(super) struct Sizes {
@@ -44,6 +48,9 @@ pub(super) struct Sizes {
     pub real_parent: u32,
     pub tgid: u32,
     pub exit_code: u32,
+    pub known_files: u32,
+    pub free_segments: u32,
+    pub layout: KernelLayout,
 }
 
 impl Sizes {
@@ -59,6 +66,9 @@ impl Sizes {
                 real_parent: 0,
                 tgid: 0,
                 exit_code: 0,
+                known_files: 1,
+                free_segments: 1,
+                layout: KernelLayout::default(),
             });
         }
         let offset = |member: &str| -> Result<u32> {
@@ -75,8 +85,40 @@ impl Sizes {
             real_parent: offset("real_parent")?,
             tgid: offset("tgid")?,
             exit_code: offset("exit_code")?,
+            known_files: HOST_KNOWN_FILES,
+            free_segments: KERNEL_SEGMENTS.len() as u32,
+            layout: kernel_layout().context("memory-map structures in the kernel's BTF")?,
         })
     }
+}
+
+/// The offsets the kernel's table building reads, from its BTF.
+fn kernel_layout() -> Result<KernelLayout> {
+    let o = crate::predict::kernel_member_offsets(&[
+        ("vm_area_struct", &["vm_start"]),
+        ("vm_area_struct", &["vm_end"]),
+        ("vm_area_struct", &["vm_flags"]),
+        ("vm_area_struct", &["vm_pgoff"]),
+        ("vm_area_struct", &["vm_file"]),
+        ("file", &["f_inode"]),
+        ("inode", &["i_ino"]),
+        ("inode", &["i_sb"]),
+        ("super_block", &["s_dev"]),
+        ("linux_binprm", &["filename"]),
+    ])?;
+    let o: Vec<u32> = o.into_iter().map(|o| o as u32).collect();
+    Ok(KernelLayout {
+        vma_start: o[0],
+        vma_end: o[1],
+        vma_flags: o[2],
+        vma_pgoff: o[3],
+        vma_file: o[4],
+        file_inode: o[5],
+        inode_ino: o[6],
+        inode_sb: o[7],
+        sb_dev: o[8],
+        bprm_filename: o[9],
+    })
 }
 
 /// The allocations of one process that ended, out of the kernel's tables.
@@ -86,9 +128,11 @@ pub struct Prefetched {
     pub sites: Vec<(Site, SiteTotals)>,
 }
 
-/// The kernel's CFI rows (`UNWIND_ROWS`): each file's appended once.
+/// The kernel's CFI rows (`UNWIND_ROWS`): each file's appended once,
+/// and named in `KNOWN_FILES` for the tables the kernel builds.
 pub struct RowTable {
     rows: MapData,
+    known: BpfHashMap<MapData, FileKey, KnownFile>,
     used: u32,
     capacity: u32,
 }
@@ -105,19 +149,33 @@ impl RowTable {
         self.used += rows.len() as u32;
         Ok(Some(start))
     }
+
+    /// Tells the kernel that `file`'s rows are `known`: the tables it
+    /// builds from now on have it.
+    pub fn name(&mut self, file: FileKey, known: KnownFile) -> Result<()> {
+        self.known.insert(file, known, 0)?;
+        Ok(())
+    }
 }
 
 /// Each process's module table for the unwinder: a segment of
 /// `MODULE_RANGES` of its own, a new one each time its mappings change
-/// (a probe may be reading the old one, which is reused last).
+/// (a probe may be reading the old one, which is reused last). Userspace
+/// builds tables in the lower half of the segments; the kernel builds
+/// its own (a process's files all known) in the upper half, taken from
+/// `FREE_SEGMENTS`, where a segment the kernel's table no longer uses
+/// goes back.
 pub struct ModuleTables {
     ranges: MapData,
     /// `PROCESS_MODULES`.
     modules: MapData,
-    /// Segments no process uses, the oldest first.
+    /// The kernel's free segments (`FREE_SEGMENTS`).
+    kernel_free: Queue<MapData, u32>,
+    /// Userspace's segments no process uses, the oldest first.
     free: VecDeque<u32>,
     /// Of each process index with a table: its segment, which reading of
-    /// its mappings the table was made from, and the table.
+    /// its mappings the table was made from (the kernel's: 0), and the
+    /// table (the kernel's: empty).
     by_index: HashMap<u32, (u32, u64, Vec<ModuleRange>)>,
     generation: u32,
 }
@@ -147,14 +205,42 @@ impl ModuleTables {
             .by_index
             .insert(index, (segment, reading, ranges.to_vec()))
         {
-            self.free.push_back(old);
+            self.give_back(old);
         }
         Ok(true)
+    }
+
+    /// The kernel gave process `index` the table `new` in place of `old`
+    /// (a `TABLE` event, read in order with the others): the segment of
+    /// `old` is free. Unless userspace gave the process a table since
+    /// the kernel's (this side's current one is not `old`): then the
+    /// kernel's was replaced already, and its segment is free.
+    pub fn built_by_kernel(&mut self, index: u32, old: u32, new: u32) {
+        let segment_of = |packed: u32| module_table::first_slot(packed) / module_table::SLOTS;
+        let new = segment_of(new);
+        let current = self.by_index.get(&index).map(|(s, _, _)| *s);
+        match current {
+            Some(s) if old == 0 || s != segment_of(old) => self.give_back(new),
+            _ => {
+                if let Some((s, _, _)) = self.by_index.insert(index, (new, 0, Vec::new())) {
+                    self.give_back(s);
+                }
+            }
+        }
     }
 
     /// Process `index` ended: its segment is free.
     pub fn release(&mut self, index: u32) {
         if let Some((segment, _, _)) = self.by_index.remove(&index) {
+            self.give_back(segment);
+        }
+    }
+
+    /// A segment no process uses any more, to whichever side builds in it.
+    fn give_back(&mut self, segment: u32) {
+        if KERNEL_SEGMENTS.contains(&segment) {
+            let _ = self.kernel_free.push(segment, 0);
+        } else {
             self.free.push_back(segment);
         }
     }
@@ -195,6 +281,10 @@ impl Probes {
         let mut processes: BpfHashMap<&mut MapData, u32, u32> =
             BpfHashMap::try_from(self.map_mut(maps::PROCESSES)?)?;
         processes.insert(me, host::IGNORED, 0)?;
+        let mut free: Queue<&mut MapData, u32> = Queue::try_from(self.map_mut(maps::FREE_SEGMENTS)?)?;
+        for segment in KERNEL_SEGMENTS {
+            free.push(segment, 0)?;
+        }
         self.attach_raw_tracepoint(programs::PROCESS_EXEC, "sched_process_exec")
     }
 
@@ -210,6 +300,9 @@ impl Probes {
     pub fn row_table(&self) -> Result<RowTable> {
         Ok(RowTable {
             rows: self.dup_map(maps::UNWIND_ROWS)?,
+            known: BpfHashMap::try_from(aya::maps::Map::from_map_data(
+                self.dup_map(maps::KNOWN_FILES)?,
+            )?)?,
             used: 0,
             capacity: self.host_rows,
         })
@@ -232,7 +325,10 @@ impl Probes {
         Ok(ModuleTables {
             ranges: self.dup_map(maps::MODULE_RANGES)?,
             modules: self.dup_map(maps::PROCESS_MODULES)?,
-            free: (0..module_table::SEGMENTS).collect(),
+            kernel_free: Queue::try_from(aya::maps::Map::from_map_data(
+                self.dup_map(maps::FREE_SEGMENTS)?,
+            )?)?,
+            free: (0..KERNEL_SEGMENTS.start).collect(),
             by_index: HashMap::new(),
             generation: 0,
         })

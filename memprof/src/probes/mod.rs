@@ -169,6 +169,9 @@ impl Probes {
             .override_global(globals::TASK_REAL_PARENT, &host.real_parent, true)
             .override_global(globals::TASK_TGID, &host.tgid, true)
             .override_global(globals::TASK_EXIT_CODE, &host.exit_code, true)
+            .override_global(globals::KERNEL_LAYOUT, &host.layout, true)
+            .map_max_entries(maps::KNOWN_FILES, host.known_files)
+            .map_max_entries(maps::FREE_SEGMENTS, host.free_segments)
             .map_max_entries(maps::PROCESSES, host.processes)
             .map_max_entries(maps::PROCESS_MODULES, host.indexes)
             .map_max_entries(maps::HOST_EVENTS, host.events_bytes)
@@ -309,6 +312,7 @@ fn map_data(map: &Map) -> Option<&MapData> {
         | Map::PerCpuHashMap(d)
         | Map::PerCpuLruHashMap(d)
         | Map::RingBuf(d)
+        | Map::Queue(d)
         | Map::StackTraceMap(d) => Some(d),
         _ => None,
     }

@@ -122,12 +122,15 @@ impl Programs {
             count: function.func_info.len() as u32,
             record_size: function.func_info_rec_size as u32,
         });
+        let mut instructions = function.instructions.clone();
+        let linked = link_kfuncs(&mut instructions)?;
         let fd = if name == programs::ALLOC_SESSION {
-            let mut instructions = function.instructions.clone();
-            call_session_is_return(&mut instructions)?;
+            if linked == 0 {
+                bail!("no bpf_session_is_return call to link in program {name}");
+            }
             load(name, &instructions, Attach::Session, btf.as_ref())?
         } else {
-            load(name, &function.instructions, Attach::Multi, btf.as_ref())?
+            load(name, &instructions, Attach::Multi, btf.as_ref())?
         };
         let raw = fd.as_raw_fd();
         self.loaded.insert(name.to_string(), fd);
@@ -151,31 +154,40 @@ pub(super) enum Attach {
 /// `BPF_TRACE_UPROBE_SESSION`: newer than aya-obj's bindings.
 const BPF_TRACE_UPROBE_SESSION: u32 = 57;
 
-/// Rewrites the placeholder helper calls of `bpf_session_is_return()`
-/// ([`memprof_common::SESSION_IS_RETURN`]) into calls of the kfunc, by the
-/// running kernel's BTF id for it.
-fn call_session_is_return(instructions: &mut [bpf_insn]) -> Result<()> {
+/// Rewrites the placeholder helper calls of kfuncs
+/// ([`programs::KFUNCS`]: `bpf_session_is_return()`, the task-VMA
+/// iterator) into calls of the kfuncs, by the running kernel's BTF ids.
+/// Returns how many calls were rewritten.
+fn link_kfuncs(instructions: &mut [bpf_insn]) -> Result<usize> {
     const BPF_CALL: u8 = 0x85; // BPF_JMP | BPF_CALL
     const BPF_PSEUDO_KFUNC_CALL: u8 = 2;
+    let is_placeholder = |insn: &bpf_insn| {
+        insn.code == BPF_CALL
+            && insn.src_reg() == 0
+            && programs::KFUNCS.iter().any(|(n, _)| insn.imm as u32 == *n)
+    };
+    if !instructions.iter().any(is_placeholder) {
+        return Ok(0);
+    }
     let btf = aya_obj::btf::Btf::from_sys_fs().context("reading the kernel's BTF")?;
-    let id = btf
-        .id_by_type_name_kind("bpf_session_is_return", aya_obj::btf::BtfKind::Func)
-        .context("the kernel has no bpf_session_is_return (uprobe sessions: Linux 6.13)")?;
     let mut patched = 0;
     for insn in instructions.iter_mut() {
-        if insn.code == BPF_CALL
-            && insn.src_reg() == 0
-            && insn.imm as u32 == memprof_common::SESSION_IS_RETURN
-        {
-            insn.set_src_reg(BPF_PSEUDO_KFUNC_CALL);
-            insn.imm = id as i32;
-            patched += 1;
+        if !is_placeholder(insn) {
+            continue;
         }
+        let name = programs::KFUNCS
+            .iter()
+            .find(|(n, _)| insn.imm as u32 == *n)
+            .map(|(_, name)| *name)
+            .unwrap_or_default();
+        let id = btf
+            .id_by_type_name_kind(name, aya_obj::btf::BtfKind::Func)
+            .with_context(|| format!("the kernel has no kfunc {name}"))?;
+        insn.set_src_reg(BPF_PSEUDO_KFUNC_CALL);
+        insn.imm = id as i32;
+        patched += 1;
     }
-    if patched == 0 {
-        bail!("no bpf_session_is_return call to link in program alloc_session");
-    }
-    Ok(())
+    Ok(patched)
 }
 
 /// The descriptor of a map, whatever its type.
