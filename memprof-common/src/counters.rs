@@ -141,6 +141,10 @@ counters! {
         /// the process waited for userspace's, its first stacks may be
         /// cut short.
         pub tables_not_built: u64,
+        /// `attach --all`: stacks cut at a file the kernel had no rows
+        /// for whose copy could not be sent for unwinding in userspace
+        /// (`DEFERRED_STACKS` full): they stay cut there.
+        pub deferred_lost: u64,
     }
 }
 

@@ -131,7 +131,26 @@ pub struct KernelLayout {
     pub sb_dev: u32,
     /// `linux_binprm.filename`.
     pub bprm_filename: u32,
+    /// A file's path, walked up as the kernel's `d_path` does: `file.f_path`'s
+    /// `mnt` and `dentry`, `dentry.d_parent`, `dentry.d_name.name`,
+    /// `vfsmount.mnt_root`, and `struct mount`'s `mnt`, `mnt_parent`,
+    /// `mnt_mountpoint`.
+    pub path_mnt: u32,
+    pub path_dentry: u32,
+    pub dentry_parent: u32,
+    pub dentry_name: u32,
+    pub vfsmount_root: u32,
+    pub mount_mnt: u32,
+    pub mount_parent: u32,
+    pub mount_mountpoint: u32,
 }
+
+/// Components of a path [`MAPPING`] carries for a file the kernel has no
+/// rows for (`HostEvent::path`): innermost first, each NUL-terminated,
+/// at most [`PATH_COMPONENT`] bytes each.
+pub const PATH_COMPONENTS: usize = 24;
+/// Bytes a component of such a path may have (with its NUL).
+pub const PATH_COMPONENT: usize = 64;
 
 /// `VM_EXEC` of `vm_area_struct.vm_flags`.
 pub const VM_EXEC: u64 = 0x4;

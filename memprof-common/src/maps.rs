@@ -95,6 +95,13 @@ pub const KNOWN_FILES: &str = "KNOWN_FILES";
 pub const FREE_SEGMENTS: &str = "FREE_SEGMENTS";
 /// `attach --all`: per CPU, the table being built (its segment, its count).
 pub const TABLE_BUILD: &str = "TABLE_BUILD";
+/// `attach --all`: per CPU, a file's path being walked.
+pub const PATH_WALK: &str = "PATH_WALK";
+/// `attach --all`: ring of [`DeferredStack`](super::DeferredStack)s.
+pub const DEFERRED_STACKS: &str = "DEFERRED_STACKS";
+/// `attach --all`: the stack keys already sent to `DEFERRED_STACKS`
+/// (an LRU hash: key → 1).
+pub const DEFERRED_SENT: &str = "DEFERRED_SENT";
 
 // library_load: `_dl_debug_state`.
 /// One `u32`, 1: the main thread is traced by memprof (`run`): signal it
@@ -107,7 +114,7 @@ pub const SIGNAL_ON_DLOPEN: &str = "SIGNAL_ON_DLOPEN";
 pub const DLOPEN_SIGNALLED: &str = "DLOPEN_SIGNALLED";
 
 /// Every map of the eBPF object.
-pub const ALL: [&str; 36] = [
+pub const ALL: [&str; 39] = [
     ENABLED,
     COUNTERS,
     LIVE,
@@ -144,4 +151,7 @@ pub const ALL: [&str; 36] = [
     KNOWN_FILES,
     FREE_SEGMENTS,
     TABLE_BUILD,
+    DEFERRED_STACKS,
+    DEFERRED_SENT,
+    PATH_WALK,
 ];

@@ -168,3 +168,30 @@ mod tests {
         }
     }
 }
+
+/// Bytes of the target's stack a [`DeferredStack`] carries: the rest of
+/// the page of `sp`, then two more pages (what a stack holds above the
+/// allocator's callers, to `main`, in most programs).
+pub const DEFERRED_BYTES: usize = 3 * 4096;
+
+/// `attach --all`: a stack the kernel stopped unwinding at a return
+/// address in no module it had rows for (a file memprof had not read
+/// yet, in a process that may end before it does): the state at that
+/// frame and a copy of the stack above it, unwound in userspace once the
+/// file's rows exist (`DEFERRED_STACKS`). Sent once per stack key.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct DeferredStack {
+    pub index: u32,
+    pub tgid: u32,
+    /// The key the stack was stored under (its frames end with `pc`).
+    pub key: u64,
+    /// The frame the unwinder stopped at: its return address, and the
+    /// CFA and `%rbp` of its callee's frame.
+    pub pc: u64,
+    pub sp: u64,
+    pub bp: u64,
+    /// Bytes of [`Self::bytes`] copied from `sp` up.
+    pub len: u64,
+    pub bytes: [u8; DEFERRED_BYTES],
+}

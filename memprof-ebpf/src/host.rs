@@ -9,12 +9,12 @@ use aya_ebpf::{
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task,
         bpf_get_current_task_btf, bpf_ktime_get_ns, bpf_probe_read_kernel,
-        bpf_probe_read_kernel_str_bytes,
+        bpf_probe_read_kernel_buf, bpf_probe_read_kernel_str_bytes, generated as gen,
     },
     macros::map,
     maps::{Array, HashMap, PerCpuArray, Queue, RingBuf},
 };
-use memprof_common::host::{FileKey, KnownFile, MappedFile};
+use memprof_common::host::{FileKey, KernelLayout, KnownFile, MappedFile};
 use memprof_common::{errno, host, module_table, programs, HostEvent, ModuleRange};
 
 use crate::counters::{bump, enabled};
@@ -53,6 +53,9 @@ static KNOWN_FILES: HashMap<FileKey, KnownFile> = HashMap::with_max_entries(1, 0
 /// here (userspace puts back those no process uses).
 #[map]
 static FREE_SEGMENTS: Queue<u32> = Queue::with_max_entries(1, 0);
+/// `attach --all`: a file's path being walked, per CPU.
+#[map]
+static PATH_WALK: PerCpuArray<PathWalk> = PerCpuArray::with_max_entries(1, 0);
 /// `attach --all`: the table being built, per CPU.
 #[map]
 static TABLE_BUILD: PerCpuArray<TableBuild> = PerCpuArray::with_max_entries(1, 0);
@@ -355,13 +358,18 @@ fn visit(vma: u64, index: u32, tgid: u32, build: *mut TableBuild) {
         pgoff: read(vma, layout.vma_pgoff),
         file: key,
     };
+    let known = unsafe { KNOWN_FILES.get(&key) }.copied();
     if let Some(mut entry) = HOST_EVENTS.reserve::<HostEvent>(0) {
         let event = unsafe { &mut *entry.as_mut_ptr() };
         fill(event, host::MAPPING, tgid, index, 0);
         event.mapping = mapped;
+        if known.is_none() {
+            // Named for userspace, which may not read the process in time.
+            path_of(file, &mut event.path, &layout);
+        }
         entry.submit(0);
     }
-    let Some(known) = (unsafe { KNOWN_FILES.get(&key) }) else {
+    let Some(known) = known else {
         return;
     };
     let count = unsafe { (*build).count };
@@ -384,6 +392,91 @@ fn visit(vma: u64, index: u32, tgid: u32, build: *mut TableBuild) {
             (*build).count = count + 1;
         }
     }
+}
+
+/// `file`'s path, as the kernel's `d_path` walks it (dentries up to
+/// their mount's root, then the mount point in the parent mount), written
+/// innermost component first, each NUL-terminated (userspace puts them
+/// in order). Cut at [`host::PATH_COMPONENTS`] components. One step per
+/// `bpf_loop` call: the verifier checks a step once, not once per
+/// component.
+#[inline(always)]
+fn path_of(file: u64, path: &mut [u8; host::PATH_BYTES], layout: &KernelLayout) {
+    let Some(walk) = PATH_WALK.get_ptr_mut(0) else {
+        return;
+    };
+    let vfsmount = read_at(file, layout.path_mnt);
+    unsafe {
+        *walk = PathWalk {
+            vfsmount,
+            dentry: read_at(file, layout.path_dentry),
+            mount: vfsmount.wrapping_sub(u64::from(layout.mount_mnt)),
+            at: 0,
+            path: [0; host::PATH_BYTES],
+        };
+        gen::bpf_loop(
+            host::PATH_COMPONENTS as u32 * 2,
+            path_step as *mut _,
+            core::ptr::null_mut(),
+            0,
+        );
+        let _ = bpf_probe_read_kernel_buf((*walk).path.as_ptr(), path);
+    }
+}
+
+/// The walk of [`path_of`], per CPU.
+pub(crate) struct PathWalk {
+    vfsmount: u64,
+    dentry: u64,
+    mount: u64,
+    at: u64,
+    path: [u8; host::PATH_BYTES],
+}
+
+/// A kernel word at `base + offset` (0 if unreadable).
+#[inline(always)]
+fn read_at(base: u64, offset: u32) -> u64 {
+    let at = (base as *const u8).wrapping_add(offset as usize);
+    unsafe { bpf_probe_read_kernel(at as *const u64) }.unwrap_or(0)
+}
+
+/// One step of [`path_of`] (a `bpf_loop` callback): a component written,
+/// or a mount crossed; 1 when the path is done.
+extern "C" fn path_step(_index: u64, _ctx: *mut core::ffi::c_void) -> i64 {
+    let Some(walk) = PATH_WALK.get_ptr_mut(0) else {
+        return 1;
+    };
+    let walk = unsafe { &mut *walk };
+    let layout = KERNEL_LAYOUT.load();
+    if walk.dentry == 0 {
+        return 1;
+    }
+    if walk.dentry == read_at(walk.vfsmount, layout.vfsmount_root) {
+        // The root of its mount: on to where it is mounted.
+        let parent = read_at(walk.mount, layout.mount_parent);
+        if parent == walk.mount || parent == 0 {
+            return 1;
+        }
+        walk.dentry = read_at(walk.mount, layout.mount_mountpoint);
+        walk.mount = parent;
+        walk.vfsmount = parent.wrapping_add(u64::from(layout.mount_mnt));
+        return 0;
+    }
+    let parent = read_at(walk.dentry, layout.dentry_parent);
+    if parent == walk.dentry {
+        return 1;
+    }
+    let name = read_at(walk.dentry, layout.dentry_name);
+    let at = walk.at as usize;
+    let Some(dest) = walk.path.get_mut(at..at + host::PATH_COMPONENT) else {
+        return 1;
+    };
+    match unsafe { bpf_probe_read_kernel_str_bytes(name as *const u8, dest) } {
+        Ok(bytes) => walk.at = (at + bytes.len() + 1) as u64,
+        Err(_) => return 1,
+    }
+    walk.dentry = parent;
+    0
 }
 
 /// The task-VMA iterator's kfuncs, called by placeholder helper numbers

@@ -38,6 +38,9 @@ mod calls;
 /// `ENABLED` and `COUNTERS`, which every program uses.
 #[cfg(target_arch = "bpf")]
 mod counters;
+/// `attach --all`: stacks cut at a file not known yet, finished in userspace.
+#[cfg(target_arch = "bpf")]
+mod deferred;
 /// Boehm collections: the hold, the kernel's verdicts.
 #[cfg(target_arch = "bpf")]
 mod gc;

@@ -55,4 +55,12 @@ pub(crate) static KERNEL_LAYOUT: Global<KernelLayout> = Global::new(KernelLayout
     inode_sb: 0,
     sb_dev: 0,
     bprm_filename: 0,
+    path_mnt: 0,
+    path_dentry: 0,
+    dentry_parent: 0,
+    dentry_name: 0,
+    vfsmount_root: 0,
+    mount_mnt: 0,
+    mount_parent: 0,
+    mount_mountpoint: 0,
 });

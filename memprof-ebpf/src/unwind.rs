@@ -17,7 +17,7 @@ use memprof_common::{
 
 use crate::branchless::{at_or_before, differ, select};
 use crate::counters::bump;
-use crate::settings::FOLD_RECURSION;
+use crate::settings::{FOLD_RECURSION, HOST};
 
 /// Filled on demand (BPF_F_NO_PREALLOC): most runs use a fraction of it.
 #[map]
@@ -96,6 +96,11 @@ struct Scratch {
     spill: [u64; MAX_STEPS - MAX_FRAMES],
     /// The copy of the target's stack [`Window`] reads from.
     window: [u64; WINDOW_WORDS],
+    /// Where the walk stopped for want of a row: the frame's return
+    /// address, CFA and `%rbp` (`stop_pc` 0: it stopped otherwise).
+    stop_pc: u64,
+    stop_sp: u64,
+    stop_bp: u64,
     /// Keys this CPU found in `DWARF_STACKS`, by their low bits:
     /// nothing is ever removed from it while recording, so a key seen
     /// there once needs no lookup again.
@@ -220,7 +225,11 @@ fn unwind_from(
         bump(|c| &mut c.folded_stacks);
         hash ^= 2; // and so is a folded one
     }
-    Some(store(scratch, hash))
+    let key = store(scratch, hash);
+    if HOST.load() == 1 && truncated == 1 && scratch.stop_pc != 0 {
+        crate::deferred::send(key, scratch.stop_pc, scratch.stop_sp, scratch.stop_bp);
+    }
+    Some(key)
 }
 
 /// Walks the stack from the caller's frame (`pc`, not 0) into
@@ -249,6 +258,7 @@ fn walk(
     // Functions of the last kept frames, newest first (none: MAX, no
     // function's address).
     let mut recent: [u64; FOLD_WINDOW] = [u64::MAX; FOLD_WINDOW];
+    scratch.stop_pc = 0;
     for _ in 0..MAX_STEPS {
         if pc == 0 {
             truncated = 0;
@@ -257,6 +267,9 @@ fn walk(
         // A return address points after the call: look up the call itself.
         let Some((row, func)) = cached_row(cache, pc - 1, packed) else {
             // No rule for it: the last frame.
+            scratch.stop_pc = pc;
+            scratch.stop_sp = sp;
+            scratch.stop_bp = bp;
             if len < MAX_FRAMES {
                 *scratch.frame(len) = pc;
                 len += 1;

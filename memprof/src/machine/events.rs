@@ -9,11 +9,11 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use memprof_common::{host, HostEvent};
+use memprof_common::{host, DeferredStack, HostEvent};
 
 use super::files::{self, RowIndex};
 use crate::modules::ModuleCache;
-use crate::probes::{HostEvents, ModuleTables};
+use crate::probes::{DeferredStacks, HostEvents, ModuleTables};
 use crate::target::maps::{self, Mapping};
 use crate::target::Target;
 
@@ -46,6 +46,8 @@ pub struct ReadNow {
 /// The reading thread.
 pub struct Reader {
     pub seen: Receiver<Seen>,
+    /// Stacks the kernel could not finish, as they come.
+    pub deferred: Receiver<Box<DeferredStack>>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -53,8 +55,14 @@ pub struct Reader {
 impl Reader {
     /// Reads `ring`; a process seen (or relinked) gets its module table
     /// in `tables` at once, with the files of `rows`.
-    pub fn start(mut ring: HostEvents, rows: RowIndex, tables: Arc<Mutex<ModuleTables>>) -> Reader {
+    pub fn start(
+        mut ring: HostEvents,
+        mut stacks: DeferredStacks,
+        rows: RowIndex,
+        tables: Arc<Mutex<ModuleTables>>,
+    ) -> Reader {
         let (send, seen) = mpsc::channel();
+        let (send_stacks, deferred) = mpsc::channel();
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = Arc::clone(&stop);
         crate::memory::allow_second_arena();
@@ -63,10 +71,16 @@ impl Reader {
             // thread runs the moment it is woken, whatever else memprof
             // (building unwind rows) or the machine is doing.
             set_realtime(true);
-            read_ring(&mut ring, &send, &stopping, &rows, &tables);
+            let mut drain_stacks = || {
+                while let Some(stack) = stacks.take_next() {
+                    let _ = send_stacks.send(stack);
+                }
+            };
+            read_ring(&mut ring, &send, &stopping, &rows, &tables, &mut drain_stacks);
         });
         Reader {
             seen,
+            deferred,
             stop,
             thread: Some(thread),
         }
@@ -96,12 +110,14 @@ fn read_ring(
     stopping: &AtomicBool,
     rows: &RowIndex,
     tables: &Mutex<ModuleTables>,
+    drain_stacks: &mut dyn FnMut(),
 ) {
     let mut queue = Queue::default();
     loop {
         // Set before the last read: events queued by then are read.
         let last = stopping.load(Ordering::Acquire);
         queue.drain(ring);
+        drain_stacks();
         while let Some((event, read)) = queue.items.pop_front() {
             if event.op == host::TABLE {
                 // In order with this thread's own tables.

@@ -71,13 +71,17 @@ const LIBRARY_DIRS: [&str; 6] = [
 
 /// The [`FileId`] of the file at `path` as memprof sees it.
 fn file_id(path: &std::path::Path) -> Option<FileId> {
+    Some(file_id_of_meta(&std::fs::metadata(path).ok()?))
+}
+
+/// The [`FileId`] of a file memprof has, by its metadata.
+fn file_id_of_meta(meta: &std::fs::Metadata) -> FileId {
     use std::os::unix::fs::MetadataExt;
-    let meta = std::fs::metadata(path).ok()?;
     let dev = meta.dev();
     // Linux's `MAJOR`/`MINOR` of a 64-bit dev_t, as /proc/PID/maps prints them.
     let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
     let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
-    Some((format!("{major:02x}:{minor:02x}"), meta.ino()))
+    (format!("{major:02x}:{minor:02x}"), meta.ino())
 }
 
 /// A [`FileId`] as the kernel names the file (`s_dev` is `MAJOR << 20 |
@@ -239,6 +243,9 @@ pub fn ranges(rows: &RowIndex, mappings: &[Mapping]) -> Vec<ModuleRange> {
 
 /// The files seen so far.
 pub struct Files {
+    /// Files named by the kernel that could not be opened as the very
+    /// file mapped (gone, replaced, not a regular file): not tried again.
+    unopenable: HashSet<FileId>,
     choice: Choice,
     /// Files whose allocator functions were looked for (and probed).
     examined: HashSet<FileId>,
@@ -262,6 +269,7 @@ impl Files {
                 gc_refill: false,
                 quiet: true,
             },
+            unopenable: HashSet::new(),
             examined: HashSet::new(),
             entries: HashMap::new(),
             rows: Unwinding::new(rows),
@@ -441,6 +449,40 @@ impl Files {
         }
         let rows = self.rows.lock().unwrap_or_else(|e| e.into_inner());
         rows.files.get(id).map(|f| Arc::clone(&f.module))
+    }
+
+    /// File `id`, mapped at `m` by a process memprof may not have read in
+    /// time: opened by the path the kernel named it by (`path`), only if
+    /// that is the very file mapped (device and inode, checked on the
+    /// descriptor) and a regular file, without blocking; its rows are
+    /// added. `None` when it cannot be.
+    pub fn open_named(&mut self, m: &Mapping) -> Option<Arc<Module>> {
+        use std::os::unix::fs::OpenOptionsExt;
+        if let Some(module) = self.module_by_id(&m.file_id) {
+            return Some(module);
+        }
+        if self.unopenable.contains(&m.file_id) || !m.path.is_absolute() {
+            return None;
+        }
+        let opened = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&m.path)
+            .ok()
+            .filter(|f| {
+                f.metadata()
+                    .is_ok_and(|meta| meta.is_file() && file_id_of_meta(&meta) == m.file_id)
+            });
+        let Some(module) = opened.and_then(|f| Module::from_file(&m.path, f).ok()) else {
+            self.unopenable.insert(m.file_id.clone());
+            return None;
+        };
+        let module = Arc::new(module);
+        let cache = ModuleCache::default();
+        cache.adopt(&m.path, Arc::clone(&module));
+        add_rows(&self.rows, std::slice::from_ref(m), &cache, None, &mut || {});
+        self.entries.entry(m.file_id.clone()).or_default().module = Some(Arc::clone(&module));
+        Some(module)
     }
 
     /// The module mapped at `m`, parsed once per file (through `cache`,

@@ -19,6 +19,7 @@
 //! | this module | the [`Driven`] host: events, finalizing, the end |
 //! | `process` | one process: who it is, what it maps, its table |
 //! | `files` | each file once: its allocator probes, its CFI rows |
+//! | `deferred` | stacks the kernel stopped at a file it had no rows for, finished here |
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -35,10 +36,12 @@ use crate::probes::{ModuleTables, Probes};
 use crate::profile::{Counters, ExitInfo, GcSummary, Profile, TargetInfo};
 use crate::target::maps::Mapping;
 
+mod deferred;
 mod events;
 mod files;
 mod process;
 
+use deferred::Deferred;
 use events::{Reader, Seen};
 use files::Files;
 use process::HostProcess;
@@ -86,6 +89,8 @@ struct Host {
     /// Processes whose files to examine once the events queued are read.
     to_examine: Vec<u32>,
     files: Files,
+    /// Stacks the kernel could not finish, finished here.
+    deferred: Deferred,
     /// Indexes of processes that ended, to finalize.
     ended: Vec<u32>,
     /// The finalized processes' profiles.
@@ -129,12 +134,18 @@ impl Profiling for Host {
 
     /// Its blocks and sites read from the kernel's tables, left there.
     fn snapshot(&mut self, pid: u32) -> Result<Profile> {
-        let Some(p) = self.processes.values().find(|p| p.pid == pid) else {
+        let Some(index) = self.processes.values().find(|p| p.pid == pid).map(|p| p.index) else {
             bail!("pid {pid} is not profiled");
         };
-        let tables = self.probes.read_processes(&HashSet::from([p.index]))?;
+        let tables = self.probes.read_processes(&HashSet::from([index]))?;
         let tables = tables.into_values().next().unwrap_or_default();
-        self.profile_of(p, tables)
+        // Out of the table while its profile is made, then back.
+        let Some(mut p) = self.processes.remove(&index) else {
+            bail!("pid {pid} is not profiled");
+        };
+        let profile = self.profile_of(&mut p, tables);
+        self.processes.insert(index, p);
+        profile
     }
 }
 
@@ -149,6 +160,7 @@ impl Host {
         let tables = Arc::new(Mutex::new(probes.module_tables()?));
         let events = Reader::start(
             probes.host_events()?,
+            probes.deferred_stacks()?,
             Arc::clone(&files.rows),
             Arc::clone(&tables),
         );
@@ -159,6 +171,7 @@ impl Host {
             processes: HashMap::new(),
             to_examine: Vec::new(),
             files,
+            deferred: Deferred::default(),
             ended: Vec::new(),
             done: Vec::new(),
             started: (Instant::now(), SystemTime::now(), monotonic_ns()),
@@ -186,6 +199,9 @@ impl Host {
         }
         while let Ok(seen) = self.events.seen.try_recv() {
             self.on_event(seen);
+        }
+        while let Ok(stack) = self.events.deferred.try_recv() {
+            self.deferred.add(stack);
         }
         for pid in std::mem::take(&mut self.to_examine) {
             self.files.examine_pid(&mut self.probes, pid);
@@ -225,17 +241,22 @@ impl Host {
                     return;
                 };
                 let m = e.mapping;
-                let id = files::file_id_of(&m.file);
-                if let Some(module) = self.files.module_by_id(&id) {
-                    let mapping = Mapping {
-                        start: m.start,
-                        end: m.end,
-                        file_offset: m.pgoff << 12,
-                        executable: true,
-                        path: module.path().to_path_buf(),
-                        file_id: id,
-                    };
-                    p.mapped(mapping, module);
+                let mut mapping = Mapping {
+                    start: m.start,
+                    end: m.end,
+                    file_offset: m.pgoff << 12,
+                    executable: true,
+                    path: path_of_components(&e.path),
+                    file_id: files::file_id_of(&m.file),
+                };
+                // A file not seen yet is opened by the path the kernel
+                // gave (the process may be gone already).
+                match self.files.open_named(&mapping) {
+                    Some(module) => {
+                        mapping.path = module.path().to_path_buf();
+                        p.mapped(mapping, module);
+                    }
+                    None => p.unknown.push(mapping),
                 }
             }
             host::PROGRAM => {
@@ -312,8 +333,17 @@ impl Host {
 
     fn finalize(&mut self, indexes: &HashSet<u32>) -> Result<()> {
         let mut taken = self.probes.take_ended(indexes)?;
-        for index in indexes {
-            let Some(p) = self.processes.remove(index) else {
+        // Children before their parents: a forked child gone before it
+        // was read is symbolized with its parent's mappings.
+        let parents: HashSet<u32> = indexes
+            .iter()
+            .filter_map(|i| self.processes.get(i))
+            .map(|p| p.ppid)
+            .collect();
+        let mut order: Vec<u32> = indexes.iter().copied().collect();
+        order.sort_by_key(|i| self.processes.get(i).is_some_and(|p| parents.contains(&p.pid)));
+        for index in &order {
+            let Some(mut p) = self.processes.remove(index) else {
                 continue;
             };
             self.tables
@@ -334,7 +364,7 @@ impl Host {
                     p.name()
                 );
             }
-            match self.profile_of(&p, tables) {
+            match self.profile_of(&mut p, tables) {
                 Ok(profile) => self.done.push(profile),
                 Err(e) => eprintln!(
                     "memprof: pid {} ({}): its profile could not be made: {e:#}",
@@ -347,10 +377,21 @@ impl Host {
     }
 
     /// The profile of process `p`, from its tables.
-    fn profile_of(&self, p: &HostProcess, tables: crate::probes::Prefetched) -> Result<Profile> {
+    fn profile_of(&mut self, p: &mut HostProcess, tables: crate::probes::Prefetched) -> Result<Profile> {
         let recorded: u64 = tables.sites.iter().map(|(_, t)| t.count).sum();
-        let maps = self.probes.peek()?.of_process(tables);
-        let raw = groups::collect(&maps, None)?;
+        // Files it mapped that another process's reading opened since.
+        for m in std::mem::take(&mut p.unknown) {
+            match self.files.module_by_id(&m.file_id) {
+                Some(module) => {
+                    let mapping = Mapping {
+                        path: module.path().to_path_buf(),
+                        ..m
+                    };
+                    p.mapped(mapping, module);
+                }
+                None => p.unknown.push(m),
+            }
+        }
         // A forked child gone (or `exec`ed) before it was read maps what
         // its parent maps (the kernel unwound it with its parent's table).
         let parent = self
@@ -361,6 +402,13 @@ impl Host {
             Some(q) => (&q.maps, &q.modules),
             None => (&p.maps, &p.modules),
         };
+        self.deferred.finish_process(p.index, maps, modules);
+        let view = self
+            .probes
+            .peek()?
+            .of_process(tables)
+            .with_finished(Arc::clone(&self.deferred.finished));
+        let raw = groups::collect(&view, None)?;
         let (groups, stacks) = profiles::groups_of(p.pid, raw, maps, modules, false);
         let counters = Counters {
             allocs: recorded,
@@ -424,6 +472,7 @@ impl Host {
         // The machine's: every process's, and what no process could be
         // given (processes not followed, frees of blocks never seen).
         profile.counters = host_counters;
+        profile.counters.stacks_not_finished += self.deferred.dropped;
         // Boehm GC objects (`--heap all`) are live until their address is
         // allocated again: nothing is traced, no collection held.
         let gc = |g: &crate::profile::Group| g.kind == "gc" || g.kind == "gc_atomic";
@@ -448,6 +497,22 @@ impl Host {
 fn comm_of(comm: &[u8; 16]) -> String {
     let end = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
     String::from_utf8_lossy(&comm[..end]).into_owned()
+}
+
+/// The path of a `MAPPING` event: its components innermost first, each
+/// NUL-terminated, an empty one last (empty: none given).
+fn path_of_components(path: &[u8]) -> std::path::PathBuf {
+    use std::os::unix::ffi::OsStrExt;
+    let components: Vec<&[u8]> = path.split(|&b| b == 0).take_while(|c| !c.is_empty()).collect();
+    let mut out = std::path::PathBuf::from("/");
+    for c in components.iter().rev() {
+        out.push(std::ffi::OsStr::from_bytes(c));
+    }
+    if components.is_empty() {
+        std::path::PathBuf::new()
+    } else {
+        out
+    }
 }
 
 /// A path an event carries, as text.

@@ -39,6 +39,9 @@ pub struct HostProcess {
     /// Its index ended with an `exec`: a reading of /proc may have been
     /// of the program it became.
     pub execed: bool,
+    /// Executable mappings the kernel told of files memprof could not
+    /// open yet: named once another process's reading opens them.
+    pub unknown: Vec<Mapping>,
 }
 
 impl HostProcess {
@@ -77,6 +80,7 @@ impl HostProcess {
             unread: true,
             forked: false,
             execed: false,
+            unknown: Vec::new(),
         };
         if let Some(read) = now {
             process.take(read);

@@ -19,8 +19,8 @@ use anyhow::{Context, Result};
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuHashMap, Queue, RingBuf};
 use memprof_common::host::{FileKey, KernelLayout, KnownFile, KERNEL_SEGMENTS};
 use memprof_common::{
-    host, maps, module_table, programs, AllocSite, HostEvent, LiveAlloc, ModuleRange, SiteTotals,
-    UnwindRow,
+    host, maps, module_table, programs, AllocSite, DeferredStack, HostEvent, LiveAlloc,
+    ModuleRange, SiteTotals, UnwindRow,
 };
 
 use super::view::{LiveBlock, Site};
@@ -34,6 +34,12 @@ const HOST_PROCESSES: u32 = 1 << 15;
 /// The process event ring: 4 MiB, ~11,000 events (a process that
 /// starts a program and ends sends ~20).
 const HOST_EVENTS_BYTES: u32 = 1 << 22;
+/// The ring of stacks the kernel could not finish (`DEFERRED_STACKS`):
+/// 8 MiB, ~650 copies waiting (each is sent once per stack).
+const DEFERRED_BYTES: u32 = 1 << 23;
+/// Stack keys remembered as sent (`DEFERRED_SENT`, least recently used
+/// forgotten).
+const DEFERRED_KEYS: u32 = 1 << 14;
 /// Files the kernel knows the rows of (`KNOWN_FILES`).
 const HOST_KNOWN_FILES: u32 = 1 << 14;
 
@@ -44,6 +50,9 @@ pub(super) struct Sizes {
     /// Process indexes a session can give (`PROCESS_MODULES`).
     pub indexes: u32,
     pub events_bytes: u32,
+    /// The ring of stacks finished in userspace, and the keys sent.
+    pub deferred_bytes: u32,
+    pub deferred_keys: u32,
     pub module_slots: u32,
     pub real_parent: u32,
     pub tgid: u32,
@@ -62,6 +71,8 @@ impl Sizes {
                 processes: 1,
                 indexes: 1,
                 events_bytes: 4096,
+                deferred_bytes: 4096,
+                deferred_keys: 1,
                 module_slots: module_table::ENTRIES,
                 real_parent: 0,
                 tgid: 0,
@@ -81,6 +92,8 @@ impl Sizes {
             processes: HOST_PROCESSES,
             indexes: host::MAX_INDEX,
             events_bytes: HOST_EVENTS_BYTES,
+            deferred_bytes: DEFERRED_BYTES,
+            deferred_keys: DEFERRED_KEYS,
             module_slots: module_table::SEGMENTS * module_table::SLOTS,
             real_parent: offset("real_parent")?,
             tgid: offset("tgid")?,
@@ -105,6 +118,14 @@ fn kernel_layout() -> Result<KernelLayout> {
         ("inode", &["i_sb"]),
         ("super_block", &["s_dev"]),
         ("linux_binprm", &["filename"]),
+        ("file", &["f_path", "mnt"]),
+        ("file", &["f_path", "dentry"]),
+        ("dentry", &["d_parent"]),
+        ("dentry", &["d_name", "name"]),
+        ("vfsmount", &["mnt_root"]),
+        ("mount", &["mnt"]),
+        ("mount", &["mnt_parent"]),
+        ("mount", &["mnt_mountpoint"]),
     ])?;
     let o: Vec<u32> = o.into_iter().map(|o| o as u32).collect();
     Ok(KernelLayout {
@@ -118,6 +139,14 @@ fn kernel_layout() -> Result<KernelLayout> {
         inode_sb: o[7],
         sb_dev: o[8],
         bprm_filename: o[9],
+        path_mnt: o[10],
+        path_dentry: o[11],
+        dentry_parent: o[12],
+        dentry_name: o[13],
+        vfsmount_root: o[14],
+        mount_mnt: o[15],
+        mount_parent: o[16],
+        mount_mountpoint: o[17],
     })
 }
 
@@ -272,6 +301,23 @@ impl HostEvents {
     }
 }
 
+/// The ring of [`DeferredStack`]s.
+pub struct DeferredStacks(RingBuf<MapData>);
+
+impl DeferredStacks {
+    /// The next stack queued, if any.
+    pub fn take_next(&mut self) -> Option<Box<DeferredStack>> {
+        let item = self.0.next()?;
+        if item.len() < std::mem::size_of::<DeferredStack>() {
+            return None;
+        }
+        // SAFETY: the kernel wrote a `DeferredStack` (plain data) there.
+        Some(Box::new(unsafe {
+            std::ptr::read_unaligned(item.as_ptr() as *const DeferredStack)
+        }))
+    }
+}
+
 impl Probes {
     /// Sets up `attach --all`'s state: memprof itself is left out, exits
     /// and `exec`s are watched.
@@ -293,6 +339,14 @@ impl Probes {
         Ok(HostEvents(RingBuf::try_from(take_map(
             &mut self.ebpf,
             maps::HOST_EVENTS,
+        )?)?))
+    }
+
+    /// The ring of stacks to finish in userspace (once).
+    pub fn deferred_stacks(&mut self) -> Result<DeferredStacks> {
+        Ok(DeferredStacks(RingBuf::try_from(take_map(
+            &mut self.ebpf,
+            maps::DEFERRED_STACKS,
         )?)?))
     }
 

@@ -31,7 +31,7 @@ mod unwind_tables;
 mod view;
 
 pub use gc_hold::{GcChange, GcEvents};
-pub use host::{HostEvents, ModuleTables, Prefetched, RowTable};
+pub use host::{DeferredStacks, HostEvents, ModuleTables, Prefetched, RowTable};
 pub use view::{HeapMaps, LiveBlock, RecordedStack, Site};
 
 use unwind_tables::ModuleTable;
@@ -175,6 +175,8 @@ impl Probes {
             .map_max_entries(maps::PROCESSES, host.processes)
             .map_max_entries(maps::PROCESS_MODULES, host.indexes)
             .map_max_entries(maps::HOST_EVENTS, host.events_bytes)
+            .map_max_entries(maps::DEFERRED_STACKS, host.deferred_bytes)
+            .map_max_entries(maps::DEFERRED_SENT, host.deferred_keys)
             .map_max_entries(maps::MODULE_RANGES, host.module_slots)
             .map_max_entries(maps::LIVE, options.max_live)
             .map_max_entries(maps::STACKS, fp_stacks)

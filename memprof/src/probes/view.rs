@@ -116,6 +116,10 @@ pub struct HeapMaps {
     /// `attach --all`: one process's blocks and sites, taken out of the
     /// tables ([`Probes::take_ended`]); read instead of the tables.
     only: Option<super::Prefetched>,
+    /// `attach --all`: stacks the kernel stopped at a file it had no rows
+    /// for, finished in userspace: by key, the callers that follow its
+    /// frames, and whether it is still cut short.
+    finished: Option<std::sync::Arc<std::collections::HashMap<u64, (Vec<u64>, bool)>>>,
 }
 
 impl HeapMaps {
@@ -134,6 +138,15 @@ impl HeapMaps {
     /// The view of one process of `attach --all` (`only`: its tables).
     pub fn of_process(mut self, only: super::Prefetched) -> HeapMaps {
         self.only = Some(only);
+        self
+    }
+
+    /// With the stacks finished in userspace (`attach --all`).
+    pub fn with_finished(
+        mut self,
+        finished: std::sync::Arc<std::collections::HashMap<u64, (Vec<u64>, bool)>>,
+    ) -> HeapMaps {
+        self.finished = Some(finished);
         self
     }
 
@@ -185,12 +198,21 @@ impl HeapMaps {
                 .dwarf_stacks
                 .get(&key, 0)
                 .or_else(|_| self.short_stacks.get(&key, 0));
+            let finished = self.finished.as_ref().and_then(|f| f.get(&key));
             match found {
-                Ok(s) => RecordedStack::Unwound {
-                    frames: s.frames[..(s.len as usize).min(s.frames.len())].to_vec(),
-                    truncated: s.truncated != 0,
-                    folded: s.folded != 0,
-                },
+                Ok(s) => {
+                    let mut frames = s.frames[..(s.len as usize).min(s.frames.len())].to_vec();
+                    let mut truncated = s.truncated != 0;
+                    if let Some((callers, cut)) = finished {
+                        frames.extend_from_slice(callers);
+                        truncated = *cut;
+                    }
+                    RecordedStack::Unwound {
+                        frames,
+                        truncated,
+                        folded: s.folded != 0,
+                    }
+                }
                 Err(_) => RecordedStack::Missing,
             }
         } else {
@@ -242,6 +264,7 @@ impl Probes {
             counters: PerCpuArray::try_from(open(maps::COUNTERS)?)?,
             live_by_kind: PerCpuArray::try_from(open(maps::LIVE_BY_KIND)?)?,
             only: None,
+            finished: None,
         })
     }
 }
@@ -300,6 +323,7 @@ fn report_counters(kernel: KernelCounters) -> Counters {
         // Not a loss: such a process waits for userspace's table, and a
         // stack cut short meanwhile is counted in `truncated_stacks`.
         tables_not_built: _,
+        deferred_lost,
     } = kernel;
     Counters {
         live_map_full,
@@ -326,6 +350,7 @@ fn report_counters(kernel: KernelCounters) -> Counters {
         predictions_wrong,
         refills,
         processes_not_followed,
+        stacks_not_finished: deferred_lost,
     }
 }
 

@@ -94,6 +94,11 @@ pub struct Counters {
     /// (its process table full): not followed.
     #[serde(default)]
     pub processes_not_followed: u64,
+    /// `attach --all`: stacks the kernel stopped at a file it had no rows
+    /// for whose copy could not be finished in userspace (no room to send
+    /// or keep it): they stay cut there (and count in `truncated_stacks`).
+    #[serde(default)]
+    pub stacks_not_finished: u64,
 }
 
 impl Counters {

@@ -98,6 +98,12 @@ pub fn loss_summary(profile: &Profile) -> String {
             thousands(truncated)
         );
     }
+    if c.stacks_not_finished > 0 {
+        line += &format!(
+            "; stacks cut at a file not read in time and not finished (no room for their copy): {}",
+            thousands(c.stacks_not_finished)
+        );
+    }
     let folded = folded_groups(profile);
     if c.folded_stacks > 0 || folded > 0 {
         line += &format!(

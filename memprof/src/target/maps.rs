@@ -88,6 +88,11 @@ impl MapsCache {
         self.mappings.sort_by_key(|m| m.start);
     }
 
+    /// Every mapping seen, by address.
+    pub fn all(&self) -> &[Mapping] {
+        &self.mappings
+    }
+
     pub fn find(&self, addr: u64) -> Option<&Mapping> {
         let i = self.mappings.partition_point(|m| m.start <= addr);
         let m = self.mappings.get(i.checked_sub(1)?)?;

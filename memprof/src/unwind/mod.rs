@@ -23,6 +23,8 @@ use gimli::{
 };
 use memprof_common::{cfa, ModuleRange, UnwindRow};
 
+pub mod finish;
+
 /// The rows of one module.
 #[derive(Debug, Clone, Default)]
 pub struct ModuleTable {

@@ -1,0 +1,113 @@
+//! Stacks the kernel could not finish: it met a return address in a
+//! file it had no rows for yet (a program or library never seen, in a
+//! process that may end before memprof reads it), and sent that frame's
+//! state with a copy of the stack above it
+//! ([`memprof_common::DeferredStack`], once per stack key). They are
+//! finished here, by the kernel's rules (`unwind::finish`), once the
+//! process's files are known: at its end, or for a snapshot.
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use memprof_common::{DeferredStack, UnwindRow, MAX_FRAMES};
+
+use crate::modules::ModuleCache;
+use crate::target::maps::MapsCache;
+use crate::unwind::finish::{finish, ModuleRows, StackCopy};
+use crate::unwind::ModuleTable;
+
+use super::files::FileId;
+
+/// Copies kept waiting at most (12 KiB each: 48 MiB); more are counted.
+const MAX_WAITING: usize = 4096;
+
+/// A stack finished: the callers to append to the kernel's frames, and
+/// whether it still stops short of the outermost frame.
+pub type Finished = (Vec<u64>, bool);
+
+#[derive(Default)]
+pub struct Deferred {
+    /// By stack key: copies not finished yet.
+    waiting: HashMap<u64, Box<DeferredStack>>,
+    /// By stack key: what the kernel's frames go on with. Shared with the
+    /// views that read stacks (a key is the same stack in every process
+    /// that has it: the kernel sends it once).
+    pub finished: Arc<HashMap<u64, Finished>>,
+    /// Each file's rows, built once.
+    rows: HashMap<FileId, Arc<[UnwindRow]>>,
+    /// Copies dropped for want of room here (the kernel counts those it
+    /// could not send).
+    pub dropped: u64,
+}
+
+impl Deferred {
+    /// A copy the kernel sent.
+    pub fn add(&mut self, stack: Box<DeferredStack>) {
+        if self.finished.contains_key(&stack.key) || self.waiting.contains_key(&stack.key) {
+            return;
+        }
+        if self.waiting.len() >= MAX_WAITING {
+            self.dropped += 1;
+            return;
+        }
+        self.waiting.insert(stack.key, stack);
+    }
+
+    /// Finishes the stacks of process `index` waiting, with its mappings
+    /// (`maps`) and files (`modules`). Those whose walk still meets a
+    /// file without rows stay cut there, marked truncated.
+    pub fn finish_process(&mut self, index: u32, maps: &MapsCache, modules: &ModuleCache) {
+        let keys: Vec<u64> = self
+            .waiting
+            .iter()
+            .filter(|(_, s)| s.index == index)
+            .map(|(&k, _)| k)
+            .collect();
+        if keys.is_empty() {
+            return;
+        }
+        // Every executable mapping with its rows (a file's built once).
+        let mut held: Vec<(u64, u64, u64, Arc<[UnwindRow]>)> = Vec::new();
+        for m in maps.all().iter().filter(|m| m.executable) {
+            let Ok(module) = modules.get(&m.path) else {
+                continue;
+            };
+            let Some(bias) = module.bias(m) else {
+                continue;
+            };
+            let rows = match self.rows.get(&m.file_id) {
+                Some(rows) => Arc::clone(rows),
+                None => {
+                    let Ok(table) = ModuleTable::build(&module) else {
+                        continue;
+                    };
+                    let rows: Arc<[UnwindRow]> = table.rows.into();
+                    self.rows.insert(m.file_id.clone(), Arc::clone(&rows));
+                    rows
+                }
+            };
+            held.push((m.start, m.end, bias, rows));
+        }
+        let modules: Vec<ModuleRows<'_>> = held
+            .iter()
+            .map(|(start, end, bias, rows)| ModuleRows {
+                start: *start,
+                end: *end,
+                bias: *bias,
+                rows,
+            })
+            .collect();
+        let finished = Arc::make_mut(&mut self.finished);
+        for key in keys {
+            let Some(stack) = self.waiting.remove(&key) else {
+                continue;
+            };
+            let len = (stack.len as usize).min(stack.bytes.len());
+            let copy = StackCopy {
+                start: stack.sp,
+                bytes: &stack.bytes[..len],
+            };
+            let done = finish(&modules, &copy, (stack.pc, stack.sp, stack.bp), MAX_FRAMES);
+            finished.insert(key, done);
+        }
+    }
+}
