@@ -53,16 +53,17 @@ pub(crate) fn send(key: u64, pc: u64, sp: u64, bp: u64) {
         let dest = &mut record.bytes[..first];
         if unsafe { bpf_probe_read_user_buf(sp as *const u8, dest) }.is_ok() {
             len = first;
-            for page in 0..2u64 {
-                let at = len & (2 * PAGE as usize - 1);
-                let Some(dest) = record.bytes.get_mut(at..at + PAGE as usize) else {
-                    break;
-                };
-                let from = sp + first as u64 + page * PAGE;
-                if unsafe { bpf_probe_read_user_buf(from as *const u8, dest) }.is_err() {
+            for _ in 0..2 {
+                if len > 2 * PAGE as usize {
                     break;
                 }
-                len = at + PAGE as usize;
+                let Some(dest) = record.bytes.get_mut(len..len + PAGE as usize) else {
+                    break;
+                };
+                if unsafe { bpf_probe_read_user_buf((sp + len as u64) as *const u8, dest) }.is_err() {
+                    break;
+                }
+                len += PAGE as usize;
             }
         }
     }

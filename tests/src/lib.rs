@@ -44,6 +44,14 @@ pub mod fixture {
     pub const GROWER: &str = env!("FIXTURE_GROWER");
     pub const BENCH_LOOP: &str = env!("FIXTURE_BENCH_LOOP");
     pub const NO_LIBC: &str = env!("FIXTURE_NO_LIBC");
+    /// basic's allocations in a 16 MiB program that exits at once
+    /// (`fixtures/c/big_short.c`).
+    pub const BIG_SHORT: &str = env!("FIXTURE_BIG_SHORT");
+    /// A shared library: make_bars(n), n × malloc(64) (`fixtures/c/lib_bars.c`).
+    pub const LIB_BARS: &str = env!("FIXTURE_LIB_BARS");
+    /// dlopens its argument, calls make_bars(300) and exits
+    /// (`fixtures/c/dlopen_once.c`).
+    pub const DLOPEN_ONCE: &str = env!("FIXTURE_DLOPEN_ONCE");
     /// dlopen/dlclose of libm.so.6 in a loop, forever (`fixtures/c/dlopen_loop.c`).
     pub const DLOPEN_LOOP: &str = env!("FIXTURE_DLOPEN_LOOP");
     /// 4 threads looping malloc + free, each in its own function (`fixtures/c/thread_loops.c`).

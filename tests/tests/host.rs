@@ -198,3 +198,123 @@ fn all_samples_libc_by_default() {
         .collect();
     assert!(gc.is_empty(), "{}", list_groups(&json));
 }
+
+/// A fresh copy of `program` at `path` (a new inode: memprof has never
+/// seen it).
+fn fresh_copy(program: &str, path: &std::path::Path) -> String {
+    std::fs::copy(program, path).unwrap_or_else(|e| panic!("copying {program}: {e}"));
+    path.to_str().unwrap().to_string()
+}
+
+/// Checks that process `pid` (a run of `basic` or `big_short`, named
+/// `name`) is in the profile as itself, with its exact counts at
+/// make_foo, every one of its stacks complete to `_start` and no frame
+/// unnamed.
+fn assert_exact_basic(json: &Value, pid: u32, name: &str, exe: &str) {
+    assert_eq!(at_site(json, pid, "libc", "make_foo"), MAKE_FOO, "pid {pid}");
+    let p = process(json, pid);
+    assert_eq!(p["comm"], name, "{p:#}");
+    assert_eq!(p["exe"], exe, "{p:#}");
+    assert_eq!(p["exit"]["code"], 0, "{p:#}");
+    for g in groups(json).iter().filter(|g| uint(g, "/pid") == u64::from(pid)) {
+        let frames: Vec<&str> = g["frames"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["function"].as_str().unwrap_or("?"))
+            .collect();
+        assert!(!frames.contains(&"[unknown]"), "pid {pid}: {frames:?}");
+        assert_eq!(g["truncated"], false, "pid {pid}: {frames:?}");
+        assert_eq!(frames.last(), Some(&"_start"), "pid {pid}: {frames:?}");
+    }
+}
+
+/// The user's case of a busy machine: programs that live a millisecond
+/// or two, one seen before, one never seen. Each is in the profile under
+/// its own name with its exact counts and whole stacks, from its first
+/// allocation: the kernel gives a process its unwind table from its own
+/// mappings, and names what it maps, without waiting for memprof to read
+/// /proc. Ten times over, each time with programs new to memprof.
+#[test]
+fn programs_of_a_millisecond_are_exact_from_their_first_allocation() {
+    for round in 0..10 {
+        let dir = TempDir::new(&format!("host_short_{round}"));
+        let profile = dir.join("host.mprof");
+        let seen = fresh_copy(fixture::BASIC, &dir.join("seen"));
+        let never = fresh_copy(fixture::BASIC, &dir.join("neverseen"));
+        let (memprof, stderr, _) = start_all(&profile, &["--sample-bytes", "0"]);
+        let mut runs: Vec<(u32, &str, &str)> = Vec::new();
+        for _ in 0..50 {
+            runs.push((run_to_end(&seen, &[]), "seen", seen.as_str()));
+        }
+        for _ in 0..50 {
+            runs.push((run_to_end(&never, &[]), "neverseen", never.as_str()));
+        }
+        let json = stop(memprof, stderr, &profile);
+        for (pid, name, exe) in runs {
+            assert_exact_basic(&json, pid, name, exe);
+        }
+    }
+}
+
+/// A program too big for memprof to read before it ends (16 MiB: its
+/// unwind rows are built off the event thread): the kernel stops each
+/// stack at its code, sends the frame and a copy of the stack above it,
+/// and memprof finishes them once it has read the file. Every stack is
+/// complete, every count exact.
+#[test]
+fn stacks_through_a_file_read_too_late_are_finished() {
+    let dir = TempDir::new("host_late");
+    let profile = dir.join("host.mprof");
+    let (memprof, stderr, _) = start_all(&profile, &["--sample-bytes", "0"]);
+    let mut runs = Vec::new();
+    for i in 0..3 {
+        let copy = fresh_copy(fixture::BIG_SHORT, &dir.join(&format!("big{i}")));
+        runs.push((run_to_end(&copy, &[]), format!("big{i}"), copy));
+    }
+    let json = stop(memprof, stderr, &profile);
+    for (pid, name, exe) in &runs {
+        assert_exact_basic(&json, *pid, name, exe);
+    }
+}
+
+/// A program that loads a library memprof has never seen, allocates
+/// from it and exits at once: the library's frames are named, its
+/// counts exact.
+#[test]
+fn a_library_loaded_just_before_the_end_is_named() {
+    let dir = TempDir::new("host_dlopen");
+    let profile = dir.join("host.mprof");
+    let (memprof, stderr, _) = start_all(&profile, &["--sample-bytes", "0"]);
+    let mut runs = Vec::new();
+    for i in 0..3 {
+        let library = fresh_copy(fixture::LIB_BARS, &dir.join(&format!("libbars{i}.so")));
+        runs.push(run_to_end(fixture::DLOPEN_ONCE, &[&library]));
+    }
+    let json = stop(memprof, stderr, &profile);
+    for pid in runs {
+        let bars = at_site(&json, pid, "libc", "make_bars");
+        assert_eq!(
+            (bars.total_count, bars.total_bytes, bars.live_count),
+            (300, 300 * 64, 300),
+            "pid {pid}"
+        );
+        for g in groups(&json).iter().filter(|g| {
+            uint(g, "/pid") == u64::from(pid)
+                && g["frames"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|f| f["function"] == "make_bars")
+        }) {
+            let frames: Vec<&str> = g["frames"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|f| f["function"].as_str().unwrap_or("?"))
+                .collect();
+            assert_eq!(frames[..2], ["make_bars", "main"], "pid {pid}: {frames:?}");
+            assert_eq!(g["truncated"], false, "pid {pid}: {frames:?}");
+        }
+    }
+}

@@ -275,6 +275,12 @@ impl ModuleTables {
     }
 }
 
+/// A site key's bytes (what the kernel's table compares).
+fn bytes_of(site: &AllocSite) -> [u8; std::mem::size_of::<AllocSite>()] {
+    // SAFETY: plain #[repr(C)] data with explicit padding.
+    unsafe { std::mem::transmute_copy(site) }
+}
+
 /// The ring of [`HostEvent`]s.
 pub struct HostEvents(RingBuf<MapData>);
 
@@ -411,14 +417,17 @@ impl Probes {
             return Ok(taken);
         }
         // Read first, removed after: a removal during the walk would
-        // restart it.
+        // restart it. The kernel removes entries meanwhile (other
+        // processes' frees), which restarts it too: an entry read twice
+        // is taken once.
         let mut live: BpfHashMap<&mut MapData, u64, LiveAlloc> =
             BpfHashMap::try_from(self.map_mut(maps::LIVE)?)?;
         let mut keys = Vec::new();
+        let mut seen = HashSet::new();
         for entry in live.iter() {
             let Ok((key, block)) = entry else { continue };
             let (index, addr) = host::split(key);
-            if indexes.contains(&index) {
+            if indexes.contains(&index) && seen.insert(key) {
                 keys.push(key);
                 if let Ok(block) = LiveBlock::try_from(&block) {
                     taken.entry(index).or_default().live.push((addr, block));
@@ -431,9 +440,10 @@ impl Probes {
         let mut sites: PerCpuHashMap<&mut MapData, AllocSite, SiteTotals> =
             PerCpuHashMap::try_from(self.map_mut(maps::SITE_TOTALS)?)?;
         let mut keys = Vec::new();
+        let mut seen = HashSet::new();
         for entry in sites.iter() {
             let Ok((site, per_cpu)) = entry else { continue };
-            if indexes.contains(&site.process) {
+            if indexes.contains(&site.process) && seen.insert(bytes_of(&site)) {
                 keys.push(site);
                 let mut sum = SiteTotals::default();
                 for totals in per_cpu.iter() {
