@@ -60,7 +60,8 @@ pub(crate) fn send(key: u64, pc: u64, sp: u64, bp: u64) {
                 let Some(dest) = record.bytes.get_mut(len..len + PAGE as usize) else {
                     break;
                 };
-                if unsafe { bpf_probe_read_user_buf((sp + len as u64) as *const u8, dest) }.is_err() {
+                if unsafe { bpf_probe_read_user_buf((sp + len as u64) as *const u8, dest) }.is_err()
+                {
                     break;
                 }
                 len += PAGE as usize;

@@ -120,7 +120,12 @@ fn new_process(tgid: u32, forked: bool) -> Option<u32> {
     }
     match PROCESSES.insert(&tgid, &index, BPF_NOEXIST as u64) {
         Ok(()) => {
-            host_event(host::NEW, tgid, index, if forked { host::FORKED } else { 0 });
+            host_event(
+                host::NEW,
+                tgid,
+                index,
+                if forked { host::FORKED } else { 0 },
+            );
             Some(index)
         }
         // Another thread of the process added it meanwhile.
@@ -376,7 +381,10 @@ fn visit(vma: u64, index: u32, tgid: u32, build: *mut TableBuild) {
     if count >= module_table::MAX_MODULES {
         return;
     }
-    let slot = module_table::slot(unsafe { (*build).segment }, count & module_table::MAX_MODULES);
+    let slot = module_table::slot(
+        unsafe { (*build).segment },
+        count & module_table::MAX_MODULES,
+    );
     if let Some(range) = MODULE_RANGES.get_ptr_mut(slot) {
         unsafe {
             *range = ModuleRange {

@@ -32,7 +32,8 @@ static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(1, 0);
 /// Two halves (`module_table`): userspace fills the one not in use, then
 /// switches (`MODULE_TABLE`), so no probe sees a half-written one.
 #[map]
-pub(crate) static MODULE_RANGES: Array<ModuleRange> = Array::with_max_entries(module_table::ENTRIES, 0);
+pub(crate) static MODULE_RANGES: Array<ModuleRange> =
+    Array::with_max_entries(module_table::ENTRIES, 0);
 /// `[0]`: the module table in use (packed by `module_table::pack`).
 /// Written by userspace whenever the target's mappings change: one
 /// aligned word, read once per call.

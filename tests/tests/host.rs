@@ -211,12 +211,19 @@ fn fresh_copy(program: &str, path: &std::path::Path) -> String {
 /// make_foo, every one of its stacks complete to `_start` and no frame
 /// unnamed.
 fn assert_exact_basic(json: &Value, pid: u32, name: &str, exe: &str) {
-    assert_eq!(at_site(json, pid, "libc", "make_foo"), MAKE_FOO, "pid {pid}");
+    assert_eq!(
+        at_site(json, pid, "libc", "make_foo"),
+        MAKE_FOO,
+        "pid {pid}"
+    );
     let p = process(json, pid);
     assert_eq!(p["comm"], name, "{p:#}");
     assert_eq!(p["exe"], exe, "{p:#}");
     assert_eq!(p["exit"]["code"], 0, "{p:#}");
-    for g in groups(json).iter().filter(|g| uint(g, "/pid") == u64::from(pid)) {
+    for g in groups(json)
+        .iter()
+        .filter(|g| uint(g, "/pid") == u64::from(pid))
+    {
         let frames: Vec<&str> = g["frames"]
             .as_array()
             .unwrap()

@@ -76,7 +76,14 @@ impl Reader {
                     let _ = send_stacks.send(stack);
                 }
             };
-            read_ring(&mut ring, &send, &stopping, &rows, &tables, &mut drain_stacks);
+            read_ring(
+                &mut ring,
+                &send,
+                &stopping,
+                &rows,
+                &tables,
+                &mut drain_stacks,
+            );
         });
         Reader {
             seen,

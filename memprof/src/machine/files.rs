@@ -480,7 +480,13 @@ impl Files {
         let module = Arc::new(module);
         let cache = ModuleCache::default();
         cache.adopt(&m.path, Arc::clone(&module));
-        add_rows(&self.rows, std::slice::from_ref(m), &cache, None, &mut || {});
+        add_rows(
+            &self.rows,
+            std::slice::from_ref(m),
+            &cache,
+            None,
+            &mut || {},
+        );
         self.entries.entry(m.file_id.clone()).or_default().module = Some(Arc::clone(&module));
         Some(module)
     }

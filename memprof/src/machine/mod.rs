@@ -134,7 +134,12 @@ impl Profiling for Host {
 
     /// Its blocks and sites read from the kernel's tables, left there.
     fn snapshot(&mut self, pid: u32) -> Result<Profile> {
-        let Some(index) = self.processes.values().find(|p| p.pid == pid).map(|p| p.index) else {
+        let Some(index) = self
+            .processes
+            .values()
+            .find(|p| p.pid == pid)
+            .map(|p| p.index)
+        else {
             bail!("pid {pid} is not profiled");
         };
         let tables = self.probes.read_processes(&HashSet::from([index]))?;
@@ -341,7 +346,11 @@ impl Host {
             .map(|p| p.ppid)
             .collect();
         let mut order: Vec<u32> = indexes.iter().copied().collect();
-        order.sort_by_key(|i| self.processes.get(i).is_some_and(|p| parents.contains(&p.pid)));
+        order.sort_by_key(|i| {
+            self.processes
+                .get(i)
+                .is_some_and(|p| parents.contains(&p.pid))
+        });
         for index in &order {
             let Some(mut p) = self.processes.remove(index) else {
                 continue;
@@ -356,7 +365,10 @@ impl Host {
             if tables.sites.is_empty() {
                 continue;
             }
-            let orphan = !self.processes.values().any(|q| q.pid == p.ppid && !q.unread);
+            let orphan = !self
+                .processes
+                .values()
+                .any(|q| q.pid == p.ppid && !q.unread);
             if p.unread && orphan {
                 eprintln!(
                     "memprof: pid {} ({}) ended before memprof could read its mappings: its frames are addresses",
@@ -377,7 +389,11 @@ impl Host {
     }
 
     /// The profile of process `p`, from its tables.
-    fn profile_of(&mut self, p: &mut HostProcess, tables: crate::probes::Prefetched) -> Result<Profile> {
+    fn profile_of(
+        &mut self,
+        p: &mut HostProcess,
+        tables: crate::probes::Prefetched,
+    ) -> Result<Profile> {
         let recorded: u64 = tables.sites.iter().map(|(_, t)| t.count).sum();
         // Files it mapped that another process's reading opened since.
         for m in std::mem::take(&mut p.unknown) {
@@ -503,7 +519,10 @@ fn comm_of(comm: &[u8; 16]) -> String {
 /// NUL-terminated, an empty one last (empty: none given).
 fn path_of_components(path: &[u8]) -> std::path::PathBuf {
     use std::os::unix::ffi::OsStrExt;
-    let components: Vec<&[u8]> = path.split(|&b| b == 0).take_while(|c| !c.is_empty()).collect();
+    let components: Vec<&[u8]> = path
+        .split(|&b| b == 0)
+        .take_while(|c| !c.is_empty())
+        .collect();
     let mut out = std::path::PathBuf::from("/");
     for c in components.iter().rev() {
         out.push(std::ffi::OsStr::from_bytes(c));

@@ -333,7 +333,8 @@ impl Probes {
         let mut processes: BpfHashMap<&mut MapData, u32, u32> =
             BpfHashMap::try_from(self.map_mut(maps::PROCESSES)?)?;
         processes.insert(me, host::IGNORED, 0)?;
-        let mut free: Queue<&mut MapData, u32> = Queue::try_from(self.map_mut(maps::FREE_SEGMENTS)?)?;
+        let mut free: Queue<&mut MapData, u32> =
+            Queue::try_from(self.map_mut(maps::FREE_SEGMENTS)?)?;
         for segment in KERNEL_SEGMENTS {
             free.push(segment, 0)?;
         }

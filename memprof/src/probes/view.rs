@@ -119,8 +119,12 @@ pub struct HeapMaps {
     /// `attach --all`: stacks the kernel stopped at a file it had no rows
     /// for, finished in userspace: by key, the callers that follow its
     /// frames, and whether it is still cut short.
-    finished: Option<std::sync::Arc<std::collections::HashMap<u64, (Vec<u64>, bool)>>>,
+    finished: Option<Finished>,
 }
+
+/// Stacks finished in userspace, by key: the callers that follow the
+/// kernel's frames, and whether the stack is still cut short.
+pub type Finished = std::sync::Arc<std::collections::HashMap<u64, (Vec<u64>, bool)>>;
 
 impl HeapMaps {
     /// Every live block, by address. An entry can fail to read when the
@@ -144,7 +148,7 @@ impl HeapMaps {
     /// With the stacks finished in userspace (`attach --all`).
     pub fn with_finished(
         mut self,
-        finished: std::sync::Arc<std::collections::HashMap<u64, (Vec<u64>, bool)>>,
+        finished: Finished,
     ) -> HeapMaps {
         self.finished = Some(finished);
         self

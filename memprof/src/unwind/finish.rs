@@ -100,9 +100,9 @@ mod tests {
     #[test]
     fn walks_the_kernel_rules_over_a_copy() {
         let rows = [
-            row(0x100, cfa::RSP, 16, None), // leaf 0x100..0x200
+            row(0x100, cfa::RSP, 16, None),      // leaf 0x100..0x200
             row(0x200, cfa::RBP, 16, Some(-16)), // mid 0x200..0x300
-            row(0x300, cfa::END, 0, None),  // outer
+            row(0x300, cfa::END, 0, None),       // outer
             row(0x400, cfa::UNKNOWN, 0, None),
         ];
         let bias = 0x5000_0000;
@@ -113,7 +113,7 @@ mod tests {
             rows: &rows,
         }];
         // The stack from 0x7000: leaf's frame, then mid's.
-        let mut words = vec![0u64; 8];
+        let mut words = [0u64; 8];
         // leaf: CFA = sp + 16 = 0x7010; return address at 0x7008 → mid.
         words[1] = bias + 0x250;
         // mid: rbp = 0x7020 (the caller's rbp saved at 0x7020), CFA =
