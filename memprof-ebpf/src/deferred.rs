@@ -2,8 +2,10 @@
 //! rows for yet (a program or library never seen, in a process that may
 //! end before userspace reads it). The frame's state and a copy of the
 //! stack above it go to userspace (`DEFERRED_STACKS`), which finishes
-//! the walk once the file's rows exist. Once per stack key: calls with
-//! the same frames up to that file share the first one's completion.
+//! the walk once the file's rows exist. Once per stack key and process:
+//! calls with the same frames up to that file share the first one's
+//! completion (two processes of one program at the same addresses, a
+//! non-PIE one, have the same key but their libraries elsewhere).
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user_buf},
     macros::map,
@@ -17,7 +19,7 @@ use crate::host::known_process;
 /// Copies of stacks for userspace to finish.
 #[map]
 static DEFERRED_STACKS: RingBuf = RingBuf::with_byte_size(1 << 22, 0);
-/// Keys already sent.
+/// Keys already sent (mixed with the process index).
 #[map]
 static DEFERRED_SENT: LruHashMap<u64, u8> = LruHashMap::with_max_entries(1 << 14, 0);
 
@@ -27,17 +29,18 @@ const PAGE: u64 = 4096;
 /// `%rbp` `bp`, unless it was sent before.
 #[inline(never)]
 pub(crate) fn send(key: u64, pc: u64, sp: u64, bp: u64) {
-    if DEFERRED_SENT.get_ptr(&key).is_some() {
-        return;
-    }
     let Some(index) = known_process() else {
         return;
     };
+    let sent = key ^ u64::from(index).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    if DEFERRED_SENT.get_ptr(&sent).is_some() {
+        return;
+    }
     let Some(mut entry) = DEFERRED_STACKS.reserve::<DeferredStack>(0) else {
         bump(|c| &mut c.deferred_lost);
         return;
     };
-    let _ = DEFERRED_SENT.insert(&key, &1, 0);
+    let _ = DEFERRED_SENT.insert(&sent, &1, 0);
     let record = unsafe { &mut *entry.as_mut_ptr() };
     record.index = index;
     record.tgid = (bpf_get_current_pid_tgid() >> 32) as u32;

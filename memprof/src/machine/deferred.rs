@@ -2,7 +2,7 @@
 //! file it had no rows for yet (a program or library never seen, in a
 //! process that may end before memprof reads it), and sent that frame's
 //! state with a copy of the stack above it
-//! ([`memprof_common::DeferredStack`], once per stack key). They are
+//! ([`memprof_common::DeferredStack`], once per stack key and process). They are
 //! finished here, by the kernel's rules (`unwind::finish`), once the
 //! process's files are known: at its end, or for a snapshot.
 use std::collections::HashMap;
@@ -26,12 +26,12 @@ pub type Finished = (Vec<u64>, bool);
 
 #[derive(Default)]
 pub struct Deferred {
-    /// By stack key: copies not finished yet.
-    waiting: HashMap<u64, Box<DeferredStack>>,
-    /// By stack key: what the kernel's frames go on with. Shared with the
-    /// views that read stacks (a key is the same stack in every process
-    /// that has it: the kernel sends it once).
-    pub finished: Arc<HashMap<u64, Finished>>,
+    /// By process index and stack key: copies not finished yet.
+    waiting: HashMap<(u32, u64), Box<DeferredStack>>,
+    /// By process index, then stack key: what the kernel's frames go on
+    /// with (a key is the same frames in two processes of one non-PIE
+    /// program, not the same callers beyond them).
+    finished: HashMap<u32, Arc<HashMap<u64, Finished>>>,
     /// Each file's rows, built once.
     rows: HashMap<FileId, Arc<[UnwindRow]>>,
     /// Copies dropped for want of room here (the kernel counts those it
@@ -42,25 +42,41 @@ pub struct Deferred {
 impl Deferred {
     /// A copy the kernel sent.
     pub fn add(&mut self, stack: Box<DeferredStack>) {
-        if self.finished.contains_key(&stack.key) || self.waiting.contains_key(&stack.key) {
+        let at = (stack.index, stack.key);
+        let done = self
+            .finished
+            .get(&stack.index)
+            .is_some_and(|f| f.contains_key(&stack.key));
+        if done || self.waiting.contains_key(&at) {
             return;
         }
         if self.waiting.len() >= MAX_WAITING {
             self.dropped += 1;
             return;
         }
-        self.waiting.insert(stack.key, stack);
+        self.waiting.insert(at, stack);
+    }
+
+    /// The stacks of process `index` finished so far.
+    pub fn finished(&self, index: u32) -> Arc<HashMap<u64, Finished>> {
+        self.finished.get(&index).cloned().unwrap_or_default()
+    }
+
+    /// Process `index` ended: what was kept for it goes.
+    pub fn forget(&mut self, index: u32) {
+        self.finished.remove(&index);
+        self.waiting.retain(|(i, _), _| *i != index);
     }
 
     /// Finishes the stacks of process `index` waiting, with its mappings
     /// (`maps`) and files (`modules`). Those whose walk still meets a
     /// file without rows stay cut there, marked truncated.
     pub fn finish_process(&mut self, index: u32, maps: &MapsCache, modules: &ModuleCache) {
-        let keys: Vec<u64> = self
+        let keys: Vec<(u32, u64)> = self
             .waiting
-            .iter()
-            .filter(|(_, s)| s.index == index)
-            .map(|(&k, _)| k)
+            .keys()
+            .filter(|(i, _)| *i == index)
+            .copied()
             .collect();
         if keys.is_empty() {
             return;
@@ -96,7 +112,7 @@ impl Deferred {
                 rows,
             })
             .collect();
-        let finished = Arc::make_mut(&mut self.finished);
+        let finished = Arc::make_mut(self.finished.entry(index).or_default());
         for key in keys {
             let Some(stack) = self.waiting.remove(&key) else {
                 continue;
@@ -107,7 +123,7 @@ impl Deferred {
                 bytes: &stack.bytes[..len],
             };
             let done = finish(&modules, &copy, (stack.pc, stack.sp, stack.bp), MAX_FRAMES);
-            finished.insert(key, done);
+            finished.insert(key.1, done);
         }
     }
 }

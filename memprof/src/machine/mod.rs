@@ -363,6 +363,7 @@ impl Host {
             // Given an index at its `exec`, it never allocated (or no
             // allocation was sampled): not a process of the profile.
             if tables.sites.is_empty() {
+                self.deferred.forget(p.index);
                 continue;
             }
             let orphan = !self
@@ -384,6 +385,7 @@ impl Host {
                     p.name()
                 ),
             }
+            self.deferred.forget(p.index);
         }
         Ok(())
     }
@@ -415,7 +417,14 @@ impl Host {
             .values()
             .find(|q| p.forked && (p.unread || p.execed) && q.pid == p.ppid && !q.unread);
         let (maps, modules) = match parent {
-            Some(q) => (&q.maps, &q.modules),
+            Some(q) => {
+                // And runs its parent's program (its command line is
+                // its own, if it was read).
+                if p.exe.is_empty() {
+                    p.exe = q.exe.clone();
+                }
+                (&q.maps, &q.modules)
+            }
             None => (&p.maps, &p.modules),
         };
         self.deferred.finish_process(p.index, maps, modules);
@@ -423,7 +432,7 @@ impl Host {
             .probes
             .peek()?
             .of_process(tables)
-            .with_finished(Arc::clone(&self.deferred.finished));
+            .with_finished(self.deferred.finished(p.index));
         let raw = groups::collect(&view, None)?;
         let (groups, stacks) = profiles::groups_of(p.pid, raw, maps, modules, false);
         let counters = Counters {

@@ -146,10 +146,7 @@ impl HeapMaps {
     }
 
     /// With the stacks finished in userspace (`attach --all`).
-    pub fn with_finished(
-        mut self,
-        finished: Finished,
-    ) -> HeapMaps {
+    pub fn with_finished(mut self, finished: Finished) -> HeapMaps {
         self.finished = Some(finished);
         self
     }
