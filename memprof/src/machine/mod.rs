@@ -261,12 +261,14 @@ impl Host {
                         mapping.path = module.path().to_path_buf();
                         p.mapped(mapping, module);
                     }
+                    // Told again at each of its library loads: kept once.
+                    None if p.unknown.contains(&mapping) => {}
                     None => p.unknown.push(mapping),
                 }
             }
             host::PROGRAM => {
                 if let Some(p) = self.processes.get_mut(&e.index).filter(|_| index_known) {
-                    p.program(&comm_of_path(&e.path));
+                    p.program(&text_of(&e.path));
                 }
             }
             host::EXEC | host::EXIT => {
@@ -543,8 +545,8 @@ fn path_of_components(path: &[u8]) -> std::path::PathBuf {
     }
 }
 
-/// A path an event carries, as text.
-fn comm_of_path(path: &[u8]) -> String {
+/// A NUL-terminated path an event carries, as text.
+fn text_of(path: &[u8]) -> String {
     let end = path.iter().position(|&b| b == 0).unwrap_or(path.len());
     String::from_utf8_lossy(&path[..end]).into_owned()
 }
