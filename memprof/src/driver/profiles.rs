@@ -5,7 +5,7 @@ use std::time::SystemTime;
 use crate::groups::RawGroups;
 use crate::modules::ModuleCache;
 use crate::profile::{self, Group, Profile, Stacks, TargetInfo};
-use crate::symbolize;
+use crate::symbolize::{self, SymbolCache};
 use crate::target::maps::MapsCache;
 
 /// Who made a profile and how: [`header`]'s part of it.
@@ -50,7 +50,24 @@ pub fn groups_of(
     modules: &ModuleCache,
     progress: bool,
 ) -> (Vec<Group>, Stacks) {
-    let (mut groups, stacks) = symbolize::symbolize(raw, maps, modules, progress);
+    groups_of_with(
+        pid,
+        raw,
+        (maps, modules),
+        progress,
+        &mut SymbolCache::default(),
+    )
+}
+
+/// [`groups_of`] with what was read of the files kept in `cache`.
+pub fn groups_of_with(
+    pid: u32,
+    raw: RawGroups,
+    (maps, modules): (&MapsCache, &ModuleCache),
+    progress: bool,
+    cache: &mut SymbolCache,
+) -> (Vec<Group>, Stacks) {
+    let (mut groups, stacks) = symbolize::symbolize_with(raw, maps, modules, progress, cache);
     for g in &mut groups {
         g.pid = pid;
     }

@@ -34,6 +34,7 @@ use crate::groups;
 use crate::options::{Heap, SessionOptions};
 use crate::probes::{ModuleTables, Probes};
 use crate::profile::{Counters, ExitInfo, GcSummary, Profile, TargetInfo};
+use crate::symbolize::SymbolCache;
 use crate::target::maps::Mapping;
 
 mod deferred;
@@ -50,6 +51,9 @@ use process::HostProcess;
 const POLL: Duration = Duration::from_millis(10);
 /// How often processes that ended are finalized.
 const FINALIZE_EVERY: Duration = Duration::from_millis(250);
+/// Processes symbolized with one [`SymbolCache`]: what it keeps of the
+/// files read is given back after that many.
+const SYMBOLS_RENEWED_EVERY: u64 = 500;
 /// How often /proc is read for allocator files no event named (a static
 /// program started before its `exec` event was read).
 const RESCAN: Duration = Duration::from_secs(2);
@@ -91,6 +95,10 @@ struct Host {
     files: Files,
     /// Stacks the kernel could not finish, finished here.
     deferred: Deferred,
+    /// What was read of the files to symbolize, shared by the processes.
+    symbols: SymbolCache,
+    /// Processes symbolized so far.
+    symbolized: u64,
     /// Indexes of processes that ended, to finalize.
     ended: Vec<u32>,
     /// The finalized processes' profiles.
@@ -177,6 +185,8 @@ impl Host {
             to_examine: Vec::new(),
             files,
             deferred: Deferred::default(),
+            symbols: SymbolCache::default(),
+            symbolized: 0,
             ended: Vec::new(),
             done: Vec::new(),
             started: (Instant::now(), SystemTime::now(), monotonic_ns()),
@@ -436,7 +446,14 @@ impl Host {
             .of_process(tables)
             .with_finished(self.deferred.finished(p.index));
         let raw = groups::collect(&view, None)?;
-        let (groups, stacks) = profiles::groups_of(p.pid, raw, maps, modules, false);
+        // What blazesym read of the files serves the next processes,
+        // renewed now and then (it keeps every file it read).
+        self.symbolized += 1;
+        if self.symbolized % SYMBOLS_RENEWED_EVERY == 0 {
+            self.symbols = SymbolCache::default();
+        }
+        let (groups, stacks) =
+            profiles::groups_of_with(p.pid, raw, (maps, modules), false, &mut self.symbols);
         let counters = Counters {
             allocs: recorded,
             ..Counters::default()

@@ -53,13 +53,39 @@ pub fn symbolize(
     modules: &ModuleCache,
     progress: bool,
 ) -> (Vec<Group>, Stacks) {
+    symbolize_with(raw, maps, modules, progress, &mut SymbolCache::default())
+}
+
+/// What blazesym has read of the files, kept from one process's
+/// symbolization to the next (`attach --all` symbolizes hundreds of
+/// processes of a few programs: each file's symbols and DWARF are read
+/// once, not once per process).
+#[derive(Default)]
+pub struct SymbolCache(Option<Symbolizers>);
+
+/// [`symbolize`] with the files read through `cache`.
+pub fn symbolize_with(
+    raw: RawGroups,
+    maps: &MapsCache,
+    modules: &ModuleCache,
+    progress: bool,
+    cache: &mut SymbolCache,
+) -> (Vec<Group>, Stacks) {
+    let symbolizers = cache.0.get_or_insert_with(Symbolizers::new);
     let RawGroups {
         groups: raw,
         addresses: ids,
     } = raw;
     let (by_module, unknown) = addresses_by_module(&ids, maps);
     let mut stacks = Stacks::default();
-    let location_of = locate(by_module, unknown, maps, modules, progress, &mut stacks);
+    let location_of = locate(
+        by_module,
+        unknown,
+        (maps, modules),
+        progress,
+        &mut stacks,
+        symbolizers,
+    );
     // Each stack's addresses are given back as its locations are made:
     // a big program's stacks are tens of megabytes either way.
     let location_of: Vec<u32> = ids.iter().map(|a| location_of[a]).collect();
@@ -92,10 +118,10 @@ fn addresses_by_module(ids: &[u64], maps: &MapsCache) -> (HashMap<PathBuf, Vec<u
 fn locate(
     by_module: HashMap<PathBuf, Vec<u64>>,
     unknown: Vec<u64>,
-    maps: &MapsCache,
-    modules: &ModuleCache,
+    (maps, modules): (&MapsCache, &ModuleCache),
     progress: bool,
     stacks: &mut Stacks,
+    symbolizers: &mut Symbolizers,
 ) -> HashMap<u64, u32> {
     let total: usize = by_module.values().map(Vec::len).sum();
     if progress && total > 0 {
@@ -104,7 +130,6 @@ fn locate(
             by_module.len()
         );
     }
-    let mut symbolizers = Symbolizers::new();
     let mut location_of: HashMap<u64, u32> = HashMap::with_capacity(total + unknown.len());
     let bar = crate::progress::bar(if progress { total as u64 } else { 0 }, "symbolizing");
     if !progress {
