@@ -22,6 +22,14 @@ pub const HOST: &str = "HOST";
 pub const TASK_REAL_PARENT: &str = "TASK_REAL_PARENT";
 pub const TASK_TGID: &str = "TASK_TGID";
 pub const TASK_EXIT_CODE: &str = "TASK_EXIT_CODE";
+/// `u32`: `task_struct.start_time`'s offset; `u64`: when memprof loaded
+/// the programs (`CLOCK_MONOTONIC` ns, the clock of `start_time`). A
+/// process first seen allocating that started after it is a forked child
+/// of a followed process (it takes its parent's module table); one that
+/// started before is not (it ran before memprof, its parent's table is
+/// not its mappings).
+pub const TASK_START_TIME: &str = "TASK_START_TIME";
+pub const HOST_STARTED_NS: &str = "HOST_STARTED_NS";
 /// [`KernelLayout`](super::host::KernelLayout): offsets in the running
 /// kernel's `vm_area_struct`, `file`, `inode`, `super_block` and
 /// `linux_binprm`, for `attach --all`'s tables built in the kernel.
@@ -39,7 +47,7 @@ pub const GC_VERDICTS: &str = "GC_VERDICTS";
 
 /// Every load-time constant of the eBPF object (checked against the
 /// object by a userspace test, as [`maps::ALL`](super::maps::ALL) is).
-pub const ALL: [&str; 11] = [
+pub const ALL: [&str; 13] = [
     FOLD_RECURSION,
     UNWIND_DWARF,
     SAMPLING,
@@ -48,6 +56,8 @@ pub const ALL: [&str; 11] = [
     TASK_REAL_PARENT,
     TASK_TGID,
     TASK_EXIT_CODE,
+    TASK_START_TIME,
+    HOST_STARTED_NS,
     KERNEL_LAYOUT,
     GC_COPY,
     GC_VERDICTS,

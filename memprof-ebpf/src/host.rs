@@ -19,7 +19,8 @@ use memprof_common::{errno, host, module_table, programs, HostEvent, ModuleRange
 
 use crate::counters::{bump, enabled};
 use crate::settings::{
-    HOST, KERNEL_LAYOUT, TASK_EXIT_CODE, TASK_REAL_PARENT, TASK_TGID, UNWIND_DWARF,
+    HOST, HOST_STARTED_NS, KERNEL_LAYOUT, TASK_EXIT_CODE, TASK_REAL_PARENT, TASK_START_TIME,
+    TASK_TGID, UNWIND_DWARF,
 };
 use crate::unwind::{MODULE_RANGES, MODULE_TABLE};
 
@@ -113,8 +114,13 @@ fn new_process(tgid: u32, forked: bool) -> Option<u32> {
         return None;
     }
     let index = i as u32;
-    // Its table is none (or its parent's) until userspace gives one.
-    let inherited = if forked { parent_table() } else { 0 };
+    // Its table is none (or, forked since memprof started, its
+    // parent's) until userspace gives one.
+    let inherited = if forked && started_since_load() {
+        parent_table()
+    } else {
+        0
+    };
     if let Some(modules) = PROCESS_MODULES.get_ptr_mut(index) {
         unsafe { *modules = inherited };
     }
@@ -135,6 +141,15 @@ fn new_process(tgid: u32, forked: bool) -> Option<u32> {
             None
         }
     }
+}
+
+/// Whether the calling process started after the programs were loaded.
+#[inline(always)]
+fn started_since_load() -> bool {
+    let task = unsafe { bpf_get_current_task() } as *const u8;
+    let at = task.wrapping_add(TASK_START_TIME.load() as usize);
+    unsafe { bpf_probe_read_kernel(at as *const u64) }
+        .is_ok_and(|start| start > HOST_STARTED_NS.load())
 }
 
 /// The module table of the calling process's parent, if it is followed

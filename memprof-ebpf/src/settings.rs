@@ -41,6 +41,13 @@ pub(crate) static TASK_REAL_PARENT: Global<u32> = Global::new(0);
 pub(crate) static TASK_TGID: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 pub(crate) static TASK_EXIT_CODE: Global<u32> = Global::new(0);
+/// `task_struct.start_time`'s offset, and when the programs were loaded
+/// (monotonic ns): which processes first seen allocating are children
+/// forked since.
+#[unsafe(no_mangle)]
+pub(crate) static TASK_START_TIME: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+pub(crate) static HOST_STARTED_NS: Global<u64> = Global::new(0);
 /// Offsets in the kernel's memory-map structures (`attach --all`'s
 /// tables built in the kernel).
 #[unsafe(no_mangle)]

@@ -32,7 +32,7 @@ use crate::driver::profiles::{self, Header};
 use crate::driver::{Driven, Driver, Flow, Output, Profiling};
 use crate::groups;
 use crate::options::{Heap, SessionOptions};
-use crate::probes::{ModuleTables, Probes};
+use crate::probes::{monotonic_ns, ModuleTables, Probes};
 use crate::profile::{Counters, ExitInfo, GcSummary, Profile, TargetInfo};
 use crate::symbolize::SymbolCache;
 use crate::target::maps::Mapping;
@@ -582,15 +582,4 @@ fn wait_status(status: u32) -> ExitInfo {
             signal: Some(signal),
         }
     }
-}
-
-/// `CLOCK_MONOTONIC` in nanoseconds: the clock of `bpf_ktime_get_ns`.
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid timespec to write.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }

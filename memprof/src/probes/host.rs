@@ -57,6 +57,9 @@ pub(super) struct Sizes {
     pub real_parent: u32,
     pub tgid: u32,
     pub exit_code: u32,
+    pub start_time: u32,
+    /// When the programs are loaded (`CLOCK_MONOTONIC` ns).
+    pub started_ns: u64,
     pub known_files: u32,
     pub free_segments: u32,
     pub layout: KernelLayout,
@@ -77,6 +80,8 @@ impl Sizes {
                 real_parent: 0,
                 tgid: 0,
                 exit_code: 0,
+                start_time: 0,
+                started_ns: 0,
                 known_files: 1,
                 free_segments: 1,
                 layout: KernelLayout::default(),
@@ -98,11 +103,25 @@ impl Sizes {
             real_parent: offset("real_parent")?,
             tgid: offset("tgid")?,
             exit_code: offset("exit_code")?,
+            start_time: offset("start_time")?,
+            started_ns: monotonic_ns(),
             known_files: HOST_KNOWN_FILES,
             free_segments: KERNEL_SEGMENTS.len() as u32,
             layout: kernel_layout().context("memory-map structures in the kernel's BTF")?,
         })
     }
+}
+
+/// `CLOCK_MONOTONIC` now, in nanoseconds: the clock of
+/// `bpf_ktime_get_ns` and of a task's `start_time`.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// The offsets the kernel's table building reads, from its BTF.

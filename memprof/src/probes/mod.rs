@@ -31,7 +31,7 @@ mod unwind_tables;
 mod view;
 
 pub use gc_hold::{GcChange, GcEvents};
-pub use host::{DeferredStacks, HostEvents, ModuleTables, Prefetched, RowTable};
+pub use host::{monotonic_ns, DeferredStacks, HostEvents, ModuleTables, Prefetched, RowTable};
 pub use view::{HeapMaps, LiveBlock, RecordedStack, Site};
 
 use unwind_tables::ModuleTable;
@@ -169,6 +169,8 @@ impl Probes {
             .override_global(globals::TASK_REAL_PARENT, &host.real_parent, true)
             .override_global(globals::TASK_TGID, &host.tgid, true)
             .override_global(globals::TASK_EXIT_CODE, &host.exit_code, true)
+            .override_global(globals::TASK_START_TIME, &host.start_time, true)
+            .override_global(globals::HOST_STARTED_NS, &host.started_ns, true)
             .override_global(globals::KERNEL_LAYOUT, &host.layout, true)
             .map_max_entries(maps::KNOWN_FILES, host.known_files)
             .map_max_entries(maps::FREE_SEGMENTS, host.free_segments)
