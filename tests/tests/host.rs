@@ -206,6 +206,16 @@ fn fresh_copy(program: &str, path: &std::path::Path) -> String {
     path.to_str().unwrap().to_string()
 }
 
+/// A group's frames, by function name, innermost first.
+fn functions(g: &Value) -> Vec<&str> {
+    g["frames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["function"].as_str().unwrap_or("?"))
+        .collect()
+}
+
 /// Checks that process `pid` (a run of `basic` or `big_short`, named
 /// `name`) is in the profile as itself, with its exact counts at
 /// make_foo, every one of its stacks complete to `_start` and no frame
@@ -224,12 +234,7 @@ fn assert_exact_basic(json: &Value, pid: u32, name: &str, exe: &str) {
         .iter()
         .filter(|g| uint(g, "/pid") == u64::from(pid))
     {
-        let frames: Vec<&str> = g["frames"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|f| f["function"].as_str().unwrap_or("?"))
-            .collect();
+        let frames = functions(g);
         assert!(!frames.contains(&"[unknown]"), "pid {pid}: {frames:?}");
         assert_eq!(g["truncated"], false, "pid {pid}: {frames:?}");
         assert_eq!(frames.last(), Some(&"_start"), "pid {pid}: {frames:?}");
@@ -306,20 +311,11 @@ fn a_library_loaded_just_before_the_end_is_named() {
             (300, 300 * 64, 300),
             "pid {pid}"
         );
-        for g in groups(&json).iter().filter(|g| {
-            uint(g, "/pid") == u64::from(pid)
-                && g["frames"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .any(|f| f["function"] == "make_bars")
-        }) {
-            let frames: Vec<&str> = g["frames"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|f| f["function"].as_str().unwrap_or("?"))
-                .collect();
+        for g in groups(&json)
+            .iter()
+            .filter(|g| uint(g, "/pid") == u64::from(pid) && functions(g).contains(&"make_bars"))
+        {
+            let frames = functions(g);
             assert_eq!(frames[..2], ["make_bars", "main"], "pid {pid}: {frames:?}");
             assert_eq!(g["truncated"], false, "pid {pid}: {frames:?}");
         }
