@@ -323,10 +323,10 @@ fn a_library_loaded_just_before_the_end_is_named() {
 }
 
 /// A storm of short processes, bounded (2,000 in a row, ~13 s here):
-/// every one is in the profile with its exact counts and whole stacks,
-/// and nothing is counted lost. (The build before the kernel built the
-/// tables lost 166,821 allocations of these to a full live table and
-/// got none of the 2,000 exact.)
+/// every one is in the profile with its exact counts and whole stacks.
+/// (The build before the kernel built the tables lost 166,821
+/// allocations of these to a full live table and got none of the 2,000
+/// exact.)
 #[test]
 fn a_storm_of_two_thousand_processes_is_followed_whole() {
     let dir = TempDir::new("host_storm");
@@ -335,14 +335,10 @@ fn a_storm_of_two_thousand_processes_is_followed_whole() {
     let (memprof, stderr, _) = start_all(&profile, &["--sample-bytes", "0"]);
     let pids: Vec<u32> = (0..2000).map(|_| run_to_end(&program, &[])).collect();
     let json = stop(memprof, stderr, &profile);
-    let lost = uint(&json, "/counters/live_map_full")
-        + uint(&json, "/counters/sites_map_full")
-        + uint(&json, "/counters/both_maps_full")
-        + uint(&json, "/counters/pending_full")
-        + uint(&json, "/counters/stale_calls")
-        + uint(&json, "/counters/processes_not_followed");
-    assert_eq!(lost, 0, "{:#}", json["counters"]);
-    assert_eq!(uint(&json, "/counters/stacks_not_finished"), 0);
+    // Each one exact (its 1,000 allocations and 400 frees all recorded,
+    // its stacks whole). The counters are the machine's: another test's
+    // `attach --all` running beside this one is profiled too, and may
+    // fill the tables with its own allocations.
     for pid in pids {
         assert_exact_basic(&json, pid, "stormy", &program);
     }
