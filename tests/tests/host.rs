@@ -59,6 +59,15 @@ fn process(json: &Value, pid: u32) -> &Value {
         .unwrap_or_else(|| panic!("no process {pid} in {:#}", json["processes"]))
 }
 
+/// One `attach --all` at a time in this file: each profiles every
+/// process, so two at once profile each other (and fill each other's
+/// tables with memprof's own allocations).
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Starts `memprof attach --all -o PROFILE EXTRA...` and waits until its
 /// probes are live.
 fn start_all(profile: &std::path::Path, extra: &[&str]) -> (ChildGuard, Lines, String) {
@@ -86,6 +95,7 @@ fn stop(mut memprof: ChildGuard, mut stderr: Lines, profile: &std::path::Path) -
 
 #[test]
 fn every_process_started_meanwhile_is_profiled_exactly() {
+    let _one = one_at_a_time();
     let dir = TempDir::new("host_all");
     let profile = dir.join("host.mprof");
     let (memprof, stderr, _) = start_all(&profile, &["--sample-bytes", "0", "--heap", "all"]);
@@ -180,6 +190,7 @@ fn every_process_started_meanwhile_is_profiled_exactly() {
 /// function is probed (a trap per GC allocation of every Crystal program).
 #[test]
 fn all_samples_libc_by_default() {
+    let _one = one_at_a_time();
     let dir = TempDir::new("host_default");
     let profile = dir.join("host.mprof");
     let (memprof, stderr, said) = start_all(&profile, &[]);
@@ -249,6 +260,7 @@ fn assert_exact_basic(json: &Value, pid: u32, name: &str, exe: &str) {
 /// /proc. Ten times over, each time with programs new to memprof.
 #[test]
 fn programs_of_a_millisecond_are_exact_from_their_first_allocation() {
+    let _one = one_at_a_time();
     for round in 0..10 {
         let dir = TempDir::new(&format!("host_short_{round}"));
         let profile = dir.join("host.mprof");
@@ -276,6 +288,7 @@ fn programs_of_a_millisecond_are_exact_from_their_first_allocation() {
 /// complete, every count exact.
 #[test]
 fn stacks_through_a_file_read_too_late_are_finished() {
+    let _one = one_at_a_time();
     let dir = TempDir::new("host_late");
     let profile = dir.join("host.mprof");
     let (memprof, stderr, _) = start_all(&profile, &["--sample-bytes", "0"]);
@@ -295,6 +308,7 @@ fn stacks_through_a_file_read_too_late_are_finished() {
 /// counts exact.
 #[test]
 fn a_library_loaded_just_before_the_end_is_named() {
+    let _one = one_at_a_time();
     let dir = TempDir::new("host_dlopen");
     let profile = dir.join("host.mprof");
     let (memprof, stderr, _) = start_all(&profile, &["--sample-bytes", "0"]);
@@ -329,6 +343,7 @@ fn a_library_loaded_just_before_the_end_is_named() {
 /// exact.)
 #[test]
 fn a_storm_of_two_thousand_processes_is_followed_whole() {
+    let _one = one_at_a_time();
     let dir = TempDir::new("host_storm");
     let profile = dir.join("host.mprof");
     let program = fresh_copy(fixture::BASIC, &dir.join("stormy"));
