@@ -30,6 +30,7 @@ pub const TASK_EXIT_CODE: &str = "TASK_EXIT_CODE";
 /// not its mappings).
 pub const TASK_START_TIME: &str = "TASK_START_TIME";
 pub const HOST_STARTED_NS: &str = "HOST_STARTED_NS";
+pub const FAMILY_ROOT: &str = "FAMILY_ROOT";
 /// [`KernelLayout`](super::host::KernelLayout): offsets in the running
 /// kernel's `vm_area_struct`, `file`, `inode`, `super_block` and
 /// `linux_binprm`, for `attach --all`'s tables built in the kernel.
@@ -47,7 +48,7 @@ pub const GC_VERDICTS: &str = "GC_VERDICTS";
 
 /// Every load-time constant of the eBPF object (checked against the
 /// object by a userspace test, as [`maps::ALL`](super::maps::ALL) is).
-pub const ALL: [&str; 13] = [
+pub const ALL: [&str; 14] = [
     FOLD_RECURSION,
     UNWIND_DWARF,
     SAMPLING,
@@ -58,6 +59,7 @@ pub const ALL: [&str; 13] = [
     TASK_EXIT_CODE,
     TASK_START_TIME,
     HOST_STARTED_NS,
+    FAMILY_ROOT,
     KERNEL_LAYOUT,
     GC_COPY,
     GC_VERDICTS,

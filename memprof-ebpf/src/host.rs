@@ -19,7 +19,7 @@ use memprof_common::{errno, host, module_table, programs, HostEvent, ModuleRange
 
 use crate::counters::{bump, enabled};
 use crate::settings::{
-    HOST, HOST_STARTED_NS, KERNEL_LAYOUT, TASK_EXIT_CODE, TASK_REAL_PARENT, TASK_START_TIME,
+    FAMILY_ROOT, HOST, HOST_STARTED_NS, KERNEL_LAYOUT, TASK_EXIT_CODE, TASK_REAL_PARENT, TASK_START_TIME,
     TASK_TGID, UNWIND_DWARF,
 };
 use crate::unwind::{MODULE_RANGES, MODULE_TABLE};
@@ -100,6 +100,11 @@ pub(crate) fn this_process() -> Option<ProcessState> {
 /// forked worker is unwound from its first allocation).
 #[inline(always)]
 fn new_process(tgid: u32, forked: bool) -> Option<u32> {
+    if FAMILY_ROOT.load() != 0 && !in_family(tgid) {
+        // Left out until it exits (a process cannot join the family).
+        let _ = PROCESSES.insert(&tgid, &host::IGNORED, BPF_NOEXIST as u64);
+        return None;
+    }
     let count = PROCESS_COUNT.get_ptr_mut(0)?;
     let mut i = 1u64;
     unsafe {
@@ -141,6 +146,39 @@ fn new_process(tgid: u32, forked: bool) -> Option<u32> {
             None
         }
     }
+}
+
+/// How many ancestors are looked at for `run`'s command.
+const FAMILY_DEPTH: u32 = 32;
+
+/// `run`: whether process `tgid` (the calling one) is one its command
+/// started, directly or not: the command is among its ancestors. The
+/// command itself is not (its session follows it).
+#[inline(always)]
+fn in_family(tgid: u32) -> bool {
+    let root = FAMILY_ROOT.load();
+    if tgid == root {
+        return false;
+    }
+    let mut task = unsafe { bpf_get_current_task() };
+    for _ in 0..FAMILY_DEPTH {
+        let at = (task as *const u8).wrapping_add(TASK_REAL_PARENT.load() as usize);
+        let Ok(parent) = (unsafe { bpf_probe_read_kernel(at as *const u64) }) else {
+            return false;
+        };
+        let at = (parent as *const u8).wrapping_add(TASK_TGID.load() as usize);
+        let Ok(parent_tgid) = (unsafe { bpf_probe_read_kernel(at as *const u32) }) else {
+            return false;
+        };
+        if parent_tgid == root {
+            return true;
+        }
+        if parent_tgid <= 1 || parent == task {
+            return false;
+        }
+        task = parent;
+    }
+    false
 }
 
 /// Whether the calling process started after the programs were loaded.
@@ -228,7 +266,10 @@ pub(crate) fn thread_exit(thread: u64) {
         let tgid = (thread >> 32) as u32;
         if let Some(index) = PROCESSES.get_ptr(&tgid) {
             let index = unsafe { *index };
-            if index != host::IGNORED {
+            if index == host::IGNORED && FAMILY_ROOT.load() != 0 {
+                // Outside `run`'s family: its entry goes with it.
+                let _ = PROCESSES.remove(&tgid);
+            } else if index != host::IGNORED {
                 let task = unsafe { bpf_get_current_task() } as *const u8;
                 let at = task.wrapping_add(TASK_EXIT_CODE.load() as usize);
                 let code = unsafe { bpf_probe_read_kernel(at as *const u32) }.unwrap_or(0);

@@ -34,6 +34,11 @@ pub(crate) static GC_VERDICTS: Global<u32> = Global::new(0);
 /// 1: `attach --all`: every process, state per process (`PROCESSES`).
 #[unsafe(no_mangle)]
 pub(crate) static HOST: Global<u32> = Global::new(0);
+/// `run`'s family (its command's pid): only the processes it started,
+/// directly or not, are followed (the command has a session of its
+/// own). 0: every process of the machine (`attach --all`).
+#[unsafe(no_mangle)]
+pub(crate) static FAMILY_ROOT: Global<u32> = Global::new(0);
 /// Offsets in `task_struct` (`attach --all`'s process events).
 #[unsafe(no_mangle)]
 pub(crate) static TASK_REAL_PARENT: Global<u32> = Global::new(0);

@@ -96,6 +96,19 @@ impl CensusWhen {
 }
 
 impl SessionOptions {
+    /// The options of the probes `run` follows its command's processes
+    /// with ([`crate::machine::Family`]): as the command's, but the
+    /// collector's allocation functions are not probed when the command
+    /// samples its collector at refills (a uprobe sits on the file: the
+    /// command would take a trap at each of its own GC allocations).
+    pub fn for_family(&self) -> SessionOptions {
+        let mut options = self.for_followed();
+        if self.gc_sampling == GcSampling::Refill && self.heap == Heap::All {
+            options.heap = Heap::Libc;
+        }
+        options
+    }
+
     /// The options of a session whose profile becomes part of another's
     /// (a process `run` follows, one `attach --comm/--exe` selects): no
     /// file, no live output or census of its own, its plan said quietly.

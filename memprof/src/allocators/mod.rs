@@ -82,6 +82,37 @@ pub fn resolve(
     Ok(found)
 }
 
+/// Whether the program process `pid` runs allocates with the Boehm GC:
+/// its executable imports or defines `GC_malloc` or `GC_init`.
+pub fn program_uses_gc(pid: u32) -> bool {
+    program_names(pid, &["GC_malloc", "GC_init"])
+}
+
+/// Whether the program process `pid` runs can start processes: its
+/// executable imports or defines a function that forks or spawns.
+pub fn program_starts_processes(pid: u32) -> bool {
+    program_names(pid, &["fork", "vfork", "posix_spawn", "posix_spawnp", "system", "popen"])
+}
+
+/// Whether the executable of process `pid` has a symbol (dynamic or
+/// not, defined or imported) named one of `names` (read, as every
+/// target file, never run).
+fn program_names(pid: u32, names: &[&str]) -> bool {
+    use object::{Object, ObjectSymbol};
+    let Ok(file) = std::fs::File::open(format!("/proc/{pid}/exe")) else {
+        return false;
+    };
+    // SAFETY: mapped read-only, as the modules are.
+    let Ok(map) = (unsafe { memmap2::Mmap::map(&file) }) else {
+        return false;
+    };
+    let Ok(elf) = object::File::parse(&*map) else {
+        return false;
+    };
+    let named = |s: object::Symbol| s.name().is_ok_and(|n| names.contains(&n));
+    elf.dynamic_symbols().any(named) || elf.symbols().any(named)
+}
+
 /// Where `name` is defined in the ELF file at `path` (read through
 /// `cache`): its address and file offset.
 pub fn symbol_in(cache: &ModuleCache, path: &Path, name: &str) -> Option<(u64, u64)> {

@@ -87,6 +87,7 @@ pub(super) fn session_options(
             // Set by the plan, which knows whether the target's libgc allows it.
             gc_refill: false,
             host: false,
+            family_root: 0,
             // Set by the session, which knows whether mark bits are read.
             gc_copy: false,
             gc_verdicts: false,

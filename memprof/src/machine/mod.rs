@@ -20,6 +20,7 @@
 //! | `process` | one process: who it is, what it maps, its table |
 //! | `files` | each file once: its allocator probes, its CFI rows |
 //! | `deferred` | stacks the kernel stopped at a file it had no rows for, finished here |
+//! | `family` | the same for `run`: the processes its command starts |
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -39,6 +40,7 @@ use crate::target::maps::Mapping;
 
 mod deferred;
 mod events;
+mod family;
 mod files;
 mod process;
 
@@ -46,6 +48,8 @@ use deferred::Deferred;
 use events::{Reader, Seen};
 use files::Files;
 use process::HostProcess;
+
+pub use family::{Family, Loading};
 
 /// The longest wait for an event (signals are looked at between waits).
 const POLL: Duration = Duration::from_millis(10);
@@ -62,7 +66,7 @@ const RESCAN: Duration = Duration::from_secs(2);
 /// profile, one process each.
 pub fn attach_all(driver: &Driver, options: &SessionOptions) -> Result<i32> {
     let mut output = Output::create(options.output.as_ref(), Path::new("host"), None)?;
-    let mut host = Host::start(options)?;
+    let mut host = Host::start(options, None, None)?;
     let mut sampled = match options.probes.sample_bytes {
         0 => String::new(),
         n => format!(", sampled (--sample-bytes {n}; 0: every allocation)"),
@@ -96,7 +100,7 @@ struct Host {
     /// Stacks the kernel could not finish, finished here.
     deferred: Deferred,
     /// What was read of the files to symbolize, shared by the processes.
-    symbols: SymbolCache,
+    symbols: Symbols,
     /// Processes symbolized so far.
     symbolized: u64,
     /// Indexes of processes that ended, to finalize.
@@ -113,7 +117,18 @@ struct Host {
     initial: HashSet<u32>,
     last_finalize: Instant,
     last_scan: Instant,
+    /// `run`'s command, when only the processes it started are followed.
+    family: Option<u32>,
 }
+
+/// The symbolizer's cache, made at the first process symbolized.
+struct Symbols(Option<SymbolCache>);
+
+// SAFETY: blazesym's cache is not `Send`. A `Host` is moved to another
+// thread only while `run`'s family is loaded there (`Family::load`),
+// before any process is symbolized: the cache is still `None`, and it is
+// made and used on the thread that drives the host.
+unsafe impl Send for Symbols {}
 
 impl Driven for Host {
     /// Signals are looked at between waits for events.
@@ -164,10 +179,18 @@ impl Profiling for Host {
 
 impl Host {
     /// The probes loaded for every process, the system's libraries and
-    /// every process running probed.
-    fn start(options: &SessionOptions) -> Result<Host> {
+    /// every process running probed. `family`: only the processes that
+    /// command started are followed (its own files are probed).
+    /// `live` is set once the system's allocators are probed.
+    fn start(
+        options: &SessionOptions,
+        family: Option<u32>,
+        live: Option<&std::sync::atomic::AtomicBool>,
+    ) -> Result<Host> {
         let mut probe_options = options.probes.clone();
         probe_options.host = true;
+        probe_options.gc_refill = false;
+        probe_options.family_root = family.unwrap_or(0);
         let mut probes = Probes::load(&probe_options, None)?;
         let files = Files::new(options, probes.row_table()?);
         let tables = Arc::new(Mutex::new(probes.module_tables()?));
@@ -185,7 +208,7 @@ impl Host {
             to_examine: Vec::new(),
             files,
             deferred: Deferred::default(),
-            symbols: SymbolCache::default(),
+            symbols: Symbols(None),
             symbolized: 0,
             ended: Vec::new(),
             done: Vec::new(),
@@ -194,8 +217,14 @@ impl Host {
             initial: HashSet::new(),
             last_finalize: Instant::now(),
             last_scan: Instant::now(),
+            family,
         };
         host.files.probe_system_libraries(&mut host.probes);
+        if let Some(live) = live {
+            // A program held for the family can go now: its allocations
+            // through the system's allocators are seen.
+            live.store(true, std::sync::atomic::Ordering::Release);
+        }
         host.initial = host.rescan();
         host.files.started = true;
         Ok(host)
@@ -325,6 +354,16 @@ impl Host {
             return HashSet::new();
         };
         let me = std::process::id();
+        if let Some(root) = self.family {
+            // The family's: the command's files, and those of the
+            // processes it started.
+            let mut pids: Vec<u32> = self.processes.values().map(|p| p.pid).collect();
+            pids.push(root);
+            for &pid in &pids {
+                self.files.examine_pid(&mut self.probes, pid);
+            }
+            return HashSet::new();
+        }
         let pids: Vec<u32> = dir
             .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
             .filter(|&pid| pid != me)
@@ -450,10 +489,10 @@ impl Host {
         // renewed now and then (it keeps every file it read).
         self.symbolized += 1;
         if self.symbolized % SYMBOLS_RENEWED_EVERY == 0 {
-            self.symbols = SymbolCache::default();
+            self.symbols = Symbols(None);
         }
         let (groups, stacks) =
-            profiles::groups_of_with(p.pid, raw, (maps, modules), false, &mut self.symbols);
+            profiles::groups_of_with(p.pid, raw, (maps, modules), false, self.symbols.0.get_or_insert_with(SymbolCache::default));
         let counters = Counters {
             allocs: recorded,
             ..Counters::default()
@@ -468,7 +507,8 @@ impl Host {
             stacks,
             processes: vec![info],
             ..profiles::header(Header {
-                mode: "attach",
+                // `run`'s family: each from its start (or its fork).
+                mode: if self.family.is_some() { "run" } else { "attach" },
                 target: TargetInfo {
                     pid: p.pid,
                     command: p.command.clone(),

@@ -360,6 +360,15 @@ impl Probes {
         self.attach_raw_tracepoint(programs::PROCESS_EXEC, "sched_process_exec")
     }
 
+    /// Process `pid` is not followed (`run`: a session of its own
+    /// follows it).
+    pub fn leave_out(&mut self, pid: u32) -> Result<()> {
+        let mut processes: BpfHashMap<&mut MapData, u32, u32> =
+            BpfHashMap::try_from(self.map_mut(maps::PROCESSES)?)?;
+        processes.insert(pid, host::IGNORED, 0)?;
+        Ok(())
+    }
+
     /// The ring of process events (once).
     pub fn host_events(&mut self) -> Result<HostEvents> {
         Ok(HostEvents(RingBuf::try_from(take_map(

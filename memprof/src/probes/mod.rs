@@ -63,6 +63,9 @@ pub struct ProbeOptions {
     /// `attach --all`: the probes sit on files for every process, with
     /// state per process ([`memprof_common::host`]).
     pub host: bool,
+    /// With `host`: only the processes this one (`run`'s command) started,
+    /// directly or not; 0: every process.
+    pub family_root: u32,
     /// GC objects are kept in memprof's copy only (their mark bits are
     /// read): the kernel streams them to the GC event ring, not to its
     /// live table ([`globals::GC_COPY`]).
@@ -86,6 +89,7 @@ impl ProbeOptions {
             sample_bytes: 0,
             gc_refill: false,
             host: false,
+            family_root: 0,
             gc_copy: false,
             gc_verdicts: false,
         }
@@ -171,6 +175,7 @@ impl Probes {
             .override_global(globals::TASK_EXIT_CODE, &host.exit_code, true)
             .override_global(globals::TASK_START_TIME, &host.start_time, true)
             .override_global(globals::HOST_STARTED_NS, &host.started_ns, true)
+            .override_global(globals::FAMILY_ROOT, &options.family_root, true)
             .override_global(globals::KERNEL_LAYOUT, &host.layout, true)
             .map_max_entries(maps::KNOWN_FILES, host.known_files)
             .map_max_entries(maps::FREE_SEGMENTS, host.free_segments)

@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 
 use super::{Session, Step};
+use crate::allocators::{program_starts_processes, program_uses_gc};
 use crate::driver::{Driven, Driver, End, Flow, Profiling};
+use crate::machine::{Family, Loading};
 use crate::options::SessionOptions;
 use crate::profile::{ExitInfo, Profile};
 use crate::target::launch::ExitStatus;
@@ -27,11 +29,22 @@ type Exited = Option<Option<ExitStatus>>;
 /// `memprof run`: launches `command` under the probes. Returns the exit code
 /// memprof should exit with (the command's own).
 pub fn run(driver: &Driver, command: &[String], options: &SessionOptions) -> Result<i32> {
-    let mut session = Session::launch(command, options, driver.child_mask())?;
+    let mut followed = Followed::default();
+    let mut session = Session::launch(command, options, driver.child_mask(), &mut |pid| {
+        if !options.follow {
+            return;
+        }
+        followed = Followed::of_command(pid);
+        // A program that can start processes: their probes load beside
+        // the command's, not while its first child waits.
+        if program_starts_processes(pid) {
+            followed.family.start(options);
+        }
+    })?;
     session.begin();
     let mut run = Command {
         session: Some(session),
-        followed: Followed::default(),
+        followed,
         grace: None,
         exited: None,
         options,
@@ -101,7 +114,10 @@ impl Driven for Command<'_> {
             anyhow::bail!("no session to step");
         };
         let step = session.step()?;
-        let (execs, forked) = (session.take_execs(), session.take_forked(FORK_AGE));
+        if session.has_family() {
+            self.followed.family.start(self.options);
+        }
+        let (execs, forked) = started_by(session, &mut self.followed.family);
         self.followed.adopt(execs, self.options);
         self.followed.attach_forked(forked, self.options);
         match step {
@@ -140,23 +156,131 @@ impl Profiling for Command<'_> {
     }
 }
 
-/// A process the command forked is attached to once it has run this long
-/// without an `exec` (most forks `exec` at once: a shell's children).
+/// Without [`Family`]: a process the command forked is attached to once
+/// it has run this long without an `exec` (most forks `exec` at once: a
+/// shell's children).
 const FORK_AGE: Duration = Duration::from_millis(200);
 
-/// The processes `run` follows with sessions of their own: each one the
-/// command started (or one of those did) that `exec`ed a program, from
-/// that program's first instruction, and each forked worker, from
-/// [`FORK_AGE`] after its fork; to its exit or the command's. Also the
-/// processes `attach --comm/--exe` and `top` select.
+/// At most this long between two readings of the family's events.
+const FAMILY_STEP: Duration = Duration::from_millis(50);
+
+/// What `session`'s process (or those it started) started since the last
+/// step: the programs `exec`ed that need sessions of their own, and the
+/// forked workers to attach to. With the `family` machinery, only a
+/// program that allocates with the Boehm GC gets a session (its
+/// collections held, its mark bits read, as the command's); every other
+/// program runs on at once, followed by the family's probes from its
+/// first allocation, and so does every forked worker.
+fn started_by(session: &mut Session, family: &mut FamilyProbes) -> (Vec<u32>, Vec<u32>) {
+    let execs = session.take_execs();
+    if !family.active() {
+        return (execs, session.take_forked(FORK_AGE));
+    }
+    let mut own = Vec::new();
+    for pid in execs {
+        if !program_uses_gc(pid) {
+            // Held only until the probes are on the system's allocators.
+            family.wait_live();
+            match family.active() {
+                true => session.resume_exec(pid),
+                false => own.push(pid),
+            }
+            continue;
+        }
+        match family.ready_now().map(|f| f.leave_out(pid)) {
+            Some(Err(e)) => {
+                eprintln!("memprof: pid {pid} followed without its collections: {e:#}");
+                session.resume_exec(pid);
+            }
+            Some(Ok(())) | None => own.push(pid),
+        }
+    }
+    (own, Vec::new())
+}
+
+/// The probes `run` follows what its command starts with ([`Family`]):
+/// loaded in the background at the command's first child.
+#[derive(Default)]
+pub(super) struct FamilyProbes {
+    /// `run`, following: its command's pid, until the loading starts.
+    root: Option<u32>,
+    loading: Option<Loading>,
+    ready: Option<Family>,
+}
+
+impl FamilyProbes {
+    /// Starts loading the probes, once.
+    fn start(&mut self, options: &SessionOptions) {
+        if let Some(root) = self.root.take() {
+            self.loading = Some(Family::load(&options.for_family(), root));
+        }
+    }
+
+    /// Whether they are loaded or being loaded.
+    fn active(&self) -> bool {
+        self.loading.is_some() || self.ready.is_some()
+    }
+
+    /// Waits until a program that allocates through the system's
+    /// allocators is seen (or the loading failed).
+    fn wait_live(&mut self) {
+        if let Some(loading) = &self.loading {
+            loading.wait_live();
+            if !loading.live() {
+                self.ready_now();
+            }
+        }
+    }
+
+    /// The probes, loaded; `None` if they could not be (said once).
+    fn ready_now(&mut self) -> Option<&mut Family> {
+        if let Some(loading) = self.loading.take() {
+            match loading.join() {
+                Ok(family) => self.ready = Some(family),
+                Err(e) => eprintln!(
+                    "memprof: the processes the command starts are followed one by one, each held while its probes load: {e:#}"
+                ),
+            }
+        }
+        self.ready.as_mut()
+    }
+
+    /// The probes, if loaded by now.
+    fn ready(&mut self) -> Option<&mut Family> {
+        if self.loading.as_ref().is_some_and(Loading::is_finished) {
+            return self.ready_now();
+        }
+        self.ready.as_mut()
+    }
+}
+
+/// The processes `run` follows: with the [`Family`] probes (each from
+/// its first allocation), or with sessions of their own: a program that
+/// allocates with the Boehm GC from its first instruction, and (when the
+/// family's probes cannot be loaded) each program `exec`ed, and each
+/// forked worker from [`FORK_AGE`] after its fork; to its exit or the
+/// command's. Also the processes `attach --comm/--exe` and `top` select.
 #[derive(Default)]
 pub(super) struct Followed {
     running: Vec<Session>,
     /// The profiles of those that ended.
     done: Vec<Profile>,
+    /// `run`'s family probes.
+    family: FamilyProbes,
 }
 
 impl Followed {
+    /// `run`, following `root`'s children.
+    fn of_command(root: u32) -> Followed {
+        Followed {
+            family: FamilyProbes {
+                root: Some(root),
+                ..FamilyProbes::default()
+            },
+            ..Followed::default()
+        }
+    }
+
     /// Sessions for the processes held after their `exec` (`pids`); one
     /// that cannot start lets its process go, and says so.
     fn adopt(&mut self, pids: Vec<u32>, options: &SessionOptions) {
@@ -175,10 +299,14 @@ impl Followed {
     /// finished, and what they started in turn is adopted.
     pub(super) fn step(&mut self, options: &SessionOptions) {
         let mut i = 0;
+        if let Some(family) = self.family.ready() {
+            if let Err(e) = family.step() {
+                eprintln!("memprof: the processes the command started: {e:#}");
+            }
+        }
         while i < self.running.len() {
             let step = self.running[i].step();
-            let execs = self.running[i].take_execs();
-            let forked = self.running[i].take_forked(FORK_AGE);
+            let (execs, forked) = started_by(&mut self.running[i], &mut self.family);
             match step {
                 // A followed process's own `exec`s are gone through (its
                 // tracer does not report them).
@@ -233,6 +361,10 @@ impl Followed {
 
     /// How long the driver may wait before the next step of any session.
     pub(super) fn timeout(&self, command: Duration) -> Duration {
+        let command = match self.family.active() {
+            true => command.min(FAMILY_STEP),
+            false => command,
+        };
         self.running
             .iter()
             .map(Session::timeout)
@@ -245,14 +377,19 @@ impl Followed {
     }
 
     pub(super) fn pids(&self) -> Vec<u32> {
-        self.running.iter().map(Session::pid).collect()
+        let mut pids: Vec<u32> = self.running.iter().map(Session::pid).collect();
+        if let Some(family) = &self.family.ready {
+            pids.extend(family.pids());
+        }
+        pids
     }
 
     /// A profile of followed process `pid` now.
-    pub(super) fn snapshot(&self, pid: u32) -> Result<Profile> {
-        match self.running.iter().find(|s| s.pid() == pid) {
-            Some(session) => session.snapshot(),
-            None => anyhow::bail!("pid {pid} is not profiled"),
+    pub(super) fn snapshot(&mut self, pid: u32) -> Result<Profile> {
+        match (self.running.iter().find(|s| s.pid() == pid), self.family.ready()) {
+            (Some(session), _) => session.snapshot(),
+            (None, Some(family)) => family.snapshot(pid),
+            (None, None) => anyhow::bail!("pid {pid} is not profiled"),
         }
     }
 
@@ -271,6 +408,15 @@ impl Followed {
             let exited = !crate::target::is_alive(session.pid());
             let _ = session.release(exited);
             self.finish_one(session, exited.then_some(ExitInfo::UNKNOWN));
+        }
+        self.family.ready_now();
+        if let Some(family) = self.family.ready.take() {
+            match family.finish() {
+                Ok(profiles) => self.done.extend(profiles),
+                Err(e) => eprintln!(
+                    "memprof: the profiles of the processes the command started could not be read: {e:#}"
+                ),
+            }
         }
         self.done
     }

@@ -485,6 +485,19 @@ impl Session {
         }
     }
 
+    /// Lets `pid`, one of [`Session::take_execs`], run on without a
+    /// session of its own (still followed by the tracer).
+    pub fn resume_exec(&mut self, pid: u32) {
+        if let Some(tracer) = &mut self.tracer {
+            tracer.resume_exec(pid);
+        }
+    }
+
+    /// Whether the command has started a process (`run`, following).
+    pub fn has_family(&self) -> bool {
+        self.options.follow && self.tracer.as_ref().is_some_and(|t| t.has_members())
+    }
+
     /// The processes the command started that have just `exec`ed a
     /// program, held for sessions of their own ([`Session::adopt`]).
     pub fn take_execs(&mut self) -> Vec<u32> {

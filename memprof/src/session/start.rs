@@ -25,16 +25,19 @@ use memprof_common::LIBRARY_LOAD_SIGNAL;
 impl Session {
     /// `run`: launches `command` held after its `exec`, with every probe
     /// attached; [`Session::begin`] lets it go. `child_mask` is the signal
-    /// mask the command starts with.
+    /// mask the command starts with. `launched` is told its pid as soon
+    /// as it exists (held).
     pub fn launch(
         command: &[String],
         options: &SessionOptions,
         child_mask: &libc::sigset_t,
+        launched: &mut dyn FnMut(u32),
     ) -> Result<Session> {
         require_capabilities()?;
         let program = target::find_command(&command[0])?;
         let output = Output::create(options.output.as_ref(), &program, None)?;
         let mut tracer = launch::launch(&program, command, child_mask)?;
+        launched(tracer.pid);
         tracer.hold_execs = options.follow;
         tracer.own_exec = options.follow;
         Session::held_at_exec(tracer, Some(command), output, options, true)

@@ -166,6 +166,23 @@ impl Tracer {
         std::mem::take(&mut self.execs)
     }
 
+    /// Lets member `pid`, held after its `exec` ([`Tracer::take_execs`]),
+    /// run on traced as before: no session takes it over (`run` follows
+    /// it with its family's probes).
+    pub fn resume_exec(&mut self, pid: u32) {
+        if let Some(member) = self.members.get_mut(&pid) {
+            member.handed_over = false;
+            member.resumed = Instant::now();
+        }
+        self.member_threads.insert(pid, pid);
+        cont(pid, 0);
+    }
+
+    /// Whether the command has started any process.
+    pub fn has_members(&self) -> bool {
+        !self.members.is_empty()
+    }
+
     /// The processes the command started, in the order they started.
     pub fn family(&self) -> Vec<Member> {
         let mut members: Vec<Member> = self.members.values().cloned().collect();

@@ -1,0 +1,132 @@
+//! `run`'s followed processes on the host machinery: one load of the
+//! probes for every process the command starts, directly or not (the
+//! kernel checks each new process's ancestors for the command), each
+//! from its first allocation, with the module table the kernel builds
+//! from the files memprof has read. A program `exec`ed under `run` is
+//! held only as long as telling the tracer to let it go takes; a forked
+//! worker is followed from its fork. The command itself keeps its own
+//! session (its collections held, its mark bits read), and so does a
+//! program started that allocates with the Boehm GC
+//! ([`Family::leave_out`]).
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+
+use super::{Host, FINALIZE_EVERY, RESCAN};
+use crate::options::SessionOptions;
+use crate::profile::{Counters, Profile};
+
+/// The processes `run`'s command started, followed together.
+pub struct Family {
+    host: Host,
+}
+
+/// The family's probes being loaded, beside the command's session.
+pub struct Loading {
+    /// Set once the system's allocators are probed: a program held at
+    /// its `exec` can go.
+    live: Arc<AtomicBool>,
+    loading: JoinHandle<Result<Family>>,
+}
+
+impl Loading {
+    /// Whether the probes are on the system's allocators by now.
+    pub fn live(&self) -> bool {
+        self.live.load(Ordering::Acquire)
+    }
+
+    /// Waits until [`Loading::live`] (or the loading failed).
+    pub fn wait_live(&self) {
+        while !self.live() && !self.loading.is_finished() {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// Whether the loading is over ([`Loading::join`] does not wait).
+    pub fn is_finished(&self) -> bool {
+        self.loading.is_finished()
+    }
+
+    pub fn join(self) -> Result<Family> {
+        match self.loading.join() {
+            Ok(family) => family,
+            Err(_) => anyhow::bail!("loading the probes failed"),
+        }
+    }
+}
+
+impl Family {
+    /// Starts loading the probes for the processes `root` starts from
+    /// now on (its files read: its forked children map them), in the
+    /// background: the command runs meanwhile.
+    pub fn load(options: &SessionOptions, root: u32) -> Loading {
+        let live = Arc::new(AtomicBool::new(false));
+        let options = options.clone();
+        let set = Arc::clone(&live);
+        let loading = std::thread::spawn(move || {
+            Ok(Family {
+                host: Host::start(&options, Some(root), Some(&set))?,
+            })
+        });
+        Loading { live, loading }
+    }
+
+    /// Process `pid` (started by the command) is not followed here: a
+    /// session of its own follows it.
+    pub fn leave_out(&mut self, pid: u32) -> Result<()> {
+        self.host.probes.leave_out(pid)
+    }
+
+    /// The events read, the processes that ended finalized.
+    pub fn step(&mut self) -> Result<()> {
+        let host = &mut self.host;
+        host.read_events(Duration::ZERO);
+        if host.last_finalize.elapsed() >= FINALIZE_EVERY {
+            host.last_finalize = Instant::now();
+            host.finalize_ended()?;
+        }
+        if host.last_scan.elapsed() >= RESCAN {
+            host.last_scan = Instant::now();
+            host.rescan();
+        }
+        Ok(())
+    }
+
+    /// The processes followed now.
+    pub fn pids(&self) -> Vec<u32> {
+        self.host.processes.values().map(|p| p.pid).collect()
+    }
+
+    /// A profile of followed process `pid` now.
+    pub fn snapshot(&mut self, pid: u32) -> Result<Profile> {
+        crate::driver::Profiling::snapshot(&mut self.host, pid)
+    }
+
+    /// Recording stops; the profile of every process followed, the
+    /// family's counters (losses included) in the first one's.
+    pub fn finish(mut self) -> Result<Vec<Profile>> {
+        let host = &mut self.host;
+        host.probes.disable()?;
+        host.events.stop();
+        host.read_events(Duration::ZERO);
+        let all: HashSet<u32> = host.processes.keys().copied().collect();
+        host.finalize(&all)?;
+        let mut counters = host.probes.peek()?.counters()?;
+        counters.stacks_not_finished += host.deferred.dropped;
+        let mut done = std::mem::take(&mut host.done);
+        // Each process's own figures are in its entry of the process
+        // list; the profile counts the family's once.
+        for profile in &mut done {
+            profile.counters = Counters::default();
+        }
+        if let Some(first) = done.first_mut() {
+            first.counters = counters;
+        }
+        self.host.probes.detach().wait();
+        Ok(done)
+    }
+}
