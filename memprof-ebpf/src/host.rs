@@ -19,8 +19,8 @@ use memprof_common::{errno, host, module_table, programs, HostEvent, ModuleRange
 
 use crate::counters::{bump, enabled};
 use crate::settings::{
-    FAMILY_ROOT, HOST, HOST_STARTED_NS, KERNEL_LAYOUT, TASK_EXIT_CODE, TASK_REAL_PARENT, TASK_START_TIME,
-    TASK_TGID, UNWIND_DWARF,
+    FAMILY_ROOT, HOST, HOST_STARTED_NS, KERNEL_LAYOUT, TASK_EXIT_CODE, TASK_REAL_PARENT,
+    TASK_START_TIME, TASK_TGID, UNWIND_DWARF,
 };
 use crate::unwind::{MODULE_RANGES, MODULE_TABLE};
 

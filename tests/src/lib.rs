@@ -38,6 +38,10 @@ pub mod fixture {
     /// Forks two workers that never exec; each mallocs 500 × 64 bytes at
     /// worker_alloc after 4 s (`fixtures/c/forker.c`).
     pub const FORKER: &str = env!("FIXTURE_FORKER");
+    /// Eight workers forked at once, each 500 x malloc(64) at
+    /// worker_alloc at once, exiting within milliseconds
+    /// (`fixtures/c/quick_forker.c`).
+    pub const QUICK_FORKER: &str = env!("FIXTURE_QUICK_FORKER");
     /// Waits 4 s, mallocs 500 × 64 bytes at delayed_alloc, exits 1 s
     /// later (`fixtures/c/delayed.c`).
     pub const DELAYED: &str = env!("FIXTURE_DELAYED");

@@ -170,31 +170,47 @@ fn no_follow_lists_the_processes_without_profiling_them() {
     assert_one_line_error(&output, &["basic", "not profiled"]);
 }
 
-#[test]
-fn forked_workers_are_attached_to() {
-    let dir = TempDir::new("processes_forker");
-    let profile = dir.join("forker.mprof");
-    profile_run(&profile, &[fixture::FORKER]);
-    let json = report_json(&profile);
+/// The forked workers of `profile` (a parent and `count` workers): each
+/// profiled from its fork, its exit known, exactly its 500 blocks at
+/// worker_alloc under its own pid and no frame unnamed.
+fn check_workers(profile: &std::path::Path, count: usize) {
+    let json = report_json(profile);
     let processes = json["processes"].as_array().expect("processes");
-    assert_eq!(processes.len(), 3, "{processes:#?}");
+    assert_eq!(processes.len(), count + 1, "{processes:#?}");
     let parent = uint(&processes[0], "/pid");
     let mut workers = Vec::new();
     for p in &processes[1..] {
         assert_eq!(uint(p, "/ppid"), parent);
         assert_eq!(p["profiled"], true, "{p:#}");
-        // Attached to once it ran 0.2 s without an exec.
-        let from = p["profiled_from_s"].as_f64().expect("profiled_from_s");
-        assert!(from >= p["start_s"].as_f64().unwrap() + 0.2, "{p:#}");
-        // It exited; how is not known once memprof no longer traces it.
-        assert!(p["exit"].is_object() && p["end_s"].is_f64(), "{p:#}");
+        // Followed from its fork, not attached to later.
+        assert_eq!(p["profiled_from_s"], Value::Null, "{p:#}");
+        assert_eq!(p["exit"]["code"], 0, "{p:#}");
         workers.push(uint(p, "/pid"));
     }
     // Each worker's 500 × malloc(64), under its own pid; none in the parent.
     assert_once_in_each(&json, "worker_alloc", &workers, KEPT_500);
-    let markdown = report(&profile, "markdown", &[]);
-    assert!(markdown.contains("Processes: 3, 3 profiled."), "{markdown}");
-    assert!(markdown.contains("| from "), "{markdown}");
+    let markdown = report(profile, "markdown", &[]);
+    let all = format!("Processes: {}, {} profiled.", count + 1, count + 1);
+    assert!(markdown.contains(&all), "{markdown}");
+    assert!(!markdown.contains("[unknown]"), "{markdown}");
+}
+
+#[test]
+fn forked_workers_are_followed_from_their_fork() {
+    let dir = TempDir::new("processes_forker");
+    let profile = dir.join("forker.mprof");
+    profile_run(&profile, &[fixture::FORKER]);
+    check_workers(&profile, 2);
+}
+
+#[test]
+fn workers_forked_at_once_and_gone_in_milliseconds_are_followed() {
+    let dir = TempDir::new("processes_quick_forker");
+    for round in 0..3 {
+        let profile = dir.join(&format!("quick_forker{round}.mprof"));
+        profile_run(&profile, &[fixture::QUICK_FORKER]);
+        check_workers(&profile, 8);
+    }
 }
 
 #[test]

@@ -91,7 +91,17 @@ pub fn program_uses_gc(pid: u32) -> bool {
 /// Whether the program process `pid` runs can start processes: its
 /// executable imports or defines a function that forks or spawns.
 pub fn program_starts_processes(pid: u32) -> bool {
-    program_names(pid, &["fork", "vfork", "posix_spawn", "posix_spawnp", "system", "popen"])
+    program_names(
+        pid,
+        &[
+            "fork",
+            "vfork",
+            "posix_spawn",
+            "posix_spawnp",
+            "system",
+            "popen",
+        ],
+    )
 }
 
 /// Whether the executable of process `pid` has a symbol (dynamic or

@@ -491,8 +491,13 @@ impl Host {
         if self.symbolized % SYMBOLS_RENEWED_EVERY == 0 {
             self.symbols = Symbols(None);
         }
-        let (groups, stacks) =
-            profiles::groups_of_with(p.pid, raw, (maps, modules), false, self.symbols.0.get_or_insert_with(SymbolCache::default));
+        let (groups, stacks) = profiles::groups_of_with(
+            p.pid,
+            raw,
+            (maps, modules),
+            false,
+            self.symbols.0.get_or_insert_with(SymbolCache::default),
+        );
         let counters = Counters {
             allocs: recorded,
             ..Counters::default()
@@ -508,7 +513,11 @@ impl Host {
             processes: vec![info],
             ..profiles::header(Header {
                 // `run`'s family: each from its start (or its fork).
-                mode: if self.family.is_some() { "run" } else { "attach" },
+                mode: if self.family.is_some() {
+                    "run"
+                } else {
+                    "attach"
+                },
                 target: TargetInfo {
                     pid: p.pid,
                     command: p.command.clone(),

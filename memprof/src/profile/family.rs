@@ -38,7 +38,15 @@ pub fn merge(profile: &mut Profile, followed: Vec<Profile>) {
                     q.exe = p.exe;
                     q.end_s = p.end_s;
                     q.exit = p.exit;
-                    q.counters = p.counters;
+                    // A process followed before and after an `exec`
+                    // has a profile for each program: both count.
+                    q.counters = match (q.counters.take(), p.counters) {
+                        (Some(mut before), Some(after)) => {
+                            before.add(&after);
+                            Some(before)
+                        }
+                        (before, after) => after.or(before),
+                    };
                 }
                 Some(_) => {}
                 None => profile.processes.push(p),

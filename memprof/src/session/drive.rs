@@ -36,11 +36,13 @@ pub fn run(driver: &Driver, command: &[String], options: &SessionOptions) -> Res
         }
         followed = Followed::of_command(pid);
         // A program that can start processes: their probes load beside
-        // the command's, not while its first child waits.
+        // the command's, and are on before its first instruction: a
+        // child it forks at once is followed from its first allocation.
         if program_starts_processes(pid) {
             followed.family.start(options);
         }
     })?;
+    followed.family.wait_live();
     session.begin();
     let mut run = Command {
         session: Some(session),
@@ -386,7 +388,10 @@ impl Followed {
 
     /// A profile of followed process `pid` now.
     pub(super) fn snapshot(&mut self, pid: u32) -> Result<Profile> {
-        match (self.running.iter().find(|s| s.pid() == pid), self.family.ready()) {
+        match (
+            self.running.iter().find(|s| s.pid() == pid),
+            self.family.ready(),
+        ) {
             (Some(session), _) => session.snapshot(),
             (None, Some(family)) => family.snapshot(pid),
             (None, None) => anyhow::bail!("pid {pid} is not profiled"),
