@@ -3,7 +3,8 @@
 //! which keys its blocks and sites and names its unwinder table
 //! (`PROCESS_MODULES`); userspace hears of new, exited and `exec`ed
 //! processes, and of library loads, through `HOST_EVENTS`. Without it,
-//! every call is of the one target process, index 0.
+//! every call is of the one target process, index 0. `run` follows its
+//! command's processes the same way, only those (`FAMILY_ROOT`).
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{
