@@ -452,6 +452,10 @@ pub(crate) fn free_enter(ctx: &ProbeContext) -> u32 {
         Some(index) => {
             let _ = release(host::live_key(addr, index), kind);
         }
+        // A process not followed (memprof, `run`'s command under its
+        // family's probes, a process outside the family): not its free
+        // to count.
+        None if crate::host::not_followed() => {}
         None => {
             bump(|c| &mut c.frees);
             bump(|c| &mut c.unknown_frees);

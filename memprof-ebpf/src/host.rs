@@ -259,6 +259,22 @@ pub(crate) fn known_process() -> Option<u32> {
     (index != host::IGNORED).then_some(index)
 }
 
+/// Whether the calling process is one memprof does not follow here: left
+/// out (`IGNORED`), or any process outside `run`'s family.
+#[inline(always)]
+pub(crate) fn not_followed() -> bool {
+    if HOST.load() == 0 {
+        return false;
+    }
+    if FAMILY_ROOT.load() != 0 {
+        return true;
+    }
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    PROCESSES
+        .get_ptr(&tgid)
+        .is_some_and(|index| unsafe { *index } == host::IGNORED)
+}
+
 /// A thread exits: if it is the main thread of a process followed, the
 /// process is done.
 #[inline(always)]
