@@ -29,7 +29,7 @@ use memprof_common::{
 
 use crate::branchless::{differ, select};
 use crate::counters::{bump, enabled};
-use crate::host::{known_process, this_process};
+use crate::host::{caller, known_process, this_process, Caller};
 use crate::prediction::{check_prediction, predict_call};
 use crate::record::{record, release, LIVE, STACKS};
 use crate::refill::{bytes_allocd, record_refill, requested_size};
@@ -448,15 +448,13 @@ pub(crate) fn free_enter(ctx: &ProbeContext) -> u32 {
         }
     }
     let kind = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u8;
-    match known_process() {
-        Some(index) => {
+    match caller() {
+        Caller::Followed(index) => {
             let _ = release(host::live_key(addr, index), kind);
         }
-        // A process not followed (memprof, `run`'s command under its
-        // family's probes, a process outside the family): not its free
-        // to count.
-        None if crate::host::not_followed() => {}
-        None => {
+        // Not its free to count.
+        Caller::LeftOut => {}
+        Caller::Unseen => {
             bump(|c| &mut c.frees);
             bump(|c| &mut c.unknown_frees);
         }

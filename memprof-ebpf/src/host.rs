@@ -163,12 +163,7 @@ fn in_family(tgid: u32) -> bool {
     }
     let mut task = unsafe { bpf_get_current_task() };
     for _ in 0..FAMILY_DEPTH {
-        let at = (task as *const u8).wrapping_add(TASK_REAL_PARENT.load() as usize);
-        let Ok(parent) = (unsafe { bpf_probe_read_kernel(at as *const u64) }) else {
-            return false;
-        };
-        let at = (parent as *const u8).wrapping_add(TASK_TGID.load() as usize);
-        let Ok(parent_tgid) = (unsafe { bpf_probe_read_kernel(at as *const u32) }) else {
+        let Some((parent, parent_tgid)) = parent_of(task) else {
             return false;
         };
         if parent_tgid == root {
@@ -180,6 +175,16 @@ fn in_family(tgid: u32) -> bool {
         task = parent;
     }
     false
+}
+
+/// Task `task`'s parent (`real_parent`: not a tracer) and its tgid.
+#[inline(always)]
+fn parent_of(task: u64) -> Option<(u64, u32)> {
+    let at = (task as *const u8).wrapping_add(TASK_REAL_PARENT.load() as usize);
+    let parent = unsafe { bpf_probe_read_kernel(at as *const u64) }.ok()?;
+    let at = (parent as *const u8).wrapping_add(TASK_TGID.load() as usize);
+    let tgid = unsafe { bpf_probe_read_kernel(at as *const u32) }.ok()?;
+    Some((parent, tgid))
 }
 
 /// Whether the calling process started after the programs were loaded.
@@ -195,14 +200,7 @@ fn started_since_load() -> bool {
 /// (0: none).
 #[inline(always)]
 fn parent_table() -> u32 {
-    let task = unsafe { bpf_get_current_task() } as *const u8;
-    let Ok(parent) = (unsafe {
-        bpf_probe_read_kernel(task.wrapping_add(TASK_REAL_PARENT.load() as usize) as *const u64)
-    }) else {
-        return 0;
-    };
-    let at = (parent as *const u8).wrapping_add(TASK_TGID.load() as usize);
-    let Ok(ppid) = (unsafe { bpf_probe_read_kernel(at as *const u32) }) else {
+    let Some((_, ppid)) = parent_of(unsafe { bpf_get_current_task() }) else {
         return 0;
     };
     let Some(index) = PROCESSES.get_ptr(&ppid) else {
@@ -236,43 +234,45 @@ fn fill(event: &mut HostEvent, op: u8, tgid: u32, index: u32, exit_code: u32) {
     event.mapping = MappedFile::default();
     event.path[0] = 0;
     if op == host::NEW || op == host::PROGRAM {
-        let task = unsafe { bpf_get_current_task() } as *const u8;
-        let parent: Option<u64> = unsafe {
-            bpf_probe_read_kernel(task.add(TASK_REAL_PARENT.load() as usize) as *const u64).ok()
-        };
-        if let Some(parent) = parent {
-            let at = (parent as *const u8).wrapping_add(TASK_TGID.load() as usize);
-            event.ppid = unsafe { bpf_probe_read_kernel(at as *const u32) }.unwrap_or(0);
-        }
+        event.ppid = parent_of(unsafe { bpf_get_current_task() }).map_or(0, |(_, ppid)| ppid);
     }
 }
 
-/// The index of the process making this call if it has one (no new
-/// one: a process not followed yet has no block to free).
+/// What memprof knows of the process making a call, without giving it
+/// an index (a process not seen allocating has no block to free).
+pub(crate) enum Caller {
+    /// Followed, with this index.
+    Followed(u32),
+    /// Left out: memprof itself, `run`'s command under its family's
+    /// probes, a process outside the family.
+    LeftOut,
+    /// Not seen allocating since the probes were loaded.
+    Unseen,
+}
+
+#[inline(always)]
+pub(crate) fn caller() -> Caller {
+    if HOST.load() == 0 {
+        return Caller::Followed(0);
+    }
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    match PROCESSES.get_ptr(&tgid) {
+        Some(index) if unsafe { *index } == host::IGNORED => Caller::LeftOut,
+        Some(index) => Caller::Followed(unsafe { *index }),
+        // Under `run`'s family, a process outside it has no entry until it
+        // allocates: not one to count.
+        None if FAMILY_ROOT.load() != 0 => Caller::LeftOut,
+        None => Caller::Unseen,
+    }
+}
+
+/// The index of the process making this call, if it is followed.
 #[inline(always)]
 pub(crate) fn known_process() -> Option<u32> {
-    if HOST.load() == 0 {
-        return Some(0);
+    match caller() {
+        Caller::Followed(index) => Some(index),
+        _ => None,
     }
-    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    let index = unsafe { *PROCESSES.get_ptr(&tgid)? };
-    (index != host::IGNORED).then_some(index)
-}
-
-/// Whether the calling process is one memprof does not follow here: left
-/// out (`IGNORED`), or any process outside `run`'s family.
-#[inline(always)]
-pub(crate) fn not_followed() -> bool {
-    if HOST.load() == 0 {
-        return false;
-    }
-    if FAMILY_ROOT.load() != 0 {
-        return true;
-    }
-    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    PROCESSES
-        .get_ptr(&tgid)
-        .is_some_and(|index| unsafe { *index } == host::IGNORED)
 }
 
 /// A thread exits: if it is the main thread of a process followed, the

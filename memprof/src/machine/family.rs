@@ -8,15 +8,15 @@
 //! session (its collections held, its mark bits read), and so does a
 //! program started that allocates with the Boehm GC
 //! ([`Family::leave_out`]).
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Result;
 
-use super::{Host, FINALIZE_EVERY, RESCAN};
+use super::Host;
+use crate::driver::Profiling;
 use crate::options::SessionOptions;
 use crate::profile::{Counters, Profile};
 
@@ -81,43 +81,27 @@ impl Family {
         self.host.probes.leave_out(pid)
     }
 
-    /// The events read, the processes that ended finalized.
+    /// The events read (without waiting: the command's session is
+    /// stepped by the same loop), the processes that ended finalized.
     pub fn step(&mut self) -> Result<()> {
-        let host = &mut self.host;
-        host.read_events(Duration::ZERO);
-        if host.last_finalize.elapsed() >= FINALIZE_EVERY {
-            host.last_finalize = Instant::now();
-            host.finalize_ended()?;
-        }
-        if host.last_scan.elapsed() >= RESCAN {
-            host.last_scan = Instant::now();
-            host.rescan();
-        }
-        Ok(())
+        self.host.tick(Duration::ZERO)
     }
 
     /// The processes followed now.
     pub fn pids(&self) -> Vec<u32> {
-        self.host.processes.values().map(|p| p.pid).collect()
+        self.host.pids()
     }
 
     /// A profile of followed process `pid` now.
     pub fn snapshot(&mut self, pid: u32) -> Result<Profile> {
-        crate::driver::Profiling::snapshot(&mut self.host, pid)
+        self.host.snapshot(pid)
     }
 
     /// Recording stops; the profile of every process followed, the
     /// family's counters (losses included) in the first one's.
     pub fn finish(mut self) -> Result<Vec<Profile>> {
-        let host = &mut self.host;
-        host.probes.disable()?;
-        host.events.stop();
-        host.read_events(Duration::ZERO);
-        let all: HashSet<u32> = host.processes.keys().copied().collect();
-        host.finalize(&all)?;
-        let mut counters = host.probes.peek()?.counters()?;
-        counters.stacks_not_finished += host.deferred.dropped;
-        let mut done = std::mem::take(&mut host.done);
+        let counters = self.host.stop()?;
+        let mut done = std::mem::take(&mut self.host.done);
         // Each process's own figures are in its entry of the process
         // list; the profile counts the family's once.
         for profile in &mut done {

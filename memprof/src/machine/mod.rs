@@ -137,15 +137,7 @@ impl Driven for Host {
     }
 
     fn step(&mut self) -> Result<Flow> {
-        self.read_events(POLL);
-        if self.last_finalize.elapsed() >= FINALIZE_EVERY {
-            self.last_finalize = Instant::now();
-            self.finalize_ended()?;
-        }
-        if self.last_scan.elapsed() >= RESCAN {
-            self.last_scan = Instant::now();
-            let _ = self.rescan();
-        }
+        self.tick(POLL)?;
         Ok(Flow::Go)
     }
 }
@@ -228,6 +220,37 @@ impl Host {
         host.initial = host.rescan();
         host.files.started = true;
         Ok(host)
+    }
+
+    /// One step: the events (waiting up to `wait` for the first), the
+    /// processes that ended finalized now and then, /proc read again now
+    /// and then.
+    fn tick(&mut self, wait: Duration) -> Result<()> {
+        self.read_events(wait);
+        if self.last_finalize.elapsed() >= FINALIZE_EVERY {
+            self.last_finalize = Instant::now();
+            self.finalize_ended()?;
+        }
+        if self.last_scan.elapsed() >= RESCAN {
+            self.last_scan = Instant::now();
+            let _ = self.rescan();
+        }
+        Ok(())
+    }
+
+    /// Recording stops; every process still followed is finalized (it
+    /// runs on, untraced). Returns the kernel's counters (the losses of
+    /// every process, and what no process could be given), with the
+    /// stacks not finished here.
+    fn stop(&mut self) -> Result<Counters> {
+        self.probes.disable()?;
+        self.events.stop();
+        self.read_events(Duration::ZERO);
+        let all: HashSet<u32> = self.processes.keys().copied().collect();
+        self.finalize(&all)?;
+        let mut counters = self.probes.peek()?.counters()?;
+        counters.stacks_not_finished += self.deferred.dropped;
+        Ok(counters)
     }
 
     /// Seconds since profiling started, of a kernel time.
@@ -350,10 +373,6 @@ impl Host {
     /// Reads /proc for processes whose files memprof has not examined;
     /// returns the processes.
     fn rescan(&mut self) -> HashSet<u32> {
-        let Ok(dir) = std::fs::read_dir("/proc") else {
-            return HashSet::new();
-        };
-        let me = std::process::id();
         if let Some(root) = self.family {
             // The family's: the command's files, and those of the
             // processes it started.
@@ -364,6 +383,10 @@ impl Host {
             }
             return HashSet::new();
         }
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            return HashSet::new();
+        };
+        let me = std::process::id();
         let pids: Vec<u32> = dir
             .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
             .filter(|&pid| pid != me)
@@ -533,13 +556,8 @@ impl Host {
     /// The end: recording stops, every process still running is
     /// finalized (it runs on, untraced), the profile written.
     fn finish(mut self, output: &mut Output, top: usize) -> Result<i32> {
-        self.probes.disable()?;
-        self.events.stop();
-        self.read_events(Duration::ZERO);
         let running = self.processes.len();
-        let all: HashSet<u32> = self.processes.keys().copied().collect();
-        self.finalize(&all)?;
-        let host_counters = self.probes.peek()?.counters()?;
+        let host_counters = self.stop()?;
         let duration_s = self.started.0.elapsed().as_secs_f64();
         let detaching = self.probes.detach();
         let done = std::mem::take(&mut self.done);
@@ -565,7 +583,6 @@ impl Host {
         // The machine's: every process's, and what no process could be
         // given (processes not followed, frees of blocks never seen).
         profile.counters = host_counters;
-        profile.counters.stacks_not_finished += self.deferred.dropped;
         // Boehm GC objects (`--heap all`) are live until their address is
         // allocated again: nothing is traced, no collection held.
         let gc = |g: &crate::profile::Group| g.kind == "gc" || g.kind == "gc_atomic";
