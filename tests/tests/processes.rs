@@ -134,6 +134,11 @@ fn run_profiles_every_process_the_command_starts() {
     assert_eq!(groups_at(&by_name, "libc", "make_foo").len(), 3);
     assert_eq!(by_name["processes"].as_array().unwrap().len(), 3);
 
+    // Every frame of every process is in a module (a short program's
+    // libraries included, mapped after it was let go at its `exec`).
+    let all_rows = report(&profile, "markdown", &["--top", "10000"]);
+    assert!(!all_rows.contains("[unknown]+0x"), "{all_rows}");
+
     // The markdown report lists them, each with its parent and figures.
     let markdown = report(&profile, "markdown", &[]);
     assert!(markdown.contains("Processes: 5, 5 profiled."), "{markdown}");

@@ -286,7 +286,10 @@ impl Files {
     /// Probes the allocator libraries a program started later would get
     /// from the dynamic linker (each `libc.so.6` and `libgc.so*` of the
     /// standard library directories), before any process maps them: its
-    /// first allocations are not missed while memprof examines them.
+    /// first allocations are not missed while memprof examines them. The
+    /// dynamic linker itself (`ld-linux*.so*`) is watched for library
+    /// loads: a program whose table was made before its libraries were
+    /// mapped gets them at its first `_dl_debug_state`.
     pub fn probe_system_libraries(&mut self, probes: &mut Probes) {
         let mut found: Vec<(PathBuf, FileId)> = Vec::new();
         for dir in LIBRARY_DIRS {
@@ -296,7 +299,10 @@ impl Files {
             for entry in entries.flatten() {
                 let name = entry.file_name();
                 let name = name.to_string_lossy();
-                if name != "libc.so.6" && !name.starts_with("libgc.so") {
+                if name != "libc.so.6"
+                    && !name.starts_with("libgc.so")
+                    && !name.starts_with("ld-linux")
+                {
                     continue;
                 }
                 let Ok(path) = std::fs::canonicalize(entry.path()) else {
@@ -310,17 +316,42 @@ impl Files {
                 }
             }
         }
-        for (path, id) in found {
-            let mapping = Mapping {
-                start: 0,
-                end: 0,
-                file_offset: 0,
-                executable: true,
-                path: path.clone(),
-                file_id: id,
-            };
-            // Through memprof's own view of the files (no process yet).
-            self.examine_files(probes, &path, &[mapping], &ModuleCache::default());
+        let mapping = |(path, id): (PathBuf, FileId)| Mapping {
+            start: 0,
+            end: 0,
+            file_offset: 0,
+            executable: true,
+            path,
+            file_id: id,
+        };
+        let (linkers, allocators): (Vec<_>, Vec<_>) = found.into_iter().partition(|(path, _)| {
+            path.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("ld-linux"))
+        });
+        let allocators: Vec<Mapping> = allocators.into_iter().map(mapping).collect();
+        // Through memprof's own view of the files (no process yet).
+        for m in &allocators {
+            self.examine_files(
+                probes,
+                &m.path,
+                std::slice::from_ref(m),
+                &ModuleCache::default(),
+            );
+        }
+        // Each dynamic linker with a libc beside it, as a program maps
+        // them: its `_dl_debug_state` is watched (a file examined alone
+        // has no allocator, and nothing of it would be).
+        let Some(libc) = allocators.iter().find(|m| m.path.ends_with("libc.so.6")) else {
+            return;
+        };
+        for linker in linkers.into_iter().map(mapping) {
+            let path = linker.path.clone();
+            self.examine_files(
+                probes,
+                &path,
+                &[linker, libc.clone()],
+                &ModuleCache::default(),
+            );
         }
     }
 
