@@ -511,7 +511,7 @@ impl Host {
         // What blazesym read of the files serves the next processes,
         // renewed now and then (it keeps every file it read).
         self.symbolized += 1;
-        if self.symbolized % SYMBOLS_RENEWED_EVERY == 0 {
+        if self.symbolized.is_multiple_of(SYMBOLS_RENEWED_EVERY) {
             self.symbols = Symbols(None);
         }
         let (groups, stacks) = profiles::groups_of_with(
