@@ -348,10 +348,7 @@ impl Probes {
     /// and `exec`s are watched.
     pub(super) fn start_host(&mut self, sizes: Sizes) -> Result<()> {
         self.host_rows = sizes.rows;
-        let me = std::process::id();
-        let mut processes: BpfHashMap<&mut MapData, u32, u32> =
-            BpfHashMap::try_from(self.map_mut(maps::PROCESSES)?)?;
-        processes.insert(me, host::IGNORED, 0)?;
+        self.leave_out(std::process::id())?;
         let mut free: Queue<&mut MapData, u32> =
             Queue::try_from(self.map_mut(maps::FREE_SEGMENTS)?)?;
         for segment in KERNEL_SEGMENTS {
@@ -360,8 +357,8 @@ impl Probes {
         self.attach_raw_tracepoint(programs::PROCESS_EXEC, "sched_process_exec")
     }
 
-    /// Process `pid` is not followed (`run`: a session of its own
-    /// follows it).
+    /// Process `pid` is not followed: memprof itself, or (`run`) one a
+    /// session of its own follows.
     pub fn leave_out(&mut self, pid: u32) -> Result<()> {
         let mut processes: BpfHashMap<&mut MapData, u32, u32> =
             BpfHashMap::try_from(self.map_mut(maps::PROCESSES)?)?;

@@ -200,8 +200,9 @@ fn started_by(session: &mut Session, family: &mut FamilyProbes) -> (Vec<u32>, Ve
     (own, Vec::new())
 }
 
-/// The probes `run` follows what its command starts with ([`Family`]):
-/// loaded in the background at the command's first child.
+/// The probes `run` follows what its command starts with ([`Family`]),
+/// loaded in the background: at launch when the command's program can
+/// start processes, else at its first child.
 #[derive(Default)]
 pub(super) struct FamilyProbes {
     /// `run`, following: its command's pid, until the loading starts.
