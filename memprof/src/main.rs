@@ -6,6 +6,11 @@ use std::process::ExitCode;
 use clap::Parser;
 use memprof::cli::Cli;
 
+/// Not libc's malloc: `attach --all` and `run`'s family probe it in every
+/// process, memprof's own included (each of its allocations would trap).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     memprof::configure_memory();
     let cli = Cli::parse();

@@ -1,5 +1,13 @@
 //! memprof's own memory: what it gives back to the system, and when.
 //!
+//! Rust's allocations go to mimalloc (the `#[global_allocator]` in
+//! `main.rs`), not to libc's malloc: `attach --all` and `run`'s family
+//! probe libc's malloc for every process of the machine, memprof's own
+//! included, where each allocation trapped into the kernel (under
+//! `crystal build`, memprof's time 3.4 s user + 8.7 s system with libc's
+//! malloc, 2.0 + 4.6 s with mimalloc). What still calls libc's malloc (C
+//! code memprof links) keeps the policy below.
+//!
 //! Its big arrays (the copy of the GC objects, the stack tables read at
 //! the end) grow and shrink by tens of megabytes. glibc's default raises
 //! its mmap threshold each time such a block is freed, after which blocks
@@ -39,8 +47,9 @@ pub fn allow_second_arena() {
 
 /// Gives the heap's free memory back after a big phase ends.
 pub fn trim() {
-    // SAFETY: malloc_trim only releases free memory.
+    // SAFETY: both only release free memory.
     unsafe {
+        libmimalloc_sys::mi_collect(true);
         libc::malloc_trim(0);
     }
 }
