@@ -375,8 +375,14 @@ impl Host {
     fn rescan(&mut self) -> HashSet<u32> {
         if let Some(root) = self.family {
             // The family's: the command's files, and those of the
-            // processes it started.
-            let mut pids: Vec<u32> = self.processes.values().map(|p| p.pid).collect();
+            // processes it started that have not ended (the pid of one
+            // that has may be another process's already).
+            let mut pids: Vec<u32> = self
+                .processes
+                .values()
+                .filter(|p| p.end_s.is_none())
+                .map(|p| p.pid)
+                .collect();
             pids.push(root);
             for &pid in &pids {
                 self.files.examine_pid(&mut self.probes, pid);

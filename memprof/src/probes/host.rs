@@ -442,16 +442,14 @@ impl Probes {
         if indexes.is_empty() {
             return Ok(taken);
         }
-        // Read first, removed after: a removal during the walk would
-        // restart it. The kernel removes entries meanwhile (other
-        // processes' frees), which restarts it too: an entry read twice
+        // Read whole first (in batches), removed after. The kernel removes
+        // entries meanwhile (other processes' frees): an entry read twice
         // is taken once.
-        let mut live: BpfHashMap<&mut MapData, u64, LiveAlloc> =
-            BpfHashMap::try_from(self.map_mut(maps::LIVE)?)?;
+        let live_data = super::map_data(self.map(maps::LIVE)?)
+            .ok_or_else(|| anyhow::anyhow!("map {} has an unexpected type", maps::LIVE))?;
         let mut keys = Vec::new();
         let mut seen = HashSet::new();
-        for entry in live.iter() {
-            let Ok((key, block)) = entry else { continue };
+        super::batch::read_hash(live_data, |key: u64, block: LiveAlloc| {
             let (index, addr) = host::split(key);
             if indexes.contains(&index) && seen.insert(key) {
                 keys.push(key);
@@ -459,27 +457,31 @@ impl Probes {
                     taken.entry(index).or_default().live.push((addr, block));
                 }
             }
-        }
+        })?;
+        let mut live: BpfHashMap<&mut MapData, u64, LiveAlloc> =
+            BpfHashMap::try_from(self.map_mut(maps::LIVE)?)?;
         for key in keys.iter().filter(|_| remove) {
             let _ = live.remove(key);
         }
-        let mut sites: PerCpuHashMap<&mut MapData, AllocSite, SiteTotals> =
-            PerCpuHashMap::try_from(self.map_mut(maps::SITE_TOTALS)?)?;
+        let sites_data = super::map_data(self.map(maps::SITE_TOTALS)?)
+            .ok_or_else(|| anyhow::anyhow!("map {} has an unexpected type", maps::SITE_TOTALS))?;
         let mut keys = Vec::new();
         let mut seen = HashSet::new();
-        for entry in sites.iter() {
-            let Ok((site, per_cpu)) = entry else { continue };
-            if indexes.contains(&site.process) && seen.insert(bytes_of(&site)) {
-                keys.push(site);
-                let mut sum = SiteTotals::default();
-                for totals in per_cpu.iter() {
-                    sum.add(totals);
+        super::batch::read_per_cpu_hash(
+            sites_data,
+            |site: AllocSite, per_cpu: &mut dyn Iterator<Item = SiteTotals>| {
+                if indexes.contains(&site.process) && seen.insert(bytes_of(&site)) {
+                    keys.push(site);
+                    let mut sum = SiteTotals::default();
+                    per_cpu.for_each(|totals| sum.add(&totals));
+                    if let Ok(s) = Site::try_from(&site) {
+                        taken.entry(site.process).or_default().sites.push((s, sum));
+                    }
                 }
-                if let Ok(s) = Site::try_from(&site) {
-                    taken.entry(site.process).or_default().sites.push((s, sum));
-                }
-            }
-        }
+            },
+        )?;
+        let mut sites: PerCpuHashMap<&mut MapData, AllocSite, SiteTotals> =
+            PerCpuHashMap::try_from(self.map_mut(maps::SITE_TOTALS)?)?;
         for key in keys.iter().filter(|_| remove) {
             let _ = sites.remove(key);
         }

@@ -8,7 +8,7 @@
 //! summed, and the counters become the profile's [`Counters`]. The rest of
 //! memprof never sees a kernel key.
 use anyhow::Result;
-use aya::maps::{HashMap, Map, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues, StackTraceMap};
+use aya::maps::{HashMap, Map, MapData, PerCpuArray, PerCpuValues, StackTraceMap};
 use memprof_common::{
     maps, AllocKind, AllocSite, DwarfStack, KernelCounters, KindLive, LiveAlloc, SiteTotals,
     CALLER_ONLY, NO_STACK, SITES_OVERFLOW,
@@ -90,16 +90,39 @@ pub enum RecordedStack {
     Missing,
 }
 
+/// A [`DwarfStack`] as kept in userspace: its frames only.
+struct Unwound {
+    frames: Box<[u64]>,
+    truncated: bool,
+    folded: bool,
+}
+
+impl From<&DwarfStack> for Unwound {
+    fn from(s: &DwarfStack) -> Unwound {
+        Unwound {
+            frames: s.frames[..(s.len as usize).min(s.frames.len())].into(),
+            truncated: s.truncated != 0,
+            folded: s.folded != 0,
+        }
+    }
+}
+
 /// The maps, kept after the programs are detached so they can be read.
 pub struct HeapMaps {
-    live: HashMap<MapData, u64, LiveAlloc>,
-    sites: PerCpuHashMap<MapData, AllocSite, SiteTotals>,
+    /// `LIVE` and `SITE_TOTALS`, read whole, in batches.
+    live: MapData,
+    sites: MapData,
     /// Per kind, the sites `sites` had no room for.
     overflow: PerCpuArray<MapData, SiteTotals>,
     stacks: StackTraceMap<MapData>,
     dwarf_stacks: HashMap<MapData, u64, DwarfStack>,
     /// Stacks cut to their innermost frames (`dwarf_stacks` was full).
     short_stacks: HashMap<MapData, u64, DwarfStack>,
+    /// Both stack tables, for [`HeapMaps::stack`] to read whole, in batches,
+    /// at its first call (76,000 stacks of the Crystal compiler: 0.4 s one
+    /// by one); each is handed out once, then looked up on its own.
+    stack_tables: [MapData; 2],
+    read_stacks: std::sync::Mutex<Option<std::collections::HashMap<u64, Unwound>>>,
     /// Stacks were unwound with the CFI tables (`dwarf_stacks`), not frame pointers.
     dwarf: bool,
     /// Allocations were sampled with this mean distance (`--sample-bytes`); 0: all followed.
@@ -133,10 +156,13 @@ impl HeapMaps {
         if let Some(only) = &self.only {
             return Box::new(only.live.iter().map(|&entry| Ok(entry)));
         }
-        Box::new(self.live.iter().map(|entry| {
-            let (addr, live) = entry?;
-            Ok((addr, LiveBlock::try_from(&live)?))
-        }))
+        let mut blocks = Vec::new();
+        if let Err(e) = super::batch::read_hash(&self.live, |addr: u64, live: LiveAlloc| {
+            blocks.push(LiveBlock::try_from(&live).map(|block| (addr, block)));
+        }) {
+            blocks.push(Err(e));
+        }
+        Box::new(blocks.into_iter())
     }
 
     /// The view of one process of `attach --all` (`only`: its tables).
@@ -176,15 +202,19 @@ impl HeapMaps {
             };
             (totals.count > 0).then_some(Ok((site, totals)))
         });
-        Box::new(
-            self.sites
-                .iter()
-                .map(move |entry| {
-                    let (site, per_cpu) = entry?;
-                    Ok((Site::try_from(&site)?, sum(&per_cpu)))
-                })
-                .chain(overflow),
-        )
+        let mut sites = Vec::new();
+        let read = super::batch::read_per_cpu_hash(
+            &self.sites,
+            |site: AllocSite, per_cpu: &mut dyn Iterator<Item = SiteTotals>| {
+                let mut totals = SiteTotals::default();
+                per_cpu.for_each(|cpu| totals.add(&cpu));
+                sites.push(Site::try_from(&site).map(|site| (site, totals)));
+            },
+        );
+        if let Err(e) = read {
+            sites.push(Err(e));
+        }
+        Box::new(sites.into_iter().chain(overflow))
     }
 
     /// The stack stored under `key` ([`Site::stack`]).
@@ -195,15 +225,22 @@ impl HeapMaps {
             RecordedStack::Overflow
         } else if self.dwarf {
             // A stack the table had no room for is in the short-stack table.
-            let found = self
-                .dwarf_stacks
-                .get(&key, 0)
-                .or_else(|_| self.short_stacks.get(&key, 0));
+            let found = self.read_stack(key).or_else(|| {
+                self.dwarf_stacks
+                    .get(&key, 0)
+                    .or_else(|_| self.short_stacks.get(&key, 0))
+                    .ok()
+                    .map(|s| Unwound::from(&s))
+            });
             let finished = self.finished.as_ref().and_then(|f| f.get(&key));
             match found {
-                Ok(s) => {
-                    let mut frames = s.frames[..(s.len as usize).min(s.frames.len())].to_vec();
-                    let mut truncated = s.truncated != 0;
+                Some(Unwound {
+                    frames,
+                    truncated,
+                    folded,
+                }) => {
+                    let mut frames = frames.into_vec();
+                    let mut truncated = truncated;
                     if let Some((callers, cut)) = finished {
                         frames.extend_from_slice(callers);
                         truncated = *cut;
@@ -211,10 +248,10 @@ impl HeapMaps {
                     RecordedStack::Unwound {
                         frames,
                         truncated,
-                        folded: s.folded != 0,
+                        folded,
                     }
                 }
-                Err(_) => RecordedStack::Missing,
+                None => RecordedStack::Missing,
             }
         } else {
             RecordedStack::Walked(
@@ -225,6 +262,26 @@ impl HeapMaps {
                     .unwrap_or_default(),
             )
         }
+    }
+
+    /// Stack `key` from the tables read whole (the first call reads them;
+    /// `attach --all`'s view of one process does not: a lookup each).
+    fn read_stack(&self, key: u64) -> Option<Unwound> {
+        if self.only.is_some() {
+            return None;
+        }
+        let mut read = self.read_stacks.lock().ok()?;
+        let stacks = read.get_or_insert_with(|| {
+            let mut all = std::collections::HashMap::new();
+            for table in &self.stack_tables {
+                // A table that cannot be read is looked up key by key.
+                let _ = super::batch::read_hash(table, |key: u64, stack: DwarfStack| {
+                    all.entry(key).or_insert_with(|| Unwound::from(&stack));
+                });
+            }
+            all
+        });
+        stacks.remove(&key)
     }
 
     /// `[blocks, bytes]` in the live table per kind (indexed by
@@ -252,12 +309,17 @@ impl Probes {
     pub fn peek(&self) -> Result<HeapMaps> {
         let open = |name: &str| -> Result<Map> { Ok(Map::from_map_data(self.dup_map(name)?)?) };
         Ok(HeapMaps {
-            live: HashMap::try_from(open(maps::LIVE)?)?,
-            sites: PerCpuHashMap::try_from(open(maps::SITE_TOTALS)?)?,
+            live: self.dup_map(maps::LIVE)?,
+            sites: self.dup_map(maps::SITE_TOTALS)?,
             overflow: PerCpuArray::try_from(open(maps::OVERFLOW_TOTALS)?)?,
             stacks: StackTraceMap::try_from(open(maps::STACKS)?)?,
             dwarf_stacks: HashMap::try_from(open(maps::DWARF_STACKS)?)?,
             short_stacks: HashMap::try_from(open(maps::SHORT_STACKS)?)?,
+            stack_tables: [
+                self.dup_map(maps::DWARF_STACKS)?,
+                self.dup_map(maps::SHORT_STACKS)?,
+            ],
+            read_stacks: std::sync::Mutex::new(None),
             dwarf: self.dwarf,
             sample_bytes: self.sample_bytes,
             gc_refill: self.gc_refill,
