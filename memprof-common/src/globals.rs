@@ -31,6 +31,9 @@ pub const TASK_EXIT_CODE: &str = "TASK_EXIT_CODE";
 pub const TASK_START_TIME: &str = "TASK_START_TIME";
 pub const HOST_STARTED_NS: &str = "HOST_STARTED_NS";
 pub const FAMILY_ROOT: &str = "FAMILY_ROOT";
+/// `u32`, 1: `attach --comm/--exe`: only the processes whose `comm` is
+/// in `SELECTED_COMMS` or whose executable is in `SELECTED_EXES`.
+pub const SELECTING: &str = "SELECTING";
 /// [`KernelLayout`](super::host::KernelLayout): offsets in the running
 /// kernel's `vm_area_struct`, `file`, `inode`, `super_block` and
 /// `linux_binprm`, for `attach --all`'s tables built in the kernel.
@@ -48,7 +51,7 @@ pub const GC_VERDICTS: &str = "GC_VERDICTS";
 
 /// Every load-time constant of the eBPF object (checked against the
 /// object by a userspace test, as [`maps::ALL`](super::maps::ALL) is).
-pub const ALL: [&str; 14] = [
+pub const ALL: [&str; 15] = [
     FOLD_RECURSION,
     UNWIND_DWARF,
     SAMPLING,
@@ -60,6 +63,7 @@ pub const ALL: [&str; 14] = [
     TASK_START_TIME,
     HOST_STARTED_NS,
     FAMILY_ROOT,
+    SELECTING,
     KERNEL_LAYOUT,
     GC_COPY,
     GC_VERDICTS,

@@ -9,8 +9,25 @@
 pub const INDEX_SHIFT: u32 = 47;
 /// Indexes a session can give (the ones above are counted, not followed).
 pub const MAX_INDEX: u32 = 1 << (64 - INDEX_SHIFT);
-/// The index of a process memprof does not follow (memprof itself).
+/// The index of a process memprof does not follow (memprof itself, a
+/// process with a session of its own): so until it exits.
 pub const IGNORED: u32 = u32::MAX;
+/// The index of a process outside `run`'s family or `attach
+/// --comm/--exe`'s selection: looked at again at its `exec`, forgotten
+/// at its exit.
+pub const UNSELECTED: u32 = u32::MAX - 1;
+/// Names and executables `attach --comm/--exe` can select.
+pub const SELECT_MAX: u32 = 16;
+
+/// A `--comm` name as the kernel keeps a task's: its first 15 bytes,
+/// NUL-padded to 16.
+pub fn comm_key(name: &str) -> [u8; 16] {
+    let mut key = [0u8; 16];
+    let bytes = name.as_bytes();
+    let n = bytes.len().min(15);
+    key[..n].copy_from_slice(&bytes[..n]);
+    key
+}
 
 /// The `LIVE` key of the block at `addr` of process `index`.
 #[inline(always)]
@@ -131,6 +148,9 @@ pub struct KernelLayout {
     pub sb_dev: u32,
     /// `linux_binprm.filename`.
     pub bprm_filename: u32,
+    /// `task_struct.mm` and `mm_struct.exe_file` (`--exe`).
+    pub task_mm: u32,
+    pub mm_exe_file: u32,
     /// A file's path, walked up as the kernel's `d_path` does: `file.f_path`'s
     /// `mnt` and `dentry`, `dentry.d_parent`, `dentry.d_name.name`,
     /// `vfsmount.mnt_root`, and `struct mount`'s `mnt`, `mnt_parent`,

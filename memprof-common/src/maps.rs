@@ -102,6 +102,12 @@ pub const DEFERRED_STACKS: &str = "DEFERRED_STACKS";
 /// `attach --all`: the stack keys already sent to `DEFERRED_STACKS`
 /// (an LRU hash: key → 1).
 pub const DEFERRED_SENT: &str = "DEFERRED_SENT";
+/// `attach --comm`: the names selected, as the kernel keeps a task's
+/// `comm` ([`comm_key`](super::host::comm_key); empty entries unused).
+pub const SELECTED_COMMS: &str = "SELECTED_COMMS";
+/// `attach --exe`: the executables selected, by
+/// [`FileKey`](super::host::FileKey).
+pub const SELECTED_EXES: &str = "SELECTED_EXES";
 
 // library_load: `_dl_debug_state`.
 /// One `u32`, 1: the main thread is traced by memprof (`run`): signal it
@@ -114,7 +120,7 @@ pub const SIGNAL_ON_DLOPEN: &str = "SIGNAL_ON_DLOPEN";
 pub const DLOPEN_SIGNALLED: &str = "DLOPEN_SIGNALLED";
 
 /// Every map of the eBPF object.
-pub const ALL: [&str; 39] = [
+pub const ALL: [&str; 41] = [
     ENABLED,
     COUNTERS,
     LIVE,
@@ -153,5 +159,7 @@ pub const ALL: [&str; 39] = [
     TABLE_BUILD,
     DEFERRED_STACKS,
     DEFERRED_SENT,
+    SELECTED_COMMS,
+    SELECTED_EXES,
     PATH_WALK,
 ];

@@ -4,7 +4,8 @@
 //! (`PROCESS_MODULES`); userspace hears of new, exited and `exec`ed
 //! processes, and of library loads, through `HOST_EVENTS`. Without it,
 //! every call is of the one target process, index 0. `run` follows its
-//! command's processes the same way, only those (`FAMILY_ROOT`).
+//! command's processes the same way, only those (`FAMILY_ROOT`), and
+//! `attach --comm/--exe` the processes it names (`SELECTING`).
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{
@@ -20,7 +21,7 @@ use memprof_common::{errno, host, module_table, programs, HostEvent, ModuleRange
 
 use crate::counters::{bump, enabled};
 use crate::settings::{
-    FAMILY_ROOT, HOST, HOST_STARTED_NS, KERNEL_LAYOUT, TASK_EXIT_CODE, TASK_REAL_PARENT,
+    FAMILY_ROOT, HOST, HOST_STARTED_NS, KERNEL_LAYOUT, SELECTING, TASK_EXIT_CODE, TASK_REAL_PARENT,
     TASK_START_TIME, TASK_TGID, UNWIND_DWARF,
 };
 use crate::unwind::{MODULE_RANGES, MODULE_TABLE};
@@ -33,6 +34,14 @@ static PROCESSES: HashMap<u32, u32> = HashMap::with_max_entries(1, 0);
 /// none yet). Only userspace writes it: one aligned word.
 #[map]
 static PROCESS_MODULES: Array<u32> = Array::with_max_entries(1, 0);
+
+/// `attach --comm`: the names selected, NUL-padded (an empty entry is
+/// unused). Written by userspace.
+#[map]
+static SELECTED_COMMS: Array<[u8; 16]> = Array::with_max_entries(host::SELECT_MAX, 0);
+/// `attach --exe`: the executables selected. Written by userspace.
+#[map]
+static SELECTED_EXES: HashMap<FileKey, u32> = HashMap::with_max_entries(host::SELECT_MAX, 0);
 
 /// A process making a call: its index and its module table.
 #[derive(Clone, Copy)]
@@ -82,7 +91,7 @@ pub(crate) fn this_process() -> Option<ProcessState> {
         Some(index) => unsafe { *index },
         None => new_process(tgid, true)?,
     };
-    if index == host::IGNORED {
+    if index >= host::UNSELECTED {
         return None;
     }
     let mut modules = PROCESS_MODULES.get(index).copied().unwrap_or(0);
@@ -101,9 +110,9 @@ pub(crate) fn this_process() -> Option<ProcessState> {
 /// forked worker is unwound from its first allocation).
 #[inline(always)]
 fn new_process(tgid: u32, forked: bool) -> Option<u32> {
-    if FAMILY_ROOT.load() != 0 && !in_family(tgid) {
-        // Left out until it exits (a process cannot join the family).
-        let _ = PROCESSES.insert(&tgid, &host::IGNORED, BPF_NOEXIST as u64);
+    if (FAMILY_ROOT.load() != 0 && !in_family(tgid)) || (SELECTING.load() != 0 && !selected()) {
+        // Left out until it `exec`s or exits.
+        let _ = PROCESSES.insert(&tgid, &host::UNSELECTED, BPF_NOEXIST as u64);
         return None;
     }
     let count = PROCESS_COUNT.get_ptr_mut(0)?;
@@ -175,6 +184,33 @@ fn in_family(tgid: u32) -> bool {
         task = parent;
     }
     false
+}
+
+/// `attach --comm/--exe`: whether the calling process is one the
+/// selection names: its `comm` (as `exec` set it, or a fork inherited
+/// it), or its executable file.
+#[inline(always)]
+fn selected() -> bool {
+    let comm = bpf_get_current_comm().unwrap_or([0; 16]);
+    for i in 0..host::SELECT_MAX {
+        match SELECTED_COMMS.get(i) {
+            Some(name) if name[0] != 0 && *name == comm => return true,
+            _ => {}
+        }
+    }
+    let layout = KERNEL_LAYOUT.load();
+    let mm = read_at(unsafe { bpf_get_current_task() }, layout.task_mm);
+    let file = read_at(mm, layout.mm_exe_file);
+    if file == 0 {
+        return false;
+    }
+    let inode = read_at(file, layout.file_inode);
+    let key = FileKey {
+        dev: read_at(read_at(inode, layout.inode_sb), layout.sb_dev) as u32,
+        _pad: 0,
+        ino: read_at(inode, layout.inode_ino),
+    };
+    unsafe { SELECTED_EXES.get(&key) }.is_some()
 }
 
 /// Task `task`'s parent (`real_parent`: not a tracer) and its tgid.
@@ -257,11 +293,11 @@ pub(crate) fn caller() -> Caller {
     }
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     match PROCESSES.get_ptr(&tgid) {
-        Some(index) if unsafe { *index } == host::IGNORED => Caller::LeftOut,
+        Some(index) if unsafe { *index } >= host::UNSELECTED => Caller::LeftOut,
         Some(index) => Caller::Followed(unsafe { *index }),
-        // Under `run`'s family, a process outside it has no entry until it
-        // allocates: not one to count.
-        None if FAMILY_ROOT.load() != 0 => Caller::LeftOut,
+        // Under `run`'s family or a selection, a process outside it has
+        // no entry until it allocates: not one to count.
+        None if FAMILY_ROOT.load() != 0 || SELECTING.load() != 0 => Caller::LeftOut,
         None => Caller::Unseen,
     }
 }
@@ -283,8 +319,8 @@ pub(crate) fn thread_exit(thread: u64) {
         let tgid = (thread >> 32) as u32;
         if let Some(index) = PROCESSES.get_ptr(&tgid) {
             let index = unsafe { *index };
-            if index == host::IGNORED && FAMILY_ROOT.load() != 0 {
-                // Outside `run`'s family: its entry goes with it.
+            if index == host::UNSELECTED {
+                // Outside the family or the selection: its entry goes with it.
                 let _ = PROCESSES.remove(&tgid);
             } else if index != host::IGNORED {
                 let task = unsafe { bpf_get_current_task() } as *const u8;
@@ -315,7 +351,10 @@ pub(crate) fn process_exec(bprm: u64) -> i32 {
         if index == host::IGNORED {
             return 0;
         }
-        host_event(host::EXEC, tgid, index, 0);
+        // A process left out is looked at again as the program it is now.
+        if index != host::UNSELECTED {
+            host_event(host::EXEC, tgid, index, 0);
+        }
         let _ = PROCESSES.remove(&tgid);
     }
     let Some(index) = new_process(tgid, false) else {

@@ -39,6 +39,10 @@ pub(crate) static HOST: Global<u32> = Global::new(0);
 /// own). 0: every process of the machine (`attach --all`).
 #[unsafe(no_mangle)]
 pub(crate) static FAMILY_ROOT: Global<u32> = Global::new(0);
+/// 1: `attach --comm/--exe`: only the processes the selection names
+/// (`SELECTED_COMMS`, `SELECTED_EXES`) are followed.
+#[unsafe(no_mangle)]
+pub(crate) static SELECTING: Global<u32> = Global::new(0);
 /// Offsets in `task_struct` (`attach --all`'s process events).
 #[unsafe(no_mangle)]
 pub(crate) static TASK_REAL_PARENT: Global<u32> = Global::new(0);
@@ -67,6 +71,8 @@ pub(crate) static KERNEL_LAYOUT: Global<KernelLayout> = Global::new(KernelLayout
     inode_sb: 0,
     sb_dev: 0,
     bprm_filename: 0,
+    task_mm: 0,
+    mm_exe_file: 0,
     path_mnt: 0,
     path_dentry: 0,
     dentry_parent: 0,

@@ -82,17 +82,23 @@ pub enum Command {
         /// Ends on Ctrl-C, SIGTERM or --duration.
         #[arg(long, conflicts_with_all = ["comm", "exe"])]
         all: bool,
-        /// Every process running this program (its file name, e.g. `puma`,
-        /// or the kernel's 15-character name), those running now and those
-        /// that start while memprof runs (seen within 0.1 s, each profiled
-        /// from then on), each a process of the one profile. Repeatable.
-        /// Each costs a load of the probes (~0.5 s) and its own tables
-        /// (the live table sized for sampling: --max-live 65536 unless
-        /// given).
+        /// Every process running this program (the kernel's name of it:
+        /// the program file's name as `exec` set it, its first 15
+        /// characters, e.g. `puma`), those running now and those that
+        /// start while memprof runs, each from its first allocation (a
+        /// process that lives a millisecond too), each a process of the one
+        /// profile. Repeatable (16 at most). One load of the probes, as
+        /// --all: the kernel checks each new process's name and executable
+        /// (the probes sit on the allocator files, so every process's
+        /// calls trap; those not selected return at once, ~1 µs). A program
+        /// that allocates with the Boehm GC (Crystal) also gets a session
+        /// of its own once seen (~0.5 s): its collections held, its mark
+        /// bits read.
         #[arg(long, value_name = "NAME")]
         comm: Vec<String>,
-        /// Every process running this executable (static Crystal binaries
-        /// too), now and as they start. Repeatable; combines with --comm.
+        /// Every process running this executable (the file: its device and
+        /// inode; static Crystal binaries too), now and as they start.
+        /// Repeatable (16 at most); combines with --comm.
         #[arg(long, value_name = "PATH")]
         exe: Vec<PathBuf>,
         /// Stop after this many seconds.

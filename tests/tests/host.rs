@@ -358,3 +358,64 @@ fn a_storm_of_two_thousand_processes_is_followed_whole() {
         assert_exact_basic(&json, pid, "stormy", &program);
     }
 }
+
+/// `attach --comm/--exe` on the same machinery: the kernel checks each
+/// new process's name and executable, so a selected program that lives a
+/// millisecond is exact from its first allocation, and nothing else is
+/// in the profile. Programs new to memprof each round: one selected by
+/// name, one by executable, one not selected.
+#[test]
+fn a_selection_takes_its_programs_of_a_millisecond_and_nothing_else() {
+    let _one = one_at_a_time();
+    for round in 0..3 {
+        let dir = TempDir::new(&format!("host_selected_{round}"));
+        let profile = dir.join("selected.mprof");
+        let by_name = fresh_copy(fixture::BASIC, &dir.join("byname"));
+        let by_exe = fresh_copy(fixture::BASIC, &dir.join("byexe"));
+        let other = fresh_copy(fixture::BASIC, &dir.join("other"));
+        let child = memprof([
+            "attach",
+            "--comm",
+            "byname",
+            "--exe",
+            &by_exe,
+            "--sample-bytes",
+            "0",
+            "-o",
+            profile.to_str().unwrap(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("cannot start memprof attach --comm");
+        let mut memprof = ChildGuard(child);
+        let mut stderr = Lines::new("memprof stderr", memprof.0.stderr.take().unwrap());
+        stderr.wait_for("profiling every process of --comm byname --exe", TIMEOUT);
+        let mut selected: Vec<(u32, &str, &str)> = Vec::new();
+        for _ in 0..20 {
+            selected.push((run_to_end(&by_name, &[]), "byname", by_name.as_str()));
+            selected.push((run_to_end(&by_exe, &[]), "byexe", by_exe.as_str()));
+            run_to_end(&other, &[]);
+        }
+        let json = stop(memprof, stderr, &profile);
+        let mut pids: Vec<u64> = json["processes"]
+            .as_array()
+            .expect("processes")
+            .iter()
+            .map(|p| uint(p, "/pid"))
+            .collect();
+        pids.sort_unstable();
+        let mut expected: Vec<u64> = selected.iter().map(|&(pid, ..)| u64::from(pid)).collect();
+        expected.sort_unstable();
+        assert_eq!(pids, expected, "round {round}: {:#}", json["processes"]);
+        for (pid, name, exe) in selected {
+            assert_exact_basic(&json, pid, name, exe);
+        }
+        // A process outside the selection frees nothing memprof knows of.
+        assert_eq!(
+            json["counters"]["unknown_frees"], 0,
+            "{:#}",
+            json["counters"]
+        );
+    }
+}

@@ -88,6 +88,7 @@ pub(super) fn session_options(
             gc_refill: false,
             host: false,
             family_root: 0,
+            selecting: false,
             // Set by the session, which knows whether mark bits are read.
             gc_copy: false,
             gc_verdicts: false,

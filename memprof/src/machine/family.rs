@@ -8,6 +8,10 @@
 //! session (its collections held, its mark bits read), and so does a
 //! program started that allocates with the Boehm GC
 //! ([`Family::leave_out`]).
+//!
+//! `attach --comm/--exe` follow the processes a selection names the same
+//! way ([`Family::select`]): the kernel checks each new process's `comm`
+//! and executable.
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -15,12 +19,14 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use super::Host;
+use super::{Host, Scope};
 use crate::driver::Profiling;
 use crate::options::SessionOptions;
 use crate::profile::{Counters, Profile};
+use crate::session::select::Selection;
 
-/// The processes `run`'s command started, followed together.
+/// The processes `run`'s command started, or those a selection names,
+/// followed together.
 pub struct Family {
     host: Host,
 }
@@ -69,16 +75,41 @@ impl Family {
         let set = Arc::clone(&live);
         let loading = std::thread::spawn(move || {
             Ok(Family {
-                host: Host::start(&options, Some(root), Some(&set))?,
+                host: Host::start(&options, Scope::Family(root), Some(&set))?,
             })
         });
         Loading { live, loading }
     }
 
+    /// `attach --comm/--exe`: the probes for the processes `selection`
+    /// names, those running and those that start, each from its first
+    /// allocation (or its `exec`).
+    pub fn select(options: &SessionOptions, selection: &Selection) -> Result<Family> {
+        Ok(Family {
+            host: Host::start(options, Scope::Selected(selection.clone()), None)?,
+        })
+    }
+
+    /// How many allocator files have probes.
+    pub fn files_probed(&self) -> usize {
+        self.host.files.probed()
+    }
+
+    /// The processes followed now: pid and index (a process that `exec`s
+    /// gets a new index).
+    pub fn members(&self) -> Vec<(u32, u32)> {
+        self.host
+            .processes
+            .values()
+            .filter(|p| p.end_s.is_none())
+            .map(|p| (p.pid, p.index))
+            .collect()
+    }
+
     /// Process `pid` (started by the command) is not followed here: a
     /// session of its own follows it.
     pub fn leave_out(&mut self, pid: u32) -> Result<()> {
-        self.host.probes.leave_out(pid)
+        self.host.leave_out(pid)
     }
 
     /// The events read (without waiting: the command's session is

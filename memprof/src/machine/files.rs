@@ -70,7 +70,7 @@ const LIBRARY_DIRS: [&str; 6] = [
 ];
 
 /// The [`FileId`] of the file at `path` as memprof sees it.
-fn file_id(path: &std::path::Path) -> Option<FileId> {
+pub fn file_id(path: &std::path::Path) -> Option<FileId> {
     Some(file_id_of_meta(&std::fs::metadata(path).ok()?))
 }
 

@@ -35,6 +35,7 @@ use crate::groups;
 use crate::options::{Heap, SessionOptions};
 use crate::probes::{monotonic_ns, ModuleTables, Probes};
 use crate::profile::{Counters, ExitInfo, GcSummary, Profile, TargetInfo};
+use crate::session::select::Selection;
 use crate::symbolize::SymbolCache;
 use crate::target::maps::Mapping;
 
@@ -51,6 +52,11 @@ use process::HostProcess;
 
 pub use family::{Family, Loading};
 
+/// The kernel's name of the file at `path` (device and inode).
+pub fn file_key(path: &Path) -> Option<memprof_common::host::FileKey> {
+    files::kernel_key(&files::file_id(path)?)
+}
+
 /// The longest wait for an event (signals are looked at between waits).
 const POLL: Duration = Duration::from_millis(10);
 /// How often processes that ended are finalized.
@@ -66,7 +72,7 @@ const RESCAN: Duration = Duration::from_secs(2);
 /// profile, one process each.
 pub fn attach_all(driver: &Driver, options: &SessionOptions) -> Result<i32> {
     let mut output = Output::create(options.output.as_ref(), Path::new("host"), None)?;
-    let mut host = Host::start(options, None, None)?;
+    let mut host = Host::start(options, Scope::All, None)?;
     let mut sampled = match options.probes.sample_bytes {
         0 => String::new(),
         n => format!(", sampled (--sample-bytes {n}; 0: every allocation)"),
@@ -117,8 +123,20 @@ struct Host {
     initial: HashSet<u32>,
     last_finalize: Instant,
     last_scan: Instant,
-    /// `run`'s command, when only the processes it started are followed.
-    family: Option<u32>,
+    /// Which processes are followed.
+    scope: Scope,
+}
+
+/// Which processes a [`Host`] follows (the kernel decides, at each
+/// process's first allocation or `exec`).
+#[derive(Clone, Debug)]
+pub enum Scope {
+    /// `attach --all`: every process.
+    All,
+    /// `run`: those its command (this pid) starts, directly or not.
+    Family(u32),
+    /// `attach --comm/--exe`: those the selection names.
+    Selected(Selection),
 }
 
 /// The symbolizer's cache, made at the first process symbolized.
@@ -171,19 +189,24 @@ impl Profiling for Host {
 
 impl Host {
     /// The probes loaded for every process, the system's libraries and
-    /// every process running probed. `family`: only the processes that
-    /// command started are followed (its own files are probed).
+    /// every process running probed; only those of `scope` are followed.
     /// `live` is set once the system's allocators are probed.
     fn start(
         options: &SessionOptions,
-        family: Option<u32>,
+        scope: Scope,
         live: Option<&std::sync::atomic::AtomicBool>,
     ) -> Result<Host> {
         let mut probe_options = options.probes.clone();
         probe_options.host = true;
         probe_options.gc_refill = false;
-        probe_options.family_root = family.unwrap_or(0);
+        if let Scope::Family(root) = scope {
+            probe_options.family_root = root;
+        }
+        probe_options.selecting = matches!(scope, Scope::Selected(_));
         let mut probes = Probes::load(&probe_options, None)?;
+        if let Scope::Selected(selection) = &scope {
+            probes.select(&selection.kernel_comms()?, &selection.kernel_exes()?)?;
+        }
         let files = Files::new(options, probes.row_table()?);
         let tables = Arc::new(Mutex::new(probes.module_tables()?));
         let events = Reader::start(
@@ -209,7 +232,7 @@ impl Host {
             initial: HashSet::new(),
             last_finalize: Instant::now(),
             last_scan: Instant::now(),
-            family,
+            scope,
         };
         host.files.probe_system_libraries(&mut host.probes);
         if let Some(live) = live {
@@ -373,21 +396,31 @@ impl Host {
     /// Reads /proc for processes whose files memprof has not examined;
     /// returns the processes.
     fn rescan(&mut self) -> HashSet<u32> {
-        if let Some(root) = self.family {
-            // The family's: the command's files, and those of the
-            // processes it started that have not ended (the pid of one
-            // that has may be another process's already).
-            let mut pids: Vec<u32> = self
-                .processes
-                .values()
-                .filter(|p| p.end_s.is_none())
-                .map(|p| p.pid)
-                .collect();
-            pids.push(root);
+        let chosen = match &self.scope {
+            Scope::All => None,
+            // The command's files.
+            Scope::Family(root) => Some(vec![*root]),
+            // Those of the processes selected that ran before memprof.
+            Scope::Selected(selection) => Some(selection.matching()),
+        };
+        if let Some(mut pids) = chosen {
+            // And those of the processes followed that have not ended
+            // (the pid of one that has may be another process's already).
+            pids.extend(
+                self.processes
+                    .values()
+                    .filter(|p| p.end_s.is_none())
+                    .map(|p| p.pid),
+            );
+            pids.sort_unstable();
+            pids.dedup();
             for &pid in &pids {
                 self.files.examine_pid(&mut self.probes, pid);
             }
-            return HashSet::new();
+            return match self.scope {
+                Scope::Selected(_) => pids.into_iter().collect(),
+                _ => HashSet::new(),
+            };
         }
         let Ok(dir) = std::fs::read_dir("/proc") else {
             return HashSet::new();
@@ -414,6 +447,29 @@ impl Host {
         self.read_events(Duration::ZERO);
         let indexes: HashSet<u32> = std::mem::take(&mut self.ended).into_iter().collect();
         self.finalize(&indexes)
+    }
+
+    /// Process `pid` is followed elsewhere from now on (a session of its
+    /// own): not here any more, and what was recorded of it here is
+    /// dropped (its session's profile says from when it is profiled).
+    fn leave_out(&mut self, pid: u32) -> Result<()> {
+        self.probes.leave_out(pid)?;
+        let indexes: HashSet<u32> = self
+            .processes
+            .values()
+            .filter(|p| p.pid == pid)
+            .map(|p| p.index)
+            .collect();
+        self.probes.take_ended(&indexes)?;
+        for index in indexes {
+            self.processes.remove(&index);
+            self.tables
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .release(index);
+            self.deferred.forget(index);
+        }
+        Ok(())
     }
 
     fn finalize(&mut self, indexes: &HashSet<u32>) -> Result<()> {
@@ -542,10 +598,9 @@ impl Host {
             processes: vec![info],
             ..profiles::header(Header {
                 // `run`'s family: each from its start (or its fork).
-                mode: if self.family.is_some() {
-                    "run"
-                } else {
-                    "attach"
+                mode: match self.scope {
+                    Scope::Family(_) => "run",
+                    _ => "attach",
                 },
                 target: TargetInfo {
                     pid: p.pid,

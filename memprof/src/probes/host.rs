@@ -145,6 +145,8 @@ fn kernel_layout() -> Result<KernelLayout> {
         ("mount", &["mnt"]),
         ("mount", &["mnt_parent"]),
         ("mount", &["mnt_mountpoint"]),
+        ("task_struct", &["mm"]),
+        ("mm_struct", &["exe_file"]),
     ])?;
     let o: Vec<u32> = o.into_iter().map(|o| o as u32).collect();
     Ok(KernelLayout {
@@ -166,6 +168,8 @@ fn kernel_layout() -> Result<KernelLayout> {
         mount_mnt: o[15],
         mount_parent: o[16],
         mount_mountpoint: o[17],
+        task_mm: o[18],
+        mm_exe_file: o[19],
     })
 }
 
@@ -355,6 +359,29 @@ impl Probes {
             free.push(segment, 0)?;
         }
         self.attach_raw_tracepoint(programs::PROCESS_EXEC, "sched_process_exec")
+    }
+
+    /// `attach --comm/--exe`: the names (as [`host::comm_key`] makes
+    /// them) and executables the kernel follows the processes of.
+    pub fn select(&mut self, comms: &[[u8; 16]], exes: &[FileKey]) -> Result<()> {
+        if comms.len() > host::SELECT_MAX as usize || exes.len() > host::SELECT_MAX as usize {
+            anyhow::bail!(
+                "at most {} --comm and {} --exe at once",
+                host::SELECT_MAX,
+                host::SELECT_MAX
+            );
+        }
+        let mut names: aya::maps::Array<&mut MapData, [u8; 16]> =
+            aya::maps::Array::try_from(self.map_mut(maps::SELECTED_COMMS)?)?;
+        for (i, comm) in comms.iter().enumerate() {
+            names.set(i as u32, comm, 0)?;
+        }
+        let mut files: BpfHashMap<&mut MapData, FileKey, u32> =
+            BpfHashMap::try_from(self.map_mut(maps::SELECTED_EXES)?)?;
+        for exe in exes {
+            files.insert(exe, 1, 0)?;
+        }
+        Ok(())
     }
 
     /// Process `pid` is not followed: memprof itself, or (`run`) one a

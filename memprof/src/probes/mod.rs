@@ -66,6 +66,9 @@ pub struct ProbeOptions {
     /// With `host`: only the processes this one (`run`'s command) started,
     /// directly or not; 0: every process.
     pub family_root: u32,
+    /// With `host`: only the processes `attach --comm/--exe` selects
+    /// ([`Probes::select`]).
+    pub selecting: bool,
     /// GC objects are kept in memprof's copy only (their mark bits are
     /// read): the kernel streams them to the GC event ring, not to its
     /// live table ([`globals::GC_COPY`]).
@@ -90,6 +93,7 @@ impl ProbeOptions {
             gc_refill: false,
             host: false,
             family_root: 0,
+            selecting: false,
             gc_copy: false,
             gc_verdicts: false,
         }
@@ -176,6 +180,7 @@ impl Probes {
             .override_global(globals::TASK_START_TIME, &host.start_time, true)
             .override_global(globals::HOST_STARTED_NS, &host.started_ns, true)
             .override_global(globals::FAMILY_ROOT, &options.family_root, true)
+            .override_global(globals::SELECTING, &u32::from(options.selecting), true)
             .override_global(globals::KERNEL_LAYOUT, &host.layout, true)
             .map_max_entries(maps::KNOWN_FILES, host.known_files)
             .map_max_entries(maps::FREE_SEGMENTS, host.free_segments)

@@ -49,6 +49,28 @@ impl Selection {
         Ok(self)
     }
 
+    /// The `--comm` names as the kernel compares them (its `comm`: the
+    /// first 15 bytes).
+    pub fn kernel_comms(&self) -> Result<Vec<[u8; 16]>> {
+        Ok(self
+            .comms
+            .iter()
+            .map(|c| memprof_common::host::comm_key(c))
+            .collect())
+    }
+
+    /// The `--exe` files as the kernel names them (device and inode).
+    pub fn kernel_exes(&self) -> Result<Vec<memprof_common::host::FileKey>> {
+        self.exes
+            .iter()
+            .map(|e| {
+                crate::machine::file_key(e).ok_or_else(|| {
+                    anyhow::anyhow!("--exe {}: cannot read its device and inode", e.display())
+                })
+            })
+            .collect()
+    }
+
     /// What it selects, for messages and the profile's name.
     pub fn describe(&self) -> String {
         let mut words: Vec<String> = self.pids.iter().map(|p| format!("--pid {p}")).collect();

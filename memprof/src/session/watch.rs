@@ -1,9 +1,17 @@
 //! `memprof attach --comm NAME` / `--exe PATH` and `memprof top`: every
 //! process a [`Selection`] names, those running and those that start while
-//! memprof runs (found within [`RESCAN`]), each with a session of its own
-//! from its attach on, until Ctrl-C, SIGTERM or `--duration`; one profile,
-//! one process each. `top` shows their heaps as a table meanwhile.
-use std::collections::HashSet;
+//! memprof runs, until Ctrl-C, SIGTERM or `--duration`; one profile, one
+//! process each.
+//!
+//! `attach` follows them with one load of the probes ([`Family::select`]):
+//! the kernel checks each new process's `comm` and executable, and a
+//! process that lives a millisecond is followed from its first allocation.
+//! A program that allocates with the Boehm GC gets a session of its own
+//! besides (its collections held, its mark bits read), as under `run`.
+//!
+//! `top` shows their heaps as a table: each process found in /proc
+//! (within [`RESCAN`]) gets a session of its own from then on.
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -13,6 +21,7 @@ use super::drive::Followed;
 use super::select::{Selection, RESCAN};
 use super::Session;
 use crate::driver::{profiles, Driven, Driver, Flow, Output, Profiling};
+use crate::machine::Family;
 use crate::options::{GcSampling, SessionOptions};
 use crate::profile::Profile;
 
@@ -22,8 +31,111 @@ pub fn attach_matching(
     selection: &Selection,
     options: &SessionOptions,
 ) -> Result<i32> {
-    watch_matching(driver, selection, options, None)
+    let mut output = Output::create(
+        options.output.as_ref(),
+        Path::new(&selection_name(selection)),
+        None,
+    )?;
+    let started = Instant::now();
+    let mut selected = Selected {
+        options,
+        probes: Family::select(&options.for_family(), selection)?,
+        own: Followed::default(),
+        checked: HashSet::new(),
+        uses_gc: HashMap::new(),
+    };
+    say_watching(selection, options, false);
+    eprintln!(
+        "memprof: the probes sit on the allocator files ({} probed): every process's allocations trap into the kernel while memprof runs (1–2 µs each); those of processes not selected return at once",
+        selected.probes.files_probed()
+    );
+    driver.drive(&mut selected, options.duration)?;
+    let Selected { probes, own, .. } = selected;
+    let mut profiles = own.finish();
+    profiles.extend(probes.finish()?);
+    let Some(profile) = profiles::merge(None, profiles) else {
+        bail!(
+            "no process of {} allocated while memprof watched ({:.1} s): nothing to write",
+            selection.describe(),
+            started.elapsed().as_secs_f64()
+        );
+    };
+    output.write_and_print(&profile, options.top)?;
+    Ok(0)
 }
+
+/// `attach --comm/--exe`'s processes, as the driver steps them.
+struct Selected<'a> {
+    options: &'a SessionOptions,
+    /// Every process selected, from its first allocation.
+    probes: Family,
+    /// The Boehm GC programs among them: a session each.
+    own: Followed,
+    /// The processes (pid, index) looked at for the Boehm GC.
+    checked: HashSet<(u32, u32)>,
+    /// Whether each executable (device, inode) allocates with the Boehm GC.
+    uses_gc: HashMap<(u64, u64), bool>,
+}
+
+impl Selected<'_> {
+    /// Whether process `pid`'s program allocates with the Boehm GC (read
+    /// once per executable).
+    fn uses_gc(&mut self, pid: u32) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let Ok(meta) = std::fs::metadata(format!("/proc/{pid}/exe")) else {
+            return false;
+        };
+        *self
+            .uses_gc
+            .entry((meta.dev(), meta.ino()))
+            .or_insert_with(|| crate::allocators::program_uses_gc(pid))
+    }
+}
+
+impl Driven for Selected<'_> {
+    fn timeout(&self) -> Duration {
+        self.own.timeout(SELECTED_POLL)
+    }
+
+    /// The events read; a new Boehm GC program gets its session.
+    fn step(&mut self) -> Result<Flow> {
+        self.probes.step()?;
+        for (pid, index) in self.probes.members() {
+            if !self.checked.insert((pid, index)) || !self.uses_gc(pid) {
+                continue;
+            }
+            match self.probes.leave_out(pid) {
+                Ok(()) => {
+                    let session = Session::attach_followed(pid, self.options);
+                    self.own.started(pid, session);
+                }
+                Err(e) => eprintln!("memprof: pid {pid} followed without its collections: {e:#}"),
+            }
+        }
+        self.own.step(self.options);
+        Ok(Flow::Go)
+    }
+}
+
+impl Profiling for Selected<'_> {
+    fn pids(&self) -> Vec<u32> {
+        let mut pids = self.own.pids();
+        pids.extend(self.probes.pids());
+        pids.sort_unstable();
+        pids.dedup();
+        pids
+    }
+
+    fn snapshot(&mut self, pid: u32) -> Result<Profile> {
+        match self.own.pids().contains(&pid) {
+            true => self.own.snapshot(pid),
+            false => self.probes.snapshot(pid),
+        }
+    }
+}
+
+/// The longest wait for the selected processes' events.
+const SELECTED_POLL: Duration = Duration::from_millis(10);
 
 /// `memprof top`: [`attach_matching`] with the processes' heaps shown
 /// every `refresh` (`count` times, or until `q`, Ctrl-C, SIGTERM,
@@ -35,17 +147,18 @@ pub fn top(
     refresh: Duration,
     count: Option<u32>,
 ) -> Result<i32> {
-    watch_matching(driver, selection, options, Some((refresh, count)))
+    watch_matching(driver, selection, options, (refresh, count))
 }
 
-/// The processes `selection` names, each with a session of its own, until
-/// the end; with `top` (`refresh`, `count`), shown as a table.
+/// `top`: the processes `selection` names, each with a session of its
+/// own, until the end, shown as a table every `refresh` (`count` times).
 fn watch_matching(
     driver: &Driver,
     selection: &Selection,
     options: &SessionOptions,
-    top: Option<(Duration, Option<u32>)>,
+    (refresh, count): (Duration, Option<u32>),
 ) -> Result<i32> {
+    let top = Some((refresh, count));
     let mut output = match (top, &options.output) {
         (Some(_), None) => None,
         _ => Some(Output::create(
