@@ -10,7 +10,9 @@
 //! then leave the program running and untraced.
 
 use memprof_tests::*;
-use std::process::{Command, Stdio};
+use std::io::Write;
+use std::process::{ChildStdin, Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 /// What the fixture says once ready: the type ids and collector bytes of
 /// Author, Book and Note.
@@ -499,8 +501,9 @@ fn heap_of_a_program_without_gc_is_one_line() {
     assert_eq!(tracer_of(target.pid()), 0);
 }
 
-/// A GC program that does not collect (gc_attach_target collects only on
-/// SIGUSR1): one line after --wait, the program untouched, and it still
+/// A GC program that never collected (gc_attach_target collects only on
+/// SIGUSR1): its marks judge nothing, so memprof waits, saying so in one
+/// line; one error line after --wait, the program untouched, and it still
 /// collects afterwards.
 #[test]
 fn heap_without_a_collection_gives_up_after_wait() {
@@ -511,9 +514,26 @@ fn heap_without_a_collection_gives_up_after_wait() {
     let mut target = ChildGuard(child);
     let mut stdout = Lines::new("gc_attach_target", target.0.stdout.take().unwrap());
     stdout.wait_for("ready", TIMEOUT);
-    let out = run(["heap", "--pid", &target.pid().to_string(), "--wait", "1"]);
+    let pid = target.pid();
+    let out = run(["heap", "--pid", &pid.to_string(), "--wait", "1"]);
+    assert!(!out.status.success(), "{}", describe(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(
+        lines.len(),
+        2,
+        "a waiting line and an error line:\n{stderr}"
+    );
+    let waiting = format!(
+        "memprof: pid {pid} has not collected yet: waiting up to 1 s for its next collection"
+    );
+    assert!(lines[0].starts_with(&waiting), "{stderr}");
+    let error = Output {
+        stderr: lines[1].as_bytes().to_vec(),
+        ..out
+    };
     assert_one_line_error(
-        &out,
+        &error,
         &["did not collect within 1 s", "GC.collect", "--wait"],
     );
     assert!(target.is_running());
@@ -523,7 +543,202 @@ fn heap_without_a_collection_gives_up_after_wait() {
 }
 
 #[test]
-fn heap_wait_must_be_positive() {
-    let out = run(["heap", "--pid", "1", "--wait", "0"]);
-    assert_one_line_error(&out, &["--wait must be a positive number of seconds"]);
+fn heap_wait_must_not_be_negative() {
+    let out = run(["heap", "--pid", "1", "--wait=-1"]);
+    assert_one_line_error(
+        &out,
+        &["--wait must be 0 (never wait) or a positive number of seconds"],
+    );
+}
+
+/// `fixtures/crystal/idle_heap.cr`, started with its stdin a pipe: the
+/// type ids of Widget, Gadget and Gizmo and the bytes the collector gives
+/// each class's kept objects, from its `ready` line.
+fn start_idle(exe: &str) -> (ChildGuard, ChildStdin, Lines, [(u64, u64, u64); 3]) {
+    let child = Command::new(exe)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {exe}: {e}"));
+    let mut target = ChildGuard(child);
+    let stdin = target.0.stdin.take().unwrap();
+    let mut stdout = Lines::new("idle_heap stdout", target.0.stdout.take().unwrap());
+    let line = stdout.wait_for("ready", TIMEOUT);
+    let n: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|w| {
+            w.parse()
+                .unwrap_or_else(|_| panic!("bad ready line: {line}"))
+        })
+        .collect();
+    assert_eq!(n.len(), 6, "bad ready line: {line}");
+    // (type id, count kept, bytes).
+    let kept = [(n[0], 4_000, n[3]), (n[1], 1_500, n[4]), (n[2], 250, n[5])];
+    (target, stdin, stdout, kept)
+}
+
+/// Says `line` on the fixture's stdin.
+fn say(stdin: &mut ChildStdin, line: &str) {
+    writeln!(stdin, "{line}").unwrap();
+    stdin.flush().unwrap();
+}
+
+/// The census has exactly the kept Widgets, Gadgets and Gizmos, under
+/// their type ids, named after their classes.
+fn idle_classes_are_exact(json: &Value, kept: &[(u64, u64, u64); 3]) {
+    let types = json["types"].as_array().expect("types");
+    for (&(id, count, bytes), class) in kept.iter().zip(["Widget", "Gadget", "Gizmo"]) {
+        let rows: Vec<&Value> = types
+            .iter()
+            .filter(|t| t["type_id"].as_u64() == Some(id))
+            .collect();
+        assert_eq!(rows.len(), 1, "{class}: rows with its id: {rows:#?}");
+        assert_eq!(rows[0]["name"], class, "{:#}", rows[0]);
+        assert_eq!(uint(rows[0], "/count"), count, "{class}: {:#}", rows[0]);
+        assert_eq!(uint(rows[0], "/bytes"), bytes, "{class}: {:#}", rows[0]);
+    }
+}
+
+/// An idle program (built its graph, collected, said `ready`, waits on
+/// its stdin): `memprof heap` answers at once, from the marks of its last
+/// collection, with the exact count per class, says which collection,
+/// and how many bytes were allocated since (the `ready` line's strings
+/// and I/O buffers: a few KiB, under the threshold); the program runs on
+/// untraced, and answers its stdin after.
+fn idle_census_is_exact(exe: &str) {
+    let (mut target, mut stdin, mut stdout, kept) = start_idle(exe);
+    let pid = target.pid();
+    let started = Instant::now();
+    let out = run_ok(["heap", "--pid", &pid.to_string(), "--format", "json"]);
+    let took = started.elapsed();
+    // A bound on an idle program's wait (memprof waited for nothing), not a benchmark.
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+    let text = String::from_utf8(out.stdout.clone()).expect("UTF-8");
+    let json: Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}):\n{text}"));
+    assert_eq!(json["gc"]["taken"], "at_rest", "{:#}", json["gc"]);
+    assert_eq!(json["gc"]["note"], Value::Null);
+    // The fixture collected once, at GC.collect, or more while building.
+    let collection = uint(&json, "/gc/collection");
+    assert!(collection >= 1, "{:#}", json["gc"]);
+    let since = uint(&json, "/not_yet_judged/bytes");
+    assert!(since <= 256 << 10, "allocated since: {since}");
+    assert_eq!(json["not_yet_judged"]["count"], Value::Null);
+    idle_classes_are_exact(&json, &kept);
+    // Said once on stderr, what is not classified; no wait.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let said = if since == 0 {
+        String::new()
+    } else {
+        format!(
+            "memprof: census from the marks of pid {pid}'s collection {collection}: {} bytes allocated since are not classified\n",
+            thousands(since)
+        )
+    };
+    assert_eq!(stderr, said);
+    // Left running, untraced, and it still works.
+    assert!(target.is_running());
+    assert_eq!(tracer_of(pid), 0);
+    say(&mut stdin, "more 10");
+    stdout.wait_for("allocated ", TIMEOUT);
+    // The markdown says it too.
+    let md = String::from_utf8(run_ok(["heap", "--pid", &pid.to_string(), "--wait", "0"]).stdout)
+        .unwrap();
+    assert!(
+        md.contains(&format!(
+            "Taken between collections: the marks collection {collection} left"
+        )),
+        "{md}"
+    );
+    assert!(md.contains("not classified"), "{md}");
+}
+
+#[test]
+fn heap_of_an_idle_program_debug() {
+    idle_census_is_exact(fixture::crystal::IDLE_HEAP_DEBUG);
+}
+
+/// libgc linked into the program: its code is not told apart, every
+/// thread must be waiting in the kernel, as an idle program's are.
+#[test]
+fn heap_of_an_idle_program_static_libgc() {
+    idle_census_is_exact(fixture::crystal::IDLE_HEAP_STATIC);
+}
+
+/// `--wait 0` after the program allocated more than memprof takes
+/// unclassified (30,000 kept objects, ~430 KiB, no collection since the
+/// last one they caused): the census at once, from the last collection's
+/// marks; the bytes allocated since it stated exactly as the program's
+/// own collector counts them (GC_get_bytes_since_gc, in process), in the
+/// JSON, in the markdown and on stderr. Without `--wait 0`, memprof waits
+/// for a collection, saying why, and (none coming) answers from the same
+/// marks after --wait, saying so.
+#[test]
+fn heap_wait_0_never_waits_and_says_what_it_could_not_classify() {
+    let (mut target, mut stdin, mut stdout, kept) = start_idle(fixture::crystal::IDLE_HEAP_DEBUG);
+    let pid = target.pid();
+    say(&mut stdin, "more 30000");
+    let line = stdout.wait_for("allocated ", TIMEOUT);
+    let allocated: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(allocated > 256 << 10, "{line}");
+    let started = Instant::now();
+    let out = run_ok([
+        "heap",
+        "--pid",
+        &pid.to_string(),
+        "--wait",
+        "0",
+        "--format",
+        "json",
+    ]);
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+    let json: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(json["gc"]["taken"], "at_rest");
+    assert_eq!(uint(&json, "/not_yet_judged/bytes"), allocated);
+    // Every Widget, Gadget and Gizmo was marked at that collection too.
+    idle_classes_are_exact(&json, &kept);
+    let collection = uint(&json, "/gc/collection");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stderr,
+        format!(
+            "memprof: census from the marks of pid {pid}'s collection {collection}: {} bytes allocated since are not classified\n",
+            thousands(allocated)
+        )
+    );
+    let md = String::from_utf8(run_ok(["heap", "--pid", &pid.to_string(), "--wait", "0"]).stdout)
+        .unwrap();
+    let said = format!(
+        "Allocated since collection {collection}, not classified: {} bytes",
+        thousands(allocated)
+    );
+    assert!(md.contains(&said), "no {said:?} in:\n{md}");
+    // Without --wait 0: it waits (one line saying why), then answers
+    // from the same marks, saying none came.
+    let started = Instant::now();
+    let out = run_ok([
+        "heap",
+        "--pid",
+        &pid.to_string(),
+        "--wait",
+        "1",
+        "--format",
+        "json",
+    ]);
+    assert!(started.elapsed() >= Duration::from_secs(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let waiting = format!(
+        "memprof: pid {pid} allocated {} bytes since its collection {collection} (more than memprof takes unclassified: 262,144): waiting up to 1 s for its next collection",
+        thousands(allocated)
+    );
+    assert!(stderr.starts_with(&waiting), "{stderr}");
+    let json: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(json["gc"]["taken"], "at_rest");
+    assert_eq!(json["gc"]["note"], "no collection came within 1 s");
+    assert_eq!(uint(&json, "/gc/collection"), collection);
+    assert_eq!(uint(&json, "/not_yet_judged/bytes"), allocated);
+    assert!(target.is_running());
+    assert_eq!(tracer_of(pid), 0);
 }
