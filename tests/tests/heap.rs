@@ -11,7 +11,7 @@
 
 use memprof_tests::*;
 use std::io::Write;
-use std::process::{ChildStdin, Command, Output, Stdio};
+use std::process::{ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// What the fixture says once ready: the type ids and collector bytes of
@@ -115,7 +115,8 @@ fn census_is_exact(exe: &str, named: bool, arrays_named: [bool; 3]) {
     assert_eq!(json["format"], "memprof-heap");
     // Dropped Authors the collector still marks (conservatively) are live
     // to it: the fixture says how many at that collection.
-    let (extra, extra_bytes) = dropped_marked(&mut stdout, uint(&json, "/gc/collection"));
+    let first = uint(&json, "/gc/collection");
+    let (extra, extra_bytes) = dropped_marked(&mut stdout, first);
     let types = json["types"].as_array().expect("types");
     for (i, (class, count, kind)) in CLASSES.iter().enumerate() {
         let (count, bytes) = match i {
@@ -198,7 +199,12 @@ fn census_is_exact(exe: &str, named: bool, arrays_named: [bool; 3]) {
             .next()
             .and_then(|l| l.rsplit(' ').next()?.parse().ok())
             .expect("the collection in the title");
-        let (extra, extra_bytes) = dropped_marked(&mut stdout, collection);
+        // Two censuses between the same two collections describe the same one.
+        let (extra, extra_bytes) = if collection == first {
+            (extra, extra_bytes)
+        } else {
+            dropped_marked(&mut stdout, collection)
+        };
         let author = format!(
             "| {} | {} | atomic | Author |",
             thousands(7_000 + extra),
@@ -501,12 +507,14 @@ fn heap_of_a_program_without_gc_is_one_line() {
     assert_eq!(tracer_of(target.pid()), 0);
 }
 
-/// A GC program that never collected (gc_attach_target collects only on
-/// SIGUSR1): its marks judge nothing, so memprof waits, saying so in one
-/// line; one error line after --wait, the program untouched, and it still
-/// collects afterwards.
+/// A C program on Boehm GC that collects only when asked
+/// (gc_attach_target: SIGUSR1), idle since its start: libgc's own first
+/// collection (`GC_INIT` collects once) left marks, little was allocated
+/// since, so `memprof heap` answers at once from them, even with `--wait`
+/// longer than it took; the program untouched, and it still collects
+/// afterwards.
 #[test]
-fn heap_without_a_collection_gives_up_after_wait() {
+fn heap_of_a_c_program_between_collections() {
     let child = Command::new(fixture::GC_ATTACH_TARGET)
         .stdout(Stdio::piped())
         .spawn()
@@ -515,29 +523,27 @@ fn heap_without_a_collection_gives_up_after_wait() {
     let mut stdout = Lines::new("gc_attach_target", target.0.stdout.take().unwrap());
     stdout.wait_for("ready", TIMEOUT);
     let pid = target.pid();
-    let out = run(["heap", "--pid", &pid.to_string(), "--wait", "1"]);
-    assert!(!out.status.success(), "{}", describe(&out));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let lines: Vec<&str> = stderr.lines().collect();
-    assert_eq!(
-        lines.len(),
-        2,
-        "a waiting line and an error line:\n{stderr}"
+    let started = Instant::now();
+    let out = run_ok([
+        "heap",
+        "--pid",
+        &pid.to_string(),
+        "--wait",
+        "10",
+        "--format",
+        "json",
+    ]);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
     );
-    let waiting = format!(
-        "memprof: pid {pid} has not collected yet: waiting up to 1 s for its next collection"
-    );
-    assert!(lines[0].starts_with(&waiting), "{stderr}");
-    let error = Output {
-        stderr: lines[1].as_bytes().to_vec(),
-        ..out
-    };
-    assert_one_line_error(
-        &error,
-        &["did not collect within 1 s", "GC.collect", "--wait"],
-    );
+    let json: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(json["gc"]["taken"], "at_rest", "{:#}", json["gc"]);
+    assert_eq!(uint(&json, "/gc/collection"), 1, "{:#}", json["gc"]);
+    assert!(uint(&json, "/not_yet_judged/bytes") <= 256 << 10);
     assert!(target.is_running());
-    assert_eq!(tracer_of(target.pid()), 0);
+    assert_eq!(tracer_of(pid), 0);
     target.signal(libc::SIGUSR1);
     stdout.wait_for("done", TIMEOUT);
 }
@@ -671,7 +677,8 @@ fn heap_of_an_idle_program_static_libgc() {
 /// last one they caused): the census at once, from the last collection's
 /// marks; the bytes allocated since it stated exactly as the program's
 /// own collector counts them (GC_get_bytes_since_gc, in process), in the
-/// JSON, in the markdown and on stderr. Without `--wait 0`, memprof waits
+/// JSON, in the markdown and on stderr (with the little Crystal's runtime
+/// allocates after the fixture read its count). Without `--wait 0`, memprof waits
 /// for a collection, saying why, and (none coming) answers from the same
 /// marks after --wait, saying so.
 #[test]
@@ -696,7 +703,15 @@ fn heap_wait_0_never_waits_and_says_what_it_could_not_classify() {
     assert!(took < Duration::from_secs(2), "took {took:?}");
     let json: Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(json["gc"]["taken"], "at_rest");
-    assert_eq!(uint(&json, "/not_yet_judged/bytes"), allocated);
+    // What the collector counted when memprof stopped it: what the
+    // fixture allocated, and what Crystal's runtime allocated on its way
+    // back to waiting for stdin after the fixture read its count (a
+    // thread's free list refilled counts whole): a few KiB.
+    let since = uint(&json, "/not_yet_judged/bytes");
+    assert!(
+        (allocated..=allocated + (64 << 10)).contains(&since),
+        "allocated {allocated}, since {since}"
+    );
     // Every Widget, Gadget and Gizmo was marked at that collection too.
     idle_classes_are_exact(&json, &kept);
     let collection = uint(&json, "/gc/collection");
@@ -705,14 +720,15 @@ fn heap_wait_0_never_waits_and_says_what_it_could_not_classify() {
         stderr,
         format!(
             "memprof: census from the marks of pid {pid}'s collection {collection}: {} bytes allocated since are not classified\n",
-            thousands(allocated)
+            thousands(since)
         )
     );
     let md = String::from_utf8(run_ok(["heap", "--pid", &pid.to_string(), "--wait", "0"]).stdout)
         .unwrap();
+    // Idle: the same count each time.
     let said = format!(
         "Allocated since collection {collection}, not classified: {} bytes",
-        thousands(allocated)
+        thousands(since)
     );
     assert!(md.contains(&said), "no {said:?} in:\n{md}");
     // Without --wait 0: it waits (one line saying why), then answers
@@ -731,14 +747,14 @@ fn heap_wait_0_never_waits_and_says_what_it_could_not_classify() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     let waiting = format!(
         "memprof: pid {pid} allocated {} bytes since its collection {collection} (more than memprof takes unclassified: 262,144): waiting up to 1 s for its next collection",
-        thousands(allocated)
+        thousands(since)
     );
     assert!(stderr.starts_with(&waiting), "{stderr}");
     let json: Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(json["gc"]["taken"], "at_rest");
     assert_eq!(json["gc"]["note"], "no collection came within 1 s");
     assert_eq!(uint(&json, "/gc/collection"), collection);
-    assert_eq!(uint(&json, "/not_yet_judged/bytes"), allocated);
+    assert_eq!(uint(&json, "/not_yet_judged/bytes"), since);
     assert!(target.is_running());
     assert_eq!(tracer_of(pid), 0);
 }
