@@ -314,3 +314,28 @@ fn task_ids(pid: u32) -> Vec<u32> {
         })
         .unwrap_or_default()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counters(bytes_allocd: Option<u64>, heap_size: Option<u64>) -> Counters {
+        Counters {
+            gc_no: 3,
+            bytes_allocd,
+            heap_size,
+        }
+    }
+
+    #[test]
+    fn little_is_256_kib_or_one_percent_of_the_heap() {
+        assert!(little(&counters(Some(0), None)));
+        assert!(little(&counters(Some(LITTLE_BYTES), Some(1 << 20))));
+        assert!(!little(&counters(Some(LITTLE_BYTES + 1), Some(1 << 20))));
+        // A 100 MB heap: up to 1 MB.
+        assert!(little(&counters(Some(1_000_000), Some(100_000_000))));
+        assert!(!little(&counters(Some(1_000_001), Some(100_000_000))));
+        // Not knowing how much was allocated is not little.
+        assert!(!little(&counters(None, Some(1 << 30))));
+    }
+}
