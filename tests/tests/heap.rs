@@ -618,6 +618,7 @@ fn idle_census_is_exact(exe: &str) {
     let started = Instant::now();
     let out = run_ok(["heap", "--pid", &pid.to_string(), "--format", "json"]);
     let took = started.elapsed();
+    eprintln!("{exe}: answered in {took:?}");
     // A bound on an idle program's wait (memprof waited for nothing), not a benchmark.
     assert!(took < Duration::from_secs(2), "took {took:?}");
     let text = String::from_utf8(out.stdout.clone()).expect("UTF-8");
@@ -755,6 +756,66 @@ fn heap_wait_0_never_waits_and_says_what_it_could_not_classify() {
     assert_eq!(json["gc"]["note"], "no collection came within 1 s");
     assert_eq!(uint(&json, "/gc/collection"), collection);
     assert_eq!(uint(&json, "/not_yet_judged/bytes"), since);
+    assert!(target.is_running());
+    assert_eq!(tracer_of(pid), 0);
+}
+
+/// Much allocated since the last collection (30,000 kept Extra objects,
+/// ~430 KiB): memprof says why it waits, once its probe is on, and takes
+/// the census at the program's next collection (`GC.collect`, asked on
+/// the fixture's stdin), its collector held: exact, the Extras counted
+/// too, nothing left unclassified.
+#[test]
+fn heap_waits_for_a_collection_when_much_was_allocated_since() {
+    let (mut target, mut stdin, mut stdout, kept) = start_idle(fixture::crystal::IDLE_HEAP_DEBUG);
+    let pid = target.pid();
+    say(&mut stdin, "more 30000");
+    stdout.wait_for("allocated ", TIMEOUT);
+    let pid_arg = pid.to_string();
+    let mut heap = memprof([
+        "heap", "--pid", &pid_arg, "--wait", "20", "--format", "json",
+    ])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let heap_stdout = heap.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut { heap_stdout }, &mut text).unwrap();
+        text
+    });
+    let mut stderr = Lines::new("memprof heap stderr", heap.stderr.take().unwrap());
+    let waiting = stderr.wait_for("waiting up to 20 s for its next collection", TIMEOUT);
+    assert!(
+        waiting.starts_with(&format!("memprof: pid {pid} allocated ")),
+        "{waiting}"
+    );
+    say(&mut stdin, "collect");
+    let line = stdout.wait_for("collected ", TIMEOUT);
+    let n: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|w| w.parse().unwrap())
+        .collect();
+    let (collection, extras, extra_bytes) = (n[0], n[1], n[2]);
+    assert_eq!(extras, 30_000);
+    let status = heap.wait().unwrap();
+    let text = reader.join().unwrap();
+    assert!(status.success(), "{status}: {text}");
+    let json: Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(json["gc"]["taken"], "held", "{:#}", json["gc"]);
+    assert_eq!(uint(&json, "/gc/collection"), collection);
+    assert_eq!(
+        json["not_yet_judged"],
+        serde_json::json!({"count": 0, "bytes": 0})
+    );
+    idle_classes_are_exact(&json, &kept);
+    let types = json["types"].as_array().unwrap();
+    let rows: Vec<&Value> = types.iter().filter(|t| t["name"] == "Extra").collect();
+    assert_eq!(rows.len(), 1, "{rows:#?}");
+    assert_eq!(uint(rows[0], "/count"), extras, "{:#}", rows[0]);
+    assert_eq!(uint(rows[0], "/bytes"), extra_bytes, "{:#}", rows[0]);
     assert!(target.is_running());
     assert_eq!(tracer_of(pid), 0);
 }

@@ -160,12 +160,12 @@ pub fn run(driver: &Driver, pid: u32, options: &HeapOptions) -> Result<()> {
             },
         ),
         idle::Look::Wait { why, counters } => {
-            // One line, while waiting.
-            eprintln!(
+            // One line, once waiting (the probe on).
+            let waiting = format!(
                 "memprof: {why}: waiting up to {} s for its next collection, for an exact census (--wait 0: census now from the last collection's marks)",
                 options.wait.as_secs_f64()
             );
-            match hold_and_copy(driver, pid, &reader, options.wait, parts)? {
+            match hold_and_copy(driver, pid, &reader, (options.wait, &waiting), parts)? {
                 Some(held) => (held, Taken::Held),
                 None => at_rest_after_wait(
                     pid,
@@ -335,7 +335,7 @@ fn hold_and_copy(
     driver: &Driver,
     pid: u32,
     reader: &HeapReader,
-    wait: Duration,
+    (wait, waiting): (Duration, &str),
     (whole, with_roots): (bool, bool),
 ) -> Result<Option<Held>> {
     let mut probes = Probes::load(&ProbeOptions::smallest(), None)?;
@@ -349,6 +349,7 @@ fn hold_and_copy(
         &reader.collection_increments(),
         true,
     )?;
+    eprintln!("{waiting}");
     let mut hold = Hold {
         pid,
         reader,
