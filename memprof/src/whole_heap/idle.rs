@@ -228,10 +228,7 @@ impl Frozen {
                 // A signal-delivery stop (a signal came first): the thread
                 // is stopped all the same; the signal is handed back.
                 if status >> 16 == 0 {
-                    let signal = libc::WSTOPSIG(status);
-                    if signal != libc::SIGTRAP {
-                        frozen.signals.insert(tid, signal);
-                    }
+                    frozen.signals.insert(tid, libc::WSTOPSIG(status));
                 }
             }
             if new == 0 {
