@@ -79,7 +79,8 @@ pub(super) enum Look {
 
 /// Stops the program, and when its collector is at rest and little was
 /// allocated since its last collection (or `now`), copies the heap from
-/// that collection's marks; lets it go in every case. `gc_code`: the
+/// that collection's marks; lets it go in every case. Never at rest:
+/// [`Look::Wait`], `now` or not (no collection yet and `now`: an error). `gc_code`: the
 /// run-time ranges of libgc's code (`None`: libgc is linked into the
 /// program, its code not told apart, so any running thread is busy).
 pub(super) fn look(
@@ -141,13 +142,10 @@ pub(super) fn look(
             counters,
         ));
     }
-    if now {
-        bail!(
-            "pid {pid}'s collector was not at rest any of the {REST_TRIES} times memprof stopped it ({last_busy}): run `memprof heap` with --wait SECONDS to census at its next collection"
-        );
-    }
     Ok(Look::Wait {
-        why: format!("pid {pid}'s collector was not at rest when memprof stopped it ({last_busy})"),
+        why: format!(
+            "pid {pid}'s collector was not at rest any of the {REST_TRIES} times memprof stopped it ({last_busy})"
+        ),
         counters: None,
     })
 }

@@ -4,19 +4,28 @@
 //! 1. find the libgc the target uses and derive its layout
 //!    ([`HeapReader`]); name the program's Crystal type ids from its code
 //!    ([`crate::crystal::type_ids`]);
-//! 2. trace the target and put a probe on `GC_gc_no++` only (no
-//!    allocation probe): the next collection stops its collector at the
-//!    end of marking ([`crate::probes`], the hold of the mark-bit passes);
-//! 3. while held: copy the block index, headers, mark bits and the memory
-//!    of the blocks with marked objects ([`HeapReader::copy`]), the
-//!    mappings and the resident pages of the heap blocks ([`rss::read`]);
-//! 4. let the target go, untraced, probes removed; then judge every object
-//!    ([`crate::gc::census::HeapCopy::census`]), name the types, with
-//!    `--sizes` their retained bytes ([`crate::gc::census::HeapCopy::retained`]),
-//!    build the RSS table ([`rss::table`]) and write the report ([`report`]).
+//! 2. look at the program between collections ([`idle`]): stopped a
+//!    moment, its collector at rest, and little allocated since its last
+//!    collection (or `--wait 0`), the heap is copied then and there from
+//!    the marks that collection left; the report says which collection,
+//!    and the bytes allocated since, not classified ([`Taken::AtRest`]);
+//! 3. otherwise (saying why on stderr) trace the target and put a probe on
+//!    `GC_gc_no++` only (no allocation probe): the next collection stops
+//!    its collector at the end of marking ([`crate::probes`], the hold of
+//!    the mark-bit passes); while held: copy the block index, headers,
+//!    mark bits and the memory of the blocks with marked objects
+//!    ([`HeapReader::copy`]), the mappings and the resident pages of the
+//!    heap blocks ([`rss::read`]); let the target go, untraced, probes
+//!    removed ([`Taken::Held`]);
+//! 4. judge every object ([`crate::gc::census::HeapCopy::census`]), name
+//!    the types, with `--sizes` their retained bytes
+//!    ([`crate::gc::census::HeapCopy::retained`]), build the RSS table
+//!    ([`rss::table`]) and write the report ([`report`]).
 //!
-//! No collection within `--wait` seconds: one line saying so, exit 1, and
-//! the target is let go as it was.
+//! No collection within `--wait` seconds: the census from the last
+//! collection's marks as in 2, saying so; one error line, exit 1, only if
+//! there is none (or its collector is never at rest); the target is let
+//! go as it was.
 pub mod graph;
 pub mod idle;
 pub mod report;
@@ -159,10 +168,18 @@ pub fn run(driver: &Driver, pid: u32, options: &HeapOptions) -> Result<()> {
                 note: None,
             },
         ),
+        idle::Look::Wait { why, .. } if now => bail!(
+            "{why}: --wait 0 reads the marks only from a collector at rest; run `memprof heap` with --wait SECONDS to census at its next collection"
+        ),
         idle::Look::Wait { why, counters } => {
             // One line, once waiting (the probe on).
+            // --wait 0 is a way out only when the marks could be read.
+            let hint = match counters {
+                Some(c) if c.gc_no > 0 => " (--wait 0: census now from the last collection's marks)",
+                _ => "",
+            };
             let waiting = format!(
-                "memprof: {why}: waiting up to {} s for its next collection, for an exact census (--wait 0: census now from the last collection's marks)",
+                "memprof: {why}: waiting up to {} s for its next collection, for an exact census{hint}",
                 options.wait.as_secs_f64()
             );
             match hold_and_copy(driver, pid, &reader, (options.wait, &waiting), parts)? {
@@ -228,8 +245,12 @@ fn at_rest_after_wait(
                 )),
             },
         )),
-        // Not collected yet, or never at rest: the deadline's error.
-        _ => Err(never()),
+        // Never at rest: the deadline's error, and why not the marks.
+        Ok(idle::Look::Wait { why, .. }) => Err(anyhow!(
+            "{}; its last collection's marks could not be read either: {why}",
+            never()
+        )),
+        Err(e) => Err(e),
     }
 }
 
