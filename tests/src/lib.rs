@@ -120,6 +120,9 @@ pub mod fixture {
         /// `more N` on stdin allocates N more without collecting.
         pub const IDLE_HEAP_DEBUG: &str = env!("FIXTURE_CR_IDLE_HEAP_DEBUG");
         pub const IDLE_HEAP_STATIC: &str = env!("FIXTURE_CR_IDLE_HEAP_STATIC");
+        /// `fixtures/crystal/busy_loop.cr`: one collection, then computes
+        /// forever without allocating (libgc linked in).
+        pub const BUSY_LOOP_STATIC: &str = env!("FIXTURE_CR_BUSY_LOOP_STATIC");
         /// `fixtures/crystal/object_graph.cr`: MemProf's documentation
         /// example (A → Array(B) → B → C, two of each), collecting every 100 ms.
         pub const OBJECT_GRAPH_DEBUG: &str = env!("FIXTURE_CR_OBJECT_GRAPH_DEBUG");

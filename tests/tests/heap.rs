@@ -819,3 +819,52 @@ fn heap_waits_for_a_collection_when_much_was_allocated_since() {
     assert!(target.is_running());
     assert_eq!(tracer_of(pid), 0);
 }
+
+/// A program whose collector memprof never finds at rest (it computes
+/// without pause, libgc linked in, so its code is not told apart) and
+/// that does not collect: `--wait 0` is one error line saying why and
+/// what to do; with `--wait 1`, one line while waiting, then one error
+/// line; the program running on, untraced, never left stopped.
+#[test]
+fn heap_of_a_program_never_at_rest() {
+    let child = Command::new(fixture::crystal::BUSY_LOOP_STATIC)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut target = ChildGuard(child);
+    Lines::new("busy_loop", target.0.stdout.take().unwrap()).wait_for("ready", TIMEOUT);
+    let pid = target.pid();
+    let out = run(["heap", "--pid", &pid.to_string(), "--wait", "0"]);
+    assert_one_line_error(
+        &out,
+        &[
+            &format!(
+                "pid {pid}'s collector was not at rest any of the 30 times memprof stopped it"
+            ),
+            "running",
+            "--wait SECONDS",
+        ],
+    );
+    assert!(target.is_running());
+    assert_eq!(tracer_of(pid), 0);
+    let out = run(["heap", "--pid", &pid.to_string(), "--wait", "1"]);
+    assert!(!out.status.success(), "{}", describe(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 2, "{stderr}");
+    assert!(
+        lines[0].starts_with(&format!("memprof: pid {pid}'s collector was not at rest"))
+            && lines[0].ends_with("waiting up to 1 s for its next collection, for an exact census"),
+        "{stderr}"
+    );
+    assert!(
+        lines[1].starts_with(&format!(
+            "memprof: error: pid {pid} did not collect within 1 s"
+        )) && lines[1].contains("its last collection's marks could not be read either"),
+        "{stderr}"
+    );
+    assert!(target.is_running());
+    assert_eq!(tracer_of(pid), 0);
+    let state = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    assert!(state.contains("State:\tR (running)"), "{state}");
+}
