@@ -161,19 +161,34 @@ pub enum Command {
     },
     /// Census of a running program's whole Boehm GC heap, and where its RSS goes.
     ///
-    /// Attaches without allocation probes, waits for the program's next
-    /// collection, and while its collector is held (world stopped, marks
-    /// final) copies the heap's block headers, mark bits and live objects'
-    /// first bytes; then lets it go and judges every object in every heap
-    /// block by the collector's own verdict (live = marked): live objects
-    /// and bytes per type (Crystal type ids, named from the program's
+    /// Judges every object in every heap block by the collector's own
+    /// verdict (live = marked at its last collection): live objects and
+    /// bytes per type (Crystal type ids, named from the program's
     /// constructors), per kind and size class, and a table of the
     /// process's resident memory that adds up to its RSS.
+    ///
+    /// An idle program (one that collected, then allocated little: at most
+    /// 256 KiB or 1% of its heap) is answered at once: memprof stops it for
+    /// a moment with its collector at rest and reads the marks its last
+    /// collection left. Objects allocated since that collection are not
+    /// marked yet and are not classified; the report says which
+    /// collection it describes and how many bytes were allocated since.
+    ///
+    /// A program that allocated more since (or never collected) is waited
+    /// for: memprof says so on stderr, attaches without allocation probes,
+    /// and at its next collection, its collector held at the end of
+    /// marking (world stopped, marks final), copies the block headers,
+    /// mark bits and live objects' first bytes, then lets it go: every
+    /// object judged. No collection within --wait: the census from the
+    /// last collection's marks, saying so (or, if it never collected, an
+    /// error).
     Heap {
         /// Process id.
         #[arg(long, short)]
         pid: u32,
-        /// Seconds to wait for a collection before giving up.
+        /// Seconds to wait for a collection when one is needed for an
+        /// exact census; 0: never wait, census now from the last
+        /// collection's marks, stating what they cannot classify.
         #[arg(long, default_value_t = 30.0, value_name = "SECONDS")]
         wait: f64,
         /// Output format.

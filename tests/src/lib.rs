@@ -115,6 +115,14 @@ pub mod fixture {
         pub const HEAP_CENSUS_RELEASE: &str = env!("FIXTURE_CR_HEAP_CENSUS_RELEASE");
         pub const HEAP_CENSUS_STATIC: &str = env!("FIXTURE_CR_HEAP_CENSUS_STATIC");
         pub const HEAP_CENSUS_STRIPPED: &str = env!("FIXTURE_CR_HEAP_CENSUS_STRIPPED");
+        /// `fixtures/crystal/idle_heap.cr`: 4,000 Widget, 1,500 Gadget and
+        /// 250 Gizmo objects kept, one collection, then idle (`ready …`);
+        /// `more N` on stdin allocates N more without collecting.
+        pub const IDLE_HEAP_DEBUG: &str = env!("FIXTURE_CR_IDLE_HEAP_DEBUG");
+        pub const IDLE_HEAP_STATIC: &str = env!("FIXTURE_CR_IDLE_HEAP_STATIC");
+        /// `fixtures/crystal/busy_loop.cr`: one collection, then computes
+        /// forever without allocating (libgc linked in).
+        pub const BUSY_LOOP_STATIC: &str = env!("FIXTURE_CR_BUSY_LOOP_STATIC");
         /// `fixtures/crystal/object_graph.cr`: MemProf's documentation
         /// example (A → Array(B) → B → C, two of each), collecting every 100 ms.
         pub const OBJECT_GRAPH_DEBUG: &str = env!("FIXTURE_CR_OBJECT_GRAPH_DEBUG");

@@ -10,7 +10,9 @@
 //! then leave the program running and untraced.
 
 use memprof_tests::*;
-use std::process::{Command, Stdio};
+use std::io::Write;
+use std::process::{ChildStdin, Command, Stdio};
+use std::time::{Duration, Instant};
 
 /// What the fixture says once ready: the type ids and collector bytes of
 /// Author, Book and Note.
@@ -113,7 +115,8 @@ fn census_is_exact(exe: &str, named: bool, arrays_named: [bool; 3]) {
     assert_eq!(json["format"], "memprof-heap");
     // Dropped Authors the collector still marks (conservatively) are live
     // to it: the fixture says how many at that collection.
-    let (extra, extra_bytes) = dropped_marked(&mut stdout, uint(&json, "/gc/collection"));
+    let first = uint(&json, "/gc/collection");
+    let (extra, extra_bytes) = dropped_marked(&mut stdout, first);
     let types = json["types"].as_array().expect("types");
     for (i, (class, count, kind)) in CLASSES.iter().enumerate() {
         let (count, bytes) = match i {
@@ -196,7 +199,12 @@ fn census_is_exact(exe: &str, named: bool, arrays_named: [bool; 3]) {
             .next()
             .and_then(|l| l.rsplit(' ').next()?.parse().ok())
             .expect("the collection in the title");
-        let (extra, extra_bytes) = dropped_marked(&mut stdout, collection);
+        // Two censuses between the same two collections describe the same one.
+        let (extra, extra_bytes) = if collection == first {
+            (extra, extra_bytes)
+        } else {
+            dropped_marked(&mut stdout, collection)
+        };
         let author = format!(
             "| {} | {} | atomic | Author |",
             thousands(7_000 + extra),
@@ -499,11 +507,14 @@ fn heap_of_a_program_without_gc_is_one_line() {
     assert_eq!(tracer_of(target.pid()), 0);
 }
 
-/// A GC program that does not collect (gc_attach_target collects only on
-/// SIGUSR1): one line after --wait, the program untouched, and it still
-/// collects afterwards.
+/// A C program on Boehm GC that collects only when asked
+/// (gc_attach_target: SIGUSR1), idle since its start: libgc's own first
+/// collection (`GC_INIT` collects once) left marks, little was allocated
+/// since, so `memprof heap` answers at once from them, even with `--wait`
+/// longer than it took; the program untouched, and it still collects
+/// afterwards.
 #[test]
-fn heap_without_a_collection_gives_up_after_wait() {
+fn heap_of_a_c_program_between_collections() {
     let child = Command::new(fixture::GC_ATTACH_TARGET)
         .stdout(Stdio::piped())
         .spawn()
@@ -511,19 +522,349 @@ fn heap_without_a_collection_gives_up_after_wait() {
     let mut target = ChildGuard(child);
     let mut stdout = Lines::new("gc_attach_target", target.0.stdout.take().unwrap());
     stdout.wait_for("ready", TIMEOUT);
-    let out = run(["heap", "--pid", &target.pid().to_string(), "--wait", "1"]);
-    assert_one_line_error(
-        &out,
-        &["did not collect within 1 s", "GC.collect", "--wait"],
+    let pid = target.pid();
+    let started = Instant::now();
+    let out = run_ok([
+        "heap",
+        "--pid",
+        &pid.to_string(),
+        "--wait",
+        "10",
+        "--format",
+        "json",
+    ]);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
     );
+    let json: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(json["gc"]["taken"], "at_rest", "{:#}", json["gc"]);
+    assert_eq!(uint(&json, "/gc/collection"), 1, "{:#}", json["gc"]);
+    assert!(uint(&json, "/not_yet_judged/bytes") <= 256 << 10);
     assert!(target.is_running());
-    assert_eq!(tracer_of(target.pid()), 0);
+    assert_eq!(tracer_of(pid), 0);
     target.signal(libc::SIGUSR1);
     stdout.wait_for("done", TIMEOUT);
 }
 
 #[test]
-fn heap_wait_must_be_positive() {
-    let out = run(["heap", "--pid", "1", "--wait", "0"]);
-    assert_one_line_error(&out, &["--wait must be a positive number of seconds"]);
+fn heap_wait_must_not_be_negative() {
+    let out = run(["heap", "--pid", "1", "--wait=-1"]);
+    assert_one_line_error(
+        &out,
+        &["--wait must be 0 (never wait) or a positive number of seconds"],
+    );
+}
+
+/// `fixtures/crystal/idle_heap.cr`, started with its stdin a pipe: the
+/// type ids of Widget, Gadget and Gizmo and the bytes the collector gives
+/// each class's kept objects, from its `ready` line.
+fn start_idle(exe: &str) -> (ChildGuard, ChildStdin, Lines, [(u64, u64, u64); 3]) {
+    let child = Command::new(exe)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {exe}: {e}"));
+    let mut target = ChildGuard(child);
+    let stdin = target.0.stdin.take().unwrap();
+    let mut stdout = Lines::new("idle_heap stdout", target.0.stdout.take().unwrap());
+    let line = stdout.wait_for("ready", TIMEOUT);
+    let n: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|w| {
+            w.parse()
+                .unwrap_or_else(|_| panic!("bad ready line: {line}"))
+        })
+        .collect();
+    assert_eq!(n.len(), 6, "bad ready line: {line}");
+    // (type id, count kept, bytes).
+    let kept = [(n[0], 4_000, n[3]), (n[1], 1_500, n[4]), (n[2], 250, n[5])];
+    (target, stdin, stdout, kept)
+}
+
+/// Says `line` on the fixture's stdin.
+fn say(stdin: &mut ChildStdin, line: &str) {
+    writeln!(stdin, "{line}").unwrap();
+    stdin.flush().unwrap();
+}
+
+/// The census has exactly the kept Widgets, Gadgets and Gizmos, under
+/// their type ids, named after their classes.
+fn idle_classes_are_exact(json: &Value, kept: &[(u64, u64, u64); 3]) {
+    let types = json["types"].as_array().expect("types");
+    for (&(id, count, bytes), class) in kept.iter().zip(["Widget", "Gadget", "Gizmo"]) {
+        let rows: Vec<&Value> = types
+            .iter()
+            .filter(|t| t["type_id"].as_u64() == Some(id))
+            .collect();
+        assert_eq!(rows.len(), 1, "{class}: rows with its id: {rows:#?}");
+        assert_eq!(rows[0]["name"], class, "{:#}", rows[0]);
+        assert_eq!(uint(rows[0], "/count"), count, "{class}: {:#}", rows[0]);
+        assert_eq!(uint(rows[0], "/bytes"), bytes, "{class}: {:#}", rows[0]);
+    }
+}
+
+/// An idle program (built its graph, collected, said `ready`, waits on
+/// its stdin): `memprof heap` answers at once, from the marks of its last
+/// collection, with the exact count per class, says which collection,
+/// and how many bytes were allocated since (the `ready` line's strings
+/// and I/O buffers: a few KiB, under the threshold); the program runs on
+/// untraced, and answers its stdin after.
+fn idle_census_is_exact(exe: &str) {
+    let (mut target, mut stdin, mut stdout, kept) = start_idle(exe);
+    let pid = target.pid();
+    let started = Instant::now();
+    let out = run_ok(["heap", "--pid", &pid.to_string(), "--format", "json"]);
+    let took = started.elapsed();
+    eprintln!("{exe}: answered in {took:?}");
+    // A bound on an idle program's wait (memprof waited for nothing), not a benchmark.
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+    let text = String::from_utf8(out.stdout.clone()).expect("UTF-8");
+    let json: Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}):\n{text}"));
+    assert_eq!(json["gc"]["taken"], "at_rest", "{:#}", json["gc"]);
+    assert_eq!(json["gc"]["note"], Value::Null);
+    // The fixture collected once, at GC.collect, or more while building.
+    let collection = uint(&json, "/gc/collection");
+    assert!(collection >= 1, "{:#}", json["gc"]);
+    let since = uint(&json, "/not_yet_judged/bytes");
+    assert!(since <= 256 << 10, "allocated since: {since}");
+    assert_eq!(json["not_yet_judged"]["count"], Value::Null);
+    idle_classes_are_exact(&json, &kept);
+    // Said once on stderr, what is not classified; no wait.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let said = if since == 0 {
+        String::new()
+    } else {
+        format!(
+            "memprof: census from the marks of pid {pid}'s collection {collection}: {} bytes allocated since are not classified\n",
+            thousands(since)
+        )
+    };
+    assert_eq!(stderr, said);
+    // Left running, untraced, and it still works.
+    assert!(target.is_running());
+    assert_eq!(tracer_of(pid), 0);
+    say(&mut stdin, "more 10");
+    stdout.wait_for("allocated ", TIMEOUT);
+    // The markdown says it too.
+    let md = String::from_utf8(run_ok(["heap", "--pid", &pid.to_string(), "--wait", "0"]).stdout)
+        .unwrap();
+    assert!(
+        md.contains(&format!(
+            "Taken between collections: the marks collection {collection} left"
+        )),
+        "{md}"
+    );
+    assert!(md.contains("not classified"), "{md}");
+}
+
+#[test]
+fn heap_of_an_idle_program_debug() {
+    idle_census_is_exact(fixture::crystal::IDLE_HEAP_DEBUG);
+}
+
+/// libgc linked into the program: its code is not told apart, every
+/// thread must be waiting in the kernel, as an idle program's are.
+#[test]
+fn heap_of_an_idle_program_static_libgc() {
+    idle_census_is_exact(fixture::crystal::IDLE_HEAP_STATIC);
+}
+
+/// `--wait 0` after the program allocated more than memprof takes
+/// unclassified (30,000 kept objects, ~430 KiB, no collection since the
+/// last one they caused): the census at once, from the last collection's
+/// marks; the bytes allocated since it stated exactly as the program's
+/// own collector counts them (GC_get_bytes_since_gc, in process), in the
+/// JSON, in the markdown and on stderr (with the little Crystal's runtime
+/// allocates after the fixture read its count). Without `--wait 0`, memprof waits
+/// for a collection, saying why, and (none coming) answers from the same
+/// marks after --wait, saying so.
+#[test]
+fn heap_wait_0_never_waits_and_says_what_it_could_not_classify() {
+    let (mut target, mut stdin, mut stdout, kept) = start_idle(fixture::crystal::IDLE_HEAP_DEBUG);
+    let pid = target.pid();
+    say(&mut stdin, "more 30000");
+    let line = stdout.wait_for("allocated ", TIMEOUT);
+    let allocated: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(allocated > 256 << 10, "{line}");
+    let started = Instant::now();
+    let out = run_ok([
+        "heap",
+        "--pid",
+        &pid.to_string(),
+        "--wait",
+        "0",
+        "--format",
+        "json",
+    ]);
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+    let json: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(json["gc"]["taken"], "at_rest");
+    // What the collector counted when memprof stopped it: what the
+    // fixture allocated, and what Crystal's runtime allocated on its way
+    // back to waiting for stdin after the fixture read its count (a
+    // thread's free list refilled counts whole): a few KiB.
+    let since = uint(&json, "/not_yet_judged/bytes");
+    assert!(
+        (allocated..=allocated + (64 << 10)).contains(&since),
+        "allocated {allocated}, since {since}"
+    );
+    // Every Widget, Gadget and Gizmo was marked at that collection too.
+    idle_classes_are_exact(&json, &kept);
+    let collection = uint(&json, "/gc/collection");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stderr,
+        format!(
+            "memprof: census from the marks of pid {pid}'s collection {collection}: {} bytes allocated since are not classified\n",
+            thousands(since)
+        )
+    );
+    let md = String::from_utf8(run_ok(["heap", "--pid", &pid.to_string(), "--wait", "0"]).stdout)
+        .unwrap();
+    // Idle: the same count each time.
+    let said = format!(
+        "Allocated since collection {collection}, not classified: {} bytes",
+        thousands(since)
+    );
+    assert!(md.contains(&said), "no {said:?} in:\n{md}");
+    // Without --wait 0: it waits (one line saying why), then answers
+    // from the same marks, saying none came.
+    let started = Instant::now();
+    let out = run_ok([
+        "heap",
+        "--pid",
+        &pid.to_string(),
+        "--wait",
+        "1",
+        "--format",
+        "json",
+    ]);
+    assert!(started.elapsed() >= Duration::from_secs(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let waiting = format!(
+        "memprof: pid {pid} allocated {} bytes since its collection {collection} (more than memprof takes unclassified: 262,144): waiting up to 1 s for its next collection",
+        thousands(since)
+    );
+    assert!(stderr.starts_with(&waiting), "{stderr}");
+    let json: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(json["gc"]["taken"], "at_rest");
+    assert_eq!(json["gc"]["note"], "no collection came within 1 s");
+    assert_eq!(uint(&json, "/gc/collection"), collection);
+    assert_eq!(uint(&json, "/not_yet_judged/bytes"), since);
+    assert!(target.is_running());
+    assert_eq!(tracer_of(pid), 0);
+}
+
+/// Much allocated since the last collection (30,000 kept Extra objects,
+/// ~430 KiB): memprof says why it waits, once its probe is on, and takes
+/// the census at the program's next collection (`GC.collect`, asked on
+/// the fixture's stdin), its collector held: exact, the Extras counted
+/// too, nothing left unclassified.
+#[test]
+fn heap_waits_for_a_collection_when_much_was_allocated_since() {
+    let (mut target, mut stdin, mut stdout, kept) = start_idle(fixture::crystal::IDLE_HEAP_DEBUG);
+    let pid = target.pid();
+    say(&mut stdin, "more 30000");
+    stdout.wait_for("allocated ", TIMEOUT);
+    let pid_arg = pid.to_string();
+    let mut heap = memprof([
+        "heap", "--pid", &pid_arg, "--wait", "20", "--format", "json",
+    ])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let heap_stdout = heap.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut { heap_stdout }, &mut text).unwrap();
+        text
+    });
+    let mut stderr = Lines::new("memprof heap stderr", heap.stderr.take().unwrap());
+    let waiting = stderr.wait_for("waiting up to 20 s for its next collection", TIMEOUT);
+    assert!(
+        waiting.starts_with(&format!("memprof: pid {pid} allocated ")),
+        "{waiting}"
+    );
+    say(&mut stdin, "collect");
+    let line = stdout.wait_for("collected ", TIMEOUT);
+    let n: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|w| w.parse().unwrap())
+        .collect();
+    let (collection, extras, extra_bytes) = (n[0], n[1], n[2]);
+    assert_eq!(extras, 30_000);
+    let status = heap.wait().unwrap();
+    let text = reader.join().unwrap();
+    assert!(status.success(), "{status}: {text}");
+    let json: Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(json["gc"]["taken"], "held", "{:#}", json["gc"]);
+    assert_eq!(uint(&json, "/gc/collection"), collection);
+    assert_eq!(
+        json["not_yet_judged"],
+        serde_json::json!({"count": 0, "bytes": 0})
+    );
+    idle_classes_are_exact(&json, &kept);
+    let types = json["types"].as_array().unwrap();
+    let rows: Vec<&Value> = types.iter().filter(|t| t["name"] == "Extra").collect();
+    assert_eq!(rows.len(), 1, "{rows:#?}");
+    assert_eq!(uint(rows[0], "/count"), extras, "{:#}", rows[0]);
+    assert_eq!(uint(rows[0], "/bytes"), extra_bytes, "{:#}", rows[0]);
+    assert!(target.is_running());
+    assert_eq!(tracer_of(pid), 0);
+}
+
+/// A program whose collector memprof never finds at rest (it computes
+/// without pause, libgc linked in, so its code is not told apart) and
+/// that does not collect: `--wait 0` is one error line saying why and
+/// what to do; with `--wait 1`, one line while waiting, then one error
+/// line; the program running on, untraced, never left stopped.
+#[test]
+fn heap_of_a_program_never_at_rest() {
+    let child = Command::new(fixture::crystal::BUSY_LOOP_STATIC)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut target = ChildGuard(child);
+    Lines::new("busy_loop", target.0.stdout.take().unwrap()).wait_for("ready", TIMEOUT);
+    let pid = target.pid();
+    let out = run(["heap", "--pid", &pid.to_string(), "--wait", "0"]);
+    assert_one_line_error(
+        &out,
+        &[
+            &format!(
+                "pid {pid}'s collector was not at rest any of the 30 times memprof stopped it"
+            ),
+            "running",
+            "--wait SECONDS",
+        ],
+    );
+    assert!(target.is_running());
+    assert_eq!(tracer_of(pid), 0);
+    let out = run(["heap", "--pid", &pid.to_string(), "--wait", "1"]);
+    assert!(!out.status.success(), "{}", describe(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 2, "{stderr}");
+    assert!(
+        lines[0].starts_with(&format!("memprof: pid {pid}'s collector was not at rest"))
+            && lines[0].ends_with("waiting up to 1 s for its next collection, for an exact census"),
+        "{stderr}"
+    );
+    assert!(
+        lines[1].starts_with(&format!(
+            "memprof: error: pid {pid} did not collect within 1 s"
+        )) && lines[1].contains("its last collection's marks could not be read either"),
+        "{stderr}"
+    );
+    assert!(target.is_running());
+    assert_eq!(tracer_of(pid), 0);
+    let state = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    assert!(state.contains("State:\tR (running)"), "{state}");
 }

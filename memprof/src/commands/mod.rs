@@ -91,8 +91,8 @@ fn long_running(driver: &Driver, command: Command) -> Result<i32> {
             if ref_limit == 0 {
                 bail!("--ref-limit must be at least 1");
             }
-            if !(wait > 0.0 && wait.is_finite()) {
-                bail!("--wait must be a positive number of seconds");
+            if !(wait >= 0.0 && wait.is_finite()) {
+                bail!("--wait must be 0 (never wait) or a positive number of seconds");
             }
             let top = match (top, format) {
                 (Some(0), _) => bail!("--top must be at least 1"),

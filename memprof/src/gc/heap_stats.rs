@@ -113,6 +113,32 @@ impl HeapStatsLayout {
     }
 }
 
+impl HeapStatsLayout {
+    /// `GC_bytes_allocd`: bytes the collector handed out since its last
+    /// collection ended (what `GC_get_bytes_since_gc()` returns; a
+    /// thread's free list refilled counts whole). `None` where the getter
+    /// did not show where it lives. Read with the target stopped.
+    pub fn read_bytes_allocd(
+        &self,
+        bias: u64,
+        read: &mut impl FnMut(u64, &mut [u8]) -> io::Result<()>,
+    ) -> io::Result<Option<u64>> {
+        let Some(offset) = self.bytes_allocd else {
+            return Ok(None);
+        };
+        let mut load = |addr: u64| -> io::Result<u64> {
+            let mut buf = [0u8; 8];
+            read(addr, &mut buf)?;
+            Ok(u64::from_le_bytes(buf))
+        };
+        let arrays = match self.arrays_slot {
+            Some(slot) => load(slot.wrapping_add(bias))?,
+            None => self.arrays.wrapping_add(bias),
+        };
+        load(arrays.wrapping_add(offset)).map(Some)
+    }
+}
+
 fn unsupported(module: &Path, what: impl std::fmt::Display) -> anyhow::Error {
     anyhow!("unsupported libgc layout: {what} (in {})", module.display())
 }

@@ -4,20 +4,30 @@
 //! 1. find the libgc the target uses and derive its layout
 //!    ([`HeapReader`]); name the program's Crystal type ids from its code
 //!    ([`crate::crystal::type_ids`]);
-//! 2. trace the target and put a probe on `GC_gc_no++` only (no
-//!    allocation probe): the next collection stops its collector at the
-//!    end of marking ([`crate::probes`], the hold of the mark-bit passes);
-//! 3. while held: copy the block index, headers, mark bits and the memory
-//!    of the blocks with marked objects ([`HeapReader::copy`]), the
-//!    mappings and the resident pages of the heap blocks ([`rss::read`]);
-//! 4. let the target go, untraced, probes removed; then judge every object
-//!    ([`crate::gc::census::HeapCopy::census`]), name the types, with
-//!    `--sizes` their retained bytes ([`crate::gc::census::HeapCopy::retained`]),
-//!    build the RSS table ([`rss::table`]) and write the report ([`report`]).
+//! 2. look at the program between collections ([`idle`]): stopped a
+//!    moment, its collector at rest, and little allocated since its last
+//!    collection (or `--wait 0`), the heap is copied then and there from
+//!    the marks that collection left; the report says which collection,
+//!    and the bytes allocated since, not classified ([`Taken::AtRest`]);
+//! 3. otherwise (saying why on stderr) trace the target and put a probe on
+//!    `GC_gc_no++` only (no allocation probe): the next collection stops
+//!    its collector at the end of marking ([`crate::probes`], the hold of
+//!    the mark-bit passes); while held: copy the block index, headers,
+//!    mark bits and the memory of the blocks with marked objects
+//!    ([`HeapReader::copy`]), the mappings and the resident pages of the
+//!    heap blocks ([`rss::read`]); let the target go, untraced, probes
+//!    removed ([`Taken::Held`]);
+//! 4. judge every object ([`crate::gc::census::HeapCopy::census`]), name
+//!    the types, with `--sizes` their retained bytes
+//!    ([`crate::gc::census::HeapCopy::retained`]), build the RSS table
+//!    ([`rss::table`]) and write the report ([`report`]).
 //!
-//! No collection within `--wait` seconds: one line saying so, exit 1, and
-//! the target is let go as it was.
+//! No collection within `--wait` seconds: the census from the last
+//! collection's marks as in 2, saying so; one error line, exit 1, only if
+//! there is none (or its collector is never at rest); the target is let
+//! go as it was.
 pub mod graph;
+pub mod idle;
 pub mod report;
 pub mod roots;
 pub mod rss;
@@ -31,10 +41,11 @@ use crate::allocators::{self, BOEHM};
 use crate::crystal::type_ids::{type_names, TypeNames, TypeOf};
 use crate::driver::preflight::{mapped_files, require_capabilities};
 use crate::driver::{Driven, Driver, Flow};
-use crate::gc::census::{Census, HeapCopy, HeapReader};
+use crate::gc::census::{Census, Counters, HeapCopy, HeapReader};
 use crate::modules::ModuleCache;
 use crate::outfile::OutFile;
 use crate::probes::{ProbeOptions, Probes};
+use crate::report::thousands;
 use crate::target::trace::{Event, Tracer};
 use crate::target::{self, Target};
 
@@ -69,9 +80,30 @@ pub struct HeapReport {
     pub graph: Option<graph::RefGraph>,
     /// `/proc/PID/smaps_rollup`'s Rss at the hold, to compare the table with.
     pub rollup_rss: Option<u64>,
-    /// How long the collector was held, and the census took afterwards.
+    /// How long the collector was held (or the program stopped), and the
+    /// census took afterwards.
     pub held: Duration,
     pub judged: Duration,
+    /// At a held collection, or between collections.
+    pub taken: Taken,
+}
+
+/// When the census was taken.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Taken {
+    /// At a collection, its collector held at the end of its marking:
+    /// every object judged.
+    Held,
+    /// Between collections, the program stopped and its collector at rest
+    /// ([`idle`]): the last collection's marks; what was allocated since
+    /// is not classified.
+    AtRest {
+        /// Bytes allocated since that collection (`GC_bytes_allocd`).
+        allocated_since: Option<u64>,
+        /// Why at rest and not at a collection, when the program was
+        /// waited for in vain.
+        note: Option<String>,
+    },
 }
 
 /// The probes and the tracer while attached: on every way out, first no
@@ -114,15 +146,112 @@ pub fn run(driver: &Driver, pid: u32, options: &HeapOptions) -> Result<()> {
     let file = options.output.as_deref().map(OutFile::create).transpose()?;
     // Retained sizes and the graph need the words of large scanned objects.
     let whole = options.sizes || options.graph.is_some();
-    let held = hold_and_copy(
-        driver,
-        pid,
-        &reader,
-        options.wait,
-        (whole, options.graph.is_some()),
-    )?;
-    let report = judge(target, held, names, &cache, options)?;
+    let parts = (whole, options.graph.is_some());
+    // libgc's code in the target, to tell a thread collecting (not when
+    // libgc is linked into the program).
+    let gc_code: Option<Vec<(u64, u64)>> = (gc_module != target.exe)
+        .then(|| -> Result<Vec<(u64, u64)>> {
+            let module = cache.get(&gc_module)?;
+            let bias = module.load_bias(pid)?;
+            Ok(module
+                .code_ranges()
+                .map(|(a, b)| (a.wrapping_add(bias), b.wrapping_add(bias)))
+                .collect())
+        })
+        .transpose()?;
+    let now = options.wait.is_zero();
+    let (held, taken) = match idle::look(pid, &reader, gc_code.as_deref(), now, parts)? {
+        idle::Look::Now(held, counters) => (
+            *held,
+            Taken::AtRest {
+                allocated_since: counters.bytes_allocd,
+                note: None,
+            },
+        ),
+        idle::Look::Wait { why, .. } if now => bail!(
+            "{why}: --wait 0 reads the marks only from a collector at rest; run `memprof heap` with --wait SECONDS to census at its next collection"
+        ),
+        idle::Look::Wait { why, counters } => {
+            // One line, once waiting (the probe on).
+            // --wait 0 is a way out only when the marks could be read.
+            let hint = match counters {
+                Some(c) if c.gc_no > 0 => " (--wait 0: census now from the last collection's marks)",
+                _ => "",
+            };
+            let waiting = format!(
+                "memprof: {why}: waiting up to {} s for its next collection, for an exact census{hint}",
+                options.wait.as_secs_f64()
+            );
+            match hold_and_copy(driver, pid, &reader, (options.wait, &waiting), parts)? {
+                Some(held) => (held, Taken::Held),
+                None => at_rest_after_wait(
+                    pid,
+                    &reader,
+                    gc_code.as_deref(),
+                    counters,
+                    options.wait,
+                    parts,
+                )?,
+            }
+        }
+    };
+    let report = judge(target, held, names, &cache, options, taken)?;
+    // Said when something is not classified (an idle program's census
+    // is exact: nothing allocated since).
+    if let Taken::AtRest {
+        allocated_since, ..
+    } = &report.taken
+    {
+        if *allocated_since == Some(0) {
+            return write(&report, options, file);
+        }
+        let since = allocated_since.map_or("an unknown number of".to_string(), thousands);
+        eprintln!(
+            "memprof: census from the marks of pid {pid}'s collection {}: {since} bytes allocated since are not classified",
+            report.copy.gc_no
+        );
+    }
     write(&report, options, file)
+}
+
+/// No collection came within `--wait`: the census from the last
+/// collection's marks, saying so, if there was one (and its collector is
+/// at rest); else the error it always was.
+fn at_rest_after_wait(
+    pid: u32,
+    reader: &HeapReader,
+    gc_code: Option<&[(u64, u64)]>,
+    counters: Option<Counters>,
+    wait: Duration,
+    parts: (bool, bool),
+) -> Result<(Held, Taken)> {
+    let never = || {
+        anyhow!(
+            "pid {pid} did not collect within {} s: a Boehm GC collects when the program allocates; put it under load (or have it call GC.collect) and run `memprof heap` again, or give it longer with --wait SECONDS",
+            wait.as_secs_f64()
+        )
+    };
+    if counters.is_some_and(|c| c.gc_no == 0) {
+        return Err(never());
+    }
+    match idle::look(pid, reader, gc_code, true, parts) {
+        Ok(idle::Look::Now(held, counters)) => Ok((
+            *held,
+            Taken::AtRest {
+                allocated_since: counters.bytes_allocd,
+                note: Some(format!(
+                    "no collection came within {} s",
+                    wait.as_secs_f64()
+                )),
+            },
+        )),
+        // Never at rest: the deadline's error, and why not the marks.
+        Ok(idle::Look::Wait { why, .. }) => Err(anyhow!(
+            "{}; its last collection's marks could not be read either: {why}",
+            never()
+        )),
+        Err(e) => Err(e),
+    }
 }
 
 /// Judges every object of the copy, names their types, builds the RSS
@@ -133,6 +262,7 @@ fn judge(
     names: TypeNames,
     cache: &ModuleCache,
     options: &HeapOptions,
+    taken: Taken,
 ) -> Result<HeapReport> {
     let pid = target.pid;
     let started = Instant::now();
@@ -172,6 +302,7 @@ fn judge(
         rollup_rss,
         held,
         judged: started.elapsed(),
+        taken,
     })
 }
 
@@ -210,7 +341,7 @@ fn write(report: &HeapReport, options: &HeapOptions, mut file: Option<OutFile>) 
 /// What [`hold_and_copy`] brings back: the copy, the mappings and resident
 /// pages, smaps_rollup's Rss, how long the hold lasted, and (`--graph`)
 /// the memory that may hold roots.
-type Held = (
+pub(super) type Held = (
     HeapCopy,
     rss::Snapshot,
     Option<u64>,
@@ -225,9 +356,9 @@ fn hold_and_copy(
     driver: &Driver,
     pid: u32,
     reader: &HeapReader,
-    wait: Duration,
+    (wait, waiting): (Duration, &str),
     (whole, with_roots): (bool, bool),
-) -> Result<Held> {
+) -> Result<Option<Held>> {
     let mut probes = Probes::load(&ProbeOptions::smallest(), None)?;
     let tracer = Tracer::seize(pid, &mut |tid| {
         let _ = probes.set_traced(tid);
@@ -239,13 +370,7 @@ fn hold_and_copy(
         &reader.collection_increments(),
         true,
     )?;
-    // Said on a terminal only: a failure stays one line for scripts.
-    if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-        eprintln!(
-            "memprof: waiting up to {} s for pid {pid}'s next GC collection",
-            wait.as_secs_f64()
-        );
-    }
+    eprintln!("{waiting}");
     let mut hold = Hold {
         pid,
         reader,
@@ -264,14 +389,8 @@ fn hold_and_copy(
     attached.probes.stop_holding()?;
     attached.tracer.detach();
     drop(attached);
-    match copied {
-        Some(copied) => copied,
-        // Ctrl-C and an exit end it with their own error: the deadline.
-        None => bail!(
-            "pid {pid} did not collect within {} s: a Boehm GC collects when the program allocates; put it under load (or have it call GC.collect) and run `memprof heap` again, or give it longer with --wait SECONDS",
-            wait.as_secs_f64()
-        ),
-    }
+    // Ctrl-C and an exit end it with their own error: `None` is the deadline.
+    copied.transpose()
 }
 
 /// `memprof heap`'s wait for the next collection, and the copy at its hold.
@@ -326,7 +445,7 @@ impl Driven for Hold<'_> {
 }
 
 /// What [`copy_held`] copies: [`Held`] but the time held.
-type Copied = (
+pub(super) type Copied = (
     HeapCopy,
     rss::Snapshot,
     Option<u64>,
@@ -336,7 +455,7 @@ type Copied = (
 /// While the collector is held: the heap, the mappings and resident
 /// pages of its blocks, smaps_rollup's Rss, and (`with_roots`) the memory
 /// that may hold roots.
-fn copy_held(
+pub(super) fn copy_held(
     pid: u32,
     tid: u32,
     reader: &HeapReader,

@@ -7,7 +7,7 @@ use std::io::Write;
 use anyhow::Result;
 use serde_json::json;
 
-use super::{HeapOptions, HeapReport};
+use super::{HeapOptions, HeapReport, Taken};
 use crate::crystal::type_ids::{TypeNames, TypeOf};
 use crate::gc::census::{kind_name, Tally, Word, AUNCOLLECTABLE, PTRFREE};
 use crate::report::thousands;
@@ -143,13 +143,30 @@ fn summary(report: &HeapReport, out: &mut dyn Write) -> Result<()> {
         copy.gc_no
     )?;
     writeln!(out)?;
-    writeln!(
-        out,
-        "Collector held {:.1} ms (copied {} bytes of heap); census {:.1} ms after letting it go.",
-        report.held.as_secs_f64() * 1e3,
-        thousands(copy.copied_bytes()),
-        report.judged.as_secs_f64() * 1e3
-    )?;
+    match &report.taken {
+        Taken::Held => writeln!(
+            out,
+            "Collector held {:.1} ms (copied {} bytes of heap); census {:.1} ms after letting it go.",
+            report.held.as_secs_f64() * 1e3,
+            thousands(copy.copied_bytes()),
+            report.judged.as_secs_f64() * 1e3
+        )?,
+        Taken::AtRest {
+            allocated_since,
+            note,
+        } => {
+            writeln!(
+                out,
+                "Taken between collections{}: the marks collection {} left, read with the program stopped {:.1} ms, its collector at rest (copied {} bytes of heap); census {:.1} ms after letting it go.",
+                note.as_ref().map(|n| format!(" ({n})")).unwrap_or_default(),
+                copy.gc_no,
+                report.held.as_secs_f64() * 1e3,
+                thousands(copy.copied_bytes()),
+                report.judged.as_secs_f64() * 1e3
+            )?;
+            writeln!(out, "{}", not_classified(copy.gc_no, *allocated_since))?;
+        }
+    }
     writeln!(
         out,
         "GC heap: {} bytes in {} blocks ({} in free blocks). Live (marked): {} objects, {} bytes. \
@@ -175,6 +192,22 @@ fn summary(report: &HeapReport, out: &mut dyn Write) -> Result<()> {
     }
     writeln!(out)?;
     Ok(())
+}
+
+/// What a census between collections could not classify, in a sentence.
+fn not_classified(gc_no: u64, allocated_since: Option<u64>) -> String {
+    match allocated_since {
+        Some(0) => format!(
+            "Nothing was allocated since collection {gc_no}: every object is judged."
+        ),
+        Some(b) => format!(
+            "Allocated since collection {gc_no}, not classified: {} bytes (the collector's count; objects allocated since are not marked yet, so not in the tables below).",
+            thousands(b)
+        ),
+        None => format!(
+            "Allocated since collection {gc_no}, not classified: unknown (memprof cannot read this libgc's count); objects allocated since are not marked yet, so not in the tables below."
+        ),
+    }
 }
 
 /// Live objects by type, the `top` most bytes first.
@@ -350,6 +383,8 @@ fn to_json(report: &HeapReport) -> serde_json::Value {
                    "command": report.target.command},
         "gc": {
             "collection": copy.gc_no,
+            "taken": match report.taken { Taken::Held => "held", Taken::AtRest { .. } => "at_rest" },
+            "note": match &report.taken { Taken::AtRest { note, .. } => note.clone(), Taken::Held => None },
             "held_seconds": report.held.as_secs_f64(),
             "census_seconds": report.judged.as_secs_f64(),
             "copied_bytes": copy.copied_bytes(),
@@ -364,7 +399,10 @@ fn to_json(report: &HeapReport) -> serde_json::Value {
             "unmapped_bytes": stats.map(|s| s.unmapped_bytes),
         },
         "types": types,
-        "not_yet_judged": {"count": 0, "bytes": 0},
+        "not_yet_judged": match report.taken {
+            Taken::Held => json!({"count": 0, "bytes": 0}),
+            Taken::AtRest { allocated_since, .. } => json!({"count": null, "bytes": allocated_since}),
+        },
         "size_classes": classes,
         "rss": rss,
         "rss_total": report.rss.iter().map(|r| r.bytes).sum::<u64>(),

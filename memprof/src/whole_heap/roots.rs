@@ -27,6 +27,10 @@ enum Place {
     /// Another stack (a thread's or a fiber's): the mapping's range. Its
     /// resident pages are read whole, stale frames included.
     OtherStack { start: u64, end: u64 },
+    /// The main thread's `[stack]`, while that thread runs on another
+    /// (a fiber's, as an idle Crystal program's does in its event loop):
+    /// read as another stack, named after the thread.
+    MainStack { pid: u32 },
 }
 
 /// Memory that may hold roots, copied at the hold.
@@ -75,14 +79,16 @@ pub(crate) fn read(pid: u32, tid: u32, mappings: &[Mapping]) -> Result<RootMemor
         .with_context(|| format!("cannot read /proc/{pid}/pagemap"))?;
     let mut copied = 0;
     for (i, m) in mappings.iter().enumerate() {
-        let Some(place) = place_of(mappings, i, regs.rsp, tid) else {
+        let Some(place) = place_of(mappings, i, regs.rsp, (pid, tid)) else {
             continue;
         };
         let ranges = match place {
             Place::Stack { .. } => vec![(regs.rsp.saturating_sub(RED_ZONE).max(m.start), m.end)],
             Place::Global(_) => vec![(m.start, m.end)],
             // Fiber stacks are 8 MiB, mostly never touched: resident pages only.
-            Place::OtherStack { .. } => resident_runs(&pagemap, m.start, m.end),
+            Place::OtherStack { .. } | Place::MainStack { .. } => {
+                resident_runs(&pagemap, m.start, m.end)
+            }
         };
         for (start, end) in ranges {
             if copied + (end - start) > MAX_ROOT_BYTES {
@@ -147,7 +153,7 @@ fn named_registers(regs: &libc::user_regs_struct) -> Vec<(&'static str, u64)> {
 /// What mapping `i` of `mappings` is, if it may hold roots: a module's
 /// data, the held thread's stack (it holds `rsp`), another stack; `None`
 /// for the rest.
-fn place_of(mappings: &[Mapping], i: usize, rsp: u64, tid: u32) -> Option<Place> {
+fn place_of(mappings: &[Mapping], i: usize, rsp: u64, (pid, tid): (u32, u32)) -> Option<Place> {
     let m = &mappings[i];
     if !m.perms.starts_with("rw") {
         return None;
@@ -172,6 +178,7 @@ fn place_of(mappings: &[Mapping], i: usize, rsp: u64, tid: u32) -> Option<Place>
     match owner {
         Some(path) => Some(Place::Global(path)),
         None if (m.start..m.end).contains(&rsp) => Some(Place::Stack { tid }),
+        None if m.path == "[stack]" => Some(Place::MainStack { pid }),
         None if is_stack => Some(Place::OtherStack {
             start: m.start,
             end: m.end,
@@ -214,6 +221,7 @@ pub(crate) fn find(
                 Place::Global(path) => global_name(modules, path, pid, at),
                 // Where on the stack is noise (stale slots look alike).
                 Place::Stack { tid, .. } => format!("stack of thread {tid}"),
+                Place::MainStack { pid } => format!("stack of thread {pid}"),
                 Place::OtherStack { start, end } => {
                     format!("stack {start:#x}-{end:#x} (another thread's or a fiber's)")
                 }

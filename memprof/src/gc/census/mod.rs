@@ -37,7 +37,7 @@ pub use self::count::{Census, LiveObject, Tally, Word};
 pub use self::graph::Graph;
 pub use self::heap_copy::{kind_name, HeapCopy, AUNCOLLECTABLE, PTRFREE};
 pub(crate) use self::read::vm_read;
-pub use self::read::HeapReader;
+pub use self::read::{Counters, HeapReader};
 
 #[cfg(test)]
 mod tests;

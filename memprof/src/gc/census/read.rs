@@ -24,6 +24,19 @@ pub struct HeapReader {
     stats: Option<HeapStatsLayout>,
 }
 
+/// The collector's counters between collections ([`HeapReader::counters`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counters {
+    /// `GC_gc_no`: collections completed (0: none yet, no mark is a verdict).
+    pub gc_no: u64,
+    /// `GC_bytes_allocd`: bytes allocated since collection `gc_no` (a
+    /// thread's free list counted whole when refilled); `None` where
+    /// memprof does not know where this libgc keeps it.
+    pub bytes_allocd: Option<u64>,
+    /// `GC_get_heap_size()`, where known.
+    pub heap_size: Option<u64>,
+}
+
 /// Most bytes read from the target at once.
 const MAX_READ: usize = 1 << 20;
 /// Bytes copied from the start of a large object (its type id and more).
@@ -53,6 +66,34 @@ impl HeapReader {
     /// The `GC_gc_no++` instructions ([`EndOfMark::probe_points`]).
     pub fn collection_increments(&self) -> Vec<(u64, u64)> {
         self.end.probe_points()
+    }
+
+    /// The collector's counters in process `pid` (stopped, or its
+    /// collector held): which collection its mark bits describe, and what
+    /// it allocated since ([`Counters`]).
+    pub fn counters(&self, pid: u32) -> Result<Counters> {
+        let bias = self.module.load_bias(pid)?;
+        let mem = File::open(format!("/proc/{pid}/mem"))
+            .with_context(|| format!("cannot read the memory of pid {pid}"))?;
+        let mut read = |a: u64, buf: &mut [u8]| mem.read_exact_at(buf, a);
+        let gc_no = self
+            .end
+            .read_gc_no(bias, &mut read)
+            .context("reading GC_gc_no")?;
+        let (bytes_allocd, heap_size) = match &self.stats {
+            Some(stats) => (
+                stats
+                    .read_bytes_allocd(bias, &mut read)
+                    .context("reading GC_bytes_allocd")?,
+                stats.read(bias, &mut read).ok().map(|s| s.heap_size),
+            ),
+            None => (None, None),
+        };
+        Ok(Counters {
+            gc_no,
+            bytes_allocd,
+            heap_size,
+        })
     }
 
     /// The held part: copies what the census needs from process `pid`,
