@@ -492,3 +492,75 @@ fn attach_by_executable_takes_a_static_program_started_later() {
     assert_eq!(json["gc"]["liveness"], "mark bits", "{:#}", json["gc"]);
     assert!(target.is_running(), "the program died");
 }
+
+/// `attach --comm` on a Crystal program that ran before memprof and
+/// allocates only with the Boehm GC (a server between requests calls no
+/// libc allocator the probes would see it by): found in /proc, given its
+/// session (collections held, mark bits read), its GC allocations made
+/// since followed exactly.
+#[test]
+fn attach_by_name_takes_a_crystal_program_running_before() {
+    use std::io::Write;
+    let dir = TempDir::new("processes_comm_crystal");
+    let profile = dir.join("crystal.mprof");
+    let exe = fixture::crystal::ATTACH_CENSUS_DEBUG;
+    let child = std::process::Command::new(exe)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut target = ChildGuard(child);
+    let mut stdin = target.0.stdin.take().unwrap();
+    let mut stdout = Lines::new("attach_census stdout", target.0.stdout.take().unwrap());
+    stdout.wait_for("ready ", TIMEOUT);
+    let child = memprof([
+        "attach",
+        "--comm",
+        "attach_census_debug",
+        "--sample-bytes",
+        "0",
+        "--gc-sampling",
+        "exact",
+        "--census",
+        "off",
+        "-o",
+        profile.to_str().unwrap(),
+    ])
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut memprof = ChildGuard(child);
+    let mut stderr = Lines::new("attach --comm", memprof.0.stderr.take().unwrap());
+    stderr.wait_for(&format!("following pid {}", target.pid()), TIMEOUT);
+    // 2,500 Late objects, kept; then a collection.
+    writeln!(stdin, "go").unwrap();
+    stdin.flush().unwrap();
+    stdout.wait_for("collected ", TIMEOUT);
+    memprof.signal(libc::SIGINT);
+    let status = memprof.wait_timeout(TIMEOUT);
+    assert!(status.success(), "{:#?}", stderr.all());
+    let json = report_json(&profile);
+    let processes = json["processes"].as_array().expect("processes");
+    assert_eq!(processes.len(), 1, "{processes:#?}");
+    assert_eq!(uint(&processes[0], "/pid"), target.pid() as u64);
+    let late: Vec<&Value> = groups(&json)
+        .iter()
+        .filter(|g| {
+            g["kind"] == "gc"
+                && g["frames"]
+                    .as_array()
+                    .is_some_and(|f| f.first().is_some_and(|f| f["function"] == "Late.new"))
+        })
+        .collect();
+    assert_eq!(late.len(), 1, "{}", list_groups(&json));
+    let counts = Counts::of(late[0]);
+    assert_eq!(
+        (counts.live_count, counts.total_count),
+        (2_500, 2_500),
+        "{}",
+        list_groups(&json)
+    );
+    assert_eq!(json["gc"]["liveness"], "mark bits", "{:#}", json["gc"]);
+    assert!(target.is_running(), "the program died");
+}

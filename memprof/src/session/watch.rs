@@ -38,7 +38,9 @@ pub fn attach_matching(
     )?;
     let started = Instant::now();
     let mut selected = Selected {
+        selection,
         options,
+        last_scan: None,
         probes: Family::select(&options.for_family(), selection)?,
         own: Followed::default(),
         checked: HashSet::new(),
@@ -66,7 +68,10 @@ pub fn attach_matching(
 
 /// `attach --comm/--exe`'s processes, as the driver steps them.
 struct Selected<'a> {
+    selection: &'a Selection,
     options: &'a SessionOptions,
+    /// When /proc was last read for the processes selected.
+    last_scan: Option<Instant>,
     /// Every process selected, from its first allocation.
     probes: Family,
     /// The Boehm GC programs among them: a session each.
@@ -100,8 +105,23 @@ impl Driven for Selected<'_> {
     /// The events read; a new Boehm GC program gets its session.
     fn step(&mut self) -> Result<Flow> {
         self.probes.step()?;
-        for (pid, index) in self.probes.members() {
-            if !self.checked.insert((pid, index)) || !self.uses_gc(pid) {
+        let mut found = self.probes.members();
+        // A program that ran before memprof and allocates only with the
+        // Boehm GC (a Crystal server) is seen in /proc, not by the probes.
+        if self.last_scan.is_none_or(|t| t.elapsed() >= RESCAN) {
+            self.last_scan = Some(Instant::now());
+            found.extend(
+                self.selection
+                    .matching()
+                    .into_iter()
+                    .map(|pid| (pid, u32::MAX)),
+            );
+        }
+        for (pid, index) in found {
+            if !self.checked.insert((pid, index))
+                || self.own.pids().contains(&pid)
+                || !self.uses_gc(pid)
+            {
                 continue;
             }
             match self.probes.leave_out(pid) {
