@@ -467,11 +467,18 @@ fn attach_by_executable_takes_a_static_program_started_later() {
     let status = memprof.wait_timeout(TIMEOUT);
     assert!(status.success(), "{:#?}", stderr.all());
     let json = report_json(&profile);
+    assert_late_kept(&json, &mut target);
+    assert_eq!(json["processes"][0]["exe"], exe);
+}
+
+/// The attach_census fixture's one process, `target`, in the profile,
+/// with the 2,500 `Late` objects it made after `go`, each kept (a class
+/// variable holds them): marked at the collection. It runs on.
+fn assert_late_kept(json: &Value, target: &mut ChildGuard) {
     let processes = json["processes"].as_array().expect("processes");
     assert_eq!(processes.len(), 1, "{processes:#?}");
     assert_eq!(uint(&processes[0], "/pid"), target.pid() as u64);
-    assert_eq!(processes[0]["exe"], exe);
-    let late: Vec<&Value> = groups(&json)
+    let late: Vec<&Value> = groups(json)
         .iter()
         .filter(|g| {
             g["kind"] == "gc"
@@ -480,14 +487,13 @@ fn attach_by_executable_takes_a_static_program_started_later() {
                     .is_some_and(|f| f.first().is_some_and(|f| f["function"] == "Late.new"))
         })
         .collect();
-    assert_eq!(late.len(), 1, "{}", list_groups(&json));
+    assert_eq!(late.len(), 1, "{}", list_groups(json));
     let counts = Counts::of(late[0]);
-    // Each kept (a class variable holds them): marked at the collection.
     assert_eq!(
         (counts.live_count, counts.total_count),
         (2_500, 2_500),
         "{}",
-        list_groups(&json)
+        list_groups(json)
     );
     assert_eq!(json["gc"]["liveness"], "mark bits", "{:#}", json["gc"]);
     assert!(target.is_running(), "the program died");
@@ -541,26 +547,5 @@ fn attach_by_name_takes_a_crystal_program_running_before() {
     let status = memprof.wait_timeout(TIMEOUT);
     assert!(status.success(), "{:#?}", stderr.all());
     let json = report_json(&profile);
-    let processes = json["processes"].as_array().expect("processes");
-    assert_eq!(processes.len(), 1, "{processes:#?}");
-    assert_eq!(uint(&processes[0], "/pid"), target.pid() as u64);
-    let late: Vec<&Value> = groups(&json)
-        .iter()
-        .filter(|g| {
-            g["kind"] == "gc"
-                && g["frames"]
-                    .as_array()
-                    .is_some_and(|f| f.first().is_some_and(|f| f["function"] == "Late.new"))
-        })
-        .collect();
-    assert_eq!(late.len(), 1, "{}", list_groups(&json));
-    let counts = Counts::of(late[0]);
-    assert_eq!(
-        (counts.live_count, counts.total_count),
-        (2_500, 2_500),
-        "{}",
-        list_groups(&json)
-    );
-    assert_eq!(json["gc"]["liveness"], "mark bits", "{:#}", json["gc"]);
-    assert!(target.is_running(), "the program died");
+    assert_late_kept(&json, &mut target);
 }

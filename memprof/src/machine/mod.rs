@@ -125,6 +125,10 @@ struct Host {
     last_scan: Instant,
     /// Which processes are followed.
     scope: Scope,
+    /// Processes given to sessions of their own ([`Host::leave_out`]):
+    /// an index the kernel gave one before it was left out, heard of
+    /// after, is dropped.
+    left_out: HashSet<u32>,
 }
 
 /// Which processes a [`Host`] follows (the kernel decides, at each
@@ -233,6 +237,7 @@ impl Host {
             last_finalize: Instant::now(),
             last_scan: Instant::now(),
             scope,
+            left_out: HashSet::new(),
         };
         host.files.probe_system_libraries(&mut host.probes);
         if let Some(live) = live {
@@ -301,6 +306,11 @@ impl Host {
     fn on_event(&mut self, Seen { event: e, read }: Seen) {
         let index_known = e.index != host::IGNORED;
         match e.op {
+            host::NEW if self.left_out.contains(&e.tgid) => {
+                if let Err(err) = self.drop_indexes(HashSet::from([e.index])) {
+                    eprintln!("memprof: pid {}: its tables stay: {err:#}", e.tgid);
+                }
+            }
             host::NEW => {
                 let comm = comm_of(&e.comm);
                 let start_s = self.since(e.time_ns);
@@ -454,12 +464,19 @@ impl Host {
     /// dropped (its session's profile says from when it is profiled).
     fn leave_out(&mut self, pid: u32) -> Result<()> {
         self.probes.leave_out(pid)?;
+        self.left_out.insert(pid);
         let indexes: HashSet<u32> = self
             .processes
             .values()
             .filter(|p| p.pid == pid)
             .map(|p| p.index)
             .collect();
+        self.drop_indexes(indexes)
+    }
+
+    /// Processes `indexes` are not profiled here: their tables are taken
+    /// out of the kernel's and dropped.
+    fn drop_indexes(&mut self, indexes: HashSet<u32>) -> Result<()> {
         self.probes.take_ended(&indexes)?;
         for index in indexes {
             self.processes.remove(&index);
