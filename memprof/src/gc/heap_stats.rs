@@ -83,15 +83,8 @@ impl HeapStatsLayout {
         bias: u64,
         read: &mut impl FnMut(u64, &mut [u8]) -> io::Result<()>,
     ) -> io::Result<HeapStats> {
-        let mut load = |addr: u64| -> io::Result<u64> {
-            let mut buf = [0u8; 8];
-            read(addr, &mut buf)?;
-            Ok(u64::from_le_bytes(buf))
-        };
-        let arrays = match self.arrays_slot {
-            Some(slot) => load(slot.wrapping_add(bias))?,
-            None => self.arrays.wrapping_add(bias),
-        };
+        let mut load = |addr: u64| load_word(read, addr);
+        let arrays = self.arrays_at(bias, &mut load)?;
         let heapsize = load(arrays.wrapping_add(self.heap_size))?;
         let large_free = load(arrays.wrapping_add(self.large_free))?;
         let unmapped = match self.unmapped {
@@ -126,17 +119,33 @@ impl HeapStatsLayout {
         let Some(offset) = self.bytes_allocd else {
             return Ok(None);
         };
-        let mut load = |addr: u64| -> io::Result<u64> {
-            let mut buf = [0u8; 8];
-            read(addr, &mut buf)?;
-            Ok(u64::from_le_bytes(buf))
-        };
-        let arrays = match self.arrays_slot {
-            Some(slot) => load(slot.wrapping_add(bias))?,
-            None => self.arrays.wrapping_add(bias),
-        };
+        let mut load = |addr: u64| load_word(read, addr);
+        let arrays = self.arrays_at(bias, &mut load)?;
         load(arrays.wrapping_add(offset)).map(Some)
     }
+
+    /// Where the collector's arrays are in the target (`bias`: its load
+    /// bias), through the slot that points at them where there is one.
+    fn arrays_at(
+        &self,
+        bias: u64,
+        load: &mut impl FnMut(u64) -> io::Result<u64>,
+    ) -> io::Result<u64> {
+        match self.arrays_slot {
+            Some(slot) => load(slot.wrapping_add(bias)),
+            None => Ok(self.arrays.wrapping_add(bias)),
+        }
+    }
+}
+
+/// The target's word at `addr`, through `read`.
+fn load_word(
+    read: &mut impl FnMut(u64, &mut [u8]) -> io::Result<()>,
+    addr: u64,
+) -> io::Result<u64> {
+    let mut buf = [0u8; 8];
+    read(addr, &mut buf)?;
+    Ok(u64::from_le_bytes(buf))
 }
 
 fn unsupported(module: &Path, what: impl std::fmt::Display) -> anyhow::Error {

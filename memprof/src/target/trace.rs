@@ -582,7 +582,7 @@ fn cont(tid: u32, signal: i32) {
 }
 
 /// The thread ids of `pid`.
-fn task_ids(pid: u32) -> Vec<u32> {
+pub(crate) fn task_ids(pid: u32) -> Vec<u32> {
     std::fs::read_dir(format!("/proc/{pid}/task"))
         .map(|dir| {
             dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())

@@ -46,6 +46,7 @@ use anyhow::{bail, Result};
 use super::Held;
 use crate::gc::census::{Counters, HeapReader};
 use crate::report::thousands;
+use crate::target::trace::task_ids;
 
 /// Bytes allocated since the last collection under which its marks are
 /// taken as the census at once (or 1% of the heap, if more). A program
@@ -298,16 +299,6 @@ impl Drop for Frozen {
             unsafe { libc::ptrace(libc::PTRACE_DETACH, tid as i32, 0, signal as libc::c_long) };
         }
     }
-}
-
-/// The thread ids of `pid`.
-fn task_ids(pid: u32) -> Vec<u32> {
-    std::fs::read_dir(format!("/proc/{pid}/task"))
-        .map(|dir| {
-            dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 #[cfg(test)]

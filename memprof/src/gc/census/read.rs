@@ -68,13 +68,19 @@ impl HeapReader {
         self.end.probe_points()
     }
 
+    /// Process `pid`'s load bias for the collector's module, and its memory.
+    fn open(&self, pid: u32) -> Result<(u64, File)> {
+        let bias = self.module.load_bias(pid)?;
+        let mem = File::open(format!("/proc/{pid}/mem"))
+            .with_context(|| format!("cannot read the memory of pid {pid}"))?;
+        Ok((bias, mem))
+    }
+
     /// The collector's counters in process `pid` (stopped, or its
     /// collector held): which collection its mark bits describe, and what
     /// it allocated since ([`Counters`]).
     pub fn counters(&self, pid: u32) -> Result<Counters> {
-        let bias = self.module.load_bias(pid)?;
-        let mem = File::open(format!("/proc/{pid}/mem"))
-            .with_context(|| format!("cannot read the memory of pid {pid}"))?;
+        let (bias, mem) = self.open(pid)?;
         let mut read = |a: u64, buf: &mut [u8]| mem.read_exact_at(buf, a);
         let gc_no = self
             .end
@@ -101,9 +107,7 @@ impl HeapReader {
     /// `whole`: large scanned objects too, whole (for retained sizes: their
     /// words are edges of the object graph), not only their heads.
     pub fn copy(&self, pid: u32, whole: bool) -> Result<HeapCopy> {
-        let bias = self.module.load_bias(pid)?;
-        let mem = File::open(format!("/proc/{pid}/mem"))
-            .with_context(|| format!("cannot read the memory of pid {pid}"))?;
+        let (bias, mem) = self.open(pid)?;
         let mut read = |a: u64, buf: &mut [u8]| mem.read_exact_at(buf, a);
         let gc_no = self
             .end
