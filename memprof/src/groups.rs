@@ -47,6 +47,9 @@ pub struct RawGroup {
     pub marked_bytes: u64,
     pub lifetimes: Lifetimes,
     pub gc_history: Vec<[u64; 2]>,
+    /// GC kinds: the live objects by class, read from the objects at the
+    /// end: (class, objects, bytes), biggest first.
+    pub live_types: Vec<(String, u64, u64)>,
 }
 
 impl RawGroup {
@@ -68,6 +71,7 @@ impl RawGroup {
             marked_bytes: 0,
             lifetimes: Lifetimes::default(),
             gc_history: Vec::new(),
+            live_types: Vec::new(),
         }
     }
 
@@ -227,6 +231,12 @@ fn add_gc(grouper: &mut Grouper<'_>, site: Site, s: &SiteGc) {
 
     group.lifetimes.add(&s.lifetimes);
     group.gc_history = merge_histories(&group.gc_history, &s.history);
+    for (name, count, bytes) in &s.live_types {
+        match group.live_types.iter_mut().find(|t| t.0 == *name) {
+            Some(t) => (t.1, t.2) = (t.1 + count, t.2 + bytes),
+            None => group.live_types.push((name.clone(), *count, *bytes)),
+        }
+    }
     if s.retyped_count > 0 {
         let counted = grouper.group(Site {
             kind: AllocKind::Gc,

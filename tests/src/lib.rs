@@ -120,6 +120,12 @@ pub mod fixture {
         /// `more N` on stdin allocates N more without collecting.
         pub const IDLE_HEAP_DEBUG: &str = env!("FIXTURE_CR_IDLE_HEAP_DEBUG");
         pub const IDLE_HEAP_STATIC: &str = env!("FIXTURE_CR_IDLE_HEAP_STATIC");
+        /// `fixtures/crystal/classes.cr` (`classes [wait]`): keeps 12,345
+        /// Widget (the compiler's `new`), 1,000 Gadget, 55 Holder, 77
+        /// Array(Gadget) and 1 Hash(String, Gadget).
+        pub const CLASSES_DEBUG: &str = env!("FIXTURE_CR_CLASSES_DEBUG");
+        pub const CLASSES_RELEASE: &str = env!("FIXTURE_CR_CLASSES_RELEASE");
+        pub const CLASSES_STATIC: &str = env!("FIXTURE_CR_CLASSES_STATIC");
         /// `fixtures/crystal/busy_loop.cr`: one collection, then computes
         /// forever without allocating (libgc linked in).
         pub const BUSY_LOOP_STATIC: &str = env!("FIXTURE_CR_BUSY_LOOP_STATIC");

@@ -404,11 +404,18 @@ impl Held {
     /// vector load of read-only data, forgotten at any other write.
     fn note_constant(&mut self, insn: &Instruction, read: &dyn Fn(u64) -> Option<u64>) {
         if insn.op0_kind() != OpKind::Register {
-            if matches!(
-                insn.flow_control(),
-                FlowControl::Call | FlowControl::IndirectCall | FlowControl::Return
-            ) {
-                self.constants.clear();
+            match insn.flow_control() {
+                FlowControl::Return => self.constants.clear(),
+                // A call keeps the callee-saved registers (`rbx`, `rbp`,
+                // `r12`-`r15`): release builds hoist an object's first
+                // word out of the loop that allocates it
+                // (`movabs $0x1000000af,%r15` … `call GC_malloc` …
+                // `mov %r15,(%rax)`). Vector registers are all
+                // caller-saved.
+                FlowControl::Call | FlowControl::IndirectCall => {
+                    self.constants.retain(|r, _| is_callee_saved(*r))
+                }
+                _ => {}
             }
             return;
         }
@@ -438,6 +445,19 @@ impl Held {
             None => self.constants.remove(&key),
         };
     }
+}
+
+/// Whether a call leaves 64-bit register `r` as it was (System V).
+fn is_callee_saved(r: Register) -> bool {
+    matches!(
+        r,
+        Register::RBX
+            | Register::RBP
+            | Register::R12
+            | Register::R13
+            | Register::R14
+            | Register::R15
+    )
 }
 
 /// The 8 bytes at `at` in `exe`'s read-only data.

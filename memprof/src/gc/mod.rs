@@ -46,6 +46,7 @@ pub mod census;
 pub mod copy;
 pub mod heap_stats;
 pub mod layout;
+pub mod live_types;
 pub mod lookup;
 pub mod pass;
 pub(crate) mod site;

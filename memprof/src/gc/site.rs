@@ -44,6 +44,11 @@ pub struct SiteGc {
     /// (`allocated_bytes`) over these weigh each byte figure
     /// ([`Self::bytes_per_record_byte`]).
     pub record_bytes: u64,
+    /// The objects tracked at the end by their class, read from their
+    /// first word (a Crystal object's type id) while the program was still
+    /// there: (class, records, requested bytes of them). Objects whose
+    /// first word is no type id (buffers) are not in it.
+    pub live_types: Vec<(String, u64, u64)>,
 }
 
 impl SiteGc {
@@ -97,6 +102,10 @@ impl SiteGc {
             times(n, fb);
         }
         s.lifetimes.scale(f);
+        for (_, count, bytes) in &mut s.live_types {
+            times(count, f);
+            times(bytes, fb);
+        }
         for point in &mut s.history {
             point[1] = (point[1] as f64 * f).round().min(u32::MAX as f64) as u32;
         }

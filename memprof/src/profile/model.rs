@@ -257,6 +257,23 @@ pub struct Group {
     pub v2_frames: Vec<Frame>,
 }
 
+impl Group {
+    /// A group of the same process, kind and stack with nothing counted:
+    /// part of this one's objects, counted apart.
+    pub fn split_off(&self) -> Group {
+        Group {
+            pid: self.pid,
+            kind: self.kind.clone(),
+            stack: self.stack,
+            truncated: self.truncated,
+            folded: self.folded,
+            overflow: self.overflow,
+            type_name: self.type_name.clone(),
+            ..Group::default()
+        }
+    }
+}
+
 /// Fields left out of the file when they hold nothing (most groups).
 fn is_zero(n: &u64) -> bool {
     *n == 0

@@ -357,6 +357,9 @@ pub fn context(r: &Row<'_>, unwind: &str) -> String {
     let mut context: Vec<String> = Vec::new();
     if let Some(role) = r.runtime {
         context.push(format!("**{}**", role.label()));
+    } else if let Some(class) = &g.type_name {
+        // The class of the objects (read from them, or named by the stack).
+        context.push(format!("**{}**", escape_text(class)));
     }
     context.extend(
         r.frames

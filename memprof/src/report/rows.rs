@@ -92,6 +92,7 @@ pub fn rows<'a>(
             g.truncated,
             g.overflow,
             role,
+            g.type_name.clone(),
         );
         match index.get(&key) {
             Some(&i) => {
@@ -118,10 +119,18 @@ pub fn rows<'a>(
     sorted(rows, options.top)
 }
 
-/// What makes rows one: the text of the frames shown, the kind, the flags.
-/// Not whether recursion was folded: a recursive function's first call
-/// (nothing folded) and its deeper ones read the same.
-type RowKey = (Vec<u32>, String, bool, bool, Option<runtime::Role>);
+/// What makes rows one: the text of the frames shown, the kind, the
+/// flags, the class. Not whether recursion was folded: a recursive
+/// function's first call (nothing folded) and its deeper ones read the
+/// same. Objects of two classes are two rows, whatever their stacks.
+type RowKey = (
+    Vec<u32>,
+    String,
+    bool,
+    bool,
+    Option<runtime::Role>,
+    Option<String>,
+);
 
 /// Frames read the same when their text does (two return addresses on
 /// one line): each frame of the stack table gets the id of its text, once.

@@ -18,13 +18,16 @@
 //! at each collection and streams its verdicts into the same ring; the
 //! feeder settles the copy by them ([`judged_in_kernel`]), and collections
 //! are held (and `attach` traces the target) only for a census.
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use anyhow::Result;
 
+use crate::crystal::type_ids::{type_names, TypeNames};
 use crate::gc::copy::GcCopy;
+use crate::gc::live_types::{by_class, first_words};
 use crate::gc::pass::{judged_in_kernel, Judge, KernelCollection, KernelVerdicts, Marks, SiteGc};
 use crate::gc::HeapStats;
 use crate::options::{CensusWhen, GcLiveness, SessionOptions};
@@ -56,6 +59,11 @@ pub(super) struct GcWatch {
     /// (`--gc-sampling refill`: few objects): no hold for them, only for
     /// a census.
     in_kernel: bool,
+    /// The names of the program's type ids, worked out on a thread of
+    /// their own while it runs ([`Self::name_types`]), and the objects'
+    /// classes once read ([`Self::read_live_types`]).
+    type_names: Option<JoinHandle<TypeNames>>,
+    live_types_read: bool,
 }
 
 /// What the feeder takes from the kernel, behind a lock of its own: the
@@ -266,6 +274,8 @@ impl GcWatch {
             judging: None,
             census: None,
             in_kernel: false,
+            type_names: None,
+            live_types_read: false,
         };
         let Some(module) = plan.gc_module() else {
             return watch;
@@ -352,6 +362,55 @@ impl GcWatch {
         match SessionCensus::new(&plan.modules, pid, judge.module(), exe, attach, when) {
             Ok(census) => self.census = Some(census),
             Err(e) => eprintln!("memprof: no heap census ({e:#})"),
+        }
+    }
+
+    /// Starts naming the type ids of program `exe` (a Crystal program's
+    /// objects say their class by them), for [`Self::read_live_types`].
+    pub(super) fn name_types(&mut self, plan: &Plan, exe: &std::path::Path) {
+        if self.judge.is_none() {
+            return;
+        }
+        let Ok(exe) = plan.modules.get(exe) else {
+            return;
+        };
+        self.type_names = std::thread::Builder::new()
+            .name("type-names".into())
+            .spawn(move || type_names(&exe))
+            .ok();
+    }
+
+    /// Reads the class of every GC object tracked now, from its first
+    /// word, while process `pid`'s memory is there (once: at its exit
+    /// stop, or before it is let go); each site's live objects by class.
+    pub(super) fn read_live_types(&mut self, pid: u32) {
+        if std::mem::replace(&mut self.live_types_read, true) {
+            return;
+        }
+        let Some(names) = self.type_names.take().and_then(|t| t.join().ok()) else {
+            return;
+        };
+        if names.names.is_empty() && names.stored.is_empty() {
+            return; // not a Crystal program
+        }
+        let _ = self.join_judging();
+        let Some(mut copy) = self.settled() else {
+            return;
+        };
+        let objects: Vec<(u64, u32, u64)> = copy.settled_objects().collect();
+        let addrs: Vec<u64> = objects.iter().map(|o| o.0).collect();
+        let words = first_words(pid, &addrs);
+        drop(addrs);
+        // Per site, its objects' (word, bytes).
+        let mut per_site: HashMap<u32, Vec<(Option<u32>, u64)>> = HashMap::new();
+        for ((_, site, bytes), word) in objects.into_iter().zip(words) {
+            per_site.entry(site).or_default().push((word, bytes));
+        }
+        for (n, objects) in per_site {
+            if let Some((site, gc)) = copy.site_mut(n) {
+                let atomic = site.kind == memprof_common::AllocKind::GcAtomic;
+                gc.live_types = by_class(&names, atomic, objects.into_iter());
+            }
         }
     }
 

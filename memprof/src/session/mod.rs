@@ -187,6 +187,7 @@ impl Session {
                     self.plan.modules.keep(&now);
                 }
                 self.gc.read_heap_stats();
+                self.gc.read_live_types(pid);
             }
             Event::Signal { tid, signal } => {
                 // The library-load and hold signals are one signal
@@ -376,6 +377,7 @@ impl Session {
         }
         if !exited {
             self.gc.read_heap_stats();
+            self.gc.read_live_types(self.pid());
         }
         self.probes.stop_holding()?;
         self.probes.stop_library_loads()?;

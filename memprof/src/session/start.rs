@@ -372,6 +372,7 @@ impl Session {
             crate::target::family::process_of(target.pid).map_or(0, |(_, parent)| parent);
         let target_ns_pid = crate::target::family::namespace_pid(target.pid);
         let mut gc = GcWatch::new(&plan, options, target.pid);
+        gc.name_types(&plan, &target.exe);
         let census = CensusWhen::or_default(options.census, mode);
         if census != CensusWhen::Off {
             gc.census_heap(&plan, target.pid, &target.exe, mode == Mode::Attach, census);

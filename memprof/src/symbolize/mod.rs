@@ -253,9 +253,23 @@ fn into_groups(mut raw: Vec<RawGroup>, mut ids: Vec<u32>, stacks: &Stacks) -> Ve
     // Taken from the end, the raw groups' array shrinking as it goes: the
     // two arrays are not both whole at once.
     let mut groups: Vec<Group> = Vec::with_capacity(raw.len());
-    while let (Some(g), Some(stack)) = (raw.pop(), ids.pop()) {
+    while let (Some(mut g), Some(stack)) = (raw.pop(), ids.pop()) {
         if raw.len().is_multiple_of(RELEASE_EVERY) {
             raw.shrink_to_fit();
+        }
+        // Classes read from the objects themselves: a row each.
+        let classes = std::mem::take(&mut g.live_types);
+        if !classes.is_empty() {
+            let named = types
+                .entry(stack)
+                .or_insert_with(|| {
+                    let head: Vec<Frame> =
+                        stacks.frames(stack).take(TYPE_FRAMES).cloned().collect();
+                    crystal::allocated_type(&head)
+                })
+                .clone();
+            groups.extend(by_class(group(g, stack, named), classes));
+            continue;
         }
         // Classes are a GC heap notion; libc and mmap rows keep their call site.
         let type_name = match g.kind() {
@@ -273,6 +287,60 @@ fn into_groups(mut raw: Vec<RawGroup>, mut ids: Vec<u32>, stacks: &Stacks) -> Ve
     }
     groups.reverse();
     groups
+}
+
+/// `g` as one group per class of its live objects (`classes`: read from
+/// the objects, biggest first). The biggest class keeps what is not per
+/// object (the allocations and deaths counted per stack, the marks, the
+/// history); each other class is its live objects, counted as allocated
+/// too; live objects of no class (buffers) stay under `g`'s own name.
+fn by_class(mut g: Group, classes: Vec<(String, u64, u64)>) -> Vec<Group> {
+    let typed: (u64, u64) = classes.iter().fold((0, 0), |(c, b), t| (c + t.1, b + t.2));
+    let untyped = (
+        g.live_count.saturating_sub(typed.0),
+        g.live_bytes.saturating_sub(typed.1),
+    );
+    let mut out = Vec::with_capacity(classes.len() + 1);
+    let mut main: Option<Group> = None;
+    for (name, count, bytes) in classes {
+        let mut c = Group {
+            live_count: count,
+            live_bytes: bytes,
+            total_count: count,
+            total_bytes: bytes,
+            type_name: Some(name),
+            ..g.split_off()
+        };
+        if main.is_none() {
+            (c.total_count, c.total_bytes) = (0, 0);
+            main = Some(c);
+        } else {
+            g.total_count = g.total_count.saturating_sub(count);
+            g.total_bytes = g.total_bytes.saturating_sub(bytes);
+            out.push(c);
+        }
+    }
+    if untyped.0 > 0 {
+        let mut rest = g.split_off();
+        (rest.live_count, rest.live_bytes) = untyped;
+        (rest.total_count, rest.total_bytes) = untyped;
+        g.total_count = g.total_count.saturating_sub(untyped.0);
+        g.total_bytes = g.total_bytes.saturating_sub(untyped.1);
+        out.push(rest);
+    }
+    if let Some(main) = main {
+        // What is not per object stays with the biggest class.
+        out.insert(
+            0,
+            Group {
+                live_count: main.live_count,
+                live_bytes: main.live_bytes,
+                type_name: main.type_name,
+                ..g
+            },
+        );
+    }
+    out
 }
 
 /// The profile's group of a raw group.

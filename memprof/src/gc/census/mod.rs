@@ -31,7 +31,7 @@
 mod count;
 mod graph;
 mod heap_copy;
-mod read;
+pub(crate) mod read;
 
 pub use self::count::{Census, LiveObject, Tally, Word};
 pub use self::graph::Graph;

@@ -330,6 +330,21 @@ impl GcCopy {
         seen
     }
 
+    /// The objects tracked at the last settle, in address order: (address,
+    /// site number, requested bytes).
+    pub fn settled_objects(&self) -> impl Iterator<Item = (u64, u32, u64)> + '_ {
+        self.settled
+            .iter()
+            .filter(|r| r.site() != FREED)
+            .map(|r| (r.addr(), r.site(), self.size(r)))
+    }
+
+    /// The site numbered `n` ([`Self::settled_objects`]), to note what
+    /// its objects were.
+    pub fn site_mut(&mut self, n: u32) -> Option<&mut (Site, SiteGc)> {
+        self.sites.get_mut(n as usize)
+    }
+
     /// Tracked objects and bytes per kind (indexed by `AllocKind`), cheap:
     /// exact at the last settle, plus the allocations since.
     pub fn per_kind(&self) -> [[u64; 2]; 4] {

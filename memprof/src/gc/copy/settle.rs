@@ -340,7 +340,7 @@ impl GcCopy {
         }
     }
 
-    fn size(&self, r: &Record) -> u64 {
+    pub(super) fn size(&self, r: &Record) -> u64 {
         match r.small_size() {
             BIG => self.big.get(&r.addr()).copied().unwrap_or(BIG),
             s => s,
