@@ -68,6 +68,11 @@ pub struct TypeNames {
     /// a class with pointers is always allocated scanned, one without
     /// always atomic.
     pub stored: BTreeMap<u32, u8>,
+    /// The sizes the code allocates each id's objects with, for the ids
+    /// whose every allocation the code sizes by a constant (a class's
+    /// instance size): a word equal to the id in an object of another
+    /// size is a buffer's data, not its class.
+    pub sizes: BTreeMap<u32, Vec<u64>>,
 }
 
 /// What a first word is, for [`TypeNames::type_of`].
@@ -90,6 +95,15 @@ impl TypeNames {
     pub fn max_id(&self) -> u32 {
         let named = self.names.keys().next_back().copied().unwrap_or(0);
         named.max(self.stored.keys().next_back().copied().unwrap_or(0))
+    }
+
+    /// What the first word `id` of a live object is, in memory that is
+    /// `atomic` or not, of `size` requested bytes ([`TypeNames::sizes`]).
+    pub fn type_of_sized(&self, id: u32, atomic: bool, size: u64) -> TypeOf<'_> {
+        match self.sizes.get(&id) {
+            Some(sizes) if !sizes.contains(&size) => TypeOf::NotAType,
+            _ => self.type_of(id, atomic),
+        }
     }
 
     /// What the first word `id` of a live object is, in memory that is
@@ -117,7 +131,12 @@ pub fn type_names(exe: &Module) -> TypeNames {
         mut stored,
         sites,
         mut calls,
+        sizes,
     } = stores(exe, &allocators);
+    let sizes = sizes
+        .into_iter()
+        .filter_map(|(id, s)| Some((id, s?.into_iter().collect())))
+        .collect();
     // A constant stored after an allocation that no type id can be
     // (Crystal programs have thousands of types, not millions): text, flags.
     stored.retain(|&id, _| id != 0 && id <= MAX_TYPE_ID);
@@ -141,7 +160,11 @@ pub fn type_names(exe: &Module) -> TypeNames {
             *stored.entry(id).or_default() |= ATOMIC;
         }
     }
-    TypeNames { names, stored }
+    TypeNames {
+        names,
+        stored,
+        sizes,
+    }
 }
 
 /// A class's constructor `new` or `allocate`: (class, address, size).
@@ -213,6 +236,25 @@ struct Stores {
     /// The allocator calls whose object each id is stored into (their
     /// DWARF is the inlined `new`'s).
     calls: BTreeMap<u32, Vec<u64>>,
+    /// Per id: the sizes of the allocations it is stored into; `None` once
+    /// one was not a constant.
+    sizes: BTreeMap<u32, Option<std::collections::BTreeSet<u64>>>,
+}
+
+impl Stores {
+    /// Id `id` is stored into an allocation of `size` bytes (`None`: not known).
+    fn sized(&mut self, id: u32, size: Option<u64>) {
+        let entry = self
+            .sizes
+            .entry(id)
+            .or_insert_with(|| Some(Default::default()));
+        match (entry.as_mut(), size) {
+            (Some(sizes), Some(size)) => {
+                sizes.insert(size);
+            }
+            _ => *entry = None,
+        }
+    }
 }
 
 /// Every store of a constant into a freshly allocated object in `exe`.
@@ -221,10 +263,14 @@ fn stores(exe: &Module, allocators: &HashMap<u64, bool>) -> Stores {
         stored: BTreeMap::new(),
         sites: BTreeMap::new(),
         calls: BTreeMap::new(),
+        sizes: BTreeMap::new(),
     };
     // The kind of the last allocator call, and instructions since.
     let mut since_call: Option<(bool, usize)> = None;
     let mut held = Held::default();
+    // The size each allocator call asks for, where a constant (`%rdi`).
+    let mut call_sizes: HashMap<u64, Option<u64>> = HashMap::new();
+    let mut last_size: Option<u64> = None;
     decode::sweep(exe, |insn| {
         // An id stored into an object a register still holds: that
         // allocation's, however far after it (release builds move the
@@ -238,6 +284,7 @@ fn stores(exe: &Module, allocators: &HashMap<u64, bool>) -> Stores {
             if at.len() < SITES_PER_ID && !at.contains(&call) {
                 at.push(call);
             }
+            found.sized(id, call_sizes.get(&call).copied().flatten());
             held.forget(insn.memory_base());
         }
         if let Some((atomic, id)) = since_call.and_then(|(a, _)| Some((a, stored_id(insn)?))) {
@@ -246,9 +293,12 @@ fn stores(exe: &Module, allocators: &HashMap<u64, bool>) -> Stores {
             if at.len() < SITES_PER_ID {
                 at.push(insn.ip());
             }
+            found.sized(id, last_size);
             since_call = None;
         } else if let Some(atomic) = allocator_call(insn, allocators) {
             since_call = Some((atomic, 0));
+            last_size = held.constants.get(&Register::RDI).copied();
+            call_sizes.insert(insn.ip(), last_size);
         } else if insn.flow_control() == FlowControl::Return {
             since_call = None;
         } else if let Some((_, n)) = &mut since_call {
@@ -596,10 +646,30 @@ mod tests {
     }
 
     #[test]
+    fn a_constant_in_a_callee_saved_register_outlives_the_allocator_call() {
+        // As a release build's loop allocates Widgets (the compiler's `new`):
+        let mut code = vec![0x49, 0xbf]; // movabs $0x1000000af,%r15
+        code.extend(0x1_0000_00afu64.to_le_bytes());
+        code.extend([0xbb, 0x07, 0, 0, 0]); // mov $7,%ebx
+        code.extend([0xb9, 0x09, 0, 0, 0]); // mov $9,%ecx
+        code.push(0xe8); // call 0x9000 (the allocator) at 0x1014
+        code.extend((0x9000i32 - 0x1019).to_le_bytes());
+        code.extend([0x4c, 0x89, 0x38]); // mov %r15,(%rax): Widget's id
+        assert_eq!(held_stores(&code), vec![(0xaf, 0x1014)]);
+        // rcx is the caller's to save: its constant is gone after a call.
+        let mut code = vec![0xb9, 0x09, 0, 0, 0]; // mov $9,%ecx
+        code.push(0xe8); // call 0x9000 at 0x1005
+        code.extend((0x9000i32 - 0x100a).to_le_bytes());
+        code.extend([0x48, 0x89, 0x08]); // mov %rcx,(%rax)
+        assert_eq!(held_stores(&code), vec![]);
+    }
+
+    #[test]
     fn a_word_stored_only_in_the_other_kind_of_memory_is_no_type_id() {
         let names = TypeNames {
             names: BTreeMap::from([(173, "Author".to_string())]),
             stored: BTreeMap::from([(173, ATOMIC), (174, NORMAL), (200, NORMAL | ATOMIC)]),
+            sizes: BTreeMap::new(),
         };
         assert_eq!(names.type_of(173, true), TypeOf::Named("Author"));
         assert_eq!(names.type_of(173, false), TypeOf::NotAType);

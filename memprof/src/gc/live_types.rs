@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 
 use crate::crystal::type_ids::{TypeNames, TypeOf};
 use crate::gc::census::read::vm_read;
+use crate::symbolize::inlined_new::has_parameter;
 
 /// Most bytes read at once.
 const SPAN: u64 = 1 << 20;
@@ -39,8 +40,9 @@ pub fn first_words(pid: u32, addrs: &[u64]) -> Vec<Option<u32>> {
 }
 
 /// One site's objects by class: `objects` are its (first word, requested
-/// bytes) of memory `atomic` or not; those whose word is no type id
-/// (buffers, unread) are left out. Sorted by bytes, biggest first.
+/// bytes) of memory `atomic` or not; those whose word names no class
+/// (buffers, ids not named, unread) are left out. Sorted by bytes,
+/// biggest first.
 pub fn by_class(
     names: &TypeNames,
     atomic: bool,
@@ -48,10 +50,11 @@ pub fn by_class(
 ) -> Vec<(String, u64, u64)> {
     let mut classes: BTreeMap<String, (u64, u64)> = BTreeMap::new();
     for (word, bytes) in objects {
-        let name = match word.map(|w| (w, names.type_of(w, atomic))) {
-            Some((_, TypeOf::Named(name))) => name.to_string(),
-            Some((id, TypeOf::Unnamed)) => format!("(type {id})"),
-            Some((_, TypeOf::NotAType)) | None => continue,
+        // Only classes named outright: an id no code names, or a generic
+        // left with its parameter (`Array(T)`), says less than the stack.
+        let name = match word.map(|w| names.type_of_sized(w, atomic, bytes)) {
+            Some(TypeOf::Named(name)) if !has_parameter(name) => name.to_string(),
+            _ => continue,
         };
         let c = classes.entry(name).or_default();
         c.0 += 1;
@@ -73,21 +76,20 @@ mod tests {
         names.names.insert(7, "Widget".into());
         names.stored.insert(7, 1); // stored into scanned memory
         names.stored.insert(9, 1); // stored, never named
+        names.names.insert(11, "Array(T)".into());
+        names.stored.insert(11, 1);
+        names.sizes.insert(7, vec![16]);
         let objects = [
             (Some(7), 16),
-            (Some(9), 24),
+            (Some(9), 24),  // not named: the stack says more
+            (Some(11), 24), // a generic's parameter left
             (Some(7), 16),
+            (Some(7), 400),          // Widget's id in a buffer of another size
             (Some(0x2e2e_2e2e), 64), // text: no type id
             (None, 8),               // unread
         ];
         let classes = by_class(&names, false, objects.into_iter());
-        assert_eq!(
-            classes,
-            vec![
-                ("Widget".to_string(), 2, 32),
-                ("(type 9)".to_string(), 1, 24)
-            ]
-        );
+        assert_eq!(classes, vec![("Widget".to_string(), 2, 32)]);
         // Stored only into scanned memory: in atomic memory it is data.
         assert_eq!(by_class(&names, true, [(Some(7), 16)].into_iter()), vec![]);
     }

@@ -2,7 +2,8 @@
 //! friends: one line per stack, frames root first joined by `;`, then a
 //! space and the value (live bytes by default; `--count objects`, `--total`).
 //! A stack the unwinder could not follow to its end starts with the root
-//! frame `[truncated]`; one with recursion folded ends with `[recursion folded]`.
+//! frame `[truncated]`; one with recursion folded ends with `[recursion folded]`;
+//! GC objects of a known class end with it as a leaf, `[Widget]`.
 //!
 //! ```
 //! use memprof::profile::{Frame, Group, Profile};
@@ -61,6 +62,10 @@ pub fn stacks(profile: &Profile, options: &Options) -> BTreeMap<String, u64> {
             // Above the innermost frame: the stack keeps its place in the graph.
             stack.push(';');
             stack += super::FOLDED_FRAME;
+        }
+        if let Some(class) = &g.type_name {
+            // The leaf: what the objects are (a flamegraph's top boxes).
+            stack += &format!(";[{}]", class.replace(';', ","));
         }
         *out.entry(stack).or_insert(0) += value;
     }

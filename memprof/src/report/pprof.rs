@@ -247,7 +247,8 @@ impl LabelKeys {
         }
     }
 
-    /// The labels of `g`'s sample: its kind, its process, folded recursion.
+    /// The labels of `g`'s sample: its kind, its process, its class,
+    /// folded recursion.
     fn of(&self, b: &mut Builder, profile: &Profile, g: &Group) -> Vec<proto::Label> {
         let mut label = vec![proto::Label {
             key: self.kind,
@@ -265,6 +266,14 @@ impl LabelKeys {
             label.push(proto::Label {
                 key: self.comm,
                 str: comm,
+                ..Default::default()
+            });
+        }
+        // The class of GC objects (`-tagfocus class=Widget`).
+        if let Some(class) = &g.type_name {
+            label.push(proto::Label {
+                key: b.string("class"),
+                str: b.string(class),
                 ..Default::default()
             });
         }

@@ -268,6 +268,15 @@ fn into_groups(mut raw: Vec<RawGroup>, mut ids: Vec<u32>, stacks: &Stacks) -> Ve
                     crystal::allocated_type(&head)
                 })
                 .clone();
+            // The stack's name is the qualified one where the program's
+            // code gave its class no path (`Node` for `RedBlackTree::Node`).
+            let classes = classes
+                .into_iter()
+                .map(|(class, count, bytes)| match &named {
+                    Some(n) if n.ends_with(&format!("::{class}")) => (n.clone(), count, bytes),
+                    _ => (class, count, bytes),
+                })
+                .collect();
             groups.extend(by_class(group(g, stack, named), classes));
             continue;
         }
