@@ -1,8 +1,9 @@
 //! The html page (`report --format html`) as a person sees it: a Crystal
 //! program profiled under real probes, its page rendered by headless
 //! Chromium at a 1280 px window, what is displayed measured by a script
-//! injected into a copy of the page, every figure checked against the
-//! fixture's truths and against `--format json` / `--format types`.
+//! injected into a copy of the page (and the flamegraph's labels read off
+//! a screenshot by OCR), every figure checked against the fixture's truths
+//! and against `--format json` / `--format types`.
 //!
 //! `html_page` (fixtures/crystal/html_page.cr, debug build): 24,000 Widget
 //! objects made in `AssemblyLineOfTheHtmlFixture#make_widgets`, 4,000
@@ -82,6 +83,42 @@ fn rendered_dom(page: &Path) -> String {
         .expect("cannot run chromium (cargo xtask setup installs it)");
     assert!(dom.status.success(), "chromium --dump-dom failed");
     String::from_utf8_lossy(&dom.stdout).into_owned()
+}
+
+/// The flamegraph's labels read off a screenshot by OCR (Tesseract): the
+/// page at a 1280 px window (3 device pixels per CSS pixel, for the OCR),
+/// the other sections hidden and the frames drawn black on white (their
+/// layout and labels unchanged), so the text is what a person sees.
+fn flamegraph_ocr(html: &str, dir: &TempDir) -> String {
+    let page = dir.join("flamegraph-only.html");
+    let style = "<style>body>h1,section:not(#flamegraph),#flamegraph p{display:none}\
+                 #frames rect{fill:#fff!important;stroke:#000;stroke-width:.5}\
+                 #frames text{fill:#000}</style></head>";
+    std::fs::write(&page, html.replacen("</head>", style, 1)).unwrap();
+    let png = dir.join("flamegraph.png");
+    let shot = Command::new("chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--window-size=1280,800",
+            "--force-device-scale-factor=3",
+            "--virtual-time-budget=10000",
+        ])
+        .arg(format!("--screenshot={}", png.display()))
+        .arg(format!("file://{}", page.display()))
+        .stderr(Stdio::null())
+        .output()
+        .expect("cannot run chromium");
+    assert!(shot.status.success(), "chromium --screenshot failed");
+    let ocr = Command::new("tesseract")
+        .arg(&png)
+        .args(["stdout", "--psm", "11"])
+        .stderr(Stdio::null())
+        .output()
+        .expect("cannot run tesseract (cargo xtask setup installs tesseract-ocr)");
+    assert!(ocr.status.success(), "tesseract failed");
+    String::from_utf8_lossy(&ocr.stdout).into_owned()
 }
 
 /// Text of an HTML fragment, tags removed, entities of names decoded.
@@ -290,6 +327,18 @@ fn html_page_of_a_crystal_program_reads_at_a_glance() {
         assert!(
             t.x >= f.x - 0.5 && t.x + t.w <= f.x + f.w + 0.5,
             "label {text:?} ({t:?}) overflows its frame ({f:?})"
+        );
+    }
+
+    // The same names read off the screenshot. OCR reads `_` as a space or
+    // not at all, and may split `Widget.new` at its dot: compared without
+    // either.
+    let seen = |text: &str| text.replace([' ', '_', '\n'], "");
+    let ocr = flamegraph_ocr(&html, &dir);
+    for name in ["make_widgets", "make_gadgets", "Widget.new", "Gadget.new"] {
+        assert!(
+            seen(&ocr).contains(&seen(name)),
+            "{name} not read off the screenshot; OCR:\n{ocr}"
         );
     }
 
