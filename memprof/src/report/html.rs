@@ -127,22 +127,22 @@ fn flamegraph_section(profile: &Profile, options: &Options, out: &mut dyn Write)
         "<section id=\"flamegraph\"><h2>Flamegraph: {} by stack</h2>",
         flamegraph::measure(options)
     )?;
-    if drawn.groups.len() < profile.groups.len() {
-        writeln!(
-            out,
-            "<p class=\"note\">Without the fiber stacks and the collector's heap sections ({} {}, in the tables below). Click a frame to zoom, Ctrl-F to search; a label too long for its frame shows the method, the full name on hover.</p>",
-            thousands(left_out),
-            match options.count {
-                super::Count::Bytes => "bytes",
-                super::Count::Objects => "objects",
-            }
-        )?;
+    let left_out_note = if drawn.groups.len() < profile.groups.len() {
+        let unit = match options.count {
+            super::Count::Bytes => "bytes",
+            super::Count::Objects => "objects",
+        };
+        format!(
+            "Without the fiber stacks and the collector's heap sections ({} {unit}, in the tables below). ",
+            thousands(left_out)
+        )
     } else {
-        writeln!(
-            out,
-            "<p class=\"note\">Click a frame to zoom, Ctrl-F to search; a label too long for its frame shows the method, the full name on hover.</p>"
-        )?;
-    }
+        String::new()
+    };
+    writeln!(
+        out,
+        "<p class=\"note\">{left_out_note}Click a frame to zoom, Ctrl-F to search; a label too long for its frame shows the method, the full name on hover.</p>"
+    )?;
     let mut svg = Vec::new();
     match flamegraph::write(drawn, options, &mut svg) {
         Ok(()) => {
@@ -377,7 +377,7 @@ fn types_table(profile: &Profile, options: &Options, out: &mut dyn Write) -> Res
     }
     writeln!(
         out,
-        "<p class=\"note\">The rows of <code>memprof report --format types</code>: the class allocated where the stack or the object names it; where neither does, the row is the call site that allocated (<i>type unknown; call site:</i>).</p>"
+        "<p class=\"note\">The rows of <code>memprof report --format types</code>: the class allocated, where memprof knows it; where it does not, the row is the call site that allocated (<i>type unknown; call site:</i>).</p>"
     )?;
     writeln!(
         out,
@@ -400,4 +400,51 @@ fn types_table(profile: &Profile, options: &Options, out: &mut dyn Write) -> Res
     }
     writeln!(out, "</table></section>")?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::GcSummary;
+
+    #[test]
+    fn summary_gives_each_figure_once_and_the_collectors() {
+        let mut profile = Profile::default();
+        profile.counters.live_map_full = 3;
+        profile.counters.unknown_frees = 11;
+        profile.gc = Some(GcSummary {
+            liveness: "mark bits".into(),
+            collections: 7,
+            last_collection: Some(9),
+            marked_count: 28_082,
+            marked_bytes: 1_548_304,
+            pass_seconds: 0.0074,
+            longest_pass_seconds: 0.0055,
+            heap_size: Some(1_593_344),
+            free_bytes: Some(4096),
+            unmapped_bytes: Some(0),
+            ..Default::default()
+        });
+        let mut out = Vec::new();
+        summary(&profile, &Options::default(), &mut out).unwrap();
+        let page = String::from_utf8(out).unwrap();
+        for row in [
+            "<tr><th>Lost events</th><td>3 (each counted once: not tracked as live, live table full: 3;",
+            "<tr><th>Also missed</th><td>stacks not captured: 0; frees of unknown blocks: 11</td></tr>",
+            "<tr><th>GC collections judged</th><td>7 (the last: #9)</td></tr>",
+            "<tr><th>Marked at the last collection</th><td>28,082 objects, 1,548,304 bytes (as the collector counts them)</td></tr>",
+            "<tr><th>Longest GC pause added</th><td>5.5 ms (judging took 0.007 s in all)</td></tr>",
+            "<tr><th>GC heap at the end</th><td>1,593,344 bytes, 4,096 free, 0 unmapped</td></tr>",
+        ] {
+            assert!(page.contains(row), "no {row:?} in\n{page}");
+        }
+        assert_eq!(
+            page.to_lowercase().matches("lost events").count(),
+            1,
+            "{page}"
+        );
+        for figure in ["1,548,304", "28,082", "11<", ">7 "] {
+            assert_eq!(page.matches(figure).count(), 1, "{figure} in\n{page}");
+        }
+    }
 }

@@ -172,3 +172,43 @@ pub fn write(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
     out.write_all(svg(profile, options)?.as_bytes())?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::Sample;
+
+    /// The number in `attr="N"` after `from` in `svg`.
+    fn attr(svg: &str, from: &str, attr: &str) -> i32 {
+        let rest = &svg[svg.find(from).unwrap_or_else(|| panic!("no {from}"))..];
+        let start = rest.find(&format!(" {attr}=\"")).unwrap() + attr.len() + 3;
+        rest[start..].split('"').next().unwrap().parse().unwrap()
+    }
+
+    #[test]
+    fn the_legend_is_right_of_the_plot() {
+        let mut profile = Profile::default();
+        for (t, bytes) in [(0.0, 1 << 20), (0.1, 0), (0.2, 1 << 20)] {
+            let mut s = Sample {
+                t_s: t,
+                gc_heap_bytes: Some(2 << 20),
+                ..Default::default()
+            };
+            s.live.insert("gc".into(), [bytes / 64, bytes]);
+            s.live.insert("libc".into(), [1, 64]);
+            profile.timeline.samples.push(s);
+        }
+        let svg = svg(&profile, &Options::default()).unwrap();
+        let plot_right =
+            attr(&svg, "id=\"plot-area\"", "x") + attr(&svg, "id=\"plot-area\"", "width");
+        let legend = attr(&svg, "<g id=\"legend\"", "x");
+        assert!(
+            legend > plot_right,
+            "legend at {legend}, plot to {plot_right}"
+        );
+        assert!(legend + LEGEND_WIDTH as i32 - 28 <= SIZE.0 as i32);
+        for name in ["gc", "libc", "GC heap size"] {
+            assert!(svg.contains(&format!(">{name}</text>")), "{name}");
+        }
+    }
+}
