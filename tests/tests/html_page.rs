@@ -21,10 +21,12 @@ const LINE: &str = "AssemblyLineOfTheHtmlFixture";
 
 /// Measures the rendered page once its scripts ran (inferno's labels are
 /// set in a timeout after load): each flamegraph frame's label as
-/// displayed, its width and its frame's; the timeline's legend, plot area
-/// and data lines (the image's SVG, put inline to measure it). Writes JSON
-/// into `<pre id="measured">`.
+/// displayed, its width and its frame's; what a search matches; a frame
+/// zoomed into; the timeline's legend, plot area and data lines (the
+/// image's SVG, put inline to measure it). Writes JSON into
+/// `<pre id="measured">`. `LINE` is [`LINE`].
 const MEASURE: &str = r##"<script>
+var LINE = "AssemblyLineOfTheHtmlFixture";
 window.addEventListener("load", function() { setTimeout(function() {
   var out = {labels: [], legend: null, plot: null, lines: []};
   var box = function(b) { return {x: b.x, y: b.y, w: b.width, h: b.height}; };
@@ -34,6 +36,19 @@ window.addEventListener("load", function() { setTimeout(function() {
     var t = g.querySelector("text"), r = g.querySelector("rect");
     out.labels.push({text: t.textContent, title: g.querySelector("title").textContent,
       text_box: box(t.getBoundingClientRect()), frame_box: box(r.getBoundingClientRect())});
+  }
+  // Interactive: a search (inferno's `search`, what its button calls) and
+  // a click on make_gadgets' frame (zoom: its label is set again).
+  search("Gadget\\.new");
+  out.matched = document.getElementById("matched").textContent;
+  for (var i = 0; i < frames.children.length; i++) {
+    var g = frames.children[i];
+    if (g.querySelector("title").textContent.indexOf(LINE + "#make_gadgets (") === 0) {
+      g.dispatchEvent(new MouseEvent("click", {bubbles: true}));
+      out.zoomed = {text: g.querySelector("text").textContent,
+        frame_box: box(g.querySelector("rect").getBoundingClientRect()),
+        frames_box: box(frames.getBoundingClientRect())};
+    }
   }
   var img = document.querySelector("#timeline img");
   var div = document.createElement("div");
@@ -329,6 +344,34 @@ fn html_page_of_a_crystal_program_reads_at_a_glance() {
             "label {text:?} ({t:?}) overflows its frame ({f:?})"
         );
     }
+
+    // Search and zoom work: a search for Gadget.new matches its share of
+    // the graph (the program's live bytes, as JSON has them, without fiber
+    // stacks and GC heap sections); make_gadgets' frame, zoomed into,
+    // spans the graph and shows its full name.
+    let drawn: u64 = groups(&json)
+        .iter()
+        .filter(|g| !matches!(g["runtime"].as_str(), Some("fiber_stack" | "gc_heap")))
+        .map(|g| uint(g, "/live_bytes"))
+        .sum();
+    let gadget = group_at(&json, "gc", "Gadget.new");
+    assert_eq!(uint(gadget, "/live_count"), GADGETS);
+    let gadget_bytes = uint(gadget, "/live_bytes");
+    assert_eq!(
+        measured["matched"].as_str().unwrap_or(""),
+        format!(
+            "Matched: {:.1}%",
+            100.0 * gadget_bytes as f64 / drawn as f64
+        ),
+        "search for Gadget.new"
+    );
+    let zoomed = &measured["zoomed"];
+    assert_eq!(zoomed["text"], format!("{LINE}#make_gadgets"), "{zoomed}");
+    let (frame, all) = (
+        Rect::of(&zoomed["frame_box"]),
+        Rect::of(&zoomed["frames_box"]),
+    );
+    assert!(frame.w > all.w * 0.95, "zoomed frame {frame:?} of {all:?}");
 
     // The same names read off the screenshot. OCR reads `_` as a space or
     // not at all, and may split `Widget.new` at its dot: compared without
