@@ -567,7 +567,7 @@ fn crystal_folded_flamegraph_pprof_timeline_html() {
     let svg =
         String::from_utf8(report_file(&profile, "timeline", &dir.join("t.svg"), &[])).unwrap();
     assert!(
-        svg.contains("GC heap size") && svg.contains("\ngc\n"),
+        svg.contains(">GC heap size</text>") && svg.contains(">gc</text>"),
         "timeline lines"
     );
 

@@ -13,7 +13,8 @@ use std::process::Command;
 
 /// Debian packages: Crystal and Boehm GC (Crystal targets and fixtures),
 /// Crystal sample programs (real workloads), Go (`go tool pprof` reads the
-/// pprof reports back), Chromium (renders the HTML report headless), C
+/// pprof reports back), Chromium (renders the HTML report headless),
+/// Tesseract (reads the fixture's names off the page's screenshot), C
 /// and C++ toolchains (fixtures), wrk (loads crystal-samples'
 /// http_server in the benchmark) and tmux (the terminal `memprof top` is
 /// tested in).
@@ -23,6 +24,7 @@ const APT_PACKAGES: &[&str] = &[
     "crystal-samples",
     "golang-go",
     "chromium",
+    "tesseract-ocr",
     "gcc",
     "g++",
     "make",

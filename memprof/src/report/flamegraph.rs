@@ -74,3 +74,9 @@ pub fn write(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
     inferno_fg::from_lines(&mut fg, lines.iter().map(String::as_str), out)?;
     Ok(())
 }
+
+/// memprof's labels for the graph's script (run after inferno's, whose
+/// `update_text` it replaces): a name too long for its frame shows its most
+/// telling part, the method (`Foo(Bar)#baz` → `Foo#baz` → `#baz`), not its
+/// last characters (`..baz`); the full name stays in the tooltip.
+pub const LABELS_SCRIPT: &str = include_str!("flamegraph_labels.js");

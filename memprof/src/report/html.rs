@@ -1,8 +1,11 @@
 //! One self-contained HTML page (no network: styles, images and script are
-//! inline): the run summary (target, duration, lost events, GC
-//! collections), the timeline chart, the live-bytes flamegraph
-//! (interactive: click to zoom, Ctrl-F to search), the top stacks and the
-//! live objects per type.
+//! inline): the run summary (target, duration, live, lost events, the
+//! collector's figures, each once), the timeline chart (its legend beside
+//! the plot), the program's live-bytes flamegraph (interactive: click to
+//! zoom, Ctrl-F to search; a label too long for its box shows the method
+//! alone, the full name on hover), the top stacks and the live objects per
+//! type (the rows of `--format types`, a row whose class is not known
+//! saying so).
 //!
 //! ```
 //! use memprof::profile::{Frame, Group, Profile};
@@ -20,7 +23,7 @@ use std::io::Write;
 use anyhow::Result;
 use base64::Engine;
 
-use super::{flamegraph, frame_text, loss_summary, thousands, timeline, types, Options};
+use super::{flamegraph, frame_text, thousands, timeline, types, Options};
 use crate::profile::Profile;
 
 /// Stacks in the table when `--top` is not given.
@@ -31,7 +34,8 @@ table{border-collapse:collapse;margin:.5em 0}\
 td,th{border:1px solid #ccc;padding:.25em .6em;vertical-align:top;text-align:left}\
 td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}\
 code{font-size:90%}.note{color:#666}\
-section{margin-bottom:2em}#flamegraph svg{width:100%;max-width:1400px}";
+section{margin-bottom:2em}#flamegraph svg{width:100%;max-width:1400px}\
+td i{color:#666}";
 
 /// `<`, `>`, `&` and quotes as entities.
 pub fn escape(text: &str) -> String {
@@ -76,30 +80,87 @@ pub fn write(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
     }
     writeln!(out, "</section>")?;
 
-    writeln!(
-        out,
-        "<section id=\"flamegraph\"><h2>Flamegraph: {} by stack</h2>",
-        flamegraph::measure(options)
-    )?;
-    let mut svg = Vec::new();
-    match flamegraph::write(profile, options, &mut svg) {
-        Ok(()) => {
-            let svg = String::from_utf8_lossy(&svg);
-            // Inline: the XML prolog and doctype are not HTML. The graph's
-            // script finds itself as the page's first <svg>.
-            let start = svg.find("<svg").unwrap_or(0);
-            writeln!(out, "{}", &svg[start..])?;
-        }
-        Err(e) => writeln!(out, "<p class=\"note\">{}</p>", escape(&e.to_string()))?,
-    }
-    writeln!(out, "</section>")?;
-
+    flamegraph_section(profile, options, out)?;
     top_table(profile, options, out)?;
     types_table(profile, options, out)?;
     writeln!(out, "</body></html>")?;
     Ok(())
 }
 
+/// The program's live-bytes flamegraph, inline so its script runs, with
+/// memprof's labels ([`flamegraph::LABELS_SCRIPT`]). Fiber stacks (8 MiB
+/// of address space each, mostly untouched) and the collector's heap
+/// sections (which hold the GC objects the graph already draws) are left
+/// out, said under the heading: they are in the tables, and would squeeze
+/// the program's stacks into slivers.
+fn flamegraph_section(profile: &Profile, options: &Options, out: &mut dyn Write) -> Result<()> {
+    use super::runtime::Role;
+    let runtime: Vec<bool> = profile
+        .groups
+        .iter()
+        .map(|g| {
+            matches!(
+                super::runtime::role(profile, g),
+                Some(Role::FiberStack | Role::GcHeap)
+            )
+        })
+        .collect();
+    let left_out: u64 = profile
+        .groups
+        .iter()
+        .zip(&runtime)
+        .filter(|&(_, &r)| r)
+        .map(|(g, _)| super::folded::value(g, options))
+        .sum();
+    let program;
+    let drawn = if left_out > 0 && runtime.iter().any(|r| !r) {
+        let mut p = profile.clone();
+        let mut keep = runtime.iter().map(|r| !r);
+        p.groups.retain(|_| keep.next().unwrap_or(true));
+        program = p;
+        &program
+    } else {
+        profile
+    };
+    writeln!(
+        out,
+        "<section id=\"flamegraph\"><h2>Flamegraph: {} by stack</h2>",
+        flamegraph::measure(options)
+    )?;
+    let left_out_note = if drawn.groups.len() < profile.groups.len() {
+        let unit = match options.count {
+            super::Count::Bytes => "bytes",
+            super::Count::Objects => "objects",
+        };
+        format!(
+            "Without the fiber stacks and the collector's heap sections ({} {unit}, in the tables below). ",
+            thousands(left_out)
+        )
+    } else {
+        String::new()
+    };
+    writeln!(
+        out,
+        "<p class=\"note\">{left_out_note}Click a frame to zoom, Ctrl-F to search; a label too long for its frame shows the method, the full name on hover.</p>"
+    )?;
+    let mut svg = Vec::new();
+    match flamegraph::write(drawn, options, &mut svg) {
+        Ok(()) => {
+            let svg = String::from_utf8_lossy(&svg);
+            // Inline: the XML prolog and doctype are not HTML. The graph's
+            // script finds itself as the page's first <svg> (the timeline
+            // is an image); memprof's labels replace its own after it.
+            let start = svg.find("<svg").unwrap_or(0);
+            writeln!(out, "{}", &svg[start..])?;
+            writeln!(out, "<script>{}</script>", flamegraph::LABELS_SCRIPT)?;
+        }
+        Err(e) => writeln!(out, "<p class=\"note\">{}</p>", escape(&e.to_string()))?,
+    }
+    writeln!(out, "</section>")?;
+    Ok(())
+}
+
+/// The summary table: each figure once.
 fn summary(profile: &Profile, options: &Options, out: &mut dyn Write) -> Result<()> {
     let t = &profile.target;
     let c = &profile.counters;
@@ -135,15 +196,36 @@ fn summary(profile: &Profile, options: &Options, out: &mut dyn Write) -> Result<
             "Allocations / frees seen",
             format!("{} / {}", thousands(c.allocs), thousands(c.frees)),
         ),
-        ("Lost events", thousands(c.lost_events())),
-        ("Losses", loss_summary(profile)),
     ];
+    if profile.sample_bytes > 0 {
+        rows.push((
+            "Sampled",
+            format!(
+                "one allocation per {} bytes allocated on average (--sample-bytes): counts and bytes are estimates",
+                thousands(profile.sample_bytes)
+            ),
+        ));
+    }
+    if profile.gc_sampling == "refill" {
+        rows.push((
+            "GC sampled",
+            format!(
+                "at the collector's free-list refills (--gc-sampling refill, {} refills): GC counts and bytes are estimates",
+                thousands(c.refills)
+            ),
+        ));
+    }
+    rows.push((
+        "Lost events",
+        if c.lost_events() == 0 {
+            "0".to_string()
+        } else {
+            super::text::lost_events(profile)
+        },
+    ));
+    rows.push(("Also missed", super::text::other_losses(profile)));
     if let Some(gc) = &profile.gc {
-        rows.push(("GC liveness", gc.liveness.clone()));
-        rows.push(("GC collections", thousands(gc.collections)));
-        if let Some(size) = gc.heap_size {
-            rows.push(("GC heap at the end", format!("{} bytes", thousands(size))));
-        }
+        rows.extend(gc_rows(gc));
     }
     if let Some(filters) = &options.filters {
         rows.push(("Filtered", filters.clone()));
@@ -154,6 +236,66 @@ fn summary(profile: &Profile, options: &Options, out: &mut dyn Write) -> Result<
     }
     writeln!(out, "</table></section>")?;
     Ok(())
+}
+
+/// The collector's figures, as the profile has them (what the markdown
+/// header says about the GC, a row each).
+fn gc_rows(gc: &crate::profile::GcSummary) -> Vec<(&'static str, String)> {
+    let mut rows = vec![("GC liveness", gc.liveness.clone())];
+    if gc.collections > 0 || gc.collections_not_judged > 0 {
+        let mut judged = thousands(gc.collections);
+        if let Some(n) = gc.last_collection {
+            judged += &format!(" (the last: #{n})");
+        }
+        if gc.collections_not_judged > 0 {
+            judged += &format!("; not judged: {}", thousands(gc.collections_not_judged));
+        }
+        rows.push(("GC collections judged", judged));
+        rows.push((
+            "Marked at the last collection",
+            format!(
+                "{} objects, {} bytes (as the collector counts them)",
+                thousands(gc.marked_count),
+                thousands(gc.marked_bytes)
+            ),
+        ));
+        rows.push((
+            "Longest GC pause added",
+            format!(
+                "{:.1} ms (judging took {:.3} s in all)",
+                gc.longest_pass_seconds * 1e3,
+                gc.pass_seconds
+            ),
+        ));
+    }
+    for (count, name) in [
+        (
+            gc.events_lost,
+            "GC allocations never judged (event buffer full)",
+        ),
+        (
+            gc.objects_not_judged,
+            "GC objects never judged (the kernel's table was full)",
+        ),
+        (gc.verdicts_failed, "GC verdicts not read"),
+    ] {
+        if count > 0 {
+            rows.push((name, thousands(count)));
+        }
+    }
+    if let Some(size) = gc.heap_size {
+        let or_unknown = |v: Option<u64>| v.map(thousands).unwrap_or_else(|| "?".into());
+        rows.push((
+            "GC heap at the end",
+            format!(
+                "{} bytes, {} free, {} unmapped",
+                thousands(size),
+                or_unknown(gc.free_bytes),
+                or_unknown(gc.unmapped_bytes)
+            ),
+        ));
+    }
+    rows
 }
 
 fn top_table(profile: &Profile, options: &Options, out: &mut dyn Write) -> Result<()> {
@@ -235,17 +377,74 @@ fn types_table(profile: &Profile, options: &Options, out: &mut dyn Write) -> Res
     }
     writeln!(
         out,
+        "<p class=\"note\">The rows of <code>memprof report --format types</code>: the class allocated, where memprof knows it; where it does not, the row is the call site that allocated (<i>type unknown; call site:</i>).</p>"
+    )?;
+    writeln!(
+        out,
         "<table><tr><th class=\"n\">Objects</th><th class=\"n\">Bytes</th><th>Type</th></tr>"
     )?;
     for r in rows {
+        let name = if r.class || r.runtime {
+            escape(&r.name)
+        } else if let Some(site) = r.name.strip_prefix("in ") {
+            format!("<i>type unknown; call site:</i> {}", escape(site))
+        } else {
+            format!("<i>type unknown:</i> {}", escape(&r.name))
+        };
         writeln!(
             out,
-            "<tr><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td></tr>",
+            "<tr><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{name}</td></tr>",
             thousands(r.objects),
             thousands(r.bytes),
-            escape(&r.name)
         )?;
     }
     writeln!(out, "</table></section>")?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::GcSummary;
+
+    #[test]
+    fn summary_gives_each_figure_once_and_the_collectors() {
+        let mut profile = Profile::default();
+        profile.counters.live_map_full = 3;
+        profile.counters.unknown_frees = 11;
+        profile.gc = Some(GcSummary {
+            liveness: "mark bits".into(),
+            collections: 7,
+            last_collection: Some(9),
+            marked_count: 28_082,
+            marked_bytes: 1_548_304,
+            pass_seconds: 0.0074,
+            longest_pass_seconds: 0.0055,
+            heap_size: Some(1_593_344),
+            free_bytes: Some(4096),
+            unmapped_bytes: Some(0),
+            ..Default::default()
+        });
+        let mut out = Vec::new();
+        summary(&profile, &Options::default(), &mut out).unwrap();
+        let page = String::from_utf8(out).unwrap();
+        for row in [
+            "<tr><th>Lost events</th><td>3 (each counted once: not tracked as live, live table full: 3;",
+            "<tr><th>Also missed</th><td>stacks not captured: 0; frees of unknown blocks: 11</td></tr>",
+            "<tr><th>GC collections judged</th><td>7 (the last: #9)</td></tr>",
+            "<tr><th>Marked at the last collection</th><td>28,082 objects, 1,548,304 bytes (as the collector counts them)</td></tr>",
+            "<tr><th>Longest GC pause added</th><td>5.5 ms (judging took 0.007 s in all)</td></tr>",
+            "<tr><th>GC heap at the end</th><td>1,593,344 bytes, 4,096 free, 0 unmapped</td></tr>",
+        ] {
+            assert!(page.contains(row), "no {row:?} in\n{page}");
+        }
+        assert_eq!(
+            page.to_lowercase().matches("lost events").count(),
+            1,
+            "{page}"
+        );
+        for figure in ["1,548,304", "28,082", "11<", ">7 "] {
+            assert_eq!(page.matches(figure).count(), 1, "{figure} in\n{page}");
+        }
+    }
 }

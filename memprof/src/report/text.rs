@@ -73,9 +73,18 @@ pub const LOSS_CATEGORIES: [(&str, &str); 5] = [
 /// One line naming what was lost, for report headers: the disjoint loss
 /// categories (their sum is the lost events), then what else was missed.
 pub fn loss_summary(profile: &Profile) -> String {
+    format!(
+        "lost events: {}; {}",
+        lost_events(profile),
+        other_losses(profile)
+    )
+}
+
+/// The lost events and their categories: `0 (each counted once: …)`.
+pub fn lost_events(profile: &Profile) -> String {
     let c = &profile.counters;
-    let mut line = format!(
-        "lost events: {} (each counted once: not tracked as live, live table full: {}; missing from the stack totals, site table full: {}; in neither table: {}; calls not followed, in-flight table full: {}; returns missed: {}{}); stacks not captured: {}; frees of unknown blocks: {}",
+    format!(
+        "{} (each counted once: not tracked as live, live table full: {}; missing from the stack totals, site table full: {}; in neither table: {}; calls not followed, in-flight table full: {}; returns missed: {}{})",
         thousands(c.lost_events()),
         thousands(c.live_map_full),
         thousands(c.sites_map_full),
@@ -87,6 +96,16 @@ pub fn loss_summary(profile: &Profile) -> String {
             0 => String::new(),
             n => format!("; calls of processes not followed, process table full: {}", thousands(n)),
         },
+    )
+}
+
+/// What else was missed, after the lost events: stacks not captured,
+/// frees of unknown blocks, truncated and folded stacks, coarser
+/// attribution.
+pub fn other_losses(profile: &Profile) -> String {
+    let c = &profile.counters;
+    let mut line = format!(
+        "stacks not captured: {}; frees of unknown blocks: {}",
         thousands(c.stack_errors),
         thousands(c.unknown_frees)
     );

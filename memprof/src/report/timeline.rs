@@ -1,7 +1,8 @@
 //! Timeline: live bytes per kind over the run (and the GC's heap size where
 //! known), as an SVG line chart drawn with plotters: time since start on
 //! the x axis in seconds, live memory on the y axis in B, KiB, MiB or GiB
-//! (whichever fits), one line per kind, a legend. The samples come from the
+//! (whichever fits), one line per kind, a legend right of the plot (never
+//! over a line: `#legend`, beside `#plot-area`). The samples come from the
 //! daemon (`--sample-period`, default 100 ms), stored in the profile.
 //!
 //! ```
@@ -26,8 +27,12 @@ use plotters::prelude::*;
 use super::{flamegraph::target_name, Options};
 use crate::profile::Profile;
 
-/// Chart size in pixels.
-pub const SIZE: (u32, u32) = (960, 420);
+/// Chart size in pixels: the plot, and the legend in a column of its
+/// own at its right ([`LEGEND_WIDTH`]), so it never covers a line.
+pub const SIZE: (u32, u32) = (1040, 420);
+
+/// The legend's column, right of the plot.
+pub const LEGEND_WIDTH: u32 = 170;
 
 /// The lines of the chart: (name, points (seconds, bytes)).
 pub fn series(profile: &Profile, options: &Options) -> Vec<(String, Vec<(f64, f64)>)> {
@@ -82,11 +87,13 @@ pub fn svg(profile: &Profile, options: &Options) -> Result<String> {
     let (unit_name, unit_size) = unit(y_max);
     let y_top = (y_max / unit_size * 1.1).max(1.0);
     let mut out = String::new();
+    let plot;
     {
         let root = SVGBackend::with_string(&mut out, SIZE).into_drawing_area();
         let err = |e: &dyn std::fmt::Display| anyhow!("cannot draw the timeline: {e}");
         root.fill(&WHITE).map_err(|e| err(&e))?;
-        let mut chart = ChartBuilder::on(&root)
+        let (left, _) = root.split_horizontally(SIZE.0 - LEGEND_WIDTH);
+        let mut chart = ChartBuilder::on(&left)
             .caption(
                 format!("memprof: live memory over time, {}", target_name(profile)),
                 ("sans-serif", 18),
@@ -102,32 +109,106 @@ pub fn svg(profile: &Profile, options: &Options) -> Result<String> {
             .y_desc(format!("live ({unit_name})"))
             .draw()
             .map_err(|e| err(&e))?;
-        for (i, (name, points)) in lines.iter().enumerate() {
-            let color = Palette99::pick(i).to_rgba();
+        for (i, (_, points)) in lines.iter().enumerate() {
             chart
                 .draw_series(LineSeries::new(
                     points.iter().map(|&(t, y)| (t, y / unit_size)),
-                    color.stroke_width(2),
+                    color(i).stroke_width(2),
                 ))
-                .map_err(|e| err(&e))?
-                .label(name.clone())
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-                });
+                .map_err(|e| err(&e))?;
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()
-            .map_err(|e| err(&e))?;
+        plot = chart.plotting_area().get_pixel_range();
         root.present().map_err(|e| err(&e))?;
     }
+    // The plot's frame and the legend, right of it, as elements of their
+    // own (`#plot-area`, `#legend`): a reader (or a test) finds them by id.
+    let legend = legend(&lines, plot.0.end + 16, plot.1.start);
+    let frame = format!(
+        "<rect id=\"plot-area\" x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"none\"/>\n",
+        plot.0.start,
+        plot.1.start,
+        plot.0.end - plot.0.start,
+        plot.1.end - plot.1.start
+    );
+    let end = out.rfind("</svg>").unwrap_or(out.len());
+    out.insert_str(end, &(frame + &legend));
     Ok(out)
+}
+
+/// Line `i`'s colour.
+fn color(i: usize) -> RGBAColor {
+    Palette99::pick(i).to_rgba()
+}
+
+/// The legend at (`x`, `y`), top left: a line of each colour and its name.
+fn legend(lines: &[(String, Vec<(f64, f64)>)], x: i32, y: i32) -> String {
+    let row = 22;
+    let mut svg = format!(
+        "<g id=\"legend\" font-family=\"sans-serif\" font-size=\"13\">\n\
+         <rect x=\"{x}\" y=\"{y}\" width=\"{}\" height=\"{}\" fill=\"white\" stroke=\"black\"/>\n",
+        LEGEND_WIDTH - 28,
+        row * lines.len() as i32 + 10
+    );
+    for (i, (name, _)) in lines.iter().enumerate() {
+        let c = color(i);
+        let line_y = y + 16 + row * i as i32;
+        svg += &format!(
+            "<line x1=\"{}\" y1=\"{line_y}\" x2=\"{}\" y2=\"{line_y}\" stroke=\"rgb({},{},{})\" stroke-width=\"2\"/>\n\
+             <text x=\"{}\" y=\"{}\">{}</text>\n",
+            x + 8,
+            x + 30,
+            c.0,
+            c.1,
+            c.2,
+            x + 36,
+            line_y + 4,
+            super::html::escape(name)
+        );
+    }
+    svg + "</g>\n"
 }
 
 pub fn write(profile: &Profile, options: &Options, out: &mut dyn Write) -> Result<()> {
     out.write_all(svg(profile, options)?.as_bytes())?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::Sample;
+
+    /// The number in `attr="N"` after `from` in `svg`.
+    fn attr(svg: &str, from: &str, attr: &str) -> i32 {
+        let rest = &svg[svg.find(from).unwrap_or_else(|| panic!("no {from}"))..];
+        let start = rest.find(&format!(" {attr}=\"")).unwrap() + attr.len() + 3;
+        rest[start..].split('"').next().unwrap().parse().unwrap()
+    }
+
+    #[test]
+    fn the_legend_is_right_of_the_plot() {
+        let mut profile = Profile::default();
+        for (t, bytes) in [(0.0, 1 << 20), (0.1, 0), (0.2, 1 << 20)] {
+            let mut s = Sample {
+                t_s: t,
+                gc_heap_bytes: Some(2 << 20),
+                ..Default::default()
+            };
+            s.live.insert("gc".into(), [bytes / 64, bytes]);
+            s.live.insert("libc".into(), [1, 64]);
+            profile.timeline.samples.push(s);
+        }
+        let svg = svg(&profile, &Options::default()).unwrap();
+        let plot_right =
+            attr(&svg, "id=\"plot-area\"", "x") + attr(&svg, "id=\"plot-area\"", "width");
+        let legend = attr(&svg, "<g id=\"legend\"", "x");
+        assert!(
+            legend > plot_right,
+            "legend at {legend}, plot to {plot_right}"
+        );
+        assert!(legend + LEGEND_WIDTH as i32 - 28 <= SIZE.0 as i32);
+        for name in ["gc", "libc", "GC heap size"] {
+            assert!(svg.contains(&format!(">{name}</text>")), "{name}");
+        }
+    }
 }

@@ -37,6 +37,10 @@ pub struct TypeRow {
     /// The runtime's own allocations (fiber stacks, the collector's heap):
     /// listed after the program's types.
     pub runtime: bool,
+    /// `name` is the allocated class ([`Group::type_name`]); `false`: the
+    /// class is not known and `name` is the allocation site (`in f
+    /// (file:line)`), `(unknown)`, or a runtime role.
+    pub class: bool,
 }
 
 pub fn write(profile: &Profile, options: &Options, out: &mut dyn Write) -> Result<()> {
@@ -186,11 +190,11 @@ fn table<const N: usize>(
 
 /// The live objects per type, sorted, `--min-bytes` and `--top` applied.
 pub fn rows(profile: &Profile, options: &Options) -> Vec<TypeRow> {
-    let mut sums: HashMap<(bool, String), (u64, u64)> = HashMap::new();
+    let mut sums: HashMap<(bool, String, bool), (u64, u64)> = HashMap::new();
     for g in profile.groups.iter().filter(|g| g.live_count > 0) {
         let key = match super::runtime::role(profile, g) {
-            Some(role) => (true, format!("{} (runtime)", role.label())),
-            None => (false, type_of(profile, g)),
+            Some(role) => (true, format!("{} (runtime)", role.label()), false),
+            None => (false, type_of(profile, g), g.type_name.is_some()),
         };
         let sum = sums.entry(key).or_default();
         sum.0 += g.live_count;
@@ -200,11 +204,12 @@ pub fn rows(profile: &Profile, options: &Options) -> Vec<TypeRow> {
     let mut rows: Vec<TypeRow> = sums
         .into_iter()
         .filter(|&(_, (_, bytes))| bytes >= min)
-        .map(|((runtime, name), (objects, bytes))| TypeRow {
+        .map(|((runtime, name, class), (objects, bytes))| TypeRow {
             name,
             objects,
             bytes,
             runtime,
+            class,
         })
         .collect();
     rows.sort_by(|a, b| {
