@@ -209,11 +209,13 @@ fn crystal_release_names_the_inlined_new_and_puts_fiber_stacks_apart() {
         "{markdown}"
     );
     let initialize = marked_line(ALLOCS_SOURCE, "foo_initialize");
+    // The class first, then the frames.
+    assert_eq!(context[0], "**Foo**", "{markdown}");
     assert!(
-        context[0].ends_with(&format!("allocs.cr:{initialize} in 'Foo.new'`")),
+        context[1].ends_with(&format!("allocs.cr:{initialize} in 'Foo.new'`")),
         "{markdown}"
     );
-    assert!(context[1].ends_with("in 'make_foos'`"), "{markdown}");
+    assert!(context[2].ends_with("in 'make_foos'`"), "{markdown}");
     // The main fiber's stack pool is the runtime's: named, after the program.
     assert!(!program.contains("allocate_stack"), "{markdown}");
     let fiber: Vec<_> = table_rows(&runtime)
