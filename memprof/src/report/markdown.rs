@@ -261,6 +261,13 @@ fn gc_summary(gc: &crate::profile::GcSummary, out: &mut dyn Write) -> Result<()>
                 thousands(gc.collections_not_judged)
             )?;
         }
+        if gc.events_lost > 0 {
+            write!(
+                out,
+                "; GC allocations lost on their way to memprof (the kernel's event buffer was full; memprof could not keep up), never judged: {}",
+                thousands(gc.events_lost)
+            )?;
+        }
         if gc.objects_not_judged > 0 {
             write!(
                 out,
@@ -462,6 +469,25 @@ mod tests {
         let text = render(&profile);
         assert!(
             !text.contains("GC liveness") && !text.contains("truncated"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn gc_allocations_lost_on_the_way_are_counted() {
+        let profile = Profile {
+            gc: Some(crate::profile::GcSummary {
+                liveness: "mark bits".into(),
+                collections: 2,
+                events_lost: 3_292_488,
+                objects_not_judged: 150_311,
+                ..Default::default()
+            }),
+            ..Profile::default()
+        };
+        let text = render(&profile);
+        assert!(
+            text.contains("GC allocations lost on their way to memprof (the kernel's event buffer was full; memprof could not keep up), never judged: 3,292,488; objects never judged (the kernel's table was full): 150,311."),
             "{text}"
         );
     }
