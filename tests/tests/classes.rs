@@ -90,6 +90,7 @@ fn run_names_every_class_in_debug_release_and_static_builds() {
 fn attach_names_every_class_made_while_attached() {
     let dir = TempDir::new("classes-attach");
     for (build, exe) in [
+        ("debug", fixture::crystal::CLASSES_DEBUG),
         ("release", fixture::crystal::CLASSES_RELEASE),
         ("static", fixture::crystal::CLASSES_STATIC),
     ] {
