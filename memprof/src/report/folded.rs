@@ -65,7 +65,7 @@ pub fn stacks(profile: &Profile, options: &Options) -> BTreeMap<String, u64> {
         }
         if let Some(class) = &g.type_name {
             // The leaf: what the objects are (a flamegraph's top boxes).
-            stack += &format!(";[{}]", class.replace(';', ","));
+            stack += &format!(";[{}]", class.replace(';', ":"));
         }
         *out.entry(stack).or_insert(0) += value;
     }
