@@ -37,6 +37,7 @@ fn assert_classes(profile: &std::path::Path, build: &str) {
     let classes = live_by_class(profile);
     let types = report(profile, "types", &[]);
     let markdown = report(profile, "markdown", &["--top", "100", "--min-bytes", "0"]);
+    let folded = report(profile, "folded", &["--count", "objects"]);
     for (class, count) in KEPT {
         assert_eq!(
             classes.get(class).copied(),
@@ -68,6 +69,16 @@ fn assert_classes(profile: &std::path::Path, build: &str) {
         assert_eq!(
             live, count,
             "{build}: markdown rows of {class}:\n{markdown}"
+        );
+        // Folded stacks (and the flamegraphs drawn from them) end in the class.
+        let leaf = format!(";[{class}] ");
+        let objects: u64 = folded
+            .lines()
+            .filter_map(|l| Some(l.split_once(&leaf)?.1.parse::<u64>().unwrap()))
+            .sum();
+        assert_eq!(
+            objects, count,
+            "{build}: folded stacks of {class}:\n{folded}"
         );
     }
 }
