@@ -116,8 +116,14 @@ fn flamegraph_svg_names_the_function_and_its_bytes() {
 /// `go tool pprof -top -sample_index=INDEX [-unit=B] FILE`: the flat value
 /// of `function`'s line.
 fn pprof_flat(file: &Path, index: &str, function: &str) -> String {
+    pprof_flat_with(file, index, function, &[])
+}
+
+/// [`pprof_flat`] with more `go tool pprof` options (`-tagfocus`).
+fn pprof_flat_with(file: &Path, index: &str, function: &str, extra: &[&str]) -> String {
     let mut command = Command::new("go");
     command.args(["tool", "pprof", "-top", &format!("-sample_index={index}")]);
+    command.args(extra);
     if index.ends_with("space") {
         command.arg("-unit=B");
     }
@@ -526,11 +532,15 @@ fn crystal_folded_flamegraph_pprof_timeline_html() {
     let dir = TempDir::new("crystal-reports");
     let profile = dir.join("allocs.mprof");
     profile_run(&profile, &[ALLOCS_DEBUG, "foos"]);
-    // 100,000 Foo of 32 bytes, all kept.
-    assert_eq!(
-        folded_sum(&profile, "Foo.new", &["--kind", "gc"]),
-        3_200_000
-    );
+    // 100,000 Foo of 32 bytes, all kept: their stacks end in Foo.new, then
+    // the class read from the objects.
+    assert_eq!(folded_sum(&profile, "[Foo]", &["--kind", "gc"]), 3_200_000);
+    let at_new: u64 = folded(&profile, &["--kind", "gc"])
+        .iter()
+        .filter(|(frames, _)| frames.ends_with(&["Foo.new".to_string(), "[Foo]".to_string()]))
+        .map(|(_, v)| v)
+        .sum();
+    assert_eq!(at_new, 3_200_000);
     let svg = String::from_utf8(report_file(
         &profile,
         "flamegraph",
@@ -546,6 +556,11 @@ fn crystal_folded_flamegraph_pprof_timeline_html() {
     report_file(&profile, "pprof", &file, &[]);
     assert_eq!(pprof_flat(&file, "inuse_space", "Foo.new"), "3200000B");
     assert_eq!(pprof_flat(&file, "inuse_objects", "Foo.new"), "100000");
+    // The class label: what pprof users filter by.
+    assert_eq!(
+        pprof_flat_with(&file, "inuse_objects", "Foo.new", &["-tagfocus=class=Foo"]),
+        "100000"
+    );
 
     // The timeline has the GC kinds and the collector's heap size, its
     // last sample the profile's end figures.
