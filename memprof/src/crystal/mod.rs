@@ -14,7 +14,7 @@ use crate::profile::Frame;
 
 pub mod fields;
 pub mod source;
-mod symbol;
+pub(crate) mod symbol;
 #[cfg(test)]
 mod tests;
 pub mod type_ids;
@@ -35,12 +35,10 @@ pub fn readable(raw: &str) -> Option<String> {
         });
     }
     if let Some(body) = raw.strip_prefix('*') {
-        // Unparsed but still Crystal: drop the marker and the signature.
-        let end = body
-            .find(['<', ':'])
-            .filter(|&e| e > 0)
-            .unwrap_or(body.len());
-        return Some(body[..end].to_string());
+        // Unparsed but still Crystal: drop the marker and the signature,
+        // which starts outside any parentheses (a `:` or `<` inside
+        // `NamedTuple(a: Int32)` is part of a type, `::` of a path).
+        return Some(body[..signature_start(body)].to_string());
     }
     let body = raw.strip_prefix('~')?;
     if let Some(proc) = body.strip_prefix("proc") {
@@ -58,6 +56,30 @@ pub fn readable(raw: &str) -> Option<String> {
         }
     }
     Some(body.to_string())
+}
+
+/// Where the signature (`<Args>`, `:Return`) of an unparsed method symbol
+/// starts: the first `<` or lone `:` outside parentheses, not at the start.
+fn signature_start(body: &str) -> usize {
+    let bytes = body.as_bytes();
+    let mut k = 0;
+    while k < bytes.len() {
+        match bytes[k] {
+            b'(' => match symbol::balanced_end(&body[k..]) {
+                Some(n) => {
+                    k += n;
+                    continue;
+                }
+                // Not closed: nothing to cut safely.
+                None => return body.len(),
+            },
+            b':' if bytes.get(k + 1) == Some(&b':') => k += 1,
+            b'<' | b':' if k > 0 => return k,
+            _ => {}
+        }
+        k += 1;
+    }
+    body.len()
 }
 
 /// Whether a symbol is allocator plumbing between the program and the probed

@@ -126,10 +126,18 @@ fn opener(line: &str) -> Option<(&str, &str)> {
     if !matches!(word, "class" | "struct" | "module") {
         return None;
     }
-    let name = words.next()?;
-    // `class Foo<Bar` has no space before `<`; `Foo;` ends a one-liner.
-    let end = name.find(['<', ';']).unwrap_or(name.len());
-    Some((word, &name[..end])).filter(|(_, n)| !n.is_empty())
+    let rest = line.trim_start();
+    let rest = rest[rest.find(word)? + word.len()..].trim_start();
+    // The path, then its type parameters whole: `Hash(K, V)` has a space
+    // inside (split at spaces, it read `Hash(K,`); `class Foo<Bar` has
+    // no space before `<`; `Foo;` ends a one-liner.
+    let mut end = rest
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+        .unwrap_or(rest.len());
+    if rest[end..].starts_with('(') {
+        end += crate::crystal::symbol::balanced_end(&rest[end..])?;
+    }
+    Some((word, &rest[..end])).filter(|(_, n)| !n.is_empty())
 }
 
 /// Source files read once per symbolization (`None`: unreadable).
@@ -200,6 +208,16 @@ end
 ";
         let lines: Vec<&str> = src.lines().collect();
         assert_eq!(enclosing_type(&lines, 4).as_deref(), Some("App::Shape(T)"));
+        // Parameters with spaces between them, whole (`Hash(K,` was read).
+        let hash = ["class Hash(K, V)", "  def initialize", "  end", "end"];
+        assert_eq!(enclosing_type(&hash, 2).as_deref(), Some("Hash(K, V)"));
+        let one_liner = ["struct Pair(A, B); def x; end; end"];
+        assert_eq!(opener(one_liner[0]), Some(("struct", "Pair(A, B)")));
+        assert_eq!(opener("class Node<Base"), Some(("class", "Node")));
+        assert_eq!(
+            opener("abstract class Foo::Bar(T) < Baz(T)"),
+            Some(("class", "Foo::Bar(T)"))
+        );
         assert_eq!(enclosing_type(&lines, 3).as_deref(), Some("App::Shape(T)"));
         // A module's own method: no class.
         assert_eq!(enclosing_type(&lines, 8), None);

@@ -210,12 +210,17 @@ pub(crate) fn has_parameter(name: &str) -> bool {
         .any(|w| w.len() == 1 && w.as_bytes()[0].is_ascii_uppercase())
 }
 
-/// The top-level arguments of `Name(A, B(C))`: `["A", "B(C)"]`.
-fn type_args(name: &str) -> Vec<&str> {
+/// The top-level arguments of `Name(A, B(C))`: `["A", "B(C)"]`; the
+/// parentheses that follow the name only (`Foo(T)+`, `Foo(T).class`: the
+/// suffix is not an argument), nothing when they are not closed.
+pub(crate) fn type_args(name: &str) -> Vec<&str> {
     let Some(open) = name.find('(') else {
         return Vec::new();
     };
-    let inner = &name[open + 1..name.len().saturating_sub(1)];
+    let Some(len) = crate::crystal::symbol::balanced_end(&name[open..]) else {
+        return Vec::new();
+    };
+    let inner = &name[open + 1..open + len - 1];
     let (mut args, mut depth, mut start) = (Vec::new(), 0, 0);
     for (i, b) in inner.bytes().enumerate() {
         match b {
@@ -335,6 +340,13 @@ mod tests {
         assert!(!has_parameter("Hash(Thread, Crystal::Event)"));
         assert!(!has_parameter("Time::Location"));
         assert_eq!(type_args("Hash(K, Array(V))"), vec!["K", "Array(V)"]);
+        assert_eq!(type_args("Foo(T)+"), vec!["T"]);
+        assert_eq!(type_args("Foo(A, B).class"), vec!["A", "B"]);
+        assert_eq!(
+            type_args("Hash(String, NamedTuple(a: Int32, b: Proc(Int32, Nil)))"),
+            vec!["String", "NamedTuple(a: Int32, b: Proc(Int32, Nil))"]
+        );
+        assert!(type_args("Hash(K,").is_empty());
         assert_eq!(
             substitute("Hash(T, Nil)", "Set(T)", "Set(BasicBlock)"),
             "Hash(BasicBlock, Nil)"

@@ -38,7 +38,10 @@ use crate::modules::{Module, ModuleCache};
 use crate::profile::{Frame, Group, Stacks};
 use crate::target::maps::MapsCache;
 
+mod demangle;
 pub(crate) mod inlined_new;
+
+use demangle::demangle;
 
 /// Addresses symbolized in one blazesym call: bounds the memory its
 /// results hold at once.
@@ -322,20 +325,6 @@ pub fn display_name(raw: &str) -> String {
         .unwrap_or_else(|| raw.to_string())
 }
 
-/// Rust (legacy `_ZN…E` and v0 `_R…`) and C++ (`_Z…`) names, demangled.
-fn demangle(raw: &str) -> Option<String> {
-    if raw.starts_with("_R") || raw.starts_with("_ZN") {
-        if let Ok(name) = rustc_demangle::try_demangle(raw) {
-            return Some(format!("{name:#}"));
-        }
-    }
-    // Only `_Z` names: cpp_demangle also reads bare type codes (`i` → `int`).
-    if raw.starts_with("_Z") {
-        return cpp_demangle::Symbol::new(raw).ok()?.demangle().ok();
-    }
-    None
-}
-
 /// The frames of one address, innermost first: the functions DWARF says
 /// were inlined there, then the function the symbol table names.
 fn sym_frames(
@@ -431,6 +420,78 @@ mod tests {
         // Not mangled, even if cpp_demangle would read it as a type.
         assert_eq!(display_name("i"), "i");
         assert_eq!(display_name("_Zgarbage"), "_Zgarbage");
+    }
+
+    /// C++ symbols from `nm` of `fixtures/cxx_names.cc` (g++ 12, `-O0 -g`:
+    /// templates in templates, lambdas, the anonymous namespace, operators,
+    /// the standard library's containers), each with what the GNU
+    /// demangler reads (`c++filt`'s text, but for the standard typedefs
+    /// `c++filt` expands: `std::ostream` is `std::basic_ostream<char, …>`).
+    const CXX_SYMBOLS: &str = include_str!("fixtures/cxx_symbols.txt");
+
+    /// Whether `()`, `<>`, `[]` and `{}` pair up in a demangled C++ name,
+    /// the operators whose names are brackets (`operator<<`, `operator()`,
+    /// `operator->`, …) skipped.
+    fn cxx_balanced(name: &str) -> bool {
+        const OPERATORS: [&str; 13] = [
+            "operator<<=",
+            "operator>>=",
+            "operator<=>",
+            "operator<<",
+            "operator>>",
+            "operator<=",
+            "operator>=",
+            "operator->*",
+            "operator->",
+            "operator<",
+            "operator>",
+            "operator()",
+            "operator[]",
+        ];
+        let mut stack = Vec::new();
+        let mut rest = name;
+        while let Some(c) = rest.chars().next() {
+            if let Some(op) = OPERATORS.iter().find(|op| rest.starts_with(**op)) {
+                rest = &rest[op.len()..];
+                continue;
+            }
+            match c {
+                '(' | '<' | '[' | '{' => stack.push(c),
+                ')' | '>' | ']' | '}' => {
+                    let open = match c {
+                        ')' => '(',
+                        '>' => '<',
+                        ']' => '[',
+                        _ => '{',
+                    };
+                    if stack.pop() != Some(open) {
+                        return false;
+                    }
+                }
+                _ => {}
+            }
+            rest = &rest[c.len_utf8()..];
+        }
+        stack.is_empty()
+    }
+
+    #[test]
+    fn real_cxx_names_read_whole_as_cxxfilt_reads_them() {
+        let mut n = 0;
+        for line in CXX_SYMBOLS.lines() {
+            let (mangled, want) = line.split_once('\t').unwrap();
+            let shown = display_name(mangled);
+            assert_eq!(shown, want, "{mangled}");
+            assert!(cxx_balanced(&shown), "{shown}");
+            n += 1;
+        }
+        assert!(n > 150, "{n}");
+        // The GNU demangler was there (else cpp_demangle's forms would differ).
+        assert!(demangle::gnu().is_some());
+        assert!(cxx_balanced(
+            "std::vector<std::pair<int, std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> > >, std::allocator<std::pair<int, std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> > > > >::push_back(std::pair<int, std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> > >&&)"
+        ));
+        assert!(!cxx_balanced("Hash(K,.new"));
     }
 
     /// The test binary itself: its symbol table names `display_name`, its
