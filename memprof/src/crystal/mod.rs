@@ -164,8 +164,9 @@ pub fn allocated_type(frames: &[Frame]) -> Option<String> {
     if let Some(owner) = inlined_new_owner(first) {
         // Release builds: `new` inlined, its class found by symbolize in the
         // source. A generic class's source says `Array(T)`, not which T:
-        // no type rather than a wrong one.
-        if owner.contains('(') {
+        // no type rather than a wrong one (the caller's `[] of Foo` or its
+        // own type give `Array(Foo)`).
+        if crate::symbolize::inlined_new::has_parameter(owner) {
             return None;
         }
         return Some(match via {
@@ -194,10 +195,10 @@ fn inlined_new_owner(frame: &Frame) -> Option<&str> {
     if raw != "new" && !raw.starts_with("new:") {
         return None;
     }
+    // Named as `Class.new`, named arguments (`new:initial_capacity`) left out.
     frame
         .function
-        .strip_suffix(raw)?
-        .strip_suffix('.')
+        .strip_suffix(".new")
         .filter(|o| !o.is_empty())
 }
 

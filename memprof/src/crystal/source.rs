@@ -23,6 +23,64 @@ pub fn enclosing_type<S: AsRef<str>>(lines: &[S], line: usize) -> Option<String>
     Some(names.join("::"))
 }
 
+/// The `class`, `struct` or `module` whose body holds line `line`, modules
+/// included (`Indexable(T)`, `Math`): where a method is defined.
+pub fn enclosing_scope<S: AsRef<str>>(lines: &[S], line: usize) -> Option<String> {
+    let (names, _) = enclosing(lines, line)?;
+    (!names.is_empty()).then(|| names.join("::"))
+}
+
+/// The `def` of method `name` for code at line `line` (1-based): the `def`
+/// whose body holds the line when it has that name, else the first `def` of
+/// that name in the file (a method that yields has its body compiled into
+/// its caller's, with its own lines: `Array#dup`'s code at a line of
+/// `def self.build`). The `def`'s line and whether it is a class method
+/// (`def self.name`); `None` when the file defines no method `name` (a
+/// macro's `getter`).
+pub fn definition<S: AsRef<str>>(lines: &[S], line: usize, name: &str) -> Option<(usize, bool)> {
+    let is_def = |k: usize| -> Option<bool> {
+        let (def_name, class_method) = def_of(lines.get(k)?.as_ref())?;
+        (def_name == name).then_some(class_method)
+    };
+    let start = line.checked_sub(1).filter(|&l| l < lines.len())?;
+    // The `def` holding the line: the line itself, else the nearest less
+    // indented line above that is a `def` (a class's line ends the search).
+    let mut k = Some(start);
+    let mut limit = indent(lines[start].as_ref()) + 1;
+    while let Some(at) = k {
+        let text = lines[at].as_ref();
+        if !text.trim().is_empty() && indent(text) < limit {
+            limit = indent(text);
+            if def_of(text).is_some() {
+                if let Some(class_method) = is_def(at) {
+                    return Some((at + 1, class_method));
+                }
+                break;
+            }
+            if opener(text).is_some() || limit == 0 {
+                break;
+            }
+        }
+        k = at.checked_sub(1);
+    }
+    (0..lines.len()).find_map(|k| is_def(k).map(|c| (k + 1, c)))
+}
+
+/// `def name(…)`, `private def self.name`, … → (name, is a class method).
+fn def_of(text: &str) -> Option<(&str, bool)> {
+    let mut rest = text.trim_start();
+    for word in ["private ", "protected ", "abstract "] {
+        rest = rest.strip_prefix(word).unwrap_or(rest);
+    }
+    let rest = rest.strip_prefix("def ")?.trim_start();
+    let (rest, class_method) = match rest.strip_prefix("self.") {
+        Some(rest) => (rest, true),
+        None => (rest, false),
+    };
+    let end = rest.find(['(', ' ', ':', ';']).unwrap_or(rest.len());
+    Some((&rest[..end], class_method)).filter(|(n, _)| !n.is_empty())
+}
+
 /// The `class`/`struct`/`module` names enclosing line `line`, outermost
 /// first, and whether one is not a module.
 fn enclosing<S: AsRef<str>>(lines: &[S], line: usize) -> Option<(Vec<&str>, bool)> {
@@ -152,6 +210,17 @@ impl Sources {
         enclosing_type(self.lines(file)?, line as usize)
     }
 
+    /// The type or module enclosing `file:line` ([`enclosing_scope`]).
+    pub fn enclosing_scope(&mut self, file: &str, line: u32) -> Option<String> {
+        enclosing_scope(self.lines(file)?, line as usize)
+    }
+
+    /// The `def` of method `name` for code at `file:line` ([`definition`]).
+    pub fn definition(&mut self, file: &str, line: u32, name: &str) -> Option<(u32, bool)> {
+        let (at, class_method) = definition(self.lines(file)?, line as usize, name)?;
+        Some((at as u32, class_method))
+    }
+
     /// The names of the `class`es, `struct`s and `module`s enclosing
     /// `file:line`, outermost first, without type parameters.
     pub fn namespace(&mut self, file: &str, line: u32) -> Vec<String> {
@@ -219,8 +288,35 @@ end
             Some(("class", "Foo::Bar(T)"))
         );
         assert_eq!(enclosing_type(&lines, 3).as_deref(), Some("App::Shape(T)"));
-        // A module's own method: no class.
+        // A module's own method: no class, but a scope.
         assert_eq!(enclosing_type(&lines, 8), None);
+        assert_eq!(enclosing_scope(&lines, 8).as_deref(), Some("App"));
+        assert_eq!(definition(&lines, 4, "new"), Some((3, true)));
+        assert_eq!(definition(&lines, 3, "new"), Some((3, true)));
+        let instance = [
+            "class A",
+            "  def run",
+            "    while x",
+            "      y",
+            "    end",
+            "  end",
+            "  getter z",
+            "  def self.build(n) : self",
+            "    yield new",
+            "  end",
+            "  def dup",
+            "    A.build(3) { }",
+            "  end",
+            "  def []=(k, v)",
+            "  end",
+            "end",
+        ];
+        assert_eq!(definition(&instance, 4, "run"), Some((2, false)));
+        assert_eq!(definition(&instance, 7, "z"), None);
+        // `dup`'s code at a line of the `build` it yields to.
+        assert_eq!(definition(&instance, 9, "dup"), Some((11, false)));
+        assert_eq!(definition(&instance, 9, "build"), Some((8, true)));
+        assert_eq!(definition(&instance, 15, "[]="), Some((14, false)));
         assert_eq!(enclosing_type(&lines, 99), None);
     }
 }

@@ -7,7 +7,8 @@ use std::collections::HashSet;
 use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{Input, Sym, Symbolizer};
 
-use super::{found, name_inlined_new, sym_frames, BATCH};
+use super::inlined::name_inlined;
+use super::{found, sym_frames, BATCH};
 use crate::crystal;
 use crate::crystal::source::Sources;
 use crate::modules::Module;
@@ -93,15 +94,8 @@ fn owner_of_new(
     sources: &mut Sources,
 ) -> Option<String> {
     let mut frames = sym_frames(None, Some(sym), module, addr);
-    // Each frame's column, as `sym_frames` orders them.
-    let columns: Vec<Option<u16>> = sym
-        .inlined
-        .iter()
-        .rev()
-        .map(|i| i.code_info.as_ref().and_then(|c| c.column))
-        .chain([sym.code_info.as_deref().and_then(|c| c.column)])
-        .collect();
-    name_inlined_new(&mut frames, sources);
+    let columns = super::columns(Some(sym), frames.len());
+    name_inlined(&mut frames, &columns, sources);
     // The innermost `new` only.
     let at = frames.iter().position(is_new);
     // First, what its caller's source says it makes, at the call's
@@ -196,10 +190,7 @@ fn defining_class(f: &Frame, sources: &mut Sources) -> Option<String> {
     if !(def.starts_with("def initialize") || def.starts_with("def self.new")) {
         return None;
     }
-    let owner = f
-        .function
-        .strip_suffix(f.raw_name.as_str())?
-        .strip_suffix('.')?;
+    let owner = f.function.strip_suffix(".new")?;
     (!owner.is_empty() && !owner.contains('(')).then(|| owner.to_string())
 }
 
@@ -244,14 +235,14 @@ fn generic_base(name: &str) -> &str {
 }
 
 /// Whether two types are the same generic (`Set(T)`, `Set(Int32)`).
-fn same_generic(a: &str, b: &str) -> bool {
+pub(crate) fn same_generic(a: &str, b: &str) -> bool {
     generic_base(a) == generic_base(b)
 }
 
 /// `made` with the parameters of the generic type `within` (`Set(T)`)
 /// replaced by the arguments of its `instance` (`Set(BasicBlock)`), when
 /// both are the same generic type.
-fn substitute(made: &str, within: &str, instance: &str) -> String {
+pub(crate) fn substitute(made: &str, within: &str, instance: &str) -> String {
     let (params, args) = (type_args(within), type_args(instance));
     if !same_generic(within, instance) || params.len() != args.len() || params.is_empty() {
         return made.to_string();

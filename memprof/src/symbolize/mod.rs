@@ -39,6 +39,7 @@ use crate::profile::{Frame, Group, Stacks};
 use crate::target::maps::MapsCache;
 
 mod demangle;
+mod inlined;
 pub(crate) mod inlined_new;
 
 use demangle::demangle;
@@ -224,7 +225,8 @@ impl Symbolizers {
                 }
             }
             let mut frames = sym_frames(symbol.as_ref(), found(&dwarf, i), &module_name, addr);
-            name_inlined_new(&mut frames, &mut self.sources);
+            let columns = columns(found(&dwarf, i), frames.len());
+            inlined::name_inlined(&mut frames, &columns, &mut self.sources);
             // The return address itself as an offset in the file (stable across runs).
             let offset = mapping(addr).map(|m| m.file_offset_of(addr));
             for f in &mut frames {
@@ -365,28 +367,18 @@ fn sym_frames(
     frames
 }
 
-/// Crystal release builds inline `Foo.new` and DWARF names the copy `new`
-/// alone: named `Foo.new` from the class its source line is in
-/// ([`crystal::source`]), `raw_name` kept as DWARF's. The same for
-/// `new:named_args` and for `initialize` (`Foo#initialize`).
-fn name_inlined_new(frames: &mut [Frame], sources: &mut crystal::source::Sources) {
-    for f in frames {
-        let separator = match f.raw_name.as_str() {
-            "new" => '.',
-            raw if raw.starts_with("new:") => '.',
-            "initialize" => '#',
-            _ => continue,
-        };
-        let (Some(file), Some(line)) = (f.file.as_deref(), f.line) else {
-            continue;
-        };
-        if !file.ends_with(".cr") {
-            continue;
-        }
-        if let Some(owner) = sources.enclosing_type(file, line) {
-            f.function = format!("{owner}{separator}{}", f.raw_name);
-        }
-    }
+/// Each frame's column, in [`sym_frames`]' order (the columns of the calls
+/// the frames make); `None` without DWARF.
+fn columns(dwarf: Option<&Sym<'_>>, frames: usize) -> Vec<Option<u16>> {
+    let Some(sym) = dwarf else {
+        return vec![None; frames];
+    };
+    sym.inlined
+        .iter()
+        .rev()
+        .map(|i| i.code_info.as_ref().and_then(|c| c.column))
+        .chain([sym.code_info.as_deref().and_then(|c| c.column)])
+        .collect()
 }
 
 fn unknown_frame(module: Option<&str>, addr: u64) -> Frame {
