@@ -20,14 +20,33 @@ pub fn enclosing_type<S: AsRef<str>>(lines: &[S], line: usize) -> Option<String>
     if names.is_empty() || !is_type {
         return None;
     }
-    Some(names.join("::"))
+    Some(path(&names))
+}
+
+/// Nested names joined as Crystal names the type: an enclosing generic
+/// type's parameters are not part of it (`Stop` in `module Iterator(T)` is
+/// `Iterator::Stop`, `Entry(K, V)` in `class Hash(K, V)` is `Hash::Entry(K, V)`).
+fn path(names: &[&str]) -> String {
+    let last = names.len().saturating_sub(1);
+    names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            if i < last {
+                n.split('(').next().unwrap_or(n)
+            } else {
+                n
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("::")
 }
 
 /// The `class`, `struct` or `module` whose body holds line `line`, modules
 /// included (`Indexable(T)`, `Math`): where a method is defined.
 pub fn enclosing_scope<S: AsRef<str>>(lines: &[S], line: usize) -> Option<String> {
     let (names, _) = enclosing(lines, line)?;
-    (!names.is_empty()).then(|| names.join("::"))
+    (!names.is_empty()).then(|| path(&names))
 }
 
 /// The `def` of method `name` for code at line `line` (1-based): the `def`
@@ -288,6 +307,17 @@ end
             Some(("class", "Foo::Bar(T)"))
         );
         assert_eq!(enclosing_type(&lines, 3).as_deref(), Some("App::Shape(T)"));
+        let nested = [
+            "module Iterator(T)",
+            "  class Stop",
+            "    INSTANCE = new",
+            "  end",
+            "end",
+        ];
+        assert_eq!(
+            enclosing_type(&nested, 3).as_deref(),
+            Some("Iterator::Stop")
+        );
         // A module's own method: no class, but a scope.
         assert_eq!(enclosing_type(&lines, 8), None);
         assert_eq!(enclosing_scope(&lines, 8).as_deref(), Some("App"));

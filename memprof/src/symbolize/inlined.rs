@@ -82,7 +82,7 @@ fn with_arguments(ty: &str, caller: Option<&str>) -> String {
 
 /// The type the caller of the `new` at frame `i` constructs at the call's
 /// column, when its line writes it (`Foo.new`, `Array(Foo).new`, `[] of
-/// Foo`), its parameters given by the caller's own type when that is an
+/// Foo`, a bare `new` in the class's own code), its parameters given by the caller's own type when that is an
 /// instance of the generic code it is in (`Hash(T, Nil).new` in
 /// `Set(Int32)#initialize`: `Hash(Int32, Nil)`); `None` while a parameter
 /// is left.
@@ -97,7 +97,23 @@ fn constructed_by_caller(
     let (file, line) = (caller.file.as_deref()?, caller.line?);
     let column = usize::from((*columns.get(i + 1)?)?);
     let text = sources.line(file, line)?.get(column.checked_sub(1)?..)?;
-    let mut made = crystal::source::constructed(text)?;
+    // A constant's initializer points at the constant (`INSTANCE = new`).
+    let text = match text.split_once(" = ") {
+        Some((name, value)) if name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') => {
+            value.trim_start()
+        }
+        _ => text,
+    };
+    // A bare `new` (`INSTANCE = new`, `new(x)` in `def self.…`) makes the
+    // caller's own class.
+    let bare = text
+        .strip_prefix("new")
+        .is_some_and(|rest| !rest.starts_with(|c: char| c.is_alphanumeric() || c == '_'));
+    let mut made = if bare {
+        sources.enclosing_type(file, line)?
+    } else {
+        crystal::source::constructed(text)?
+    };
     if has_parameter(&made) {
         let within = sources.enclosing_type(file, line)?;
         let instance = types.get(i + 1)?.as_deref()?;
