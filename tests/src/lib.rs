@@ -147,6 +147,8 @@ pub mod fixture {
             concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/crystal/deep.cr");
         /// crystal-samples' binary-trees.cr (`binary-trees DEPTH`), `--release`.
         pub const BINARY_TREES_RELEASE: &str = env!("FIXTURE_CR_BINARY_TREES_RELEASE");
+        /// crystal-samples' havlak.cr, `--release` (~10 s untraced).
+        pub const HAVLAK_RELEASE: &str = env!("FIXTURE_CR_HAVLAK_RELEASE");
     }
 }
 
