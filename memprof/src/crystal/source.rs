@@ -85,6 +85,76 @@ pub fn definition<S: AsRef<str>>(lines: &[S], line: usize, name: &str) -> Option
     (0..lines.len()).find_map(|k| is_def(k).map(|c| (k + 1, c)))
 }
 
+/// The type of the receiver an expression starting `text` (at line `line`,
+/// 1-based) calls a method on, as the source writes it: an instance
+/// variable declared (`@hash : Hash(T, Nil)`, also as a parameter) or
+/// assigned a construction (`@counts = Hash(String, Int32).new`) in the
+/// body of the same type, or a local variable assigned one (`list = [] of
+/// Node`) in the lines above in the same `def`. `None` otherwise.
+pub fn receiver_type<S: AsRef<str>>(lines: &[S], line: usize, text: &str) -> Option<String> {
+    let ivar = text.starts_with('@');
+    let name_end = text
+        .char_indices()
+        .skip(usize::from(ivar))
+        .find(|(_, c)| !(c.is_ascii_alphanumeric() || *c == '_'))
+        .map_or(text.len(), |(i, _)| i);
+    let name = &text[..name_end];
+    if name.len() <= usize::from(ivar) || name.starts_with(|c: char| c.is_ascii_uppercase()) {
+        return None;
+    }
+    // `name : Type` (not `::`), or `name = construction`, at `at` in `l`.
+    let typed = |l: &str, at: usize| -> Option<String> {
+        let after = &l[at + name.len()..];
+        if after.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_') {
+            return None;
+        }
+        let after = after.trim_start();
+        if let Some(ty) = after.strip_prefix(':').filter(|a| !a.starts_with(':')) {
+            return type_expr(ty.trim_start()).map(|(t, _)| t.to_string());
+        }
+        let value = after
+            .strip_prefix('=')
+            .filter(|a| !a.starts_with(['=', '~']))?;
+        constructed(value.trim_start())
+    };
+    let find = |l: &str| -> Option<String> {
+        l.match_indices(name).find_map(|(at, _)| {
+            let before = l[..at].chars().next_back();
+            if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == '@' || c == '.')
+            {
+                return None;
+            }
+            typed(l, at)
+        })
+    };
+    if ivar {
+        let scope = enclosing(lines, line)?.0.join("::");
+        return lines.iter().enumerate().find_map(|(k, l)| {
+            let l = l.as_ref();
+            if !l.contains(name)
+                || enclosing(lines, k + 1).map(|(n, _)| n.join("::")) != Some(scope.clone())
+            {
+                return None;
+            }
+            find(l)
+        });
+    }
+    // A local: the lines above, up to the `def`.
+    for l in lines[..line.checked_sub(1)?]
+        .iter()
+        .rev()
+        .map(AsRef::as_ref)
+    {
+        if let Some(ty) = find(l) {
+            return Some(ty);
+        }
+        if def_of(l).is_some() {
+            break;
+        }
+    }
+    None
+}
+
 /// `def name(…)`, `private def self.name`, … → (name, is a class method).
 fn def_of(text: &str) -> Option<(&str, bool)> {
     let mut rest = text.trim_start();
@@ -240,6 +310,12 @@ impl Sources {
         Some((at as u32, class_method))
     }
 
+    /// The type of the receiver of the call starting `text` at `file:line`
+    /// ([`receiver_type`]).
+    pub fn receiver_type(&mut self, file: &str, line: u32, text: &str) -> Option<String> {
+        receiver_type(self.lines(file)?, line as usize, text)
+    }
+
     /// The names of the `class`es, `struct`s and `module`s enclosing
     /// `file:line`, outermost first, without type parameters.
     pub fn namespace(&mut self, file: &str, line: u32) -> Vec<String> {
@@ -347,6 +423,32 @@ end
         assert_eq!(definition(&instance, 9, "dup"), Some((11, false)));
         assert_eq!(definition(&instance, 9, "build"), Some((8, true)));
         assert_eq!(definition(&instance, 15, "[]="), Some((14, false)));
+        let set = [
+            "struct Set(T)",
+            "  def initialize(initial_capacity = nil)",
+            "    @hash = Hash(T, Nil).new(initial_capacity: initial_capacity)",
+            "  end",
+            "  protected def initialize(*, using_hash @hash : Hash(T, Nil))",
+            "  end",
+            "  def add(object : T) : self",
+            "    list = [] of T",
+            "    @hash[object] = nil",
+            "    list << object",
+            "  end",
+            "end",
+        ];
+        assert_eq!(
+            receiver_type(&set, 9, "@hash[object] = nil").as_deref(),
+            Some("Hash(T, Nil)")
+        );
+        assert_eq!(
+            receiver_type(&set, 10, "list << object").as_deref(),
+            Some("Array(T)")
+        );
+        // A parameter of the `def` is declared there.
+        assert_eq!(receiver_type(&set, 10, "object.hash").as_deref(), Some("T"));
+        assert_eq!(receiver_type(&set, 10, "other.hash"), None);
+        assert_eq!(receiver_type(&set, 9, "@other[1]"), None);
         assert_eq!(enclosing_type(&lines, 99), None);
     }
 }

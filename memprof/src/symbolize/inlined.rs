@@ -61,9 +61,18 @@ pub fn name_inlined(frames: &mut [Frame], columns: &[Option<u16>], sources: &mut
                 None => (sources.enclosing_scope(&file, line), false),
             }
         };
-        let Some(ty) = ty.map(|ty| with_arguments(&ty, caller.as_deref())) else {
+        let Some(mut ty) = ty.map(|ty| with_arguments(&ty, caller.as_deref())) else {
             continue;
         };
+        if has_parameter(&ty) {
+            // Called on another object (`@hash[object] = nil` in `Set(Int32)#add`):
+            // what the caller's code declares it to be.
+            if let Some(receiver) =
+                receiver_of(frames, columns, &types, i, sources).filter(|r| same_generic(r, &ty))
+            {
+                ty = receiver;
+            }
+        }
         let sep = if class_method { '.' } else { '#' };
         frames[i].function = format!("{ty}{sep}{name}");
         types[i] = Some(ty);
@@ -120,4 +129,31 @@ fn constructed_by_caller(
         made = substitute(&made, &within, instance);
     }
     (!has_parameter(&made)).then_some(made)
+}
+
+/// The type of the object the caller of frame `i` calls it on, from the
+/// caller's source at the call's column (an instance variable or a local,
+/// [`crate::crystal::source::receiver_type`]), its parameters given by the
+/// caller's own type; `None` while a parameter is left.
+fn receiver_of(
+    frames: &[Frame],
+    columns: &[Option<u16>],
+    types: &[Option<String>],
+    i: usize,
+    sources: &mut Sources,
+) -> Option<String> {
+    let caller = frames.get(i + 1)?;
+    let (file, line) = (caller.file.as_deref()?, caller.line?);
+    let column = usize::from((*columns.get(i + 1)?)?);
+    let text = sources
+        .line(file, line)?
+        .get(column.checked_sub(1)?..)?
+        .to_string();
+    let mut ty = sources.receiver_type(file, line, &text)?;
+    if has_parameter(&ty) {
+        let within = sources.enclosing_type(file, line)?;
+        let instance = types.get(i + 1)?.as_deref()?;
+        ty = substitute(&ty, &within, instance);
+    }
+    (!has_parameter(&ty)).then_some(ty)
 }
