@@ -10,9 +10,12 @@
 //! the method is `def self.…`. The type arguments come from the binary
 //! where it says them: the frame that calls the inlined one, when it is a
 //! method of the same generic type (the symbol `*Array(BasicBlock)@Array(T)#<<`
-//! inlining `push`, `check_needs_resize`, …), or, for a `new`, what the
-//! caller's line constructs at the call's column (`[] of UnionFindNode`).
-//! Where neither says, the parameters stay as the source names them.
+//! inlining `push`, `check_needs_resize`, …), for a `new` what the
+//! caller's line constructs at the call's column (`[] of UnionFindNode`),
+//! else what the caller's source declares the object it calls the method
+//! on to be (`@hash : Hash(T, Nil)` in `Set(Int32)`: `Hash(Int32, Nil)#[]=`),
+//! the caller's own arguments substituted. Where nothing says, the
+//! parameters stay as the source names them (`Hash(K, V)#upsert`).
 use super::inlined_new::{has_parameter, same_generic, substitute};
 use crate::crystal;
 use crate::crystal::source::Sources;
