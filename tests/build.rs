@@ -4,7 +4,8 @@
 //! `FIXTURE_CR_<NAME>_<FLAVOUR>` (e.g. `FIXTURE_CR_ALLOCS_RELEASE`), read with
 //! `env!` in `src/lib.rs`. The C++ fixtures (`fixtures/cpp/*.cc`, -O2) are
 //! `FIXTURE_CXX_<NAME>`. Also builds crystal-samples' binary-trees.cr
-//! (`FIXTURE_CR_BINARY_TREES_RELEASE`).
+//! (`FIXTURE_CR_BINARY_TREES_RELEASE`) and havlak.cr
+//! (`FIXTURE_CR_HAVLAK_RELEASE`).
 
 #[path = "fixtures/compile.rs"]
 mod compile;
@@ -13,6 +14,9 @@ use std::path::{Path, PathBuf};
 
 /// crystal-samples' binary-trees, exported as `FIXTURE_CR_BINARY_TREES_RELEASE`.
 const BINARY_TREES: &str = "/usr/share/doc/crystal/examples/binary-trees.cr";
+/// crystal-samples' havlak (gzipped as Debian ships it), exported as
+/// `FIXTURE_CR_HAVLAK_RELEASE`.
+const HAVLAK: &str = "/usr/share/doc/crystal/examples/havlak.cr.gz";
 
 fn main() {
     let src_dir = Path::new("fixtures/c");
@@ -50,6 +54,27 @@ fn main() {
         .unwrap_or_else(|e| panic!("{e}"))
     {
         built.push(("binary_trees".into(), flavour, exe));
+    }
+    // crystal-samples' havlak, unpacked next to its build.
+    println!("cargo:rerun-if-changed={HAVLAK}");
+    let samples = out_dir.join("crystal-samples");
+    std::fs::create_dir_all(&samples).unwrap_or_else(|e| panic!("{}: {e}", samples.display()));
+    let havlak = samples.join("havlak.cr");
+    let unpacked = std::process::Command::new("gzip")
+        .args(["-dc", HAVLAK])
+        .output()
+        .unwrap_or_else(|e| panic!("gzip: {e}"));
+    if !unpacked.status.success() {
+        panic!("{HAVLAK} not unpacked (install crystal-samples: `cargo xtask setup`)");
+    }
+    if std::fs::read(&havlak).ok().as_deref() != Some(&unpacked.stdout[..]) {
+        std::fs::write(&havlak, &unpacked.stdout)
+            .unwrap_or_else(|e| panic!("{}: {e}", havlak.display()));
+    }
+    for (flavour, exe) in compile::compile_crystal(&havlak, &out_dir.join("crystal"))
+        .unwrap_or_else(|e| panic!("{e}"))
+    {
+        built.push(("havlak".into(), flavour, exe));
     }
     for (name, flavour, exe) in built {
         println!(

@@ -149,8 +149,16 @@ pub mod fixture {
         /// `fixtures/crystal/refill_alias.cr`: 127 Common then 1 Rare
         /// object of one size class, 4,000 rounds (debug build).
         pub const REFILL_ALIAS_DEBUG: &str = env!("FIXTURE_CR_REFILL_ALIAS_DEBUG");
+        /// Hash and Set growth deep in the standard library, from the
+        /// program's `Registry#fill` (`fixtures/crystal/deep.cr`).
+        pub const DEEP_DEBUG: &str = env!("FIXTURE_CR_DEEP_DEBUG");
+        pub const DEEP_RELEASE: &str = env!("FIXTURE_CR_DEEP_RELEASE");
+        pub const DEEP_SOURCE: &str =
+            concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/crystal/deep.cr");
         /// crystal-samples' binary-trees.cr (`binary-trees DEPTH`), `--release`.
         pub const BINARY_TREES_RELEASE: &str = env!("FIXTURE_CR_BINARY_TREES_RELEASE");
+        /// crystal-samples' havlak.cr, `--release` (~10 s untraced).
+        pub const HAVLAK_RELEASE: &str = env!("FIXTURE_CR_HAVLAK_RELEASE");
     }
 }
 

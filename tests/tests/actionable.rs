@@ -24,15 +24,17 @@ fn cxx_line(name: &str) -> usize {
     memprof_tests::marked_line_after(CXX_SOURCE, "//", name) as usize
 }
 
-/// The table rows (`| count | bytes | context |`) of a markdown report, in
-/// order, as (count, bytes, context cells split at `<br>`).
+/// The table rows (`| live count | live bytes | program | context |`) of a
+/// markdown report, in order, as (count, bytes, context cells split at
+/// `<br>`).
 fn table_rows(markdown: &str) -> Vec<(String, String, Vec<String>)> {
     markdown
         .lines()
-        .filter(|l| l.starts_with("| ") && !l.starts_with("| Allocations"))
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| Live at the end"))
         .map(|l| {
-            let cells: Vec<&str> = l.trim_matches('|').splitn(3, '|').collect();
-            let context = cells[2].trim().split("<br>").map(str::to_string).collect();
+            // Cells end at ` | `; an escaped `\|` inside one has no space before it.
+            let cells: Vec<&str> = l.trim_matches('|').splitn(4, " | ").collect();
+            let context = cells[3].trim().split("<br>").map(str::to_string).collect();
             (cells[0].trim().into(), cells[1].trim().into(), context)
         })
         .collect()

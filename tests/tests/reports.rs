@@ -305,7 +305,10 @@ fn filters_apply_to_every_format() {
         400
     );
     let table = report(&profile, "markdown", &temporary);
-    assert!(table.contains("|         400 |     19,200 |"), "{table}");
+    assert!(
+        table.contains("|             400 |                19,200 |"),
+        "{table}"
+    );
     // pprof and json see the same rows.
     let file = dir.join("f.pb.gz");
     report_file(&profile, "pprof", &file, &["--function", "make_foo"]);
@@ -415,7 +418,7 @@ fn snapshots_diff_shows_exactly_the_growth() {
     grow.step();
     let first = settled_snapshot(&mut stderr);
     // The table reprinted by --interval shows the first step.
-    stderr.wait_for("|         250 |     16,000 |", TIMEOUT);
+    stderr.wait_for("|             250 |                16,000 |", TIMEOUT);
     grow.step();
     let second = settled_snapshot(&mut stderr);
     assert_ne!(first, second);

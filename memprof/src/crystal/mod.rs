@@ -14,7 +14,7 @@ use crate::profile::Frame;
 
 pub mod fields;
 pub mod source;
-mod symbol;
+pub(crate) mod symbol;
 #[cfg(test)]
 mod tests;
 pub mod type_ids;
@@ -35,12 +35,10 @@ pub fn readable(raw: &str) -> Option<String> {
         });
     }
     if let Some(body) = raw.strip_prefix('*') {
-        // Unparsed but still Crystal: drop the marker and the signature.
-        let end = body
-            .find(['<', ':'])
-            .filter(|&e| e > 0)
-            .unwrap_or(body.len());
-        return Some(body[..end].to_string());
+        // Unparsed but still Crystal: drop the marker and the signature,
+        // which starts outside any parentheses (a `:` or `<` inside
+        // `NamedTuple(a: Int32)` is part of a type, `::` of a path).
+        return Some(body[..signature_start(body)].to_string());
     }
     let body = raw.strip_prefix('~')?;
     if let Some(proc) = body.strip_prefix("proc") {
@@ -58,6 +56,30 @@ pub fn readable(raw: &str) -> Option<String> {
         }
     }
     Some(body.to_string())
+}
+
+/// Where the signature (`<Args>`, `:Return`) of an unparsed method symbol
+/// starts: the first `<` or lone `:` outside parentheses, not at the start.
+fn signature_start(body: &str) -> usize {
+    let bytes = body.as_bytes();
+    let mut k = 0;
+    while k < bytes.len() {
+        match bytes[k] {
+            b'(' => match symbol::balanced_end(&body[k..]) {
+                Some(n) => {
+                    k += n;
+                    continue;
+                }
+                // Not closed: nothing to cut safely.
+                None => return body.len(),
+            },
+            b':' if bytes.get(k + 1) == Some(&b':') => k += 1,
+            b'<' | b':' if k > 0 => return k,
+            _ => {}
+        }
+        k += 1;
+    }
+    body.len()
 }
 
 /// Whether a symbol is allocator plumbing between the program and the probed
@@ -142,8 +164,9 @@ pub fn allocated_type(frames: &[Frame]) -> Option<String> {
     if let Some(owner) = inlined_new_owner(first) {
         // Release builds: `new` inlined, its class found by symbolize in the
         // source. A generic class's source says `Array(T)`, not which T:
-        // no type rather than a wrong one.
-        if owner.contains('(') {
+        // no type rather than a wrong one (the caller's `[] of Foo` or its
+        // own type give `Array(Foo)`).
+        if crate::symbolize::inlined_new::has_parameter(owner) {
             return None;
         }
         return Some(match via {
@@ -172,10 +195,10 @@ fn inlined_new_owner(frame: &Frame) -> Option<&str> {
     if raw != "new" && !raw.starts_with("new:") {
         return None;
     }
+    // Named as `Class.new`, named arguments (`new:initial_capacity`) left out.
     frame
         .function
-        .strip_suffix(raw)?
-        .strip_suffix('.')
+        .strip_suffix(".new")
         .filter(|o| !o.is_empty())
 }
 

@@ -20,7 +20,154 @@ pub fn enclosing_type<S: AsRef<str>>(lines: &[S], line: usize) -> Option<String>
     if names.is_empty() || !is_type {
         return None;
     }
-    Some(names.join("::"))
+    Some(path(&names))
+}
+
+/// Nested names joined as Crystal names the type: an enclosing generic
+/// type's parameters are not part of it (`Stop` in `module Iterator(T)` is
+/// `Iterator::Stop`, `Entry(K, V)` in `class Hash(K, V)` is `Hash::Entry(K, V)`).
+fn path(names: &[&str]) -> String {
+    let last = names.len().saturating_sub(1);
+    names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            if i < last {
+                n.split('(').next().unwrap_or(n)
+            } else {
+                n
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("::")
+}
+
+/// The `class`, `struct` or `module` whose body holds line `line`, modules
+/// included (`Indexable(T)`, `Math`): where a method is defined.
+pub fn enclosing_scope<S: AsRef<str>>(lines: &[S], line: usize) -> Option<String> {
+    let (names, _) = enclosing(lines, line)?;
+    (!names.is_empty()).then(|| path(&names))
+}
+
+/// The `def` of method `name` for code at line `line` (1-based): the `def`
+/// whose body holds the line when it has that name, else the first `def` of
+/// that name in the file (a method that yields has its body compiled into
+/// its caller's, with its own lines: `Array#dup`'s code at a line of
+/// `def self.build`). The `def`'s line and whether it is a class method
+/// (`def self.name`); `None` when the file defines no method `name` (a
+/// macro's `getter`).
+pub fn definition<S: AsRef<str>>(lines: &[S], line: usize, name: &str) -> Option<(usize, bool)> {
+    let is_def = |k: usize| -> Option<bool> {
+        let (def_name, class_method) = def_of(lines.get(k)?.as_ref())?;
+        (def_name == name).then_some(class_method)
+    };
+    let start = line.checked_sub(1).filter(|&l| l < lines.len())?;
+    // The `def` holding the line: the line itself, else the nearest less
+    // indented line above that is a `def` (a class's line ends the search).
+    let mut k = Some(start);
+    let mut limit = indent(lines[start].as_ref()) + 1;
+    while let Some(at) = k {
+        let text = lines[at].as_ref();
+        if !text.trim().is_empty() && indent(text) < limit {
+            limit = indent(text);
+            if def_of(text).is_some() {
+                if let Some(class_method) = is_def(at) {
+                    return Some((at + 1, class_method));
+                }
+                break;
+            }
+            if opener(text).is_some() || limit == 0 {
+                break;
+            }
+        }
+        k = at.checked_sub(1);
+    }
+    (0..lines.len()).find_map(|k| is_def(k).map(|c| (k + 1, c)))
+}
+
+/// The type of the receiver an expression starting `text` (at line `line`,
+/// 1-based) calls a method on, as the source writes it: an instance
+/// variable declared (`@hash : Hash(T, Nil)`, also as a parameter) or
+/// assigned a construction (`@counts = Hash(String, Int32).new`) in the
+/// body of the same type, or a local variable assigned one (`list = [] of
+/// Node`) in the lines above in the same `def`. `None` otherwise.
+pub fn receiver_type<S: AsRef<str>>(lines: &[S], line: usize, text: &str) -> Option<String> {
+    let ivar = text.starts_with('@');
+    let name_end = text
+        .char_indices()
+        .skip(usize::from(ivar))
+        .find(|(_, c)| !(c.is_ascii_alphanumeric() || *c == '_'))
+        .map_or(text.len(), |(i, _)| i);
+    let name = &text[..name_end];
+    if name.len() <= usize::from(ivar) || name.starts_with(|c: char| c.is_ascii_uppercase()) {
+        return None;
+    }
+    // `name : Type` (not `::`), or `name = construction`, at `at` in `l`.
+    let typed = |l: &str, at: usize| -> Option<String> {
+        let after = &l[at + name.len()..];
+        if after.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_') {
+            return None;
+        }
+        let after = after.trim_start();
+        if let Some(ty) = after.strip_prefix(':').filter(|a| !a.starts_with(':')) {
+            return type_expr(ty.trim_start()).map(|(t, _)| t.to_string());
+        }
+        let value = after
+            .strip_prefix('=')
+            .filter(|a| !a.starts_with(['=', '~']))?;
+        constructed(value.trim_start())
+    };
+    let find = |l: &str| -> Option<String> {
+        l.match_indices(name).find_map(|(at, _)| {
+            let before = l[..at].chars().next_back();
+            if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == '@' || c == '.')
+            {
+                return None;
+            }
+            typed(l, at)
+        })
+    };
+    if ivar {
+        let scope = enclosing(lines, line)?.0.join("::");
+        return lines.iter().enumerate().find_map(|(k, l)| {
+            let l = l.as_ref();
+            if !l.contains(name)
+                || enclosing(lines, k + 1).map(|(n, _)| n.join("::")) != Some(scope.clone())
+            {
+                return None;
+            }
+            find(l)
+        });
+    }
+    // A local: the lines above, up to the `def`.
+    for l in lines[..line.checked_sub(1)?]
+        .iter()
+        .rev()
+        .map(AsRef::as_ref)
+    {
+        if let Some(ty) = find(l) {
+            return Some(ty);
+        }
+        if def_of(l).is_some() {
+            break;
+        }
+    }
+    None
+}
+
+/// `def name(…)`, `private def self.name`, … → (name, is a class method).
+fn def_of(text: &str) -> Option<(&str, bool)> {
+    let mut rest = text.trim_start();
+    for word in ["private ", "protected ", "abstract "] {
+        rest = rest.strip_prefix(word).unwrap_or(rest);
+    }
+    let rest = rest.strip_prefix("def ")?.trim_start();
+    let (rest, class_method) = match rest.strip_prefix("self.") {
+        Some(rest) => (rest, true),
+        None => (rest, false),
+    };
+    let end = rest.find(['(', ' ', ':', ';']).unwrap_or(rest.len());
+    Some((&rest[..end], class_method)).filter(|(n, _)| !n.is_empty())
 }
 
 /// The `class`/`struct`/`module` names enclosing line `line`, outermost
@@ -126,10 +273,18 @@ fn opener(line: &str) -> Option<(&str, &str)> {
     if !matches!(word, "class" | "struct" | "module") {
         return None;
     }
-    let name = words.next()?;
-    // `class Foo<Bar` has no space before `<`; `Foo;` ends a one-liner.
-    let end = name.find(['<', ';']).unwrap_or(name.len());
-    Some((word, &name[..end])).filter(|(_, n)| !n.is_empty())
+    let rest = line.trim_start();
+    let rest = rest[rest.find(word)? + word.len()..].trim_start();
+    // The path, then its type parameters whole: `Hash(K, V)` has a space
+    // inside (split at spaces, it read `Hash(K,`); `class Foo<Bar` has
+    // no space before `<`; `Foo;` ends a one-liner.
+    let mut end = rest
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+        .unwrap_or(rest.len());
+    if rest[end..].starts_with('(') {
+        end += crate::crystal::symbol::balanced_end(&rest[end..])?;
+    }
+    Some((word, &rest[..end])).filter(|(_, n)| !n.is_empty())
 }
 
 /// Source files read once per symbolization (`None`: unreadable).
@@ -142,6 +297,23 @@ impl Sources {
     /// The type enclosing `file:line`, if the file can be read.
     pub fn enclosing_type(&mut self, file: &str, line: u32) -> Option<String> {
         enclosing_type(self.lines(file)?, line as usize)
+    }
+
+    /// The type or module enclosing `file:line` ([`enclosing_scope`]).
+    pub fn enclosing_scope(&mut self, file: &str, line: u32) -> Option<String> {
+        enclosing_scope(self.lines(file)?, line as usize)
+    }
+
+    /// The `def` of method `name` for code at `file:line` ([`definition`]).
+    pub fn definition(&mut self, file: &str, line: u32, name: &str) -> Option<(u32, bool)> {
+        let (at, class_method) = definition(self.lines(file)?, line as usize, name)?;
+        Some((at as u32, class_method))
+    }
+
+    /// The type of the receiver of the call starting `text` at `file:line`
+    /// ([`receiver_type`]).
+    pub fn receiver_type(&mut self, file: &str, line: u32, text: &str) -> Option<String> {
+        receiver_type(self.lines(file)?, line as usize, text)
     }
 
     /// The names of the `class`es, `struct`s and `module`s enclosing
@@ -200,9 +372,83 @@ end
 ";
         let lines: Vec<&str> = src.lines().collect();
         assert_eq!(enclosing_type(&lines, 4).as_deref(), Some("App::Shape(T)"));
+        // Parameters with spaces between them, whole (`Hash(K,` was read).
+        let hash = ["class Hash(K, V)", "  def initialize", "  end", "end"];
+        assert_eq!(enclosing_type(&hash, 2).as_deref(), Some("Hash(K, V)"));
+        let one_liner = ["struct Pair(A, B); def x; end; end"];
+        assert_eq!(opener(one_liner[0]), Some(("struct", "Pair(A, B)")));
+        assert_eq!(opener("class Node<Base"), Some(("class", "Node")));
+        assert_eq!(
+            opener("abstract class Foo::Bar(T) < Baz(T)"),
+            Some(("class", "Foo::Bar(T)"))
+        );
         assert_eq!(enclosing_type(&lines, 3).as_deref(), Some("App::Shape(T)"));
-        // A module's own method: no class.
+        let nested = [
+            "module Iterator(T)",
+            "  class Stop",
+            "    INSTANCE = new",
+            "  end",
+            "end",
+        ];
+        assert_eq!(
+            enclosing_type(&nested, 3).as_deref(),
+            Some("Iterator::Stop")
+        );
+        // A module's own method: no class, but a scope.
         assert_eq!(enclosing_type(&lines, 8), None);
+        assert_eq!(enclosing_scope(&lines, 8).as_deref(), Some("App"));
+        assert_eq!(definition(&lines, 4, "new"), Some((3, true)));
+        assert_eq!(definition(&lines, 3, "new"), Some((3, true)));
+        let instance = [
+            "class A",
+            "  def run",
+            "    while x",
+            "      y",
+            "    end",
+            "  end",
+            "  getter z",
+            "  def self.build(n) : self",
+            "    yield new",
+            "  end",
+            "  def dup",
+            "    A.build(3) { }",
+            "  end",
+            "  def []=(k, v)",
+            "  end",
+            "end",
+        ];
+        assert_eq!(definition(&instance, 4, "run"), Some((2, false)));
+        assert_eq!(definition(&instance, 7, "z"), None);
+        // `dup`'s code at a line of the `build` it yields to.
+        assert_eq!(definition(&instance, 9, "dup"), Some((11, false)));
+        assert_eq!(definition(&instance, 9, "build"), Some((8, true)));
+        assert_eq!(definition(&instance, 15, "[]="), Some((14, false)));
+        let set = [
+            "struct Set(T)",
+            "  def initialize(initial_capacity = nil)",
+            "    @hash = Hash(T, Nil).new(initial_capacity: initial_capacity)",
+            "  end",
+            "  protected def initialize(*, using_hash @hash : Hash(T, Nil))",
+            "  end",
+            "  def add(object : T) : self",
+            "    list = [] of T",
+            "    @hash[object] = nil",
+            "    list << object",
+            "  end",
+            "end",
+        ];
+        assert_eq!(
+            receiver_type(&set, 9, "@hash[object] = nil").as_deref(),
+            Some("Hash(T, Nil)")
+        );
+        assert_eq!(
+            receiver_type(&set, 10, "list << object").as_deref(),
+            Some("Array(T)")
+        );
+        // A parameter of the `def` is declared there.
+        assert_eq!(receiver_type(&set, 10, "object.hash").as_deref(), Some("T"));
+        assert_eq!(receiver_type(&set, 10, "other.hash"), None);
+        assert_eq!(receiver_type(&set, 9, "@other[1]"), None);
         assert_eq!(enclosing_type(&lines, 99), None);
     }
 }

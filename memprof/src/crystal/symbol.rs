@@ -11,6 +11,10 @@ pub struct Method<'a> {
     pub class_method: bool,
     /// The method's name (`push`, `<<`, `[]?`, `size=`), without named arguments.
     pub name: &'a str,
+    /// The type whose code this is, after `@` (`Array(T)` of
+    /// `*Array(Int32)@Array(T)#push`, a module, `Object`): its type
+    /// parameters are named as the source names them.
+    pub defining: Option<&'a str>,
 }
 
 /// Parses a Crystal method symbol (`*…`); `None` for anything else.
@@ -18,15 +22,18 @@ pub fn parse_method(raw: &str) -> Option<Method<'_>> {
     let body = raw.strip_prefix('*')?;
     let mut p = Cursor { s: body, i: 0 };
     p.file_prefix();
-    let owner = if p.at_method_start() {
-        None
+    let (owner, defining) = if p.at_method_start() {
+        (None, None)
     } else {
         let start = p.type_path()?;
         let owner = &body[start..p.i];
-        if p.eat("@") {
-            p.type_path()?;
-        }
-        Some(owner)
+        let defining = if p.eat("@") {
+            let start = p.type_path()?;
+            Some(&body[start..p.i])
+        } else {
+            None
+        };
+        (Some(owner), defining)
     };
     let class_method = match owner {
         None => false,
@@ -51,7 +58,35 @@ pub fn parse_method(raw: &str) -> Option<Method<'_>> {
         owner,
         class_method,
         name,
+        defining,
     })
+}
+
+/// Where the `(…)` that `text` starts with ends (just after its `)`), with
+/// nested parentheses and quoted named-tuple keys (`NamedTuple("a)": Int32)`)
+/// skipped; `None` when it is not closed.
+pub fn balanced_end(text: &str) -> Option<usize> {
+    let mut depth = 0usize;
+    let mut quoted = false;
+    let bytes = text.as_bytes();
+    let mut k = 0;
+    while k < bytes.len() {
+        match bytes[k] {
+            b'\\' if quoted => k += 1,
+            b'"' => quoted = !quoted,
+            _ if quoted => {}
+            b'(' => depth += 1,
+            b')' => {
+                depth = depth.checked_sub(1)?;
+                if depth == 0 {
+                    return Some(k + 1);
+                }
+            }
+            _ => {}
+        }
+        k += 1;
+    }
+    None
 }
 
 /// A position in a symbol being parsed.
@@ -110,21 +145,8 @@ impl<'a> Cursor<'a> {
 
     /// `(…)` with nested parentheses; the contents are not checked.
     fn parens(&mut self) -> Option<()> {
-        let mut depth = 0usize;
-        for (k, b) in self.rest().bytes().enumerate() {
-            match b {
-                b'(' => depth += 1,
-                b')' => {
-                    depth = depth.checked_sub(1)?;
-                    if depth == 0 {
-                        self.i += k + 1;
-                        return Some(());
-                    }
-                }
-                _ => {}
-            }
-        }
-        None
+        self.i += balanced_end(self.rest())?;
+        Some(())
     }
 
     /// Skips the `/path/file.cr::` that qualifies file-private types and methods.
@@ -186,7 +208,8 @@ impl<'a> Cursor<'a> {
             if let Some(after) = self.rest().strip_prefix(op) {
                 if after.is_empty() || after.starts_with(['<', ':']) {
                     self.i += op.len();
-                    return Some(op);
+                    // The symbol's own text, so a name's place in it is known.
+                    return Some(&self.s[start..self.i]);
                 }
             }
         }

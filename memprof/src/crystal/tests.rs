@@ -133,7 +133,8 @@ fn parses_owner_kind_and_name() {
         Method {
             owner: Some("Array(Foo)"),
             class_method: true,
-            name: "new"
+            name: "new",
+            defining: Some("Array(T)"),
         }
     );
     let m = parse_method("*make_foos:Array(Foo)").unwrap();
@@ -333,4 +334,203 @@ fn no_type_without_a_crystal_method() {
         "~procProc(Nil)@allocs.cr:33",
     ]);
     assert_eq!(allocated_type(&in_proc), None);
+}
+
+/// Crystal symbols from `nm` of real programs built by Crystal 1.6.0:
+/// crystal-samples' havlak (debug and `--release`) and http_server, the
+/// compiler's own parser (`require "compiler/crystal/syntax"`, the
+/// compiler examples' visitor), and `fixtures/names.cr` (procs, unions,
+/// tuples, named tuples, metaclasses, file-private types). Chosen for the
+/// hard cases: parentheses in parentheses, commas, `|`, `.class`, `+`.
+const SYMBOLS: &str = include_str!("fixtures/symbols.txt");
+
+/// Whether every `(` of `text` is closed, in order.
+fn balanced(text: &str) -> bool {
+    let mut depth = 0i32;
+    for b in text.bytes() {
+        match b {
+            b'(' => depth += 1,
+            b')' => depth -= 1,
+            _ => {}
+        }
+        if depth < 0 {
+            return false;
+        }
+    }
+    depth == 0
+}
+
+/// The place of `part`, a slice of `raw`, in it.
+fn at(raw: &str, part: &str) -> usize {
+    let offset = part.as_ptr() as usize - raw.as_ptr() as usize;
+    assert!(
+        offset + part.len() <= raw.len(),
+        "{part:?} is not in {raw:?}"
+    );
+    offset
+}
+
+/// `raw` rebuilt from the parts [`parse_method`] found, with the syntax
+/// between them checked: `*`, a `struct.` or file prefix, the owner, its
+/// `+`/`.class`, `@` and the defining type, `#` or `::`, the name, named
+/// arguments, `<Args>`, `:Return`. Panics when a piece is not that syntax.
+fn rebuild(raw: &str, m: &Method<'_>) -> String {
+    let name_at = at(raw, m.name);
+    let mut out = String::new();
+    let mut i;
+    match m.owner {
+        Some(owner) => {
+            let o = at(raw, owner);
+            let prefix = &raw[..o];
+            assert!(
+                prefix == "*"
+                    || prefix == "*struct."
+                    || prefix == "*union."
+                    || prefix.ends_with(".cr::") && !prefix.contains('('),
+                "prefix {prefix:?} of {raw:?}"
+            );
+            assert!(balanced(owner), "owner {owner:?} of {raw:?}");
+            out.push_str(prefix);
+            out.push_str(owner);
+            i = o + owner.len();
+            // `+` (virtual) and `.class` (metaclass) after the owner.
+            let suffix_end = i + raw[i..]
+                .find(['@', '#'])
+                .into_iter()
+                .chain(raw[i..].find("::"))
+                .min()
+                .unwrap();
+            let suffix = &raw[i..suffix_end];
+            assert!(
+                suffix.replace(".class", "").replace('+', "").is_empty(),
+                "suffix {suffix:?} of {raw:?}"
+            );
+            out.push_str(suffix);
+            i = suffix_end;
+            if let Some(def) = m.defining {
+                assert_eq!(at(raw, def), i + 1, "defining type of {raw:?}");
+                assert!(balanced(def), "defining {def:?} of {raw:?}");
+                out.push('@');
+                out.push_str(def);
+                i += 1 + def.len();
+            }
+            let sep = &raw[i..name_at];
+            assert!(sep == "#" || sep == "::", "separator {sep:?} of {raw:?}");
+            assert_eq!(
+                m.class_method,
+                sep == "::" || suffix.contains(".class"),
+                "kind of {raw:?}"
+            );
+            out.push_str(sep);
+        }
+        None => {
+            let prefix = &raw[..name_at];
+            assert!(
+                prefix == "*" || prefix.ends_with(".cr::"),
+                "prefix {prefix:?} of {raw:?}"
+            );
+            assert!(m.defining.is_none() && !m.class_method);
+            out.push_str(prefix);
+        }
+    }
+    out.push_str(m.name);
+    i = name_at + m.name.len();
+    // Named arguments (`:file:encoding`), then `<Args>`, then `:Return`.
+    let tail = &raw[i..];
+    let mut rest = tail;
+    while let Some(after) = rest.strip_prefix(':') {
+        let n = after
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(after.len());
+        if n == 0 || !after.as_bytes()[0].is_ascii_lowercase() && after.as_bytes()[0] != b'_' {
+            break;
+        }
+        if !(after[n..].is_empty() || after[n..].starts_with(['<', ':'])) {
+            break;
+        }
+        rest = &after[n..];
+    }
+    if let Some(args) = rest.strip_prefix('<') {
+        // The `>` that closes the list is the first outside parentheses.
+        let mut depth = 0;
+        let close = args
+            .bytes()
+            .position(|b| {
+                match b {
+                    b'(' => depth += 1,
+                    b')' => depth -= 1,
+                    _ => {}
+                }
+                b == b'>' && depth == 0
+            })
+            .unwrap_or_else(|| panic!("arguments of {raw:?} not closed"));
+        assert!(balanced(&args[..close]), "arguments of {raw:?}");
+        rest = &args[close + 1..];
+    }
+    if let Some(ret) = rest.strip_prefix(':') {
+        assert!(balanced(ret), "return type of {raw:?}");
+        rest = "";
+    }
+    assert!(rest.is_empty(), "{rest:?} left of {raw:?}");
+    out.push_str(tail);
+    out
+}
+
+#[test]
+fn real_symbols_parse_whole_and_read_balanced() {
+    let mut methods = 0;
+    for raw in SYMBOLS.lines() {
+        let shown = readable(raw).unwrap_or_else(|| panic!("{raw:?} is Crystal's"));
+        assert!(balanced(&shown), "{raw:?} shown as {shown:?}");
+        if !raw.starts_with('*') {
+            continue;
+        }
+        let m = parse_method(raw).unwrap_or_else(|| panic!("{raw:?} does not parse"));
+        assert_eq!(rebuild(raw, &m), raw);
+        let want = match m.owner {
+            Some(owner) => format!(
+                "{owner}{}{}",
+                if m.class_method { "." } else { "#" },
+                m.name
+            ),
+            None => m.name.to_string(),
+        };
+        assert_eq!(shown, want, "{raw:?}");
+        methods += 1;
+    }
+    assert_eq!(
+        methods,
+        SYMBOLS.lines().filter(|l| l.starts_with('*')).count()
+    );
+    assert!(methods > 400, "{methods}");
+}
+
+#[test]
+fn hard_symbols_of_the_corpus() {
+    // One of each hard case, with what it must read.
+    for (raw, want) in [
+        (
+            "*Hash(String, Array(Int32 | String))@Hash(K, V)#[]=<String, Array(Int32 | String)>:Array(Int32 | String)",
+            "Hash(String, Array(Int32 | String))#[]=",
+        ),
+        (
+            "*take_named<NamedTuple(a: Int32, b: Array(String))>:Int32",
+            "take_named",
+        ),
+        (
+            "*Hash(Tuple(Int32, String), NamedTuple(x: Int32))@Hash(K, V)#[]=<Tuple(Int32, String), NamedTuple(x: Int32)>:NamedTuple(x: Int32)",
+            "Hash(Tuple(Int32, String), NamedTuple(x: Int32))#[]=",
+        ),
+        ("*take_proc<Proc(Int32, String)>:String", "take_proc"),
+        (
+            "*Shapes::Point(Int32)#+<Shapes::Point(Int32)>:Shapes::Point(Int32)",
+            "Shapes::Point(Int32)#+",
+        ),
+        ("*Shapes::Circle::unit:Shapes::Circle", "Shapes::Circle.unit"),
+        ("*take_class<Shapes::Circle.class>:String", "take_class"),
+        // Unparsed: cut outside the parentheses only.
+        ("*Foo(NamedTuple(a: Int32))?<X>", "Foo(NamedTuple(a: Int32))?"),
+    ] {
+        assert_eq!(readable(raw).as_deref(), Some(want), "{raw:?}");
+    }
 }

@@ -318,7 +318,7 @@ fn top_table(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
     writeln!(
         out,
         "<table><tr><th class=\"n\">Live blocks</th><th class=\"n\">Live bytes</th>\
-         <th class=\"n\">Allocated blocks</th><th class=\"n\">Allocated bytes</th><th>Kind</th><th>Stack</th></tr>"
+         <th class=\"n\">Allocated blocks</th><th class=\"n\">Allocated bytes</th><th>Kind</th><th>From the program</th><th>Stack</th></tr>"
     )?;
     for r in rows {
         let g = &r.group;
@@ -351,12 +351,15 @@ fn top_table(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
         }
         writeln!(
             out,
-            "<tr><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             thousands(g.live_count),
             thousands(g.live_bytes),
             thousands(g.total_count),
             thousands(g.total_bytes),
             escape(&g.kind),
+            r.program
+                .map(|f| format!("<code>{}</code>", escape(&frame_text(f))))
+                .unwrap_or_else(|| "—".to_string()),
             frames.join("<br>")
         )?;
     }

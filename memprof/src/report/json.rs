@@ -100,7 +100,15 @@ fn group(profile: &Profile, options: &Options, g: &Group) -> Value {
             })
         })
         .collect();
+    let program = super::program::frame(profile, g).map(|f| {
+        json!({
+            "function": f.function,
+            "file": f.file,
+            "line": f.line,
+        })
+    });
     json!({
+        "program_frame": program,
         "pid": profile.pid_of(g),
         "kind": g.kind,
         "live_count": g.live_count,

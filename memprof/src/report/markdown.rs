@@ -1,13 +1,15 @@
 //! The markdown table Crystal users know from perf-tools' MemProf:
 //!
 //! ```text
-//! | Allocations | Total size | Context |
-//! |------------:|-----------:|---------|
-//! |         600 |     28,800 | `basic.c:9 in 'make_foo'`<br>`basic.c:30 in 'main'` |
+//! | Live at the end | Live bytes at the end | From the program | Context |
+//! |----------------:|----------------------:|------------------|---------|
+//! |             600 |                28,800 | `basic.c:9 in 'make_foo'` | `basic.c:9 in 'make_foo'`<br>`basic.c:30 in 'main'` |
 //! ```
 //!
 //! One row per shown context with live allocations: the live count and
-//! bytes, and the frames innermost first. Stacks that show the same frames
+//! bytes at the end, the first frame of the program's own source (however
+//! deep in the library the allocation is, whatever `--depth` shows), and
+//! the frames innermost first. Stacks that show the same frames
 //! (the same 5 innermost frames, recursion folded) are one row, which says
 //! how many stacks it merges; a stack the unwinder could not follow to its
 //! end ends with `…(truncated)`. The runtime's own allocations (fiber
@@ -338,20 +340,37 @@ pub fn table(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
     Ok(())
 }
 
+/// The header of the tables of rows: the figures are what is live at the
+/// end (or at the snapshot), not what was allocated over the run.
+pub const HEADER: &str = "| Live at the end | Live bytes at the end | From the program | Context |";
+
 /// One markdown table of `rows`.
 fn rows_table(rows: &[Row<'_>], unwind: &str, out: &mut dyn Write) -> Result<()> {
-    writeln!(out, "| Allocations | Total size | Context |")?;
-    writeln!(out, "|------------:|-----------:|---------|")?;
+    writeln!(out, "{HEADER}")?;
+    writeln!(
+        out,
+        "|----------------:|----------------------:|------------------|---------|"
+    )?;
     for r in rows {
         writeln!(
             out,
-            "| {:>11} | {:>10} | {} |",
+            "| {:>15} | {:>21} | {} | {} |",
             thousands(r.group.live_count),
             thousands(r.group.live_bytes),
+            program_cell(r),
             context(r, unwind)
         )?;
     }
     Ok(())
+}
+
+/// The row's first frame of the program's own source, whatever `--depth`
+/// shows; `—` when the stack has none (all library or runtime).
+pub fn program_cell(r: &Row<'_>) -> String {
+    match r.program {
+        Some(f) => format!("`{}`", escape(&frame_text(f))),
+        None => "—".to_string(),
+    }
 }
 
 /// A row's context cell: what the runtime row is, the frames, then the
@@ -516,7 +535,7 @@ mod tests {
         profile.push(group, vec![frame]);
         let text = render(&profile);
         assert!(
-            text.contains("|      41,042 |  1,315,360 | `/usr/lib/crystal/lib/gc/boehm.cr:129 in 'GC.malloc'`<br>`…(the stack ends in the allocator: frame pointers got no further; record with --unwind dwarf)` |"),
+            text.contains("|          41,042 |             1,315,360 | — | `/usr/lib/crystal/lib/gc/boehm.cr:129 in 'GC.malloc'`<br>`…(the stack ends in the allocator: frame pointers got no further; record with --unwind dwarf)` |"),
             "{text}"
         );
         let mut out = Vec::new();
@@ -556,11 +575,10 @@ mod tests {
             .lines()
             .find(|l| l.starts_with("| ") && l.contains("4,096"))
             .unwrap();
-        assert!(
-            row.ends_with(
-                "`/src/app.cr:3 in 'Hash(String, Int32 \\| Nil)#upsert'`<br>`…(truncated)`<br>`…(recursion folded)` |"
-            ),
-            "{row}"
+        assert_eq!(
+            row,
+            "|               2 |                 4,096 | `/src/app.cr:3 in 'Hash(String, Int32 \\| Nil)#upsert'` | `/src/app.cr:3 in 'Hash(String, Int32 \\| Nil)#upsert'`<br>`…(truncated)`<br>`…(recursion folded)` |"
         );
+        assert!(text.contains(HEADER), "{text}");
     }
 }

@@ -50,6 +50,7 @@ pub(crate) mod markdown;
 mod options;
 mod plumbing;
 mod pprof;
+mod program;
 mod rows;
 mod runtime;
 mod text;

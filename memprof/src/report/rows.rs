@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use crate::profile::{Frame, Group, Profile};
 
-use super::{frame_text, plumbing, runtime, Options};
+use super::{frame_text, plumbing, program, runtime, Options};
 
 /// The groups to show, sorted; `live_only` drops stacks with nothing live.
 pub fn select<'a>(
@@ -43,6 +43,10 @@ pub struct Row<'a> {
     /// The frames shown, innermost first: plumbing hidden, `--skip`,
     /// recursion folded (a function calling itself shown once), `--depth`.
     pub frames: Vec<&'a Frame>,
+    /// The first frame of the program's own source in the whole stack,
+    /// whatever the shown frames are ([`program::frame`]): rows that differ
+    /// only there are not merged.
+    pub program: Option<&'a Frame>,
     /// How many stacks of the profile the row merges.
     pub stacks: u64,
     /// Recursion was folded in the shown frames (or by the unwinder).
@@ -86,8 +90,10 @@ pub fn rows<'a>(
         }
         let (frames, folded) = options.shown(profile, g, default_depth);
         let role = runtime::role(profile, g);
+        let program = program::frame(profile, g);
         let key = (
             texts.ids(&frames),
+            program.map(|f| texts.id(f)),
             g.kind.clone(),
             g.truncated,
             g.overflow,
@@ -107,6 +113,7 @@ pub fn rows<'a>(
                 rows.push(Row {
                     group: g.clone(),
                     frames,
+                    program,
                     stacks: 1,
                     folded: folded || g.folded,
                     runtime: role,
@@ -119,12 +126,14 @@ pub fn rows<'a>(
     sorted(rows, options.top)
 }
 
-/// What makes rows one: the text of the frames shown, the kind, the
-/// flags, the class. Not whether recursion was folded: a recursive
-/// function's first call (nothing folded) and its deeper ones read the
-/// same. Objects of two classes are two rows, whatever their stacks.
+/// What makes rows one: the text of the frames shown and of the program's
+/// frame, the kind, the flags, the class. Not whether recursion was
+/// folded: a recursive function's first call (nothing folded) and its
+/// deeper ones read the same. Objects of two classes are two rows,
+/// whatever their stacks.
 type RowKey = (
     Vec<u32>,
+    Option<u32>,
     String,
     bool,
     bool,
@@ -143,18 +152,18 @@ struct FrameTexts {
 impl FrameTexts {
     /// The ids of the texts of `frames`.
     fn ids(&mut self, frames: &[&Frame]) -> Vec<u32> {
-        frames
-            .iter()
-            .map(|&f| {
-                *self
-                    .frame_ids
-                    .entry(std::ptr::from_ref(f) as usize)
-                    .or_insert_with(|| {
-                        let n = self.text_ids.len() as u32;
-                        *self.text_ids.entry(frame_text(f)).or_insert(n)
-                    })
+        frames.iter().map(|&f| self.id(f)).collect()
+    }
+
+    /// The id of the text of `frame`.
+    fn id(&mut self, frame: &Frame) -> u32 {
+        *self
+            .frame_ids
+            .entry(std::ptr::from_ref(frame) as usize)
+            .or_insert_with(|| {
+                let n = self.text_ids.len() as u32;
+                *self.text_ids.entry(frame_text(frame)).or_insert(n)
             })
-            .collect()
     }
 }
 

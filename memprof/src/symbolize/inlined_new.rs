@@ -7,7 +7,8 @@ use std::collections::HashSet;
 use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{Input, Sym, Symbolizer};
 
-use super::{found, name_inlined_new, sym_frames, BATCH};
+use super::inlined::name_inlined;
+use super::{found, sym_frames, BATCH};
 use crate::crystal;
 use crate::crystal::source::Sources;
 use crate::modules::Module;
@@ -93,15 +94,8 @@ fn owner_of_new(
     sources: &mut Sources,
 ) -> Option<String> {
     let mut frames = sym_frames(None, Some(sym), module, addr);
-    // Each frame's column, as `sym_frames` orders them.
-    let columns: Vec<Option<u16>> = sym
-        .inlined
-        .iter()
-        .rev()
-        .map(|i| i.code_info.as_ref().and_then(|c| c.column))
-        .chain([sym.code_info.as_deref().and_then(|c| c.column)])
-        .collect();
-    name_inlined_new(&mut frames, sources);
+    let columns = super::columns(Some(sym), frames.len());
+    name_inlined(&mut frames, &columns, sources);
     // The innermost `new` only.
     let at = frames.iter().position(is_new);
     // First, what its caller's source says it makes, at the call's
@@ -196,10 +190,7 @@ fn defining_class(f: &Frame, sources: &mut Sources) -> Option<String> {
     if !(def.starts_with("def initialize") || def.starts_with("def self.new")) {
         return None;
     }
-    let owner = f
-        .function
-        .strip_suffix(f.raw_name.as_str())?
-        .strip_suffix('.')?;
+    let owner = f.function.strip_suffix(".new")?;
     (!owner.is_empty() && !owner.contains('(')).then(|| owner.to_string())
 }
 
@@ -210,12 +201,17 @@ pub(crate) fn has_parameter(name: &str) -> bool {
         .any(|w| w.len() == 1 && w.as_bytes()[0].is_ascii_uppercase())
 }
 
-/// The top-level arguments of `Name(A, B(C))`: `["A", "B(C)"]`.
-fn type_args(name: &str) -> Vec<&str> {
+/// The top-level arguments of `Name(A, B(C))`: `["A", "B(C)"]`; the
+/// parentheses that follow the name only (`Foo(T)+`, `Foo(T).class`: the
+/// suffix is not an argument), nothing when they are not closed.
+pub(crate) fn type_args(name: &str) -> Vec<&str> {
     let Some(open) = name.find('(') else {
         return Vec::new();
     };
-    let inner = &name[open + 1..name.len().saturating_sub(1)];
+    let Some(len) = crate::crystal::symbol::balanced_end(&name[open..]) else {
+        return Vec::new();
+    };
+    let inner = &name[open + 1..open + len - 1];
     let (mut args, mut depth, mut start) = (Vec::new(), 0, 0);
     for (i, b) in inner.bytes().enumerate() {
         match b {
@@ -239,14 +235,14 @@ fn generic_base(name: &str) -> &str {
 }
 
 /// Whether two types are the same generic (`Set(T)`, `Set(Int32)`).
-fn same_generic(a: &str, b: &str) -> bool {
+pub(crate) fn same_generic(a: &str, b: &str) -> bool {
     generic_base(a) == generic_base(b)
 }
 
 /// `made` with the parameters of the generic type `within` (`Set(T)`)
 /// replaced by the arguments of its `instance` (`Set(BasicBlock)`), when
 /// both are the same generic type.
-fn substitute(made: &str, within: &str, instance: &str) -> String {
+pub(crate) fn substitute(made: &str, within: &str, instance: &str) -> String {
     let (params, args) = (type_args(within), type_args(instance));
     if !same_generic(within, instance) || params.len() != args.len() || params.is_empty() {
         return made.to_string();
@@ -335,6 +331,13 @@ mod tests {
         assert!(!has_parameter("Hash(Thread, Crystal::Event)"));
         assert!(!has_parameter("Time::Location"));
         assert_eq!(type_args("Hash(K, Array(V))"), vec!["K", "Array(V)"]);
+        assert_eq!(type_args("Foo(T)+"), vec!["T"]);
+        assert_eq!(type_args("Foo(A, B).class"), vec!["A", "B"]);
+        assert_eq!(
+            type_args("Hash(String, NamedTuple(a: Int32, b: Proc(Int32, Nil)))"),
+            vec!["String", "NamedTuple(a: Int32, b: Proc(Int32, Nil))"]
+        );
+        assert!(type_args("Hash(K,").is_empty());
         assert_eq!(
             substitute("Hash(T, Nil)", "Set(T)", "Set(BasicBlock)"),
             "Hash(BasicBlock, Nil)"

@@ -38,7 +38,11 @@ use crate::modules::{Module, ModuleCache};
 use crate::profile::{Frame, Group, Stacks};
 use crate::target::maps::MapsCache;
 
+mod demangle;
+mod inlined;
 pub(crate) mod inlined_new;
+
+use demangle::demangle;
 
 /// Addresses symbolized in one blazesym call: bounds the memory its
 /// results hold at once.
@@ -221,7 +225,8 @@ impl Symbolizers {
                 }
             }
             let mut frames = sym_frames(symbol.as_ref(), found(&dwarf, i), &module_name, addr);
-            name_inlined_new(&mut frames, &mut self.sources);
+            let columns = columns(found(&dwarf, i), frames.len());
+            inlined::name_inlined(&mut frames, &columns, &mut self.sources);
             // The return address itself as an offset in the file (stable across runs).
             let offset = mapping(addr).map(|m| m.file_offset_of(addr));
             for f in &mut frames {
@@ -399,20 +404,6 @@ pub fn display_name(raw: &str) -> String {
         .unwrap_or_else(|| raw.to_string())
 }
 
-/// Rust (legacy `_ZN…E` and v0 `_R…`) and C++ (`_Z…`) names, demangled.
-fn demangle(raw: &str) -> Option<String> {
-    if raw.starts_with("_R") || raw.starts_with("_ZN") {
-        if let Ok(name) = rustc_demangle::try_demangle(raw) {
-            return Some(format!("{name:#}"));
-        }
-    }
-    // Only `_Z` names: cpp_demangle also reads bare type codes (`i` → `int`).
-    if raw.starts_with("_Z") {
-        return cpp_demangle::Symbol::new(raw).ok()?.demangle().ok();
-    }
-    None
-}
-
 /// The frames of one address, innermost first: the functions DWARF says
 /// were inlined there, then the function the symbol table names.
 fn sym_frames(
@@ -453,28 +444,18 @@ fn sym_frames(
     frames
 }
 
-/// Crystal release builds inline `Foo.new` and DWARF names the copy `new`
-/// alone: named `Foo.new` from the class its source line is in
-/// ([`crystal::source`]), `raw_name` kept as DWARF's. The same for
-/// `new:named_args` and for `initialize` (`Foo#initialize`).
-fn name_inlined_new(frames: &mut [Frame], sources: &mut crystal::source::Sources) {
-    for f in frames {
-        let separator = match f.raw_name.as_str() {
-            "new" => '.',
-            raw if raw.starts_with("new:") => '.',
-            "initialize" => '#',
-            _ => continue,
-        };
-        let (Some(file), Some(line)) = (f.file.as_deref(), f.line) else {
-            continue;
-        };
-        if !file.ends_with(".cr") {
-            continue;
-        }
-        if let Some(owner) = sources.enclosing_type(file, line) {
-            f.function = format!("{owner}{separator}{}", f.raw_name);
-        }
-    }
+/// Each frame's column, in [`sym_frames`]' order (the columns of the calls
+/// the frames make); `None` without DWARF.
+fn columns(dwarf: Option<&Sym<'_>>, frames: usize) -> Vec<Option<u16>> {
+    let Some(sym) = dwarf else {
+        return vec![None; frames];
+    };
+    sym.inlined
+        .iter()
+        .rev()
+        .map(|i| i.code_info.as_ref().and_then(|c| c.column))
+        .chain([sym.code_info.as_deref().and_then(|c| c.column)])
+        .collect()
 }
 
 fn unknown_frame(module: Option<&str>, addr: u64) -> Frame {
@@ -508,6 +489,78 @@ mod tests {
         // Not mangled, even if cpp_demangle would read it as a type.
         assert_eq!(display_name("i"), "i");
         assert_eq!(display_name("_Zgarbage"), "_Zgarbage");
+    }
+
+    /// C++ symbols from `nm` of `fixtures/cxx_names.cc` (g++ 12, `-O0 -g`:
+    /// templates in templates, lambdas, the anonymous namespace, operators,
+    /// the standard library's containers), each with what the GNU
+    /// demangler reads (`c++filt`'s text, but for the standard typedefs
+    /// `c++filt` expands: `std::ostream` is `std::basic_ostream<char, …>`).
+    const CXX_SYMBOLS: &str = include_str!("fixtures/cxx_symbols.txt");
+
+    /// Whether `()`, `<>`, `[]` and `{}` pair up in a demangled C++ name,
+    /// the operators whose names are brackets (`operator<<`, `operator()`,
+    /// `operator->`, …) skipped.
+    fn cxx_balanced(name: &str) -> bool {
+        const OPERATORS: [&str; 13] = [
+            "operator<<=",
+            "operator>>=",
+            "operator<=>",
+            "operator<<",
+            "operator>>",
+            "operator<=",
+            "operator>=",
+            "operator->*",
+            "operator->",
+            "operator<",
+            "operator>",
+            "operator()",
+            "operator[]",
+        ];
+        let mut stack = Vec::new();
+        let mut rest = name;
+        while let Some(c) = rest.chars().next() {
+            if let Some(op) = OPERATORS.iter().find(|op| rest.starts_with(**op)) {
+                rest = &rest[op.len()..];
+                continue;
+            }
+            match c {
+                '(' | '<' | '[' | '{' => stack.push(c),
+                ')' | '>' | ']' | '}' => {
+                    let open = match c {
+                        ')' => '(',
+                        '>' => '<',
+                        ']' => '[',
+                        _ => '{',
+                    };
+                    if stack.pop() != Some(open) {
+                        return false;
+                    }
+                }
+                _ => {}
+            }
+            rest = &rest[c.len_utf8()..];
+        }
+        stack.is_empty()
+    }
+
+    #[test]
+    fn real_cxx_names_read_whole_as_cxxfilt_reads_them() {
+        let mut n = 0;
+        for line in CXX_SYMBOLS.lines() {
+            let (mangled, want) = line.split_once('\t').unwrap();
+            let shown = display_name(mangled);
+            assert_eq!(shown, want, "{mangled}");
+            assert!(cxx_balanced(&shown), "{shown}");
+            n += 1;
+        }
+        assert!(n > 150, "{n}");
+        // The GNU demangler was there (else cpp_demangle's forms would differ).
+        assert!(demangle::gnu().is_some());
+        assert!(cxx_balanced(
+            "std::vector<std::pair<int, std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> > >, std::allocator<std::pair<int, std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> > > > >::push_back(std::pair<int, std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> > >&&)"
+        ));
+        assert!(!cxx_balanced("Hash(K,.new"));
     }
 
     /// The test binary itself: its symbol table names `display_name`, its
