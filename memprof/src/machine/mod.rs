@@ -564,11 +564,16 @@ impl Host {
             }
         }
         // A forked child gone (or `exec`ed) before it was read maps what
-        // its parent maps (the kernel unwound it with its parent's table).
+        // its parent maps (the kernel unwound it with its parent's table):
+        // the parent's image it was forked from, the latest before it
+        // (a parent that `exec`ed has an older image, at other addresses,
+        // under an older index).
         let parent = self
             .processes
             .values()
-            .find(|q| p.forked && (p.unread || p.execed) && q.pid == p.ppid && !q.unread);
+            .filter(|q| p.forked && (p.unread || p.execed) && q.pid == p.ppid && !q.unread)
+            .filter(|q| q.index < p.index)
+            .max_by_key(|q| q.index);
         let (maps, modules) = match parent {
             Some(q) => {
                 // And runs its parent's program (its command line is
