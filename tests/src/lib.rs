@@ -130,6 +130,7 @@ pub mod fixture {
         pub const CLASSES_DEBUG: &str = env!("FIXTURE_CR_CLASSES_DEBUG");
         pub const CLASSES_RELEASE: &str = env!("FIXTURE_CR_CLASSES_RELEASE");
         pub const CLASSES_STATIC: &str = env!("FIXTURE_CR_CLASSES_STATIC");
+        pub const CLASSES_STRIPPED: &str = env!("FIXTURE_CR_CLASSES_STRIPPED");
         /// `fixtures/crystal/busy_loop.cr`: one collection, then computes
         /// forever without allocating (libgc linked in).
         pub const BUSY_LOOP_STATIC: &str = env!("FIXTURE_CR_BUSY_LOOP_STATIC");

@@ -1,7 +1,7 @@
 //! Every GC object named by its class, read from the object itself (its
 //! first word is its class's type id), in the builds a Crystal developer
 //! ships: debug, release (where `Widget.new` is the compiler's own,
-//! inlined into its caller) and static; under `run` and `attach`.
+//! inlined into its caller), static and stripped; under `run` and `attach`.
 use memprof_tests::*;
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -90,6 +90,8 @@ fn run_names_every_class_in_debug_release_and_static_builds() {
         ("debug", fixture::crystal::CLASSES_DEBUG),
         ("release", fixture::crystal::CLASSES_RELEASE),
         ("static", fixture::crystal::CLASSES_STATIC),
+        // No DWARF: the constructors' names from `.dynsym` alone.
+        ("stripped", fixture::crystal::CLASSES_STRIPPED),
     ] {
         let profile = dir.join(&format!("{build}.mprof"));
         profile_run(&profile, &[exe]);

@@ -14,13 +14,15 @@ use memprof_tests::*;
 const HEADER: &str = "| Live at the end | Live bytes at the end | From the program | Context |";
 
 /// `memprof run` of one build; the profile's directory and path.
-fn profile(exe: &str) -> (TempDir, std::path::PathBuf) {
+fn profile(test: &str, exe: &str) -> (TempDir, std::path::PathBuf) {
     let name = std::path::Path::new(exe)
         .file_name()
         .unwrap()
         .to_str()
         .unwrap();
-    let dir = TempDir::new(&format!("program-rows-{name}"));
+    // A directory per test: the tests of this file run at once, and a
+    // directory is removed when its test is done with it.
+    let dir = TempDir::new(&format!("program-rows-{test}-{name}"));
     let path = dir.join("deep.mprof");
     profile_run(&path, &[exe]);
     (dir, path)
@@ -59,7 +61,7 @@ fn fill_at(mark: &str) -> String {
 #[test]
 fn every_row_names_the_programs_line_whatever_the_depth() {
     for exe in [DEEP_DEBUG, DEEP_RELEASE] {
-        let (_dir, path) = profile(exe);
+        let (_dir, path) = profile("rows", exe);
         for depth in [&[][..], &["--depth", "1"][..]] {
             let markdown = report(&path, "markdown", depth);
             assert!(markdown.contains(HEADER), "{exe}:\n{markdown}");
@@ -121,7 +123,7 @@ fn every_row_names_the_programs_line_whatever_the_depth() {
 #[test]
 fn generic_methods_carry_their_class() {
     for exe in [DEEP_DEBUG, DEEP_RELEASE] {
-        let (_dir, path) = profile(exe);
+        let (_dir, path) = profile("methods", exe);
         let markdown = report(&path, "markdown", &[]);
         let folded = report(&path, "folded", &[]);
         for name in [

@@ -31,13 +31,14 @@
 //! let mut out = Vec::new();
 //! render(&profile, Format::Tsv, &Options::default(), &mut out).unwrap();
 //! let tsv = String::from_utf8(out).unwrap();
-//! assert_eq!(tsv, "1\n600\t28800\t/src/basic.c:9 in 'make_foo'\t/src/basic.c:30 in 'main'\n");
+//! // Live objects, live bytes, the program's frame, then the frames.
+//! assert_eq!(tsv, "1\n600\t28800\t/src/basic.c:9 in 'make_foo'\t/src/basic.c:9 in 'make_foo'\t/src/basic.c:30 in 'main'\n");
 //!
 //! let mut out = Vec::new();
 //! let options = Options { depth: Some(1), ..Options::default() };
 //! render(&profile, Format::Markdown, &options, &mut out).unwrap();
 //! let table = String::from_utf8(out).unwrap();
-//! assert!(table.contains("|         600 |     28,800 | `/src/basic.c:9 in 'make_foo'` |"), "{table}");
+//! assert!(table.contains("|             600 |                28,800 | `/src/basic.c:9 in 'make_foo'` | `/src/basic.c:9 in 'make_foo'` |"), "{table}");
 //! ```
 pub mod diff;
 pub mod filter;
