@@ -192,6 +192,7 @@ fn watch_matching(
         options,
         followed: Followed::default(),
         seen: HashSet::new(),
+        tries: std::collections::HashMap::new(),
         last_scan: None,
         top: top.map(|(refresh, count)| Top {
             view: crate::top::View::new(),
@@ -265,6 +266,8 @@ struct Watch<'a> {
     followed: Followed,
     /// Every process attached to (or tried), never again.
     seen: HashSet<u32>,
+    /// Attaches that failed, per process still looked at again.
+    tries: std::collections::HashMap<u32, u32>,
     last_scan: Option<Instant>,
     top: Option<Top>,
 }
@@ -279,16 +282,32 @@ struct Top {
     shown: u32,
 }
 
+/// Scans a process whose attach failed is looked at in, before it is
+/// given up (a second at `RESCAN`'s pace).
+const ATTACH_TRIES: u32 = 10;
+
 impl Driven for Watch<'_> {
     /// Processes started since the last look, then `top`'s table when due.
     fn due(&mut self) -> Result<Flow> {
         if self.last_scan.is_none_or(|t| t.elapsed() >= RESCAN) {
             self.last_scan = Some(Instant::now());
             for pid in self.selection.matching() {
-                if self.seen.insert(pid) {
-                    let session = Session::attach_followed(pid, self.options);
-                    self.followed.started(pid, session);
+                if self.seen.contains(&pid) {
+                    continue;
                 }
+                let session = Session::attach_followed(pid, self.options);
+                // A process caught while the dynamic linker still maps its
+                // libraries has no allocator yet: looked at again at the
+                // next scans, a few times, before it is given up.
+                if session.is_err() && crate::target::is_alive(pid) {
+                    let tries = self.tries.entry(pid).or_insert(0);
+                    *tries += 1;
+                    if *tries < ATTACH_TRIES {
+                        continue;
+                    }
+                }
+                self.seen.insert(pid);
+                self.followed.started(pid, session);
             }
         }
         let Some(top) = &mut self.top else {
