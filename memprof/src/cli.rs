@@ -248,6 +248,12 @@ pub struct SessionArgs {
     /// it are added to one overflow group per kind (totals exact, no stack).
     #[arg(long, default_value_t = 1 << 18, value_name = "N")]
     pub max_sites: u32,
+    /// A line on stderr for each process an event concerns (one gone
+    /// before its mappings were read, an allocator probed late), not only
+    /// one summary line per kind of event every 10 s (attach --all,
+    /// --comm, --exe, run's processes).
+    #[arg(long)]
+    pub verbose: bool,
     /// Put every entry probe at the first instruction (no placement; slower, for comparison).
     #[arg(long)]
     pub probe_at_entry: bool,

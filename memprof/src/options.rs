@@ -57,6 +57,9 @@ pub struct SessionOptions {
     pub follow: bool,
     /// This session is one of a process `run` follows (said in one line).
     pub followed: bool,
+    /// `--verbose`: a line on stderr for each process an event concerns,
+    /// not only one summary line per kind of event.
+    pub verbose: bool,
 }
 
 /// How dead Boehm GC objects are recognized.

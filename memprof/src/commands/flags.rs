@@ -108,6 +108,7 @@ pub(super) fn session_options(
         gc_verdicts: args.gc_verdicts.clone(),
         follow: false,
         followed: false,
+        verbose: args.verbose,
         live: LiveOptions {
             sample_period: (args.sample_period > 0)
                 .then(|| Duration::from_millis(args.sample_period)),

@@ -3,11 +3,17 @@
 //! it started, `exec`ed or loaded libraries, before the slow work (unwind
 //! rows, probe plans) that the main loop does with them. A process that
 //! lives a few milliseconds is gone by the time that work is done.
-use std::sync::atomic::{AtomicBool, Ordering};
+//!
+//! Library loads are read at a bounded rate per process ([`LoadBudget`]):
+//! a process that loads and unloads libraries all the time is read a few
+//! times a second, its latest state, and the events of the others are
+//! not kept waiting behind its readings.
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use memprof_common::{host, DeferredStack, HostEvent};
 
@@ -23,6 +29,13 @@ use crate::target::Target;
 /// milliseconds would be gone. Looking every millisecond costs ~1,000
 /// wakeups a second (~0.5 % of a core).
 const POLL: Duration = Duration::from_millis(1);
+
+/// Library loads of one process read at once, in a row (a program's
+/// start and a `dlopen` take two `_dl_debug_state` calls each)...
+const LOAD_BURST: u32 = 4;
+/// ...then one reading per process per this interval at most: the loads
+/// meanwhile are read together, once, as the process maps them then.
+const LOAD_INTERVAL: Duration = Duration::from_millis(100);
 
 /// An event, and what was read of its process at once.
 pub struct Seen {
@@ -48,6 +61,9 @@ pub struct Reader {
     pub seen: Receiver<Seen>,
     /// Stacks the kernel could not finish, as they come.
     pub deferred: Receiver<Box<DeferredStack>>,
+    /// Library loads read together with a later one of their process
+    /// (its mappings read once for them).
+    pub loads_merged: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -65,6 +81,8 @@ impl Reader {
         let (send_stacks, deferred) = mpsc::channel();
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = Arc::clone(&stop);
+        let loads_merged = Arc::new(AtomicU64::new(0));
+        let merged = Arc::clone(&loads_merged);
         crate::memory::allow_second_arena();
         let thread = std::thread::spawn(move || {
             // A process that lives milliseconds is read only if this
@@ -83,11 +101,13 @@ impl Reader {
                 &rows,
                 &tables,
                 &mut drain_stacks,
+                &merged,
             );
         });
         Reader {
             seen,
             deferred,
+            loads_merged,
             stop,
             thread: Some(thread),
         }
@@ -118,12 +138,18 @@ fn read_ring(
     rows: &RowIndex,
     tables: &Mutex<ModuleTables>,
     drain_stacks: &mut dyn FnMut(),
+    merged: &AtomicU64,
 ) {
     let mut queue = Queue::default();
     loop {
         // Set before the last read: events queued by then are read.
         let last = stopping.load(Ordering::Acquire);
         queue.drain(ring);
+        if last {
+            // The loads held back, read now (the process may still run).
+            queue.read_held(true);
+        }
+        merged.store(queue.loads.merged, Ordering::Relaxed);
         drain_stacks();
         while let Some((event, read)) = queue.items.pop_front() {
             if event.op == host::TABLE {
@@ -150,17 +176,116 @@ fn read_ring(
 struct Queue {
     items: std::collections::VecDeque<(HostEvent, Option<ReadNow>)>,
     readings: u64,
+    loads: LoadBudget,
 }
 
 impl Queue {
-    /// Reads every event queued in the ring, and each one's process.
+    /// Reads every event queued in the ring, and each one's process (a
+    /// library load past its process's budget is held, and read with
+    /// its process's next one).
     fn drain(&mut self, ring: &mut HostEvents) {
+        let now = Instant::now();
         while let Some(event) = ring.take_next() {
-            self.readings += 1;
-            let read = read_now(&event, self.readings);
-            self.items.push_back((event, read));
+            match event.op {
+                host::LIBRARIES if !self.loads.admit(&event, now) => continue,
+                // Its loads held are of a program that is gone.
+                host::EXIT | host::EXEC => self.loads.forget(event.tgid),
+                _ => {}
+            }
+            self.read(event);
+        }
+        self.read_held(false);
+    }
+
+    /// The loads held whose process has budget again (`all`: every one).
+    fn read_held(&mut self, all: bool) {
+        for event in self.loads.due(Instant::now(), all) {
+            self.read(event);
         }
     }
+
+    fn read(&mut self, event: HostEvent) {
+        self.readings += 1;
+        let read = read_now(&event, self.readings);
+        self.items.push_back((event, read));
+    }
+}
+
+/// Each process's budget of library-load readings: [`LOAD_BURST`] at
+/// once, then one per [`LOAD_INTERVAL`]; a load past it is held (the
+/// latest of a process's replaces the one held) and read when the
+/// process has budget again.
+#[derive(Default)]
+struct LoadBudget {
+    /// By tgid: readings it may have now (in [`LOAD_INTERVAL`]s, counted
+    /// up to [`LOAD_BURST`]) as of when, and its load held.
+    processes: HashMap<u32, (f64, Instant, Option<HostEvent>)>,
+    /// Loads held that a later reading of their process covered.
+    merged: u64,
+    /// When budgets full again were last forgotten.
+    pruned: Option<Instant>,
+}
+
+impl LoadBudget {
+    /// Whether library load `event` is read now; if not, it is held.
+    fn admit(&mut self, event: &HostEvent, now: Instant) -> bool {
+        let (credit, at, held) =
+            self.processes
+                .entry(event.tgid)
+                .or_insert((f64::from(LOAD_BURST), now, None));
+        *credit = refilled(*credit, *at, now);
+        *at = now;
+        if held.is_none() && *credit >= 1.0 {
+            *credit -= 1.0;
+            return true;
+        }
+        if held.replace(*event).is_some() {
+            self.merged += 1;
+        }
+        false
+    }
+
+    /// The loads held to read now: those whose process has budget again
+    /// (`all`: every one).
+    fn due(&mut self, now: Instant, all: bool) -> Vec<HostEvent> {
+        let mut due = Vec::new();
+        for (credit, at, held) in self.processes.values_mut() {
+            if held.is_none() {
+                continue;
+            }
+            let c = refilled(*credit, *at, now);
+            if c >= 1.0 || all {
+                *credit = (c - 1.0).max(0.0);
+                *at = now;
+                due.extend(held.take());
+            }
+        }
+        // Processes that loaded nothing for a while: forgotten (those not
+        // followed have no exit event).
+        if self
+            .pruned
+            .is_none_or(|p| now - p >= LOAD_INTERVAL * LOAD_BURST)
+        {
+            self.pruned = Some(now);
+            self.processes.retain(|_, (credit, at, held)| {
+                held.is_some() || refilled(*credit, *at, now) < f64::from(LOAD_BURST)
+            });
+        }
+        due
+    }
+
+    /// Process `tgid`'s program is done: its load held is not read.
+    fn forget(&mut self, tgid: u32) {
+        if let Some((_, _, Some(_))) = self.processes.remove(&tgid) {
+            self.merged += 1;
+        }
+    }
+}
+
+/// A budget of `credit` readings at `at`, as of `now`.
+fn refilled(credit: f64, at: Instant, now: Instant) -> f64 {
+    let gained = now.saturating_duration_since(at).as_secs_f64() / LOAD_INTERVAL.as_secs_f64();
+    (credit + gained).min(f64::from(LOAD_BURST))
 }
 
 /// Gives the process of `event` (its first allocation, or a library

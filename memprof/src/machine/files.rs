@@ -256,6 +256,8 @@ pub struct Files {
     /// Profiling has begun: a file probed from now on was mapped by a
     /// process that ran unprobed until then (said).
     pub started: bool,
+    /// What was said of those files, for the session's notes.
+    pub probed_late: Vec<String>,
 }
 
 impl Files {
@@ -275,6 +277,7 @@ impl Files {
             rows: Unwinding::new(rows),
             probed: 0,
             started: false,
+            probed_late: Vec::new(),
         }
     }
 
@@ -353,6 +356,11 @@ impl Files {
                 &ModuleCache::default(),
             );
         }
+    }
+
+    /// Whether every file of `mappings` was examined already.
+    pub fn examined_all(&self, mappings: &[Mapping]) -> bool {
+        mappings.iter().all(|m| self.examined.contains(&m.file_id))
     }
 
     /// [`Self::examine`] of process `pid`'s mappings now.
@@ -453,11 +461,11 @@ impl Files {
                 self.probed += files.len();
                 if self.started {
                     for file in &files {
-                        eprintln!(
-                            "memprof: {} probed now, for every process: {} mapped it first, and what it allocated through it before is not seen",
+                        self.probed_late.push(format!(
+                            "{} probed now, for every process: {} mapped it first, and what it allocated through it before is not seen",
                             file.display(),
                             exe.display()
-                        );
+                        ));
                     }
                 }
             }

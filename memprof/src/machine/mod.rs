@@ -20,6 +20,7 @@
 //! | `process` | one process: who it is, what it maps, its table |
 //! | `files` | each file once: its allocator probes, its CFI rows |
 //! | `deferred` | stacks the kernel stopped at a file it had no rows for, finished here |
+//! | `notes` | what stderr says of the processes: a summary line per kind |
 //! | `family` | the same for `run`: the processes its command starts |
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -43,11 +44,13 @@ mod deferred;
 mod events;
 mod family;
 mod files;
+mod notes;
 mod process;
 
 use deferred::Deferred;
 use events::{Reader, Seen};
 use files::Files;
+use notes::{Kind, Notes};
 use process::HostProcess;
 
 pub use family::{Family, Loading};
@@ -129,6 +132,11 @@ struct Host {
     /// an index the kernel gave one before it was left out, heard of
     /// after, is dropped.
     left_out: HashSet<u32>,
+    /// What stderr says of the processes.
+    notes: Notes,
+    /// Library loads heard of (each `_dl_debug_state` of a process
+    /// followed or not).
+    loads: u64,
 }
 
 /// Which processes a [`Host`] follows (the kernel decides, at each
@@ -238,6 +246,8 @@ impl Host {
             last_scan: Instant::now(),
             scope,
             left_out: HashSet::new(),
+            notes: Notes::new(options.verbose),
+            loads: 0,
         };
         host.files.probe_system_libraries(&mut host.probes);
         if let Some(live) = live {
@@ -263,6 +273,8 @@ impl Host {
             self.last_scan = Instant::now();
             let _ = self.rescan();
         }
+        self.take_file_notes();
+        self.notes.tick();
         Ok(())
     }
 
@@ -278,7 +290,16 @@ impl Host {
         self.finalize(&all)?;
         let mut counters = self.probes.peek()?.counters()?;
         counters.stacks_not_finished += self.deferred.dropped;
+        self.take_file_notes();
+        self.notes.say();
         Ok(counters)
+    }
+
+    /// The files' events (an allocator probed late), to the notes.
+    fn take_file_notes(&mut self) {
+        for line in std::mem::take(&mut self.files.probed_late) {
+            self.notes.note(Kind::ProbedLate, line);
+        }
     }
 
     /// Seconds since profiling started, of a kernel time.
@@ -298,7 +319,10 @@ impl Host {
         while let Ok(stack) = self.events.deferred.try_recv() {
             self.deferred.add(stack);
         }
-        for pid in std::mem::take(&mut self.to_examine) {
+        let mut pids = std::mem::take(&mut self.to_examine);
+        pids.sort_unstable();
+        pids.dedup();
+        for pid in pids {
             self.files.examine_pid(&mut self.probes, pid);
         }
     }
@@ -308,7 +332,8 @@ impl Host {
         match e.op {
             host::NEW if self.left_out.contains(&e.tgid) => {
                 if let Err(err) = self.drop_indexes(HashSet::from([e.index])) {
-                    eprintln!("memprof: pid {}: its tables stay: {err:#}", e.tgid);
+                    let line = format!("pid {}: its tables stay: {err:#}", e.tgid);
+                    self.notes.note(Kind::TablesStay, line);
                 }
             }
             host::NEW => {
@@ -327,6 +352,7 @@ impl Host {
                 self.publish(e.index);
             }
             host::LIBRARIES => {
+                self.loads += 1;
                 if let Some(p) = self.processes.get_mut(&e.index).filter(|_| index_known) {
                     if let Some(read) = read {
                         p.take(read);
@@ -341,6 +367,14 @@ impl Host {
                     return;
                 };
                 let m = e.mapping;
+                // Told again at each of its library loads: taken once.
+                let told = |k: &Mapping| {
+                    (k.start, k.end, k.file_offset) == (m.start, m.end, m.pgoff << 12)
+                        && k.file_id == files::file_id_of(&m.file)
+                };
+                if p.maps.all().iter().any(told) {
+                    return;
+                }
                 let mut mapping = Mapping {
                     start: m.start,
                     end: m.end,
@@ -394,12 +428,17 @@ impl Host {
         let Some((reading, now)) = p.take_latest() else {
             return; // nothing new read (gone already)
         };
-        self.to_examine.push(p.pid);
+        // Its files examined already (the usual case): /proc not read again.
+        if !self.files.examined_all(&now) {
+            self.to_examine.push(p.pid);
+        }
         files::add_rows(&self.files.rows, &now, &p.modules, None, &mut || {});
         let ranges = files::ranges(&self.files.rows, &now);
         let mut tables = self.tables.lock().unwrap_or_else(|e| e.into_inner());
         if let Err(e) = tables.publish(p.index, reading, &ranges) {
-            eprintln!("memprof: pid {}: no unwind table: {e:#}", p.pid);
+            let line = format!("pid {}: no unwind table: {e:#}", p.pid);
+            drop(tables);
+            self.notes.note(Kind::NoTable, line);
         }
     }
 
@@ -524,19 +563,23 @@ impl Host {
                 .values()
                 .any(|q| q.pid == p.ppid && !q.unread);
             if p.unread && orphan {
-                eprintln!(
-                    "memprof: pid {} ({}) ended before memprof could read its mappings: its frames are addresses",
+                let line = format!(
+                    "pid {} ({}) ended before memprof could read its mappings: its frames are addresses",
                     p.pid,
                     p.name()
                 );
+                self.notes.note(Kind::Unread, line);
             }
             match self.profile_of(&mut p, tables) {
                 Ok(profile) => self.done.push(profile),
-                Err(e) => eprintln!(
-                    "memprof: pid {} ({}): its profile could not be made: {e:#}",
-                    p.pid,
-                    p.name()
-                ),
+                Err(e) => {
+                    let line = format!(
+                        "pid {} ({}): its profile could not be made: {e:#}",
+                        p.pid,
+                        p.name()
+                    );
+                    self.notes.note(Kind::NoProfile, line);
+                }
             }
             self.deferred.forget(p.index);
         }
@@ -653,6 +696,16 @@ impl Host {
             pids.len(),
             self.seen
         );
+        let merged = self
+            .events
+            .loads_merged
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if self.loads + merged > 0 {
+            eprintln!(
+                "memprof: {} library loads and unloads, {merged} of them read together with a later one of their process (one reading per process per 0.1 s at most)",
+                self.loads + merged
+            );
+        }
         let Some(mut profile) = profiles::merge(None, done) else {
             detaching.wait();
             bail!(
