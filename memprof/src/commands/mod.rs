@@ -29,6 +29,7 @@ pub fn run_cli(cli: Cli) -> Result<i32> {
         command => {
             // The long-running modes: Ctrl-C, SIGTERM and SIGCHLD are the
             // driver's from here until the profile is written.
+            crate::driver::preflight::raise_open_files_limit();
             let driver = Driver::new()?;
             long_running(&driver, command)
         }

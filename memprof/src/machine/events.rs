@@ -28,6 +28,9 @@ const POLL: Duration = Duration::from_millis(1);
 pub struct Seen {
     pub event: HostEvent,
     pub read: Option<ReadNow>,
+    /// Reading its process was refused for want of a resource
+    /// (descriptors, memory): it may be unnamed.
+    pub refused: bool,
 }
 
 /// A process as /proc showed it right after its event.
@@ -125,7 +128,7 @@ fn read_ring(
         let last = stopping.load(Ordering::Acquire);
         queue.drain(ring);
         drain_stacks();
-        while let Some((event, read)) = queue.items.pop_front() {
+        while let Some((event, read, refused)) = queue.items.pop_front() {
             if event.op == host::TABLE {
                 // In order with this thread's own tables.
                 let (old, new) = (event.mapping.start as u32, event.mapping.end as u32);
@@ -134,7 +137,12 @@ fn read_ring(
             if let Some(read) = &read {
                 publish(&event, read, rows, tables, &mut || queue.drain(ring));
             }
-            if send.send(Seen { event, read }).is_err() {
+            let seen = Seen {
+                event,
+                read,
+                refused,
+            };
+            if send.send(seen).is_err() {
                 return;
             }
         }
@@ -148,7 +156,7 @@ fn read_ring(
 /// The events read, each with what its process showed then.
 #[derive(Default)]
 struct Queue {
-    items: std::collections::VecDeque<(HostEvent, Option<ReadNow>)>,
+    items: std::collections::VecDeque<(HostEvent, Option<ReadNow>, bool)>,
     readings: u64,
 }
 
@@ -157,8 +165,8 @@ impl Queue {
     fn drain(&mut self, ring: &mut HostEvents) {
         while let Some(event) = ring.take_next() {
             self.readings += 1;
-            let read = read_now(&event, self.readings);
-            self.items.push_back((event, read));
+            let (read, refused) = read_now(&event, self.readings);
+            self.items.push_back((event, read, refused));
         }
     }
 }
@@ -225,17 +233,20 @@ fn lock(tables: &Mutex<ModuleTables>) -> std::sync::MutexGuard<'_, ModuleTables>
 }
 
 /// What an event's process shows now: for its first allocation (or
-/// `exec`) and its library loads.
-fn read_now(event: &HostEvent, reading: u64) -> Option<ReadNow> {
+/// `exec`) and its library loads; and whether reading it was refused
+/// for want of a resource.
+fn read_now(event: &HostEvent, reading: u64) -> (Option<ReadNow>, bool) {
     if !matches!(event.op, host::NEW | host::LIBRARIES) {
-        return None;
+        return (None, false);
     }
     let pid = event.tgid;
-    let maps: Vec<Mapping> = maps::read(pid)
-        .ok()?
-        .into_iter()
-        .filter(|m| m.executable)
-        .collect();
+    let maps: Vec<Mapping> = match maps::read(pid) {
+        Ok(maps) => maps.into_iter().filter(|m| m.executable).collect(),
+        Err(e) => {
+            crate::modules::shared::note_if_refused(&e);
+            return (None, crate::modules::shared::is_refusal(&e));
+        }
+    };
     let modules = ModuleCache::of_process(pid);
     modules.keep(&maps);
     // Who it is (at its first allocation or `exec`).
@@ -246,11 +257,14 @@ fn read_now(event: &HostEvent, reading: u64) -> Option<ReadNow> {
         ),
         _ => (None, None),
     };
-    Some(ReadNow {
-        maps,
-        reading,
-        modules,
-        target,
-        ns_pid,
-    })
+    (
+        Some(ReadNow {
+            maps,
+            reading,
+            modules,
+            target,
+            ns_pid,
+        }),
+        false,
+    )
 }

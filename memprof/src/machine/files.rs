@@ -256,6 +256,9 @@ pub struct Files {
     /// Profiling has begun: a file probed from now on was mapped by a
     /// process that ran unprobed until then (said).
     pub started: bool,
+    /// Opens of files named by the kernel refused for want of a resource
+    /// (descriptors, memory).
+    pub refused: u64,
 }
 
 impl Files {
@@ -275,6 +278,7 @@ impl Files {
             rows: Unwinding::new(rows),
             probed: 0,
             started: false,
+            refused: 0,
         }
     }
 
@@ -495,15 +499,24 @@ impl Files {
         if self.unopenable.contains(&m.file_id) || !m.path.is_absolute() {
             return None;
         }
-        let opened = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&m.path)
-            .ok()
-            .filter(|f| {
+        let opened = crate::modules::shared::open_shared(&m.file_id, || {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(&m.path)
+        });
+        let opened = match opened {
+            // Refused for want of descriptors or memory: tried again later.
+            Err(e) if crate::modules::shared::is_refusal(&e) => {
+                self.refused += 1;
+                return None;
+            }
+            Err(_) => None,
+            Ok(f) => Some(f).filter(|f| {
                 f.metadata()
                     .is_ok_and(|meta| meta.is_file() && file_id_of_meta(&meta) == m.file_id)
-            });
+            }),
+        };
         let Some(module) = opened.and_then(|f| Module::from_file(&m.path, f).ok()) else {
             self.unopenable.insert(m.file_id.clone());
             return None;

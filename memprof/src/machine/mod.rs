@@ -67,6 +67,13 @@ const SYMBOLS_RENEWED_EVERY: u64 = 500;
 /// How often /proc is read for allocator files no event named (a static
 /// program started before its `exec` event was read).
 const RESCAN: Duration = Duration::from_secs(2);
+/// What is kept of ended processes is bounded (a session of days sees
+/// millions): `attach --all` and `--comm/--exe` merge their profiles
+/// into one every [`MERGE_EVERY`] (their stacks are then shared), and
+/// keep the [`KEEP_ENDED`] that ended last; older ones are let go, the
+/// oldest first, and counted (`processes_evicted`, `evicted_allocs`).
+const MERGE_EVERY: usize = 256;
+const KEEP_ENDED: usize = 20_000;
 
 /// Profiles every process until Ctrl-C, SIGTERM or `--duration`; one
 /// profile, one process each.
@@ -113,6 +120,10 @@ struct Host {
     ended: Vec<u32>,
     /// The finalized processes' profiles.
     done: Vec<Profile>,
+    /// Those merged so far (not under `run`: see [`KEEP_ENDED`]).
+    merged: Option<Profile>,
+    /// Ended processes let go, and their allocations.
+    evicted: (u64, u64),
     /// When profiling started: monotonic, wall clock, and the kernel's
     /// clock (`bpf_ktime_get_ns`).
     started: (Instant, SystemTime, u64),
@@ -125,6 +136,9 @@ struct Host {
     last_scan: Instant,
     /// Which processes are followed.
     scope: Scope,
+    /// Allocations of processes memprof was short of a resource for
+    /// ([`HostProcess::short_of_resources`]).
+    short_of_resources: u64,
     /// Processes given to sessions of their own ([`Host::leave_out`]):
     /// an index the kernel gave one before it was left out, heard of
     /// after, is dropped.
@@ -231,6 +245,8 @@ impl Host {
             symbolized: 0,
             ended: Vec::new(),
             done: Vec::new(),
+            merged: None,
+            evicted: (0, 0),
             started: (Instant::now(), SystemTime::now(), monotonic_ns()),
             seen: 0,
             initial: HashSet::new(),
@@ -238,6 +254,7 @@ impl Host {
             last_scan: Instant::now(),
             scope,
             left_out: HashSet::new(),
+            short_of_resources: 0,
         };
         host.files.probe_system_libraries(&mut host.probes);
         if let Some(live) = live {
@@ -278,6 +295,8 @@ impl Host {
         self.finalize(&all)?;
         let mut counters = self.probes.peek()?.counters()?;
         counters.stacks_not_finished += self.deferred.dropped;
+        counters.short_of_resources += self.short_of_resources;
+        (counters.processes_evicted, counters.evicted_allocs) = self.evicted;
         Ok(counters)
     }
 
@@ -303,7 +322,14 @@ impl Host {
         }
     }
 
-    fn on_event(&mut self, Seen { event: e, read }: Seen) {
+    fn on_event(
+        &mut self,
+        Seen {
+            event: e,
+            read,
+            refused,
+        }: Seen,
+    ) {
         let index_known = e.index != host::IGNORED;
         match e.op {
             host::NEW if self.left_out.contains(&e.tgid) => {
@@ -322,12 +348,15 @@ impl Host {
                 };
                 let mut process = HostProcess::seen(e.tgid, e.index, e.ppid, &comm, start_s, read);
                 process.forked = e.exit_code == host::FORKED;
+                process.refused = refused;
+                process.seq = self.seen;
                 self.processes.insert(e.index, process);
                 self.seen += 1;
                 self.publish(e.index);
             }
             host::LIBRARIES => {
                 if let Some(p) = self.processes.get_mut(&e.index).filter(|_| index_known) {
+                    p.refused |= refused;
                     if let Some(read) = read {
                         p.take(read);
                     }
@@ -351,7 +380,10 @@ impl Host {
                 };
                 // A file not seen yet is opened by the path the kernel
                 // gave (the process may be gone already).
-                match self.files.open_named(&mapping) {
+                let refused = self.files.refused;
+                let opened = self.files.open_named(&mapping);
+                p.refused |= self.files.refused > refused;
+                match opened {
                     Some(module) => {
                         mapping.path = module.path().to_path_buf();
                         p.mapped(mapping, module);
@@ -478,6 +510,7 @@ impl Host {
     /// out of the kernel's and dropped.
     fn drop_indexes(&mut self, indexes: HashSet<u32>) -> Result<()> {
         self.probes.take_ended(&indexes)?;
+        self.probes.free_indexes(&indexes)?;
         for index in indexes {
             self.processes.remove(&index);
             self.tables
@@ -531,7 +564,10 @@ impl Host {
                 );
             }
             match self.profile_of(&mut p, tables) {
-                Ok(profile) => self.done.push(profile),
+                Ok(profile) => {
+                    self.short_of_resources += profile.counters.short_of_resources;
+                    self.done.push(profile)
+                }
                 Err(e) => eprintln!(
                     "memprof: pid {} ({}): its profile could not be made: {e:#}",
                     p.pid,
@@ -540,7 +576,57 @@ impl Host {
             }
             self.deferred.forget(p.index);
         }
-        Ok(())
+        if self.done.len() >= MERGE_EVERY {
+            self.merge_done();
+        }
+        // Given again to processes that start: the kernel's tables hold
+        // nothing of them any more.
+        self.probes.free_indexes(indexes)
+    }
+
+    /// The profiles of the processes finalized merged into one; beyond
+    /// [`KEEP_ENDED`] ended processes, the oldest let go. Not under
+    /// `run` (its family's profiles go to the command's).
+    fn merge_done(&mut self) {
+        if matches!(self.scope, Scope::Family(_)) {
+            return;
+        }
+        let done = std::mem::take(&mut self.done);
+        let Some(mut merged) = profiles::merge(self.merged.take(), done) else {
+            return;
+        };
+        let ended = merged
+            .processes
+            .iter()
+            .filter(|p| p.end_s.is_some())
+            .count();
+        if ended > KEEP_ENDED {
+            // Those that ended first.
+            let mut ends: Vec<f64> = merged.processes.iter().filter_map(|p| p.end_s).collect();
+            ends.sort_by(f64::total_cmp);
+            let last_evicted = ends[ended - KEEP_ENDED - 1];
+            let evict =
+                |p: &crate::profile::ProcessInfo| p.end_s.is_some_and(|e| e <= last_evicted);
+            let gone: HashSet<(u32, u32)> = merged
+                .processes
+                .iter()
+                .filter(|&p| evict(p))
+                .map(|p| (p.pid, p.pid_reuse))
+                .collect();
+            self.evicted.0 += gone.len() as u64;
+            self.evicted.1 += merged
+                .processes
+                .iter()
+                .filter(|&p| evict(p))
+                .filter_map(|p| p.counters.as_ref())
+                .map(|c| c.allocs)
+                .sum::<u64>();
+            merged.processes.retain(|p| !evict(p));
+            merged
+                .groups
+                .retain(|g| !gone.contains(&(g.pid, g.pid_reuse)));
+        }
+        self.merged = Some(merged);
     }
 
     /// The profile of process `p`, from its tables.
@@ -572,8 +658,8 @@ impl Host {
             .processes
             .values()
             .filter(|q| p.forked && (p.unread || p.execed) && q.pid == p.ppid && !q.unread)
-            .filter(|q| q.index < p.index)
-            .max_by_key(|q| q.index);
+            .filter(|q| q.seq < p.seq)
+            .max_by_key(|q| q.seq);
         let (maps, modules) = match parent {
             Some(q) => {
                 // And runs its parent's program (its command line is
@@ -605,8 +691,10 @@ impl Host {
             false,
             self.symbols.0.get_or_insert_with(SymbolCache::default),
         );
+        let short = p.short_of_resources();
         let counters = Counters {
             allocs: recorded,
+            short_of_resources: if short { recorded } else { 0 },
             ..Counters::default()
         };
         let mut info = p.info();
@@ -642,18 +730,21 @@ impl Host {
         let running = self.processes.len();
         let host_counters = self.stop()?;
         let duration_s = self.started.0.elapsed().as_secs_f64();
+        self.merge_done();
         let detaching = self.probes.detach();
         let done = std::mem::take(&mut self.done);
-        let pids: HashSet<u32> = done
+        let merged = self.merged.take();
+        let profiled = merged
             .iter()
-            .flat_map(|p| p.processes.iter().map(|i| i.pid))
-            .collect();
+            .chain(&done)
+            .map(|p| p.processes.len())
+            .sum::<usize>()
+            + self.evicted.0 as usize;
         eprintln!(
-            "memprof: {} processes profiled ({running} still running, let go untraced); {} programs started or seen, those with no allocation followed are not listed",
-            pids.len(),
+            "memprof: {profiled} processes profiled ({running} still running, let go untraced); {} programs started or seen, those with no allocation followed are not listed",
             self.seen
         );
-        let Some(mut profile) = profiles::merge(None, done) else {
+        let Some(mut profile) = profiles::merge(merged, done) else {
             detaching.wait();
             bail!(
                 "no process allocated while memprof watched ({duration_s:.1} s): nothing to write"

@@ -28,6 +28,7 @@
 mod error;
 mod files;
 mod module;
+pub mod shared;
 mod slots;
 mod versions;
 
@@ -49,8 +50,12 @@ pub struct ModuleCache {
     /// The target whose files these are; `None`: memprof's own view.
     process: Option<files::Process>,
     /// Files of the target opened as soon as seen mapped ([`Self::keep`]),
-    /// not parsed yet.
-    kept: Mutex<HashMap<PathBuf, File>>,
+    /// not parsed yet: each shared with every process that maps it
+    /// ([`shared`]).
+    kept: Mutex<HashMap<PathBuf, Arc<File>>>,
+    /// An open of one of its files was refused for want of a resource
+    /// (descriptors, memory): its frames there may be addresses.
+    refused: std::sync::atomic::AtomicBool,
 }
 
 impl ModuleCache {
@@ -82,10 +87,13 @@ impl ModuleCache {
                 let kept = self.lock_kept().remove(path);
                 let file = match kept {
                     Some(file) => file,
-                    None => process.open(path, None).map_err(|source| Error::Read {
-                        path: path.to_path_buf(),
-                        source,
-                    })?,
+                    None => Arc::new(process.open(path, None).map_err(|source| {
+                        self.note_refusal(&source);
+                        Error::Read {
+                            path: path.to_path_buf(),
+                            source,
+                        }
+                    })?),
                 };
                 Module::from_file(path, file)?
             }
@@ -120,6 +128,10 @@ impl ModuleCache {
                 kept.entry(path).or_insert(file);
             }
         }
+        if other.refused.into_inner() {
+            self.refused
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 
     /// Every module parsed so far, by the target's path.
@@ -151,9 +163,26 @@ impl ModuleCache {
             if modules.contains_key(&m.path) || kept.contains_key(&m.path) {
                 continue;
             }
-            if let Ok(file) = process.open(&m.path, Some(m)) {
-                kept.insert(m.path.clone(), file);
+            match shared::open_shared(&m.file_id, || process.open(&m.path, Some(m))) {
+                Ok(file) => {
+                    kept.insert(m.path.clone(), file);
+                }
+                Err(e) => self.note_refusal(&e),
             }
+        }
+    }
+
+    /// Whether an open of one of its files was refused for want of a
+    /// resource (descriptors, memory).
+    pub fn refused(&self) -> bool {
+        self.refused.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Remembers `error` if it is a refusal ([`shared::is_refusal`]).
+    fn note_refusal(&self, error: &std::io::Error) {
+        if shared::is_refusal(error) {
+            self.refused
+                .store(true, std::sync::atomic::Ordering::Relaxed);
         }
     }
 
@@ -165,7 +194,7 @@ impl ModuleCache {
         }
     }
 
-    fn lock_kept(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, File>> {
+    fn lock_kept(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, Arc<File>>> {
         self.kept.lock().unwrap_or_else(|e| e.into_inner())
     }
 }

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use memmap2::Mmap;
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SectionFlags, SectionKind};
@@ -50,8 +51,10 @@ pub struct Symbol {
 pub struct Module {
     /// The target's path of the file (for messages and its mappings).
     path: PathBuf,
-    /// The file, open for the whole session: [`Self::fd_path`] reaches it.
-    file: File,
+    /// The file, open for the whole session: [`Self::fd_path`] reaches it
+    /// (one descriptor, shared with whatever else holds the same file:
+    /// see `shared.rs`).
+    file: Arc<File>,
     /// Whether `path` names this very file in memprof's own namespace too.
     same_here: bool,
     data: Mmap,
@@ -90,7 +93,8 @@ impl Module {
 
     /// Maps and parses `file`, which is the target's `path` (however it
     /// was opened: see [`super::ModuleCache::of_process`]).
-    pub fn from_file(path: &Path, file: File) -> Result<Module, Error> {
+    pub fn from_file(path: &Path, file: impl Into<Arc<File>>) -> Result<Module, Error> {
+        let file: Arc<File> = file.into();
         let read = |source| Error::Read {
             path: path.to_path_buf(),
             source,
@@ -104,7 +108,7 @@ impl Module {
         // SAFETY: the mapping is read-only and private. A file rewritten in
         // place while mapped would change under us (package managers
         // replace files instead; blazesym maps them the same way).
-        let data = unsafe { Mmap::map(&file) }.map_err(read)?;
+        let data = unsafe { Mmap::map(&*file) }.map_err(read)?;
         let parsed = object::File::parse(&*data).map_err(|source| Error::NotElf {
             path: path.to_path_buf(),
             source,

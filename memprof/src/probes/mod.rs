@@ -184,6 +184,7 @@ impl Probes {
             .override_global(globals::KERNEL_LAYOUT, &host.layout, true)
             .map_max_entries(maps::KNOWN_FILES, host.known_files)
             .map_max_entries(maps::FREE_SEGMENTS, host.free_segments)
+            .map_max_entries(maps::FREE_INDEXES, host.indexes)
             .map_max_entries(maps::PROCESSES, host.processes)
             .map_max_entries(maps::PROCESS_MODULES, host.indexes)
             .map_max_entries(maps::HOST_EVENTS, host.events_bytes)

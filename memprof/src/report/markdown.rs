@@ -82,7 +82,7 @@ fn processes(profile: &Profile, out: &mut dyn Write) -> Result<()> {
         let (live, total) = profile
             .groups
             .iter()
-            .filter(|g| profile.pid_of(g) == p.pid)
+            .filter(|g| profile.is_of(g, p))
             .fold((0, 0), |(l, t), g| (l + g.live_bytes, t + g.total_bytes));
         let figures = if p.profiled {
             format!("{} | {}", thousands(live), thousands(total))
@@ -97,10 +97,13 @@ fn processes(profile: &Profile, out: &mut dyn Write) -> Result<()> {
             Some(_) => "exited".to_string(),
             None => "running".to_string(),
         };
-        let pid = match p.ns_pid {
+        let mut pid = match p.ns_pid {
             Some(inner) => format!("{} ({inner} in its namespace)", p.pid),
             None => p.pid.to_string(),
         };
+        if p.pid_reuse > 0 {
+            pid += " (pid given again)";
+        }
         writeln!(
             out,
             "| {pid} | {} | {} | {} | {:.3} | {} | {exit} | {figures} |",

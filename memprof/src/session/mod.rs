@@ -516,6 +516,7 @@ impl Session {
         let since = |at: Instant| at.saturating_duration_since(t0).as_secs_f64();
         let mut list = vec![ProcessInfo {
             pid: self.target.pid,
+            pid_reuse: 0,
             ns_pid: self.target_ns_pid,
             ppid: self.target_parent,
             command: self.target.command.clone(),
@@ -531,6 +532,7 @@ impl Session {
         list.extend(family.into_iter().map(|m| {
             ProcessInfo {
                 pid: m.pid,
+                pid_reuse: 0,
                 ns_pid: m.ns_pid,
                 ppid: m.ppid,
                 command: m.command,

@@ -361,6 +361,7 @@ fn by_class(mut g: Group, classes: Vec<(String, u64, u64)>) -> Vec<Group> {
 fn group(g: RawGroup, stack: u32, type_name: Option<String>) -> Group {
     Group {
         pid: 0,
+        pid_reuse: 0,
         kind: g.kind().name().to_string(),
         live_count: g.live_count,
         live_bytes: g.live_bytes,

@@ -86,6 +86,8 @@ unsafe fn exec_in_child(
         if libc::read(go_r, (&mut byte as *mut u8).cast(), 1) != 1 {
             libc::_exit(127);
         }
+        // Its open-files limit as memprof's user gave it, not memprof's.
+        crate::driver::preflight::restore_open_files_limit();
         libc::execv(exe_c.as_ptr(), argv_p.as_ptr());
         let errno = *libc::__errno_location();
         libc::write(err_w, (&errno as *const i32).cast(), 4);
