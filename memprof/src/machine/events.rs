@@ -242,10 +242,7 @@ fn read_now(event: &HostEvent, reading: u64) -> (Option<ReadNow>, bool) {
     let pid = event.tgid;
     let maps: Vec<Mapping> = match maps::read(pid) {
         Ok(maps) => maps.into_iter().filter(|m| m.executable).collect(),
-        Err(e) => {
-            crate::modules::shared::note_if_refused(&e);
-            return (None, crate::modules::shared::is_refusal(&e));
-        }
+        Err(e) => return (None, crate::modules::shared::is_refusal(&e)),
     };
     let modules = ModuleCache::of_process(pid);
     modules.keep(&maps);

@@ -10,7 +10,6 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 
 /// A file as /proc/PID/maps names it: device and inode.
@@ -32,9 +31,6 @@ static OPEN: LazyLock<Mutex<Registry>> = LazyLock::new(|| {
     })
 });
 
-/// Opens refused for want of a resource (descriptors, memory), in all.
-static REFUSED: AtomicU64 = AtomicU64::new(0);
-
 /// The file `id`, shared if open already, else opened by `open` (and
 /// shared from now on if it is the very file `id`: `open` may reach
 /// another file by a path, when the mapped one was replaced).
@@ -42,7 +38,7 @@ pub fn open_shared(id: &FileId, open: impl FnOnce() -> io::Result<File>) -> io::
     if let Some(file) = lock().files.get(id).and_then(Weak::upgrade) {
         return Ok(file);
     }
-    let file = open().inspect_err(note_if_refused)?;
+    let file = open()?;
     let file = Arc::new(file);
     if file.metadata().is_ok_and(|meta| id_of(&meta) == *id) {
         let mut registry = lock();
@@ -66,18 +62,6 @@ pub fn is_refusal(error: &io::Error) -> bool {
         error.raw_os_error(),
         Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM | libc::ENOBUFS)
     )
-}
-
-/// Counts `error` if it is a refusal ([`is_refusal`]).
-pub fn note_if_refused(error: &io::Error) {
-    if is_refusal(error) {
-        REFUSED.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-/// Opens refused for want of a resource so far.
-pub fn refused() -> u64 {
-    REFUSED.load(Ordering::Relaxed)
 }
 
 /// The [`FileId`] of an open file, by its metadata.
