@@ -25,9 +25,11 @@
 //! (the kernel's uprobes, blazesym). Messages name the target's path.
 //!
 //! (Example: `doc_examples::example_1` below, compiled by the tests, not run: it needs a live process.)
+mod debug_info;
 mod error;
 mod files;
 mod module;
+mod shrunk;
 mod slots;
 mod versions;
 
@@ -37,7 +39,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 pub use self::error::Error;
-pub use self::files::strip_deleted;
+pub use self::files::{open_regular, strip_deleted};
 pub use self::module::Module;
 use crate::target::maps::Mapping;
 
@@ -161,7 +163,7 @@ impl ModuleCache {
     pub fn open_file(&self, path: &Path) -> std::io::Result<File> {
         match &self.process {
             Some(process) => process.open(path, None),
-            None => File::open(path),
+            None => open_regular(path),
         }
     }
 

@@ -117,7 +117,7 @@ pub fn modules(exe: &Path, loaded: &[PathBuf]) -> Vec<PathBuf> {
 pub fn check_architecture(pid: u32, exe: &Path) -> Result<()> {
     use std::io::Read;
     let mut header = [0u8; 20];
-    std::fs::File::open(format!("/proc/{pid}/exe"))
+    crate::modules::open_regular(std::path::Path::new(&format!("/proc/{pid}/exe")))
         .and_then(|mut f| f.read_exact(&mut header))
         .with_context(|| format!("cannot read {}", exe.display()))?;
     if &header[..4] != b"\x7fELF" {
