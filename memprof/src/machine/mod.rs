@@ -33,7 +33,7 @@ use crate::driver::profiles::{self, Header};
 use crate::driver::{Driven, Driver, Flow, Output, Profiling};
 use crate::groups;
 use crate::options::{Heap, SessionOptions};
-use crate::probes::{monotonic_ns, ModuleTables, Probes};
+use crate::probes::{monotonic_ns, Detaching, ModuleTables, Probes};
 use crate::profile::{Counters, ExitInfo, GcSummary, Profile, TargetInfo};
 use crate::session::select::Selection;
 use crate::symbolize::SymbolCache;
@@ -95,6 +95,8 @@ pub fn attach_all(driver: &Driver, options: &SessionOptions) -> Result<i32> {
 /// `attach --all`'s state.
 struct Host {
     probes: Probes,
+    /// The links being closed since profiling stopped.
+    closing: Option<Detaching>,
     events: Reader,
     /// Each process's module table (the reader gives a process its first).
     tables: Arc<Mutex<ModuleTables>>,
@@ -221,6 +223,7 @@ impl Host {
         );
         let mut host = Host {
             probes,
+            closing: None,
             events,
             tables,
             processes: HashMap::new(),
@@ -272,6 +275,8 @@ impl Host {
     /// stacks not finished here.
     fn stop(&mut self) -> Result<Counters> {
         self.probes.disable()?;
+        // Detached before the tables are read: every process runs free at once.
+        self.closing = Some(self.probes.close_links());
         self.events.stop();
         self.read_events(Duration::ZERO);
         let all: HashSet<u32> = self.processes.keys().copied().collect();
@@ -642,6 +647,7 @@ impl Host {
         let running = self.processes.len();
         let host_counters = self.stop()?;
         let duration_s = self.started.0.elapsed().as_secs_f64();
+        let closing = self.closing.take();
         let detaching = self.probes.detach();
         let done = std::mem::take(&mut self.done);
         let pids: HashSet<u32> = done
@@ -654,6 +660,7 @@ impl Host {
             self.seen
         );
         let Some(mut profile) = profiles::merge(None, done) else {
+            closing.map(Detaching::wait);
             detaching.wait();
             bail!(
                 "no process allocated while memprof watched ({duration_s:.1} s): nothing to write"
@@ -681,6 +688,7 @@ impl Host {
             exe: String::new(),
         };
         let result = output.write_and_print(&profile, top);
+        closing.map(Detaching::wait);
         detaching.wait();
         result.map(|()| 0)
     }
