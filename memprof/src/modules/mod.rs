@@ -22,7 +22,12 @@
 //! deleted or replaced since it was mapped; see `files.rs`), keeps it open
 //! for the whole session (symbols are read after the target may have
 //! exited) and hands out [`Module::fd_path`] for whatever must open it again
-//! (the kernel's uprobes, blazesym). Messages name the target's path.
+//! (the kernel's uprobes) and [`Module::debug_view`] for blazesym (a user's
+//! file by that descriptor, its debug links followed by memprof, never by a
+//! blocking open: `debug_info.rs`). Paths are opened only as regular files,
+//! without blocking ([`open_regular`]); a file shrinking while read is an
+//! error for that file, not a SIGBUS (`shrunk.rs`). Messages name the
+//! target's path.
 //!
 //! (Example: `doc_examples::example_1` below, compiled by the tests, not run: it needs a live process.)
 mod debug_info;
