@@ -26,7 +26,7 @@ pub(crate) fn inlined_new_owners(module: &Module, vaddrs: &[u64]) -> Vec<Option<
         .build();
     let mut sources = Sources::default();
     let path = module.symbol_path();
-    let name = module.path().display().to_string();
+    let name = crate::text::lossy_path(&module.path());
     let mut owners = Vec::with_capacity(vaddrs.len());
     if vaddrs.is_empty() {
         return owners;
