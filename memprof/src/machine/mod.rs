@@ -697,7 +697,7 @@ impl Host {
 /// The kernel's 16-byte name, as text.
 fn comm_of(comm: &[u8; 16]) -> String {
     let end = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
-    String::from_utf8_lossy(&comm[..end]).into_owned()
+    crate::text::lossy(&comm[..end])
 }
 
 /// The path of a `MAPPING` event: its components innermost first, each
@@ -722,7 +722,7 @@ fn path_of_components(path: &[u8]) -> std::path::PathBuf {
 /// A NUL-terminated path an event carries, as text.
 fn text_of(path: &[u8]) -> String {
     let end = path.iter().position(|&b| b == 0).unwrap_or(path.len());
-    String::from_utf8_lossy(&path[..end]).into_owned()
+    crate::text::lossy(&path[..end])
 }
 
 /// A wait status (`task_struct.exit_code`) as the profile says it.

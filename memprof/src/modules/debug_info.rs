@@ -282,7 +282,7 @@ fn say_once(path: &Path, what: &str) {
         .get_or_insert_with(HashSet::new)
         .insert(path.to_path_buf())
     {
-        eprintln!("memprof: {}: {what}", path.display());
+        eprintln!("memprof: {}: {what}", crate::text::lossy_path(path));
     }
 }
 

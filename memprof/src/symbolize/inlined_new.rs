@@ -24,7 +24,7 @@ pub(crate) fn inlined_new_owners(module: &Module, vaddrs: &[u64]) -> Vec<Option<
         .enable_demangling(false)
         .build();
     let mut sources = Sources::default();
-    let name = module.path().display().to_string();
+    let name = crate::text::lossy_path(module.path());
     let mut owners = Vec::with_capacity(vaddrs.len());
     if vaddrs.is_empty() {
         return owners;

@@ -193,7 +193,7 @@ impl Symbolizers {
         batch: &[u64],
         maps: &MapsCache,
     ) -> Vec<Vec<Frame>> {
-        let module_name = module.display().to_string();
+        let module_name = crate::text::lossy_path(module);
         let mapping = |a: u64| maps.find(a.saturating_sub(1));
         let offsets: Vec<u64> = batch
             .iter()
@@ -436,7 +436,7 @@ fn sym_frames(
     };
     let frame = |raw: &str, info: Option<&CodeInfo<'_>>| {
         let (file, line) = match info {
-            Some(info) => (Some(info.to_path().display().to_string()), info.line),
+            Some(info) => (Some(crate::text::lossy_path(&info.to_path())), info.line),
             None => (None, None),
         };
         Frame {
