@@ -258,6 +258,8 @@ fn attach_comm_finds_it_by_its_hostile_name() {
             OsStr::new("attach"),
             OsStr::new("--comm"),
             comm,
+            OsStr::new("--sample-bytes"),
+            OsStr::new("0"),
             OsStr::new("-o"),
             profile.as_os_str(),
         ],
