@@ -110,6 +110,7 @@ impl Module {
         // truncated reads zeros past its end (`shrunk.rs`), not SIGBUS.
         super::shrunk::handle_sigbus();
         let data = unsafe { Mmap::map(&file) }.map_err(read)?;
+        let mapped = super::shrunk::mark();
         let parsed = object::File::parse(&*data).map_err(|source| Error::NotElf {
             path: path.to_path_buf(),
             source,
@@ -123,7 +124,7 @@ impl Module {
             .filter(|s| matches!(s.name(), Ok(".got" | ".got.plt")))
             .map(|s| (s.address(), s.address() + s.size()))
             .collect();
-        if super::shrunk::shrank_within(&data) {
+        if super::shrunk::shrank_within(&data, mapped) {
             return Err(read(std::io::Error::other(
                 "the file shrank while memprof read it",
             )));

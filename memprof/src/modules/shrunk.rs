@@ -6,7 +6,8 @@
 //! memprof's handler puts a page of zeros where the file's page was (the
 //! read resumes and sees zeros, which the parsers reject or read as
 //! nothing) and records the page, so that the file's module is then
-//! refused ([`shrank_within`]): an error for that file, not for memprof.
+//! refused ([`shrank_within`] since its [`mark`]): an error for that
+//! file, not for memprof.
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Once;
 
@@ -65,15 +66,24 @@ extern "C" fn on_sigbus(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc
     }
 }
 
-/// Whether a page of `data` (a mapping of a file) was replaced because the
-/// file shrank while read (or too many pages were to tell).
-pub fn shrank_within(data: &[u8]) -> bool {
+/// Where the record of replaced pages stands: taken right after a file is
+/// mapped, so that [`shrank_within`] looks only at pages replaced since
+/// (an earlier mapping at the same addresses, unmapped since, is not this
+/// file's).
+pub fn mark() -> usize {
+    REPLACED.load(Ordering::SeqCst)
+}
+
+/// Whether a page of `data` (a mapping of a file, made before `since` was
+/// [`mark`]ed) was replaced since because the file shrank while read (or
+/// too many pages were to tell).
+pub fn shrank_within(data: &[u8], since: usize) -> bool {
     let n = REPLACED.load(Ordering::SeqCst);
     if n > KEPT {
-        return true;
+        return n > since;
     }
     let range = data.as_ptr() as usize..data.as_ptr() as usize + data.len();
-    PAGES[..n]
+    PAGES[since.min(n)..n]
         .iter()
         .any(|p| range.contains(&p.load(Ordering::SeqCst)))
 }
@@ -92,8 +102,9 @@ mod tests {
         let file = std::fs::File::open(&path).unwrap();
         // SAFETY: read-only; the test truncates it on purpose.
         let map = unsafe { memmap2::Mmap::map(&file) }.unwrap();
+        let since = mark();
         assert_eq!(map[3 * PAGE], 7);
-        assert!(!shrank_within(&map));
+        assert!(!shrank_within(&map, since));
         std::fs::OpenOptions::new()
             .write(true)
             .open(&path)
@@ -103,7 +114,11 @@ mod tests {
         assert_eq!(map[0], 7);
         // Past the new end: zeros, no SIGBUS.
         assert_eq!(std::hint::black_box(map[2 * PAGE + 5]), 0);
-        assert!(shrank_within(&map));
+        assert!(shrank_within(&map, since));
+        // A later mapping, at the same addresses or not, starts clean.
+        drop(map);
+        let again = unsafe { memmap2::Mmap::map(&file) }.unwrap();
+        assert!(!shrank_within(&again, mark()));
         std::fs::remove_file(&path).unwrap();
     }
 }
