@@ -109,7 +109,7 @@ fn truncate(s: &str, n: usize) -> String {
 }
 
 /// Bytes in B, KiB, MiB or GiB, one decimal.
-fn bytes(b: f64) -> String {
+pub(crate) fn bytes(b: f64) -> String {
     const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
     let mut value = b.abs();
     let mut unit = 0;

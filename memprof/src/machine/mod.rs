@@ -660,7 +660,9 @@ impl Host {
             self.seen
         );
         let Some(mut profile) = profiles::merge(None, done) else {
-            closing.map(Detaching::wait);
+            if let Some(closing) = closing {
+                closing.wait();
+            }
             detaching.wait();
             bail!(
                 "no process allocated while memprof watched ({duration_s:.1} s): nothing to write"
@@ -688,7 +690,9 @@ impl Host {
             exe: String::new(),
         };
         let result = output.write_and_print(&profile, top);
-        closing.map(Detaching::wait);
+        if let Some(closing) = closing {
+            closing.wait();
+        }
         detaching.wait();
         result.map(|()| 0)
     }

@@ -286,13 +286,9 @@ fn say_once(path: &Path, what: &str) {
     }
 }
 
+/// `n` bytes as `top` shows them (one decimal, B to GiB).
 fn bytes(n: u64) -> String {
-    match n {
-        n if n >= 1 << 30 => format!("{:.1} GiB", n as f64 / (1u64 << 30) as f64),
-        n if n >= 1 << 20 => format!("{:.1} MiB", n as f64 / (1u64 << 20) as f64),
-        n if n >= 1 << 10 => format!("{:.1} KiB", n as f64 / 1024.0),
-        n => format!("{n} B"),
-    }
+    crate::top::bytes(n as f64)
 }
 
 #[cfg(test)]
