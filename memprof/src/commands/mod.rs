@@ -44,7 +44,7 @@ fn long_running(driver: &Driver, command: Command) -> Result<i32> {
             no_follow,
             command,
         } => {
-            refuse_attach_flags(&command[0])?;
+            refuse_attach_flags(&command[0].to_string_lossy())?;
             let options = SessionOptions {
                 follow: !no_follow,
                 ..session_options(&session, None)?

@@ -33,7 +33,7 @@ use crate::driver::profiles::{self, Header};
 use crate::driver::{Driven, Driver, Flow, Output, Profiling};
 use crate::groups;
 use crate::options::{Heap, SessionOptions};
-use crate::probes::{monotonic_ns, ModuleTables, Probes};
+use crate::probes::{monotonic_ns, Detaching, ModuleTables, Probes};
 use crate::profile::{Counters, ExitInfo, GcSummary, Profile, TargetInfo};
 use crate::session::select::Selection;
 use crate::symbolize::SymbolCache;
@@ -102,6 +102,8 @@ pub fn attach_all(driver: &Driver, options: &SessionOptions) -> Result<i32> {
 /// `attach --all`'s state.
 struct Host {
     probes: Probes,
+    /// The links being closed since profiling stopped.
+    closing: Option<Detaching>,
     events: Reader,
     /// Each process's module table (the reader gives a process its first).
     tables: Arc<Mutex<ModuleTables>>,
@@ -235,6 +237,7 @@ impl Host {
         );
         let mut host = Host {
             probes,
+            closing: None,
             events,
             tables,
             processes: HashMap::new(),
@@ -289,6 +292,8 @@ impl Host {
     /// stacks not finished here.
     fn stop(&mut self) -> Result<Counters> {
         self.probes.disable()?;
+        // Detached before the tables are read: every process runs free at once.
+        self.closing = Some(self.probes.close_links());
         self.events.stop();
         self.read_events(Duration::ZERO);
         let all: HashSet<u32> = self.processes.keys().copied().collect();
@@ -731,6 +736,7 @@ impl Host {
         let host_counters = self.stop()?;
         let duration_s = self.started.0.elapsed().as_secs_f64();
         self.merge_done();
+        let closing = self.closing.take();
         let detaching = self.probes.detach();
         let done = std::mem::take(&mut self.done);
         let merged = self.merged.take();
@@ -745,6 +751,9 @@ impl Host {
             self.seen
         );
         let Some(mut profile) = profiles::merge(merged, done) else {
+            if let Some(closing) = closing {
+                closing.wait();
+            }
             detaching.wait();
             bail!(
                 "no process allocated while memprof watched ({duration_s:.1} s): nothing to write"
@@ -772,6 +781,9 @@ impl Host {
             exe: String::new(),
         };
         let result = output.write_and_print(&profile, top);
+        if let Some(closing) = closing {
+            closing.wait();
+        }
         detaching.wait();
         result.map(|()| 0)
     }
@@ -780,7 +792,7 @@ impl Host {
 /// The kernel's 16-byte name, as text.
 fn comm_of(comm: &[u8; 16]) -> String {
     let end = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
-    String::from_utf8_lossy(&comm[..end]).into_owned()
+    crate::text::lossy(&comm[..end])
 }
 
 /// The path of a `MAPPING` event: its components innermost first, each
@@ -805,7 +817,7 @@ fn path_of_components(path: &[u8]) -> std::path::PathBuf {
 /// A NUL-terminated path an event carries, as text.
 fn text_of(path: &[u8]) -> String {
     let end = path.iter().position(|&b| b == 0).unwrap_or(path.len());
-    String::from_utf8_lossy(&path[..end]).into_owned()
+    crate::text::lossy(&path[..end])
 }
 
 /// A wait status (`task_struct.exit_code`) as the profile says it.

@@ -66,8 +66,8 @@ impl HostProcess {
         let target = now.as_ref().and_then(|n| n.target.clone());
         let ns_pid = now.as_ref().and_then(|n| n.ns_pid);
         let (command, exe) = match target {
-            Some(t) if !t.command.is_empty() => (t.command, t.exe.display().to_string()),
-            Some(t) => (vec![comm.to_string()], t.exe.display().to_string()),
+            Some(t) if !t.command.is_empty() => (t.command, crate::text::lossy_path(&t.exe)),
+            Some(t) => (vec![comm.to_string()], crate::text::lossy_path(&t.exe)),
             None => (vec![comm.to_string()], String::new()),
         };
         let mut process = HostProcess {

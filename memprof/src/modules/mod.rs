@@ -22,13 +22,20 @@
 //! deleted or replaced since it was mapped; see `files.rs`), keeps it open
 //! for the whole session (symbols are read after the target may have
 //! exited) and hands out [`Module::fd_path`] for whatever must open it again
-//! (the kernel's uprobes, blazesym). Messages name the target's path.
+//! (the kernel's uprobes) and [`Module::debug_view`] for blazesym (a user's
+//! file by that descriptor, its debug links followed by memprof, never by a
+//! blocking open: `debug_info.rs`). Paths are opened only as regular files,
+//! without blocking ([`open_regular`]); a file shrinking while read is an
+//! error for that file, not a SIGBUS (`shrunk.rs`). Messages name the
+//! target's path.
 //!
 //! (Example: `doc_examples::example_1` below, compiled by the tests, not run: it needs a live process.)
+mod debug_info;
 mod error;
 mod files;
 mod module;
 pub mod shared;
+mod shrunk;
 mod slots;
 mod versions;
 
@@ -38,7 +45,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 pub use self::error::Error;
-pub use self::files::strip_deleted;
+pub use self::files::{open_regular, strip_deleted};
 pub use self::module::Module;
 use crate::target::maps::Mapping;
 
@@ -190,7 +197,7 @@ impl ModuleCache {
     pub fn open_file(&self, path: &Path) -> std::io::Result<File> {
         match &self.process {
             Some(process) => process.open(path, None),
-            None => File::open(path),
+            None => open_regular(path),
         }
     }
 

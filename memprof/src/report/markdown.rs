@@ -414,15 +414,15 @@ pub fn context(r: &Row<'_>, unwind: &str) -> String {
 }
 
 /// Text for a code span in a table cell: `|` would end the cell, a
-/// backtick the code span, a line break the row. (Inside a code span,
-/// markdown shows `<`, `&` and `*` as they are.)
+/// backtick the code span, a line break the row; control characters are
+/// shown as escapes ([`crate::text`]). (Inside a code span, markdown shows
+/// `<`, `&` and `*` as they are.)
 pub fn escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
+    for c in crate::text::visible(text).chars() {
         match c {
             '|' => out.push_str("\\|"),
             '`' => out.push('\''),
-            c if c.is_control() => out.push(' '),
             c => out.push(c),
         }
     }
@@ -430,10 +430,11 @@ pub fn escape(text: &str) -> String {
 }
 
 /// Plain text (a command line, a type name outside a code span): every
-/// character markdown or HTML would read as markup is shown as itself.
+/// character markdown or HTML would read as markup is shown as itself,
+/// control characters as escapes ([`crate::text`]).
 pub fn escape_text(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
+    for c in crate::text::visible(text).chars() {
         match c {
             '<' => out.push_str("&lt;"),
             '>' => out.push_str("&gt;"),
@@ -442,7 +443,6 @@ pub fn escape_text(text: &str) -> String {
                 out.push('\\');
                 out.push(c);
             }
-            c if c.is_control() => out.push(' '),
             c => out.push(c),
         }
     }

@@ -2,7 +2,8 @@
 //! separators, the lines saying what was lost or is missing.
 use crate::profile::{Frame, Profile};
 
-/// `file:line in 'name'`, the frame text of perf-tools' MemProf.
+/// `file:line in 'name'`, the frame text of perf-tools' MemProf; the
+/// target's names with their control characters shown ([`crate::text`]).
 pub fn frame_text(frame: &Frame) -> String {
     let place = match (&frame.file, frame.line) {
         (Some(file), Some(line)) => format!("{}:{line}", display_path(file)),
@@ -15,7 +16,7 @@ pub fn frame_text(frame: &Frame) -> String {
             frame.offset.unwrap_or(frame.address)
         ),
     };
-    format!("{place} in '{}'", frame.function)
+    crate::text::visible(&format!("{place} in '{}'", frame.function)).into_owned()
 }
 
 /// Source paths relative to the current directory when under it.

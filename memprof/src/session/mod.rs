@@ -246,7 +246,7 @@ impl Session {
         Ok(Vitals {
             pid: self.pid(),
             command: self.target.command.first().map_or_else(
-                || self.target.exe.display().to_string(),
+                || crate::text::lossy_path(&self.target.exe),
                 |argv0| {
                     Path::new(argv0)
                         .file_name()
@@ -520,7 +520,7 @@ impl Session {
             ns_pid: self.target_ns_pid,
             ppid: self.target_parent,
             command: self.target.command.clone(),
-            exe: self.target.exe.display().to_string(),
+            exe: crate::text::lossy_path(&self.target.exe),
             start_s: 0.0,
             end_s: exit.map(|_| since(Instant::now())),
             exit,
@@ -566,7 +566,7 @@ impl Session {
                 .iter()
                 .map(|p| ProbeInfo {
                     function: p.func.func.symbol.to_string(),
-                    module: p.func.module.display().to_string(),
+                    module: crate::text::lossy_path(&p.func.module),
                     entry_offset: p.placement.offset,
                     emulated: p.placement.emulated,
                     reason: p.placement.reason.clone(),
@@ -577,7 +577,7 @@ impl Session {
                 target: TargetInfo {
                     pid: self.target.pid,
                     command: self.target.command.clone(),
-                    exe: self.target.exe.display().to_string(),
+                    exe: crate::text::lossy_path(&self.target.exe),
                 },
                 started: self.started.1,
                 unwind: self.plan.unwind_name().to_string(),
