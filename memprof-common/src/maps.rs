@@ -93,6 +93,9 @@ pub const KNOWN_FILES: &str = "KNOWN_FILES";
 /// may build a table in ([`KERNEL_SEGMENTS`](super::host::KERNEL_SEGMENTS));
 /// userspace puts back those no process uses any more.
 pub const FREE_SEGMENTS: &str = "FREE_SEGMENTS";
+/// `attach --all`: a queue of the process indexes userspace is done
+/// with (the process finalized): given again before new ones.
+pub const FREE_INDEXES: &str = "FREE_INDEXES";
 /// `attach --all`: per CPU, the table being built (its segment, its count).
 pub const TABLE_BUILD: &str = "TABLE_BUILD";
 /// `attach --all`: per CPU, a file's path being walked.
@@ -120,7 +123,7 @@ pub const SIGNAL_ON_DLOPEN: &str = "SIGNAL_ON_DLOPEN";
 pub const DLOPEN_SIGNALLED: &str = "DLOPEN_SIGNALLED";
 
 /// Every map of the eBPF object.
-pub const ALL: [&str; 41] = [
+pub const ALL: [&str; 42] = [
     ENABLED,
     COUNTERS,
     LIVE,
@@ -156,6 +159,7 @@ pub const ALL: [&str; 41] = [
     DLOPEN_SIGNALLED,
     KNOWN_FILES,
     FREE_SEGMENTS,
+    FREE_INDEXES,
     TABLE_BUILD,
     DEFERRED_STACKS,
     DEFERRED_SENT,

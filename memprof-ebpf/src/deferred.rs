@@ -32,7 +32,11 @@ pub(crate) fn send(key: u64, pc: u64, sp: u64, bp: u64) {
     let Some(index) = known_process() else {
         return;
     };
-    let sent = key ^ u64::from(index).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    // And the process's start: an index is given again once its
+    // process is done.
+    let sent = key
+        ^ u64::from(index).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        ^ crate::host::start_time().wrapping_mul(0xc2b2_ae3d_27d4_eb4f);
     if DEFERRED_SENT.get_ptr(&sent).is_some() {
         return;
     }

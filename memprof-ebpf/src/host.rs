@@ -64,6 +64,10 @@ static KNOWN_FILES: HashMap<FileKey, KnownFile> = HashMap::with_max_entries(1, 0
 /// here (userspace puts back those no process uses).
 #[map]
 static FREE_SEGMENTS: Queue<u32> = Queue::with_max_entries(1, 0);
+/// `attach --all`: process indexes userspace is done with, given again
+/// before new ones (a session of days sees more processes than indexes).
+#[map]
+static FREE_INDEXES: Queue<u32> = Queue::with_max_entries(1, 0);
 /// `attach --all`: a file's path being walked, per CPU.
 #[map]
 static PATH_WALK: PerCpuArray<PathWalk> = PerCpuArray::with_max_entries(1, 0);
@@ -115,20 +119,10 @@ fn new_process(tgid: u32, forked: bool) -> Option<u32> {
         let _ = PROCESSES.insert(&tgid, &host::UNSELECTED, BPF_NOEXIST as u64);
         return None;
     }
-    let count = PROCESS_COUNT.get_ptr_mut(0)?;
-    let mut i = 1u64;
-    unsafe {
-        core::arch::asm!(
-            "{i} = atomic_fetch_add((u64 *)({p} + 0), {i})",
-            p = in(reg) count,
-            i = inout(reg) i,
-        )
+    let index = match FREE_INDEXES.pop() {
+        Ok(Some(index)) => index,
+        _ => fresh_index()?,
     };
-    if i >= host::MAX_INDEX as u64 {
-        bump(|c| &mut c.processes_not_followed);
-        return None;
-    }
-    let index = i as u32;
     // Its table is none (or, forked since memprof started, its
     // parent's) until userspace gives one.
     let inherited = if forked && started_since_load() {
@@ -149,13 +143,37 @@ fn new_process(tgid: u32, forked: bool) -> Option<u32> {
             );
             Some(index)
         }
-        // Another thread of the process added it meanwhile.
-        Err(e) if e == -errno::EEXIST => Some(unsafe { *PROCESSES.get_ptr(&tgid)? }),
+        // Another thread of the process added it meanwhile: the index
+        // taken goes back.
+        Err(e) if e == -errno::EEXIST => {
+            let _ = FREE_INDEXES.push(&index, 0);
+            Some(unsafe { *PROCESSES.get_ptr(&tgid)? })
+        }
         Err(_) => {
+            let _ = FREE_INDEXES.push(&index, 0);
             bump(|c| &mut c.processes_not_followed);
             None
         }
     }
+}
+
+/// An index never given before (`None`: all were: counted).
+#[inline(always)]
+fn fresh_index() -> Option<u32> {
+    let count = PROCESS_COUNT.get_ptr_mut(0)?;
+    let mut i = 1u64;
+    unsafe {
+        core::arch::asm!(
+            "{i} = atomic_fetch_add((u64 *)({p} + 0), {i})",
+            p = in(reg) count,
+            i = inout(reg) i,
+        )
+    };
+    if i >= host::MAX_INDEX as u64 {
+        bump(|c| &mut c.processes_not_followed);
+        return None;
+    }
+    Some(i as u32)
 }
 
 /// How many ancestors are looked at for `run`'s command.
@@ -226,10 +244,16 @@ fn parent_of(task: u64) -> Option<(u64, u32)> {
 /// Whether the calling process started after the programs were loaded.
 #[inline(always)]
 fn started_since_load() -> bool {
+    start_time() > HOST_STARTED_NS.load()
+}
+
+/// When the calling task started (`task_struct.start_time`, 0 if
+/// unreadable).
+#[inline(always)]
+pub(crate) fn start_time() -> u64 {
     let task = unsafe { bpf_get_current_task() } as *const u8;
     let at = task.wrapping_add(TASK_START_TIME.load() as usize);
-    unsafe { bpf_probe_read_kernel(at as *const u64) }
-        .is_ok_and(|start| start > HOST_STARTED_NS.load())
+    unsafe { bpf_probe_read_kernel(at as *const u64) }.unwrap_or(0)
 }
 
 /// The module table of the calling process's parent, if it is followed

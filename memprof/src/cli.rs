@@ -57,7 +57,7 @@ pub enum Command {
             allow_hyphen_values = true,
             value_name = "COMMAND"
         )]
-        command: Vec<String>,
+        command: Vec<std::ffi::OsString>,
     },
     /// Profile a running process (or every process of a program); it keeps
     /// running when memprof ends.

@@ -43,9 +43,24 @@
 //! | markdown, tsv, json, folded, flamegraph, pprof, timeline, html, diff | [`report`] |
 //! | `memprof heap`: the whole GC heap at one collection, and where the RSS goes | `whole_heap` |
 //! | memprof's own memory; progress bars on a terminal | `memory`, `progress` |
+//! | a target's names shown as data, never terminal commands | [`text`] |
+
+/// memprof's messages quote targets' command lines and file names: this
+/// `eprintln!`, in scope in every module below in place of std's, writes
+/// them with their control characters escaped ([`text::to_stderr`]).
+macro_rules! eprintln {
+    () => {
+        $crate::text::to_stderr(format_args!(""))
+    };
+    ($($arg:tt)*) => {
+        $crate::text::to_stderr(format_args!($($arg)*))
+    };
+}
+
 pub mod cli;
 pub mod profile;
 pub mod report;
+pub mod text;
 
 pub(crate) mod allocators;
 pub(crate) mod commands;

@@ -21,7 +21,8 @@ fn main() -> ExitCode {
             let chain: Vec<String> = err.chain().map(|e| e.to_string()).collect();
             let mut line = chain.join(": ");
             line.retain(|c| c != '\n');
-            eprintln!("memprof: error: {line}");
+            // It may quote a target's file name or command line.
+            eprintln!("memprof: error: {}", memprof::text::visible(&line));
             ExitCode::from(1)
         }
     }

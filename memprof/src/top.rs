@@ -80,9 +80,10 @@ pub fn rows(
     rows
 }
 
-/// The table of `rows`, with a header line.
+/// The table of `rows`, with a header line. Programs name themselves:
+/// their names are shown with control characters escaped ([`crate::text`]).
 pub fn table(rows: &[Row], heading: &str, out: &mut dyn Write) -> io::Result<()> {
-    writeln!(out, "{heading}")?;
+    writeln!(out, "{}", crate::text::visible(heading))?;
     writeln!(
         out,
         "{:>8}  {:<16} {:>14} {:>14} {:>12} {:>6}",
@@ -93,7 +94,7 @@ pub fn table(rows: &[Row], heading: &str, out: &mut dyn Write) -> io::Result<()>
             out,
             "{:>8}  {:<16} {:>14} {:>14} {:>12} {:>6.1}",
             r.pid,
-            truncate(&r.command, 16),
+            truncate(&crate::text::visible(&r.command), 16),
             bytes(r.live_bytes as f64),
             signed_bytes(r.growth_per_s),
             count(r.allocations_per_s),
@@ -108,7 +109,7 @@ fn truncate(s: &str, n: usize) -> String {
 }
 
 /// Bytes in B, KiB, MiB or GiB, one decimal.
-fn bytes(b: f64) -> String {
+pub(crate) fn bytes(b: f64) -> String {
     const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
     let mut value = b.abs();
     let mut unit = 0;

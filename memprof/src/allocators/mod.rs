@@ -109,7 +109,8 @@ pub fn program_starts_processes(pid: u32) -> bool {
 /// target file, never run).
 fn program_names(pid: u32, names: &[&str]) -> bool {
     use object::{Object, ObjectSymbol};
-    let Ok(file) = std::fs::File::open(format!("/proc/{pid}/exe")) else {
+    let Ok(file) = crate::modules::open_regular(std::path::Path::new(&format!("/proc/{pid}/exe")))
+    else {
         return false;
     };
     // SAFETY: mapped read-only, as the modules are.

@@ -29,6 +29,7 @@ pub fn run_cli(cli: Cli) -> Result<i32> {
         command => {
             // The long-running modes: Ctrl-C, SIGTERM and SIGCHLD are the
             // driver's from here until the profile is written.
+            crate::driver::preflight::raise_open_files_limit();
             let driver = Driver::new()?;
             long_running(&driver, command)
         }
@@ -43,7 +44,7 @@ fn long_running(driver: &Driver, command: Command) -> Result<i32> {
             no_follow,
             command,
         } => {
-            refuse_attach_flags(&command[0])?;
+            refuse_attach_flags(&command[0].to_string_lossy())?;
             let options = SessionOptions {
                 follow: !no_follow,
                 ..session_options(&session, None)?

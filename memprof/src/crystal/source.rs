@@ -340,12 +340,16 @@ impl Sources {
 
     fn lines(&mut self, file: &str) -> Option<&[String]> {
         let lines = self.files.entry(file.to_string()).or_insert_with(|| {
-            // Sources are small; a huge file is not a Crystal source.
-            let meta = std::fs::metadata(file).ok()?;
-            if !meta.is_file() || meta.len() > 16 << 20 {
+            // Sources are small; a huge file is not a Crystal source. The
+            // path comes from the program's DWARF: opened as a regular
+            // file only, without blocking, its size read on the descriptor.
+            use std::io::Read;
+            let opened = crate::modules::open_regular(std::path::Path::new(file)).ok()?;
+            if opened.metadata().ok()?.len() > 16 << 20 {
                 return None;
             }
-            let text = std::fs::read_to_string(file).ok()?;
+            let mut text = String::new();
+            opened.take(16 << 20).read_to_string(&mut text).ok()?;
             Some(text.lines().map(str::to_string).collect())
         });
         lines.as_deref()

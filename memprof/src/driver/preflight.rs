@@ -46,3 +46,51 @@ pub fn require_capabilities() -> Result<()> {
     }
     Ok(())
 }
+
+/// The open-files limit memprof was started with (its soft limit), given
+/// back to the commands it starts; `u64::MAX`: not changed.
+static STARTED_WITH: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(u64::MAX);
+
+/// Raises memprof's open-files limit to the hard limit: `attach --all`
+/// and `run`'s family hold a descriptor per distinct file their processes
+/// map, and the probes' maps and links take a few hundred. What is still
+/// refused is counted (`short_of_resources`), never silently lost.
+pub fn raise_open_files_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain syscalls on a local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 || limit.rlim_cur >= limit.rlim_max
+        {
+            return;
+        }
+        let started = limit.rlim_cur;
+        limit.rlim_cur = limit.rlim_max;
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
+            STARTED_WITH.store(started, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+/// In a command memprof starts, between its fork and its `exec`: the
+/// open-files limit memprof was started with (only a syscall: safe
+/// after a fork).
+pub fn restore_open_files_limit() {
+    let started = STARTED_WITH.load(std::sync::atomic::Ordering::Relaxed);
+    if started == u64::MAX {
+        return;
+    }
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain syscalls on a local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
+            limit.rlim_cur = started;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
+}

@@ -41,6 +41,9 @@ const LOAD_INTERVAL: Duration = Duration::from_millis(100);
 pub struct Seen {
     pub event: HostEvent,
     pub read: Option<ReadNow>,
+    /// Reading its process was refused for want of a resource
+    /// (descriptors, memory): it may be unnamed.
+    pub refused: bool,
 }
 
 /// A process as /proc showed it right after its event.
@@ -151,7 +154,7 @@ fn read_ring(
         }
         merged.store(queue.loads.merged, Ordering::Relaxed);
         drain_stacks();
-        while let Some((event, read)) = queue.items.pop_front() {
+        while let Some((event, read, refused)) = queue.items.pop_front() {
             if event.op == host::TABLE {
                 // In order with this thread's own tables.
                 let (old, new) = (event.mapping.start as u32, event.mapping.end as u32);
@@ -160,7 +163,12 @@ fn read_ring(
             if let Some(read) = &read {
                 publish(&event, read, rows, tables, &mut || queue.drain(ring));
             }
-            if send.send(Seen { event, read }).is_err() {
+            let seen = Seen {
+                event,
+                read,
+                refused,
+            };
+            if send.send(seen).is_err() {
                 return;
             }
         }
@@ -174,7 +182,7 @@ fn read_ring(
 /// The events read, each with what its process showed then.
 #[derive(Default)]
 struct Queue {
-    items: std::collections::VecDeque<(HostEvent, Option<ReadNow>)>,
+    items: std::collections::VecDeque<(HostEvent, Option<ReadNow>, bool)>,
     readings: u64,
     loads: LoadBudget,
 }
@@ -206,8 +214,8 @@ impl Queue {
 
     fn read(&mut self, event: HostEvent) {
         self.readings += 1;
-        let read = read_now(&event, self.readings);
-        self.items.push_back((event, read));
+        let (read, refused) = read_now(&event, self.readings);
+        self.items.push_back((event, read, refused));
     }
 }
 
@@ -350,17 +358,17 @@ fn lock(tables: &Mutex<ModuleTables>) -> std::sync::MutexGuard<'_, ModuleTables>
 }
 
 /// What an event's process shows now: for its first allocation (or
-/// `exec`) and its library loads.
-fn read_now(event: &HostEvent, reading: u64) -> Option<ReadNow> {
+/// `exec`) and its library loads; and whether reading it was refused
+/// for want of a resource.
+fn read_now(event: &HostEvent, reading: u64) -> (Option<ReadNow>, bool) {
     if !matches!(event.op, host::NEW | host::LIBRARIES) {
-        return None;
+        return (None, false);
     }
     let pid = event.tgid;
-    let maps: Vec<Mapping> = maps::read(pid)
-        .ok()?
-        .into_iter()
-        .filter(|m| m.executable)
-        .collect();
+    let maps: Vec<Mapping> = match maps::read(pid) {
+        Ok(maps) => maps.into_iter().filter(|m| m.executable).collect(),
+        Err(e) => return (None, crate::modules::shared::is_refusal(&e)),
+    };
     let modules = ModuleCache::of_process(pid);
     modules.keep(&maps);
     // Who it is (at its first allocation or `exec`).
@@ -371,11 +379,14 @@ fn read_now(event: &HostEvent, reading: u64) -> Option<ReadNow> {
         ),
         _ => (None, None),
     };
-    Some(ReadNow {
-        maps,
-        reading,
-        modules,
-        target,
-        ns_pid,
-    })
+    (
+        Some(ReadNow {
+            maps,
+            reading,
+            modules,
+            target,
+            ns_pid,
+        }),
+        false,
+    )
 }

@@ -258,6 +258,9 @@ pub struct Files {
     pub started: bool,
     /// What was said of those files, for the session's notes.
     pub probed_late: Vec<String>,
+    /// Opens of files named by the kernel refused for want of a resource
+    /// (descriptors, memory).
+    pub refused: u64,
 }
 
 impl Files {
@@ -278,6 +281,7 @@ impl Files {
             probed: 0,
             started: false,
             probed_late: Vec::new(),
+            refused: 0,
         }
     }
 
@@ -503,15 +507,24 @@ impl Files {
         if self.unopenable.contains(&m.file_id) || !m.path.is_absolute() {
             return None;
         }
-        let opened = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&m.path)
-            .ok()
-            .filter(|f| {
+        let opened = crate::modules::shared::open_shared(&m.file_id, || {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(&m.path)
+        });
+        let opened = match opened {
+            // Refused for want of descriptors or memory: tried again later.
+            Err(e) if crate::modules::shared::is_refusal(&e) => {
+                self.refused += 1;
+                return None;
+            }
+            Err(_) => None,
+            Ok(f) => Some(f).filter(|f| {
                 f.metadata()
                     .is_ok_and(|meta| meta.is_file() && file_id_of_meta(&meta) == m.file_id)
-            });
+            }),
+        };
         let Some(module) = opened.and_then(|f| Module::from_file(&m.path, f).ok()) else {
             self.unopenable.insert(m.file_id.clone());
             return None;

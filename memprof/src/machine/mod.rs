@@ -34,7 +34,7 @@ use crate::driver::profiles::{self, Header};
 use crate::driver::{Driven, Driver, Flow, Output, Profiling};
 use crate::groups;
 use crate::options::{Heap, SessionOptions};
-use crate::probes::{monotonic_ns, ModuleTables, Probes};
+use crate::probes::{monotonic_ns, Detaching, ModuleTables, Probes};
 use crate::profile::{Counters, ExitInfo, GcSummary, Profile, TargetInfo};
 use crate::session::select::Selection;
 use crate::symbolize::SymbolCache;
@@ -70,6 +70,13 @@ const SYMBOLS_RENEWED_EVERY: u64 = 500;
 /// How often /proc is read for allocator files no event named (a static
 /// program started before its `exec` event was read).
 const RESCAN: Duration = Duration::from_secs(2);
+/// What is kept of ended processes is bounded (a session of days sees
+/// millions): `attach --all` and `--comm/--exe` merge their profiles
+/// into one every [`MERGE_EVERY`] (their stacks are then shared), and
+/// keep the [`KEEP_ENDED`] that ended last; older ones are let go, the
+/// oldest first, and counted (`processes_evicted`, `evicted_allocs`).
+const MERGE_EVERY: usize = 256;
+const KEEP_ENDED: usize = 20_000;
 
 /// Profiles every process until Ctrl-C, SIGTERM or `--duration`; one
 /// profile, one process each.
@@ -98,6 +105,8 @@ pub fn attach_all(driver: &Driver, options: &SessionOptions) -> Result<i32> {
 /// `attach --all`'s state.
 struct Host {
     probes: Probes,
+    /// The links being closed since profiling stopped.
+    closing: Option<Detaching>,
     events: Reader,
     /// Each process's module table (the reader gives a process its first).
     tables: Arc<Mutex<ModuleTables>>,
@@ -116,6 +125,10 @@ struct Host {
     ended: Vec<u32>,
     /// The finalized processes' profiles.
     done: Vec<Profile>,
+    /// Those merged so far (not under `run`: see [`KEEP_ENDED`]).
+    merged: Option<Profile>,
+    /// Ended processes let go, and their allocations.
+    evicted: (u64, u64),
     /// When profiling started: monotonic, wall clock, and the kernel's
     /// clock (`bpf_ktime_get_ns`).
     started: (Instant, SystemTime, u64),
@@ -128,6 +141,9 @@ struct Host {
     last_scan: Instant,
     /// Which processes are followed.
     scope: Scope,
+    /// Allocations of processes memprof was short of a resource for
+    /// ([`HostProcess::short_of_resources`]).
+    short_of_resources: u64,
     /// Processes given to sessions of their own ([`Host::leave_out`]):
     /// an index the kernel gave one before it was left out, heard of
     /// after, is dropped.
@@ -229,6 +245,7 @@ impl Host {
         );
         let mut host = Host {
             probes,
+            closing: None,
             events,
             tables,
             processes: HashMap::new(),
@@ -239,6 +256,8 @@ impl Host {
             symbolized: 0,
             ended: Vec::new(),
             done: Vec::new(),
+            merged: None,
+            evicted: (0, 0),
             started: (Instant::now(), SystemTime::now(), monotonic_ns()),
             seen: 0,
             initial: HashSet::new(),
@@ -248,6 +267,7 @@ impl Host {
             left_out: HashSet::new(),
             notes: Notes::new(options.verbose),
             loads: 0,
+            short_of_resources: 0,
         };
         host.files.probe_system_libraries(&mut host.probes);
         if let Some(live) = live {
@@ -284,12 +304,16 @@ impl Host {
     /// stacks not finished here.
     fn stop(&mut self) -> Result<Counters> {
         self.probes.disable()?;
+        // Detached before the tables are read: every process runs free at once.
+        self.closing = Some(self.probes.close_links());
         self.events.stop();
         self.read_events(Duration::ZERO);
         let all: HashSet<u32> = self.processes.keys().copied().collect();
         self.finalize(&all)?;
         let mut counters = self.probes.peek()?.counters()?;
         counters.stacks_not_finished += self.deferred.dropped;
+        counters.short_of_resources += self.short_of_resources;
+        (counters.processes_evicted, counters.evicted_allocs) = self.evicted;
         self.take_file_notes();
         self.notes.say();
         Ok(counters)
@@ -327,7 +351,14 @@ impl Host {
         }
     }
 
-    fn on_event(&mut self, Seen { event: e, read }: Seen) {
+    fn on_event(
+        &mut self,
+        Seen {
+            event: e,
+            read,
+            refused,
+        }: Seen,
+    ) {
         let index_known = e.index != host::IGNORED;
         match e.op {
             host::NEW if self.left_out.contains(&e.tgid) => {
@@ -347,6 +378,8 @@ impl Host {
                 };
                 let mut process = HostProcess::seen(e.tgid, e.index, e.ppid, &comm, start_s, read);
                 process.forked = e.exit_code == host::FORKED;
+                process.refused = refused;
+                process.seq = self.seen;
                 self.processes.insert(e.index, process);
                 self.seen += 1;
                 self.publish(e.index);
@@ -354,6 +387,7 @@ impl Host {
             host::LIBRARIES => {
                 self.loads += 1;
                 if let Some(p) = self.processes.get_mut(&e.index).filter(|_| index_known) {
+                    p.refused |= refused;
                     if let Some(read) = read {
                         p.take(read);
                     }
@@ -385,7 +419,10 @@ impl Host {
                 };
                 // A file not seen yet is opened by the path the kernel
                 // gave (the process may be gone already).
-                match self.files.open_named(&mapping) {
+                let refused = self.files.refused;
+                let opened = self.files.open_named(&mapping);
+                p.refused |= self.files.refused > refused;
+                match opened {
                     Some(module) => {
                         mapping.path = module.path().to_path_buf();
                         p.mapped(mapping, module);
@@ -517,6 +554,7 @@ impl Host {
     /// out of the kernel's and dropped.
     fn drop_indexes(&mut self, indexes: HashSet<u32>) -> Result<()> {
         self.probes.take_ended(&indexes)?;
+        self.probes.free_indexes(&indexes)?;
         for index in indexes {
             self.processes.remove(&index);
             self.tables
@@ -571,7 +609,10 @@ impl Host {
                 self.notes.note(Kind::Unread, line);
             }
             match self.profile_of(&mut p, tables) {
-                Ok(profile) => self.done.push(profile),
+                Ok(profile) => {
+                    self.short_of_resources += profile.counters.short_of_resources;
+                    self.done.push(profile)
+                }
                 Err(e) => {
                     let line = format!(
                         "pid {} ({}): its profile could not be made: {e:#}",
@@ -583,7 +624,57 @@ impl Host {
             }
             self.deferred.forget(p.index);
         }
-        Ok(())
+        if self.done.len() >= MERGE_EVERY {
+            self.merge_done();
+        }
+        // Given again to processes that start: the kernel's tables hold
+        // nothing of them any more.
+        self.probes.free_indexes(indexes)
+    }
+
+    /// The profiles of the processes finalized merged into one; beyond
+    /// [`KEEP_ENDED`] ended processes, the oldest let go. Not under
+    /// `run` (its family's profiles go to the command's).
+    fn merge_done(&mut self) {
+        if matches!(self.scope, Scope::Family(_)) {
+            return;
+        }
+        let done = std::mem::take(&mut self.done);
+        let Some(mut merged) = profiles::merge(self.merged.take(), done) else {
+            return;
+        };
+        let ended = merged
+            .processes
+            .iter()
+            .filter(|p| p.end_s.is_some())
+            .count();
+        if ended > KEEP_ENDED {
+            // Those that ended first.
+            let mut ends: Vec<f64> = merged.processes.iter().filter_map(|p| p.end_s).collect();
+            ends.sort_by(f64::total_cmp);
+            let last_evicted = ends[ended - KEEP_ENDED - 1];
+            let evict =
+                |p: &crate::profile::ProcessInfo| p.end_s.is_some_and(|e| e <= last_evicted);
+            let gone: HashSet<(u32, u32)> = merged
+                .processes
+                .iter()
+                .filter(|&p| evict(p))
+                .map(|p| (p.pid, p.pid_reuse))
+                .collect();
+            self.evicted.0 += gone.len() as u64;
+            self.evicted.1 += merged
+                .processes
+                .iter()
+                .filter(|&p| evict(p))
+                .filter_map(|p| p.counters.as_ref())
+                .map(|c| c.allocs)
+                .sum::<u64>();
+            merged.processes.retain(|p| !evict(p));
+            merged
+                .groups
+                .retain(|g| !gone.contains(&(g.pid, g.pid_reuse)));
+        }
+        self.merged = Some(merged);
     }
 
     /// The profile of process `p`, from its tables.
@@ -615,8 +706,8 @@ impl Host {
             .processes
             .values()
             .filter(|q| p.forked && (p.unread || p.execed) && q.pid == p.ppid && !q.unread)
-            .filter(|q| q.index < p.index)
-            .max_by_key(|q| q.index);
+            .filter(|q| q.seq < p.seq)
+            .max_by_key(|q| q.seq);
         let (maps, modules) = match parent {
             Some(q) => {
                 // And runs its parent's program (its command line is
@@ -648,8 +739,10 @@ impl Host {
             false,
             self.symbols.0.get_or_insert_with(SymbolCache::default),
         );
+        let short = p.short_of_resources();
         let counters = Counters {
             allocs: recorded,
+            short_of_resources: if short { recorded } else { 0 },
             ..Counters::default()
         };
         let mut info = p.info();
@@ -685,28 +778,35 @@ impl Host {
         let running = self.processes.len();
         let host_counters = self.stop()?;
         let duration_s = self.started.0.elapsed().as_secs_f64();
+        self.merge_done();
+        let closing = self.closing.take();
         let detaching = self.probes.detach();
         let done = std::mem::take(&mut self.done);
-        let pids: HashSet<u32> = done
+        let merged = self.merged.take();
+        let profiled = merged
             .iter()
-            .flat_map(|p| p.processes.iter().map(|i| i.pid))
-            .collect();
+            .chain(&done)
+            .map(|p| p.processes.len())
+            .sum::<usize>()
+            + self.evicted.0 as usize;
         eprintln!(
-            "memprof: {} processes profiled ({running} still running, let go untraced); {} programs started or seen, those with no allocation followed are not listed",
-            pids.len(),
+            "memprof: {profiled} processes profiled ({running} still running, let go untraced); {} programs started or seen, those with no allocation followed are not listed",
             self.seen
         );
-        let merged = self
+        let loads_merged = self
             .events
             .loads_merged
             .load(std::sync::atomic::Ordering::Relaxed);
-        if self.loads + merged > 0 {
+        if self.loads + loads_merged > 0 {
             eprintln!(
-                "memprof: {} library loads and unloads, {merged} of them read together with a later one of their process (one reading per process per 0.1 s at most)",
-                self.loads + merged
+                "memprof: {} library loads and unloads, {loads_merged} of them read together with a later one of their process (one reading per process per 0.1 s at most)",
+                self.loads + loads_merged
             );
         }
-        let Some(mut profile) = profiles::merge(None, done) else {
+        let Some(mut profile) = profiles::merge(merged, done) else {
+            if let Some(closing) = closing {
+                closing.wait();
+            }
             detaching.wait();
             bail!(
                 "no process allocated while memprof watched ({duration_s:.1} s): nothing to write"
@@ -734,6 +834,9 @@ impl Host {
             exe: String::new(),
         };
         let result = output.write_and_print(&profile, top);
+        if let Some(closing) = closing {
+            closing.wait();
+        }
         detaching.wait();
         result.map(|()| 0)
     }
@@ -742,7 +845,7 @@ impl Host {
 /// The kernel's 16-byte name, as text.
 fn comm_of(comm: &[u8; 16]) -> String {
     let end = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
-    String::from_utf8_lossy(&comm[..end]).into_owned()
+    crate::text::lossy(&comm[..end])
 }
 
 /// The path of a `MAPPING` event: its components innermost first, each
@@ -767,7 +870,7 @@ fn path_of_components(path: &[u8]) -> std::path::PathBuf {
 /// A NUL-terminated path an event carries, as text.
 fn text_of(path: &[u8]) -> String {
     let end = path.iter().position(|&b| b == 0).unwrap_or(path.len());
-    String::from_utf8_lossy(&path[..end]).into_owned()
+    crate::text::lossy(&path[..end])
 }
 
 /// A wait status (`task_struct.exit_code`) as the profile says it.

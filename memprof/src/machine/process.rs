@@ -11,8 +11,11 @@ use crate::target::maps::{Mapping, MapsCache};
 /// A process the kernel gave an index.
 pub struct HostProcess {
     pub pid: u32,
-    /// Its index in the kernel's tables ([`memprof_common::host`]).
+    /// Its index in the kernel's tables ([`memprof_common::host`]),
+    /// given again to a later process once this one is finalized.
     pub index: u32,
+    /// The order it was seen in (indexes are reused: not theirs).
+    pub seq: u64,
     pub ppid: u32,
     pub ns_pid: Option<u32>,
     /// Its command line (its kernel name alone when it was gone before
@@ -42,6 +45,9 @@ pub struct HostProcess {
     /// Executable mappings the kernel told of files memprof could not
     /// open yet: named once another process's reading opens them.
     pub unknown: Vec<Mapping>,
+    /// Memprof was refused the reading of its mappings or one of its
+    /// files for want of a resource (descriptors, memory).
+    pub refused: bool,
 }
 
 impl HostProcess {
@@ -60,13 +66,14 @@ impl HostProcess {
         let target = now.as_ref().and_then(|n| n.target.clone());
         let ns_pid = now.as_ref().and_then(|n| n.ns_pid);
         let (command, exe) = match target {
-            Some(t) if !t.command.is_empty() => (t.command, t.exe.display().to_string()),
-            Some(t) => (vec![comm.to_string()], t.exe.display().to_string()),
+            Some(t) if !t.command.is_empty() => (t.command, crate::text::lossy_path(&t.exe)),
+            Some(t) => (vec![comm.to_string()], crate::text::lossy_path(&t.exe)),
             None => (vec![comm.to_string()], String::new()),
         };
         let mut process = HostProcess {
             pid,
             index,
+            seq: 0,
             ppid,
             ns_pid,
             command,
@@ -81,6 +88,7 @@ impl HostProcess {
             forked: false,
             execed: false,
             unknown: Vec::new(),
+            refused: false,
         };
         if let Some(read) = now {
             process.take(read);
@@ -125,6 +133,7 @@ impl HostProcess {
     pub fn info(&self) -> ProcessInfo {
         ProcessInfo {
             pid: self.pid,
+            pid_reuse: 0,
             ns_pid: self.ns_pid,
             ppid: self.ppid,
             command: self.command.clone(),
@@ -136,6 +145,11 @@ impl HostProcess {
             profiled_from_s: None,
             counters: None,
         }
+    }
+
+    /// Whether memprof was short of a resource for it (see [`Self::refused`]).
+    pub fn short_of_resources(&self) -> bool {
+        self.refused || self.modules.refused()
     }
 
     /// The program's file name, for messages.

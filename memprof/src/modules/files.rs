@@ -15,6 +15,10 @@
 //!    symbolic links included, with `openat2(RESOLVE_IN_ROOT)`);
 //! 4. the path itself, only when the target shares memprof's mount
 //!    namespace (what it names is then the same for both).
+//!
+//! Every path is opened with [`open_regular`]: without blocking and only as
+//! a regular file (checked on the descriptor), so that a FIFO or a device
+//! a user put at the path cannot hold memprof up.
 use std::fs::File;
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -79,12 +83,12 @@ impl Process {
         };
         if let Some(m) = mapping {
             let via = format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end);
-            if let Some(file) = attempt(File::open(via)) {
+            if let Some(file) = attempt(open_regular(Path::new(&via))) {
                 return Ok(file);
             }
         }
         if self.exe.as_deref() == Some(path) {
-            if let Some(file) = attempt(File::open(format!("/proc/{pid}/exe"))) {
+            if let Some(file) = attempt(open_regular(Path::new(&format!("/proc/{pid}/exe")))) {
                 return Ok(file);
             }
         }
@@ -92,7 +96,7 @@ impl Process {
             return Ok(file);
         }
         if self.same_mounts {
-            if let Some(file) = attempt(File::open(path)) {
+            if let Some(file) = attempt(open_regular(path)) {
                 return Ok(file);
             }
         }
@@ -124,7 +128,7 @@ pub fn open_in_root(pid: u32, path: &Path) -> io::Result<File> {
     }
     let how = OpenHow {
         // O_NONBLOCK: a FIFO put at the path cannot hold memprof up.
-        flags: (libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NONBLOCK) as u64,
+        flags: (libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_NOCTTY) as u64,
         mode: 0,
         resolve: libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS,
     };
@@ -143,7 +147,44 @@ pub fn open_in_root(pid: u32, path: &Path) -> io::Result<File> {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: a descriptor the kernel just returned, owned by nobody else.
-    Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd as i32) }))
+    regular(File::from(unsafe { OwnedFd::from_raw_fd(fd as i32) }))
+}
+
+/// Opens `path` for reading without blocking (a FIFO opened for reading
+/// would wait for a writer) and only if it is a regular file, as the
+/// descriptor says (the name may change between a check and an open).
+pub fn open_regular(path: &Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC)
+        .open(path)?;
+    regular(file)
+}
+
+/// `file` if it is a regular file; else an error that says what it is.
+fn regular(file: File) -> io::Result<File> {
+    let kind = file.metadata()?.file_type();
+    if kind.is_file() {
+        Ok(file)
+    } else {
+        use std::os::unix::fs::FileTypeExt;
+        let what = if kind.is_fifo() {
+            "a FIFO"
+        } else if kind.is_dir() {
+            "a directory"
+        } else if kind.is_socket() {
+            "a socket"
+        } else if kind.is_char_device() || kind.is_block_device() {
+            "a device"
+        } else {
+            "not a regular file"
+        };
+        Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{what}, not read"),
+        ))
+    }
 }
 
 #[cfg(test)]

@@ -22,12 +22,20 @@
 //! deleted or replaced since it was mapped; see `files.rs`), keeps it open
 //! for the whole session (symbols are read after the target may have
 //! exited) and hands out [`Module::fd_path`] for whatever must open it again
-//! (the kernel's uprobes, blazesym). Messages name the target's path.
+//! (the kernel's uprobes) and [`Module::debug_view`] for blazesym (a user's
+//! file by that descriptor, its debug links followed by memprof, never by a
+//! blocking open: `debug_info.rs`). Paths are opened only as regular files,
+//! without blocking ([`open_regular`]); a file shrinking while read is an
+//! error for that file, not a SIGBUS (`shrunk.rs`). Messages name the
+//! target's path.
 //!
 //! (Example: `doc_examples::example_1` below, compiled by the tests, not run: it needs a live process.)
+mod debug_info;
 mod error;
 mod files;
 mod module;
+pub mod shared;
+mod shrunk;
 mod slots;
 mod versions;
 
@@ -37,7 +45,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 pub use self::error::Error;
-pub use self::files::strip_deleted;
+pub use self::files::{open_regular, strip_deleted};
 pub use self::module::Module;
 use crate::target::maps::Mapping;
 
@@ -49,8 +57,12 @@ pub struct ModuleCache {
     /// The target whose files these are; `None`: memprof's own view.
     process: Option<files::Process>,
     /// Files of the target opened as soon as seen mapped ([`Self::keep`]),
-    /// not parsed yet.
-    kept: Mutex<HashMap<PathBuf, File>>,
+    /// not parsed yet: each shared with every process that maps it
+    /// ([`shared`]).
+    kept: Mutex<HashMap<PathBuf, Arc<File>>>,
+    /// An open of one of its files was refused for want of a resource
+    /// (descriptors, memory): its frames there may be addresses.
+    refused: std::sync::atomic::AtomicBool,
 }
 
 impl ModuleCache {
@@ -82,10 +94,13 @@ impl ModuleCache {
                 let kept = self.lock_kept().remove(path);
                 let file = match kept {
                     Some(file) => file,
-                    None => process.open(path, None).map_err(|source| Error::Read {
-                        path: path.to_path_buf(),
-                        source,
-                    })?,
+                    None => Arc::new(process.open(path, None).map_err(|source| {
+                        self.note_refusal(&source);
+                        Error::Read {
+                            path: path.to_path_buf(),
+                            source,
+                        }
+                    })?),
                 };
                 Module::from_file(path, file)?
             }
@@ -120,6 +135,10 @@ impl ModuleCache {
                 kept.entry(path).or_insert(file);
             }
         }
+        if other.refused.into_inner() {
+            self.refused
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 
     /// Every module parsed so far, by the target's path.
@@ -151,9 +170,26 @@ impl ModuleCache {
             if modules.contains_key(&m.path) || kept.contains_key(&m.path) {
                 continue;
             }
-            if let Ok(file) = process.open(&m.path, Some(m)) {
-                kept.insert(m.path.clone(), file);
+            match shared::open_shared(&m.file_id, || process.open(&m.path, Some(m))) {
+                Ok(file) => {
+                    kept.insert(m.path.clone(), file);
+                }
+                Err(e) => self.note_refusal(&e),
             }
+        }
+    }
+
+    /// Whether an open of one of its files was refused for want of a
+    /// resource (descriptors, memory).
+    pub fn refused(&self) -> bool {
+        self.refused.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Remembers `error` if it is a refusal ([`shared::is_refusal`]).
+    fn note_refusal(&self, error: &std::io::Error) {
+        if shared::is_refusal(error) {
+            self.refused
+                .store(true, std::sync::atomic::Ordering::Relaxed);
         }
     }
 
@@ -161,11 +197,11 @@ impl ModuleCache {
     pub fn open_file(&self, path: &Path) -> std::io::Result<File> {
         match &self.process {
             Some(process) => process.open(path, None),
-            None => File::open(path),
+            None => open_regular(path),
         }
     }
 
-    fn lock_kept(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, File>> {
+    fn lock_kept(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, Arc<File>>> {
         self.kept.lock().unwrap_or_else(|e| e.into_inner())
     }
 }

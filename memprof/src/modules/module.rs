@@ -4,10 +4,12 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use memmap2::Mmap;
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SectionFlags, SectionKind};
 
+use super::debug_info::{self, DebugView};
 use super::error::Error;
 use super::slots::Slots;
 use crate::target::maps::{self, Mapping};
@@ -50,8 +52,10 @@ pub struct Symbol {
 pub struct Module {
     /// The target's path of the file (for messages and its mappings).
     path: PathBuf,
-    /// The file, open for the whole session: [`Self::fd_path`] reaches it.
-    file: File,
+    /// The file, open for the whole session: [`Self::fd_path`] reaches it
+    /// (one descriptor, shared with whatever else holds the same file:
+    /// see `shared.rs`).
+    file: Arc<File>,
     /// Whether `path` names this very file in memprof's own namespace too.
     same_here: bool,
     data: Mmap,
@@ -66,6 +70,8 @@ pub struct Module {
     versioned: HashMap<u64, String>,
     /// Bytes of its thread-local storage block (`PT_TLS`), if it has one.
     tls_size: Option<u64>,
+    /// What blazesym reads for it, decided on first use.
+    debug: std::sync::OnceLock<DebugView>,
 }
 
 impl std::fmt::Debug for Module {
@@ -81,7 +87,7 @@ impl Module {
     /// Maps and parses the ELF file at `path`. Prefer [`super::ModuleCache::get`],
     /// which does this once per session.
     pub fn open(path: &Path) -> Result<Module, Error> {
-        let file = File::open(path).map_err(|source| Error::Read {
+        let file = super::open_regular(path).map_err(|source| Error::Read {
             path: path.to_path_buf(),
             source,
         })?;
@@ -90,7 +96,8 @@ impl Module {
 
     /// Maps and parses `file`, which is the target's `path` (however it
     /// was opened: see [`super::ModuleCache::of_process`]).
-    pub fn from_file(path: &Path, file: File) -> Result<Module, Error> {
+    pub fn from_file(path: &Path, file: impl Into<Arc<File>>) -> Result<Module, Error> {
+        let file: Arc<File> = file.into();
         let read = |source| Error::Read {
             path: path.to_path_buf(),
             source,
@@ -103,8 +110,11 @@ impl Module {
         };
         // SAFETY: the mapping is read-only and private. A file rewritten in
         // place while mapped would change under us (package managers
-        // replace files instead; blazesym maps them the same way).
-        let data = unsafe { Mmap::map(&file) }.map_err(read)?;
+        // replace files instead; blazesym maps them the same way); one
+        // truncated reads zeros past its end (`shrunk.rs`), not SIGBUS.
+        super::shrunk::handle_sigbus();
+        let data = unsafe { Mmap::map(&*file) }.map_err(read)?;
+        let mapped = super::shrunk::mark();
         let parsed = object::File::parse(&*data).map_err(|source| Error::NotElf {
             path: path.to_path_buf(),
             source,
@@ -118,6 +128,11 @@ impl Module {
             .filter(|s| matches!(s.name(), Ok(".got" | ".got.plt")))
             .map(|s| (s.address(), s.address() + s.size()))
             .collect();
+        if super::shrunk::shrank_within(&data, mapped) {
+            return Err(read(std::io::Error::other(
+                "the file shrank while memprof read it",
+            )));
+        }
         Ok(Module {
             path: path.to_path_buf(),
             file,
@@ -130,6 +145,7 @@ impl Module {
             symbols,
             tls_size,
             data,
+            debug: std::sync::OnceLock::new(),
         })
     }
 
@@ -146,15 +162,26 @@ impl Module {
         PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
     }
 
-    /// The path to read the file's symbols by: its own when that names the
-    /// same file here (its debug links then resolve as usual), else
-    /// [`Self::fd_path`].
-    pub fn symbol_path(&self) -> PathBuf {
-        if self.same_here {
-            self.path.clone()
-        } else {
-            self.fd_path()
-        }
+    /// The files blazesym reads the module's names and lines from (see
+    /// `debug_info.rs`: a user's file is never handed over by its path).
+    pub fn debug_view(&self) -> &DebugView {
+        self.debug.get_or_init(|| {
+            debug_info::view(&debug_info::Opened {
+                path: &self.path,
+                file: &self.file,
+                same_here: self.same_here,
+                data: &self.data,
+            })
+        })
+    }
+
+    /// The link-time address of file offset `offset`, if a loadable
+    /// segment holds it.
+    pub fn address_of_offset(&self, offset: u64) -> Option<u64> {
+        self.segments
+            .iter()
+            .find(|s| (s.file_offset..s.file_offset + s.file_size).contains(&offset))
+            .map(|s| s.address + (offset - s.file_offset))
     }
 
     /// The whole file.

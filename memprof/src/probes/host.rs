@@ -393,6 +393,17 @@ impl Probes {
         Ok(())
     }
 
+    /// Process `indexes` are done with (finalized, or dropped): the
+    /// kernel gives them again to processes that start.
+    pub fn free_indexes(&mut self, indexes: &HashSet<u32>) -> Result<()> {
+        let mut free: Queue<&mut MapData, u32> =
+            Queue::try_from(self.map_mut(maps::FREE_INDEXES)?)?;
+        for &index in indexes {
+            free.push(index, 0)?;
+        }
+        Ok(())
+    }
+
     /// The ring of process events (once).
     pub fn host_events(&mut self) -> Result<HostEvents> {
         Ok(HostEvents(RingBuf::try_from(take_map(

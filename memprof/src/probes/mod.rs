@@ -184,6 +184,7 @@ impl Probes {
             .override_global(globals::KERNEL_LAYOUT, &host.layout, true)
             .map_max_entries(maps::KNOWN_FILES, host.known_files)
             .map_max_entries(maps::FREE_SEGMENTS, host.free_segments)
+            .map_max_entries(maps::FREE_INDEXES, host.indexes)
             .map_max_entries(maps::PROCESSES, host.processes)
             .map_max_entries(maps::PROCESS_MODULES, host.indexes)
             .map_max_entries(maps::HOST_EVENTS, host.events_bytes)
@@ -303,15 +304,18 @@ impl Probes {
     pub fn detach(mut self) -> Detaching {
         let links = std::mem::take(&mut self.links);
         Detaching(std::thread::spawn(move || {
-            let closing: Vec<_> = links
-                .into_iter()
-                .map(|(_, link)| std::thread::spawn(move || drop(link)))
-                .collect();
-            for thread in closing {
-                let _ = thread.join();
-            }
+            close(links);
             drop(self);
         }))
+    }
+
+    /// Closes every link now (as [`Self::detach`] does), keeping the maps
+    /// to read: no target traps into memprof's programs any more while what
+    /// they recorded is read (`attach --all` reads every process's tables
+    /// after SIGTERM, which may take seconds).
+    pub fn close_links(&mut self) -> Detaching {
+        let links = std::mem::take(&mut self.links);
+        Detaching(std::thread::spawn(move || close(links)))
     }
 }
 
@@ -340,6 +344,17 @@ fn take_map(ebpf: &mut Ebpf, name: &str) -> Result<Map> {
 
 /// Probes being detached on a background thread.
 pub struct Detaching(std::thread::JoinHandle<()>);
+
+/// Closes `links`, a thread each (see [`Probes::detach`]).
+fn close<L: Send + 'static>(links: impl IntoIterator<Item = L>) {
+    let closing: Vec<_> = links
+        .into_iter()
+        .map(|link| std::thread::spawn(move || drop(link)))
+        .collect();
+    for thread in closing {
+        let _ = thread.join();
+    }
+}
 
 impl Detaching {
     /// Waits until every probe is detached.

@@ -414,6 +414,10 @@ fn report_counters(kernel: KernelCounters) -> Counters {
         refills,
         processes_not_followed,
         stacks_not_finished: deferred_lost,
+        // Userspace's: `attach --all` adds it.
+        short_of_resources: 0,
+        processes_evicted: 0,
+        evicted_allocs: 0,
     }
 }
 

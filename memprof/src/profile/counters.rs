@@ -99,6 +99,19 @@ pub struct Counters {
     /// or keep it): they stay cut there (and count in `truncated_stacks`).
     #[serde(default)]
     pub stacks_not_finished: u64,
+    /// `attach --all`: allocations of processes memprof was refused one
+    /// of their files, or the reading of their mappings, for want of a
+    /// resource (descriptors, memory): counted, but their frames may be
+    /// addresses and their name the kernel's short one.
+    #[serde(default)]
+    pub short_of_resources: u64,
+    /// `attach --all`: processes that ended let go to keep memory
+    /// bounded (beyond the most recent ended ones kept, the oldest
+    /// first), and their allocations: in `allocs`, in no group.
+    #[serde(default)]
+    pub processes_evicted: u64,
+    #[serde(default)]
+    pub evicted_allocs: u64,
 }
 
 impl Counters {
@@ -128,6 +141,7 @@ impl Counters {
             + self.pending_full
             + self.stale_calls
             + self.processes_not_followed
+            + self.short_of_resources
     }
 
     /// Allocations recorded in both tables.

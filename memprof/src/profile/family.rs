@@ -18,13 +18,27 @@ pub fn merge(profile: &mut Profile, followed: Vec<Profile>) {
     for other in followed {
         // Its times count from its own start.
         let shift = other.start_unix_s - profile.start_unix_s;
+        // Its processes whose pid an earlier one had: which one of that
+        // pid each is.
+        let mut reused: Vec<(u32, u32)> = Vec::new();
         for (i, mut p) in other.processes().into_iter().enumerate() {
             p.start_s += shift;
             p.end_s = p.end_s.map(|e| e + shift);
             if i == 0 && p.counters.is_none() {
                 p.counters = Some(other.counters.clone());
             }
-            match profile.processes.iter_mut().find(|q| q.pid == p.pid) {
+            let latest = profile.processes.iter_mut().rfind(|q| q.pid == p.pid);
+            // The kernel gave the pid of a process that exited to this
+            // one, started after: another process.
+            let latest = match latest {
+                Some(q) if q.exit.is_some() && q.end_s.is_some_and(|end| end <= p.start_s) => {
+                    p.pid_reuse = q.pid_reuse + 1;
+                    reused.push((p.pid, p.pid_reuse));
+                    None
+                }
+                latest => latest,
+            };
+            match latest {
                 // The followed process itself, listed since its fork: its
                 // start and parent stay, the rest is its session's.
                 Some(q) if i == 0 => {
@@ -53,7 +67,14 @@ pub fn merge(profile: &mut Profile, followed: Vec<Profile>) {
             }
         }
         profile.counters.add(&other.counters);
-        for group in other.groups {
+        for mut group in other.groups {
+            let pid = match group.pid {
+                0 => other.target.pid,
+                pid => pid,
+            };
+            if let Some(&(_, again)) = reused.iter().find(|(p, _)| *p == pid) {
+                group.pid_reuse = again;
+            }
             let frames: Vec<Frame> = other.stacks.frames(group.stack).cloned().collect();
             profile.push(group, frames);
         }

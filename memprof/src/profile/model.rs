@@ -61,6 +61,11 @@ pub struct Profile {
 pub struct ProcessInfo {
     /// The host's pid.
     pub pid: u32,
+    /// How many processes of the profile had this pid before this one
+    /// (the kernel gives an ended process's pid again): 0 for the first.
+    /// Its groups carry the same.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub pid_reuse: u32,
     /// Its pid in its own pid namespace (a container's), where different.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ns_pid: Option<u32>,
@@ -111,6 +116,7 @@ impl Profile {
         }
         vec![ProcessInfo {
             pid: self.target.pid,
+            pid_reuse: 0,
             ns_pid: None,
             ppid: 0,
             command: self.target.command.clone(),
@@ -131,6 +137,11 @@ impl Profile {
         } else {
             group.pid
         }
+    }
+
+    /// Whether `group`'s allocations were made in process `p`.
+    pub fn is_of(&self, group: &Group, p: &ProcessInfo) -> bool {
+        self.pid_of(group) == p.pid && group.pid_reuse == p.pid_reuse
     }
 
     /// The frames of `group`'s stack, innermost first.
@@ -201,6 +212,9 @@ pub struct Group {
     /// the target; see [`Profile::pid_of`]).
     #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub pid: u32,
+    /// Which process of that pid ([`ProcessInfo::pid_reuse`]).
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub pid_reuse: u32,
     /// `libc`, `mmap`, `gc`, `gc_atomic`.
     pub kind: String,
     pub live_count: u64,
@@ -263,6 +277,7 @@ impl Group {
     pub fn split_off(&self) -> Group {
         Group {
             pid: self.pid,
+            pid_reuse: self.pid_reuse,
             kind: self.kind.clone(),
             stack: self.stack,
             truncated: self.truncated,

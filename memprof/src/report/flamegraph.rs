@@ -44,7 +44,7 @@ pub fn target_name(profile: &Profile) -> String {
     } else {
         t.command.join(" ")
     };
-    format!("{name} (pid {})", t.pid)
+    format!("{} (pid {})", crate::text::visible(&name), t.pid)
 }
 
 pub fn write(profile: &Profile, options: &Options, out: &mut dyn Write) -> Result<()> {

@@ -65,7 +65,7 @@ pub fn stacks(profile: &Profile, options: &Options) -> BTreeMap<String, u64> {
         }
         if let Some(class) = &g.type_name {
             // The leaf: what the objects are (a flamegraph's top boxes).
-            stack += &format!(";[{}]", class.replace(';', ":"));
+            stack += &format!(";[{}]", crate::text::visible(class).replace(';', ":"));
         }
         *out.entry(stack).or_insert(0) += value;
     }
@@ -82,11 +82,12 @@ pub fn value(g: &Group, options: &Options) -> u64 {
     }
 }
 
-/// A frame's name as one folded-stack field: `;` separates frames and a
-/// line ends a stack, so both are replaced (`;` by `:`, line breaks by
-/// spaces). Spaces are fine: readers split the value off at the last one.
+/// A frame's name as one folded-stack field: `;` separates frames, so it
+/// is replaced by `:`; control characters (a line would end the stack)
+/// are shown as escapes ([`crate::text`]). Spaces are fine: readers split
+/// the value off at the last one.
 pub fn frame_name(frame: &Frame) -> String {
-    frame.function.replace(';', ":").replace(['\n', '\r'], " ")
+    crate::text::visible(&frame.function).replace(';', ":")
 }
 
 pub fn write(profile: &Profile, options: &Options, out: &mut dyn Write) -> Result<()> {
@@ -121,7 +122,7 @@ mod tests {
         let options = Options::default();
         let stacks = stacks(&profile, &options);
         assert_eq!(stacks.len(), 1);
-        assert_eq!(stacks["main;odd:name "], 15);
+        assert_eq!(stacks["main;odd:name\\n"], 15);
         let total = Options {
             total: true,
             count: Count::Objects,

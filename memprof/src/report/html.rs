@@ -37,10 +37,11 @@ code{font-size:90%}.note{color:#666}\
 section{margin-bottom:2em}#flamegraph svg{width:100%;max-width:1400px}\
 td i{color:#666}";
 
-/// `<`, `>`, `&` and quotes as entities.
+/// `<`, `>`, `&` and quotes as entities, control characters as escapes
+/// ([`crate::text`]).
 pub fn escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
+    for c in crate::text::visible(text).chars() {
         match c {
             '<' => out.push_str("&lt;"),
             '>' => out.push_str("&gt;"),

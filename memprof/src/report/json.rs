@@ -110,6 +110,7 @@ fn group(profile: &Profile, options: &Options, g: &Group) -> Value {
     json!({
         "program_frame": program,
         "pid": profile.pid_of(g),
+        "pid_reuse": g.pid_reuse,
         "kind": g.kind,
         "live_count": g.live_count,
         "live_bytes": g.live_bytes,
@@ -140,7 +141,7 @@ fn processes(profile: &Profile) -> Vec<Value> {
         .map(|p| {
             let sum = |f: fn(&Group) -> u64| -> Value {
                 if p.profiled {
-                    let of_it = profile.groups.iter().filter(|g| profile.pid_of(g) == p.pid);
+                    let of_it = profile.groups.iter().filter(|g| profile.is_of(g, &p));
                     Value::from(of_it.map(f).sum::<u64>())
                 } else {
                     Value::Null
@@ -148,6 +149,7 @@ fn processes(profile: &Profile) -> Vec<Value> {
             };
             json!({
                 "pid": p.pid,
+                "pid_reuse": p.pid_reuse,
                 "ns_pid": p.ns_pid,
                 "ppid": p.ppid,
                 "command": p.command,

@@ -82,7 +82,7 @@ fn processes(profile: &Profile, out: &mut dyn Write) -> Result<()> {
         let (live, total) = profile
             .groups
             .iter()
-            .filter(|g| profile.pid_of(g) == p.pid)
+            .filter(|g| profile.is_of(g, p))
             .fold((0, 0), |(l, t), g| (l + g.live_bytes, t + g.total_bytes));
         let figures = if p.profiled {
             format!("{} | {}", thousands(live), thousands(total))
@@ -97,10 +97,13 @@ fn processes(profile: &Profile, out: &mut dyn Write) -> Result<()> {
             Some(_) => "exited".to_string(),
             None => "running".to_string(),
         };
-        let pid = match p.ns_pid {
+        let mut pid = match p.ns_pid {
             Some(inner) => format!("{} ({inner} in its namespace)", p.pid),
             None => p.pid.to_string(),
         };
+        if p.pid_reuse > 0 {
+            pid += " (pid given again)";
+        }
         writeln!(
             out,
             "| {pid} | {} | {} | {} | {:.3} | {} | {exit} | {figures} |",
@@ -411,15 +414,15 @@ pub fn context(r: &Row<'_>, unwind: &str) -> String {
 }
 
 /// Text for a code span in a table cell: `|` would end the cell, a
-/// backtick the code span, a line break the row. (Inside a code span,
-/// markdown shows `<`, `&` and `*` as they are.)
+/// backtick the code span, a line break the row; control characters are
+/// shown as escapes ([`crate::text`]). (Inside a code span, markdown shows
+/// `<`, `&` and `*` as they are.)
 pub fn escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
+    for c in crate::text::visible(text).chars() {
         match c {
             '|' => out.push_str("\\|"),
             '`' => out.push('\''),
-            c if c.is_control() => out.push(' '),
             c => out.push(c),
         }
     }
@@ -427,10 +430,11 @@ pub fn escape(text: &str) -> String {
 }
 
 /// Plain text (a command line, a type name outside a code span): every
-/// character markdown or HTML would read as markup is shown as itself.
+/// character markdown or HTML would read as markup is shown as itself,
+/// control characters as escapes ([`crate::text`]).
 pub fn escape_text(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
+    for c in crate::text::visible(text).chars() {
         match c {
             '<' => out.push_str("&lt;"),
             '>' => out.push_str("&gt;"),
@@ -439,7 +443,6 @@ pub fn escape_text(text: &str) -> String {
                 out.push('\\');
                 out.push(c);
             }
-            c if c.is_control() => out.push(' '),
             c => out.push(c),
         }
     }

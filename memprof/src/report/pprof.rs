@@ -341,12 +341,14 @@ struct Builder {
 }
 
 impl Builder {
+    /// The id of `s`, added if new; stored with its control characters
+    /// shown ([`crate::text`]): names and labels come from the target.
     fn string(&mut self, s: &str) -> i64 {
         if let Some(&id) = self.string_ids.get(s) {
             return id;
         }
         let id = self.strings.len() as i64;
-        self.strings.push(s.to_string());
+        self.strings.push(crate::text::visible(s).into_owned());
         self.string_ids.insert(s.to_string(), id);
         id
     }

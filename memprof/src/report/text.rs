@@ -2,7 +2,8 @@
 //! separators, the lines saying what was lost or is missing.
 use crate::profile::{Frame, Profile};
 
-/// `file:line in 'name'`, the frame text of perf-tools' MemProf.
+/// `file:line in 'name'`, the frame text of perf-tools' MemProf; the
+/// target's names with their control characters shown ([`crate::text`]).
 pub fn frame_text(frame: &Frame) -> String {
     let place = match (&frame.file, frame.line) {
         (Some(file), Some(line)) => format!("{}:{line}", display_path(file)),
@@ -15,7 +16,7 @@ pub fn frame_text(frame: &Frame) -> String {
             frame.offset.unwrap_or(frame.address)
         ),
     };
-    format!("{place} in '{}'", frame.function)
+    crate::text::visible(&format!("{place} in '{}'", frame.function)).into_owned()
 }
 
 /// Source paths relative to the current directory when under it.
@@ -84,7 +85,7 @@ pub fn loss_summary(profile: &Profile) -> String {
 pub fn lost_events(profile: &Profile) -> String {
     let c = &profile.counters;
     format!(
-        "{} (each counted once: not tracked as live, live table full: {}; missing from the stack totals, site table full: {}; in neither table: {}; calls not followed, in-flight table full: {}; returns missed: {}{})",
+        "{} (each counted once: not tracked as live, live table full: {}; missing from the stack totals, site table full: {}; in neither table: {}; calls not followed, in-flight table full: {}; returns missed: {}{}{})",
         thousands(c.lost_events()),
         thousands(c.live_map_full),
         thousands(c.sites_map_full),
@@ -95,6 +96,10 @@ pub fn lost_events(profile: &Profile) -> String {
         match c.processes_not_followed {
             0 => String::new(),
             n => format!("; calls of processes not followed, process table full: {}", thousands(n)),
+        },
+        match c.short_of_resources {
+            0 => String::new(),
+            n => format!("; calls of processes memprof was short of descriptors or memory to read (frames may be unnamed): {}", thousands(n)),
         },
     )
 }
@@ -115,6 +120,13 @@ pub fn other_losses(profile: &Profile) -> String {
             "; allocations with a truncated stack: {} (stacks marked truncated: {}, incl. those not captured)",
             thousands(c.truncated_stacks),
             thousands(truncated)
+        );
+    }
+    if c.processes_evicted > 0 {
+        line += &format!(
+            "; ended processes let go to keep memory bounded (the oldest first): {}, with their allocations: {}",
+            thousands(c.processes_evicted),
+            thousands(c.evicted_allocs)
         );
     }
     if c.stacks_not_finished > 0 {

@@ -5,6 +5,8 @@
 //! command exits (after Ctrl-C it gives the command a moment to exit by
 //! itself, then lets it go), `attach` at Ctrl-C / SIGTERM, `--duration` or
 //! the process's exit.
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStrExt;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
@@ -28,7 +30,7 @@ type Exited = Option<Option<ExitStatus>>;
 
 /// `memprof run`: launches `command` under the probes. Returns the exit code
 /// memprof should exit with (the command's own).
-pub fn run(driver: &Driver, command: &[String], options: &SessionOptions) -> Result<i32> {
+pub fn run(driver: &Driver, command: &[OsString], options: &SessionOptions) -> Result<i32> {
     let mut followed = Followed::default();
     let mut session = Session::launch(command, options, driver.child_mask(), &mut |pid| {
         if !options.follow {
@@ -75,7 +77,11 @@ pub fn run(driver: &Driver, command: &[String], options: &SessionOptions) -> Res
         },
     };
     if let Some(status) = status {
-        eprintln!("memprof: {} {status}", command.join(" "));
+        let words: Vec<String> = command
+            .iter()
+            .map(|word| crate::text::lossy(word.as_bytes()))
+            .collect();
+        eprintln!("memprof: {} {status}", words.join(" "));
     }
     // The driver's signals stay blocked until the profile is written: a
     // second Ctrl-C must not lose it.

@@ -246,7 +246,7 @@ impl Session {
         Ok(Vitals {
             pid: self.pid(),
             command: self.target.command.first().map_or_else(
-                || self.target.exe.display().to_string(),
+                || crate::text::lossy_path(&self.target.exe),
                 |argv0| {
                     Path::new(argv0)
                         .file_name()
@@ -516,10 +516,11 @@ impl Session {
         let since = |at: Instant| at.saturating_duration_since(t0).as_secs_f64();
         let mut list = vec![ProcessInfo {
             pid: self.target.pid,
+            pid_reuse: 0,
             ns_pid: self.target_ns_pid,
             ppid: self.target_parent,
             command: self.target.command.clone(),
-            exe: self.target.exe.display().to_string(),
+            exe: crate::text::lossy_path(&self.target.exe),
             start_s: 0.0,
             end_s: exit.map(|_| since(Instant::now())),
             exit,
@@ -531,6 +532,7 @@ impl Session {
         list.extend(family.into_iter().map(|m| {
             ProcessInfo {
                 pid: m.pid,
+                pid_reuse: 0,
                 ns_pid: m.ns_pid,
                 ppid: m.ppid,
                 command: m.command,
@@ -564,7 +566,7 @@ impl Session {
                 .iter()
                 .map(|p| ProbeInfo {
                     function: p.func.func.symbol.to_string(),
-                    module: p.func.module.display().to_string(),
+                    module: crate::text::lossy_path(&p.func.module),
                     entry_offset: p.placement.offset,
                     emulated: p.placement.emulated,
                     reason: p.placement.reason.clone(),
@@ -575,7 +577,7 @@ impl Session {
                 target: TargetInfo {
                     pid: self.target.pid,
                     command: self.target.command.clone(),
-                    exe: self.target.exe.display().to_string(),
+                    exe: crate::text::lossy_path(&self.target.exe),
                 },
                 started: self.started.1,
                 unwind: self.plan.unwind_name().to_string(),

@@ -1,5 +1,7 @@
 //! `attach --comm NAME` / `--exe PATH` (and `top --pid`): which processes a selection names,
 //! now and as they start (memprof looks again every [`RESCAN`]).
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -109,16 +111,20 @@ impl Selection {
         if self.comms.is_empty() {
             return false;
         }
-        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        // Names are any bytes (a Latin-1 file name): each matches as
+        // itself or as memprof shows it (`top`'s COMMAND, `\xe9` escapes).
+        let comm = std::fs::read(format!("/proc/{pid}/comm")).unwrap_or_default();
+        let comm = comm.strip_suffix(b"\n").unwrap_or(&comm);
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
         let argv0 = cmdline.split(|&b| b == 0).next().unwrap_or_default();
-        let argv0 = String::from_utf8_lossy(argv0);
-        let program = Path::new(argv0.as_ref())
+        let program = Path::new(OsStr::from_bytes(argv0))
             .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        self.comms
-            .iter()
-            .any(|c| c == &program || c.as_str() == comm.trim_end())
+            .map_or(&[][..], |n| n.as_bytes());
+        let names = [program, comm];
+        self.comms.iter().any(|c| {
+            names
+                .iter()
+                .any(|&n| c.as_bytes() == n || *c == crate::text::visible_bytes(n))
+        })
     }
 }

@@ -2,6 +2,8 @@
 //! `exec` and attaches everything before its first instruction; `attach`
 //! finds a running process, traces it when collections are to be held, and
 //! attaches. Both end in the same [`Session`].
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::time::{Instant, SystemTime};
 
@@ -28,7 +30,7 @@ impl Session {
     /// mask the command starts with. `launched` is told its pid as soon
     /// as it exists (held).
     pub fn launch(
-        command: &[String],
+        command: &[OsString],
         options: &SessionOptions,
         child_mask: &libc::sigset_t,
         launched: &mut dyn FnMut(u32),
@@ -94,7 +96,7 @@ impl Session {
     /// the held process (`kill_on_failure`) or lets it go.
     fn held_at_exec(
         mut tracer: Tracer,
-        command: Option<&[String]>,
+        command: Option<&[OsString]>,
         output: Output,
         options: &SessionOptions,
         kill_on_failure: bool,
@@ -129,7 +131,10 @@ impl Session {
             }
         };
         if let Some(command) = command {
-            target.command = command.to_vec();
+            target.command = command
+                .iter()
+                .map(|word| crate::text::lossy(word.as_bytes()))
+                .collect();
         }
         let mut session = match Session::new(Mode::Run, target, plan, output, options) {
             Ok(session) => session,

@@ -254,7 +254,7 @@ fn say_watching(selection: &Selection, options: &SessionOptions, top: bool) {
 fn selection_name(selection: &Selection) -> String {
     match (selection.comms.first(), selection.exes.first()) {
         (Some(comm), _) => comm.clone(),
-        (None, Some(exe)) => exe.display().to_string(),
+        (None, Some(exe)) => crate::text::lossy_path(exe),
         (None, None) => "attach".to_string(),
     }
 }

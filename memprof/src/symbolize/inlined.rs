@@ -105,33 +105,25 @@ fn constructed_by_caller(
     i: usize,
     sources: &mut Sources,
 ) -> Option<String> {
-    let caller = frames.get(i + 1)?;
-    let (file, line) = (caller.file.as_deref()?, caller.line?);
-    let column = usize::from((*columns.get(i + 1)?)?);
-    let text = sources.line(file, line)?.get(column.checked_sub(1)?..)?;
+    let (file, line, text) = caller_text(frames, columns, i, sources)?;
     // A constant's initializer points at the constant (`INSTANCE = new`).
     let text = match text.split_once(" = ") {
         Some((name, value)) if name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') => {
             value.trim_start()
         }
-        _ => text,
+        _ => &text,
     };
     // A bare `new` (`INSTANCE = new`, `new(x)` in `def self.…`) makes the
     // caller's own class.
     let bare = text
         .strip_prefix("new")
         .is_some_and(|rest| !rest.starts_with(|c: char| c.is_alphanumeric() || c == '_'));
-    let mut made = if bare {
-        sources.enclosing_type(file, line)?
+    let made = if bare {
+        sources.enclosing_type(&file, line)?
     } else {
         crystal::source::constructed(text)?
     };
-    if has_parameter(&made) {
-        let within = sources.enclosing_type(file, line)?;
-        let instance = types.get(i + 1)?.as_deref()?;
-        made = substitute(&made, &within, instance);
-    }
-    (!has_parameter(&made)).then_some(made)
+    in_callers_terms(made, &file, line, types, i, sources)
 }
 
 /// The type of the object the caller of frame `i` calls it on, from the
@@ -145,14 +137,37 @@ fn receiver_of(
     i: usize,
     sources: &mut Sources,
 ) -> Option<String> {
+    let (file, line, text) = caller_text(frames, columns, i, sources)?;
+    let ty = sources.receiver_type(&file, line, &text)?;
+    in_callers_terms(ty, &file, line, types, i, sources)
+}
+
+/// The caller of frame `i`: its file, line, and its source from the call's
+/// column on.
+fn caller_text(
+    frames: &[Frame],
+    columns: &[Option<u16>],
+    i: usize,
+    sources: &mut Sources,
+) -> Option<(String, u32, String)> {
     let caller = frames.get(i + 1)?;
     let (file, line) = (caller.file.as_deref()?, caller.line?);
     let column = usize::from((*columns.get(i + 1)?)?);
-    let text = sources
-        .line(file, line)?
-        .get(column.checked_sub(1)?..)?
-        .to_string();
-    let mut ty = sources.receiver_type(file, line, &text)?;
+    let text = sources.line(file, line)?.get(column.checked_sub(1)?..)?;
+    Some((file.to_string(), line, text.to_string()))
+}
+
+/// `ty`, written in the caller's source (`file:line`), with the type
+/// parameters of the caller's class given by the caller's own type;
+/// `None` while a parameter is left.
+fn in_callers_terms(
+    mut ty: String,
+    file: &str,
+    line: u32,
+    types: &[Option<String>],
+    i: usize,
+    sources: &mut Sources,
+) -> Option<String> {
     if has_parameter(&ty) {
         let within = sources.enclosing_type(file, line)?;
         let instance = types.get(i + 1)?.as_deref()?;

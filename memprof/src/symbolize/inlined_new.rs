@@ -4,8 +4,7 @@
 //! code substituted, paths qualified as Crystal looks them up.
 use std::collections::HashSet;
 
-use blazesym::symbolize::source::{Elf, Source};
-use blazesym::symbolize::{Input, Sym, Symbolizer};
+use blazesym::symbolize::{Sym, Symbolizer};
 
 use super::inlined::name_inlined;
 use super::{found, sym_frames, BATCH};
@@ -25,8 +24,7 @@ pub(crate) fn inlined_new_owners(module: &Module, vaddrs: &[u64]) -> Vec<Option<
         .enable_demangling(false)
         .build();
     let mut sources = Sources::default();
-    let path = module.symbol_path();
-    let name = module.path().display().to_string();
+    let name = crate::text::lossy_path(module.path());
     let mut owners = Vec::with_capacity(vaddrs.len());
     if vaddrs.is_empty() {
         return owners;
@@ -37,9 +35,7 @@ pub(crate) fn inlined_new_owners(module: &Module, vaddrs: &[u64]) -> Vec<Option<
             .iter()
             .map(|&a| module.file_offset(a).unwrap_or(0))
             .collect();
-        let dwarf = lines
-            .symbolize(&Source::Elf(Elf::new(&path)), Input::FileOffset(&offsets))
-            .unwrap_or_default();
+        let dwarf = super::dwarf_at(&lines, module, &offsets);
         for (i, &addr) in batch.iter().enumerate() {
             let owner = found(&dwarf, i)
                 .and_then(|sym| owner_of_new(sym, addr, &name, &types, &mut sources));

@@ -193,24 +193,21 @@ impl Symbolizers {
         batch: &[u64],
         maps: &MapsCache,
     ) -> Vec<Vec<Frame>> {
-        let module_name = module.display().to_string();
-        let path = file.map(|f| f.symbol_path());
+        let module_name = crate::text::lossy_path(module);
         let mapping = |a: u64| maps.find(a.saturating_sub(1));
         let offsets: Vec<u64> = batch
             .iter()
             .map(|&a| mapping(a).map_or(0, |m| m.file_offset_of(a.saturating_sub(1))))
             .collect();
-        let (symtab, dwarf) = match &path {
-            Some(path) => {
-                let mut symtab = Elf::new(path);
+        let (symtab, dwarf) = match file {
+            Some(module) => {
+                let mut symtab = Elf::new(&module.debug_view().names);
                 symtab.debug_syms = false;
                 (
                     self.names
                         .symbolize(&Source::Elf(symtab), Input::FileOffset(&offsets))
                         .unwrap_or_default(),
-                    self.lines
-                        .symbolize(&Source::Elf(Elf::new(path)), Input::FileOffset(&offsets))
-                        .unwrap_or_default(),
+                    dwarf_at(&self.lines, module, &offsets),
                 )
             }
             None => (Vec::new(), Vec::new()),
@@ -238,6 +235,31 @@ impl Symbolizers {
     }
 }
 
+/// blazesym's answers (lines, inlined functions) for the file offsets
+/// `offsets` of `module`, read from where its debug view says (the module
+/// itself, or its separate debug file by link-time address); none when
+/// its DWARF is not to be read.
+pub(crate) fn dwarf_at<'s>(
+    lines: &'s Symbolizer,
+    module: &Module,
+    offsets: &[u64],
+) -> Vec<Symbolized<'s>> {
+    let Some(dwarf) = &module.debug_view().lines else {
+        return Vec::new();
+    };
+    let source = Source::Elf(Elf::new(&dwarf.path));
+    let answers = if dwarf.by_address {
+        let addresses: Vec<u64> = offsets
+            .iter()
+            .map(|&o| module.address_of_offset(o).unwrap_or(0))
+            .collect();
+        lines.symbolize(&source, Input::VirtOffset(&addresses))
+    } else {
+        lines.symbolize(&source, Input::FileOffset(offsets))
+    };
+    answers.unwrap_or_default()
+}
+
 /// Each raw group's stack as an id in `stacks`, from the locations of its
 /// addresses; the groups' address lists are given back on the way.
 fn stack_ids(raw: &mut [RawGroup], location_of: &[u32], stacks: &mut Stacks) -> Vec<u32> {
@@ -255,6 +277,16 @@ fn stack_ids(raw: &mut [RawGroup], location_of: &[u32], stacks: &mut Stacks) -> 
 /// class it allocates (found once per stack).
 fn into_groups(mut raw: Vec<RawGroup>, mut ids: Vec<u32>, stacks: &Stacks) -> Vec<Group> {
     let mut types: HashMap<u32, Option<String>> = HashMap::new();
+    // The class a stack's head frames allocate, worked out once per stack.
+    let mut stack_type = |stack: u32| {
+        types
+            .entry(stack)
+            .or_insert_with(|| {
+                let head: Vec<Frame> = stacks.frames(stack).take(TYPE_FRAMES).cloned().collect();
+                crystal::allocated_type(&head)
+            })
+            .clone()
+    };
     // Taken from the end, the raw groups' array shrinking as it goes: the
     // two arrays are not both whole at once.
     let mut groups: Vec<Group> = Vec::with_capacity(raw.len());
@@ -265,14 +297,7 @@ fn into_groups(mut raw: Vec<RawGroup>, mut ids: Vec<u32>, stacks: &Stacks) -> Ve
         // Classes read from the objects themselves: a row each.
         let classes = std::mem::take(&mut g.live_types);
         if !classes.is_empty() {
-            let named = types
-                .entry(stack)
-                .or_insert_with(|| {
-                    let head: Vec<Frame> =
-                        stacks.frames(stack).take(TYPE_FRAMES).cloned().collect();
-                    crystal::allocated_type(&head)
-                })
-                .clone();
+            let named = stack_type(stack);
             // The stack's name is the qualified one where the program's
             // code gave its class no path (`Node` for `RedBlackTree::Node`).
             let classes = classes
@@ -287,14 +312,7 @@ fn into_groups(mut raw: Vec<RawGroup>, mut ids: Vec<u32>, stacks: &Stacks) -> Ve
         }
         // Classes are a GC heap notion; libc and mmap rows keep their call site.
         let type_name = match g.kind() {
-            AllocKind::Gc | AllocKind::GcAtomic => types
-                .entry(stack)
-                .or_insert_with(|| {
-                    let head: Vec<Frame> =
-                        stacks.frames(stack).take(TYPE_FRAMES).cloned().collect();
-                    crystal::allocated_type(&head)
-                })
-                .clone(),
+            AllocKind::Gc | AllocKind::GcAtomic => stack_type(stack),
             AllocKind::Libc | AllocKind::Mmap => None,
         };
         groups.push(group(g, stack, type_name));
@@ -361,6 +379,7 @@ fn by_class(mut g: Group, classes: Vec<(String, u64, u64)>) -> Vec<Group> {
 fn group(g: RawGroup, stack: u32, type_name: Option<String>) -> Group {
     Group {
         pid: 0,
+        pid_reuse: 0,
         kind: g.kind().name().to_string(),
         live_count: g.live_count,
         live_bytes: g.live_bytes,
@@ -418,7 +437,7 @@ fn sym_frames(
     };
     let frame = |raw: &str, info: Option<&CodeInfo<'_>>| {
         let (file, line) = match info {
-            Some(info) => (Some(info.to_path().display().to_string()), info.line),
+            Some(info) => (Some(crate::text::lossy_path(&info.to_path())), info.line),
             None => (None, None),
         };
         Frame {

@@ -52,15 +52,22 @@ impl Member {
     pub(super) fn reread(&mut self) {
         if let Ok(target) = super::Target::attach(self.pid) {
             self.command = target.command;
-            self.exe = target.exe.display().to_string();
+            self.exe = crate::text::lossy_path(&target.exe);
         }
     }
+}
+
+/// /proc/PID/status, whose `Name:` is the program's (any bytes: read
+/// lossily, only the numbers are used).
+fn read_status(pid: u32) -> Option<String> {
+    let bytes = std::fs::read(format!("/proc/{pid}/status")).ok()?;
+    Some(String::from_utf8_lossy(&bytes).into_owned())
 }
 
 /// `pid` as its own pid namespace numbers it (the last of `NSpid`), where
 /// that differs from the host's.
 pub(crate) fn namespace_pid(pid: u32) -> Option<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let status = read_status(pid)?;
     let inner: u32 = status
         .lines()
         .find_map(|l| l.strip_prefix("NSpid:"))?
@@ -74,7 +81,7 @@ pub(crate) fn namespace_pid(pid: u32) -> Option<u32> {
 /// The process (thread group) thread `tid` belongs to, and that process's
 /// parent, from /proc; `None` once the thread is gone.
 pub(crate) fn process_of(tid: u32) -> Option<(u32, u32)> {
-    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    let status = read_status(tid)?;
     let field = |name: &str| -> Option<u32> {
         status
             .lines()

@@ -9,7 +9,7 @@
 //!
 //! (`std::process::Command` cannot do this: a `pre_exec` hook that stops the
 //! child deadlocks, because `spawn` waits for the `exec`.)
-use std::ffi::CString;
+use std::ffi::{CString, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -21,7 +21,7 @@ use super::trace::{self, Tracer};
 /// Forks and execs `exe` with `argv`, held stopped after the `exec`.
 /// `child_mask` is the signal mask the command starts with (the caller
 /// blocks signals it waits for; the child must not inherit that).
-pub fn launch(exe: &Path, argv: &[String], child_mask: &libc::sigset_t) -> Result<Tracer> {
+pub fn launch(exe: &Path, argv: &[OsString], child_mask: &libc::sigset_t) -> Result<Tracer> {
     let exe_c = CString::new(exe.as_os_str().as_bytes())?;
     let argv_c: Vec<CString> = argv
         .iter()
@@ -86,6 +86,8 @@ unsafe fn exec_in_child(
         if libc::read(go_r, (&mut byte as *mut u8).cast(), 1) != 1 {
             libc::_exit(127);
         }
+        // Its open-files limit as memprof's user gave it, not memprof's.
+        crate::driver::preflight::restore_open_files_limit();
         libc::execv(exe_c.as_ptr(), argv_p.as_ptr());
         let errno = *libc::__errno_location();
         libc::write(err_w, (&errno as *const i32).cast(), 4);

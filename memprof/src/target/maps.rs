@@ -3,6 +3,8 @@
 //! Symbolization needs it after the target may have exited, so the session
 //! keeps a [`MapsCache`] that remembers every file-backed executable mapping
 //! ever seen (refreshed periodically and at the target's exit stop).
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 
 /// One file-backed mapping.
@@ -26,40 +28,36 @@ impl Mapping {
     }
 }
 
-/// Parses the text of a maps file; skips anonymous and special mappings.
-pub fn parse(text: &str) -> Vec<Mapping> {
-    text.lines().filter_map(parse_line).collect()
+/// Parses a maps file; skips anonymous and special mappings. Its paths
+/// are bytes (a file named in Latin-1 is a file all the same).
+pub fn parse(text: &[u8]) -> Vec<Mapping> {
+    text.split(|&b| b == b'\n').filter_map(parse_line).collect()
 }
 
-fn parse_line(line: &str) -> Option<Mapping> {
+fn parse_line(line: &[u8]) -> Option<Mapping> {
     // 7f1c2a000000-7f1c2a028000 r-xp 00028000 08:01 1234   /usr/lib/x86_64-linux-gnu/libc.so.6
-    let mut fields = line.splitn(6, ' ');
-    let range = fields.next()?;
-    let perms = fields.next()?;
-    let offset = fields.next()?;
-    let dev = fields.next()?;
-    let inode = fields.next()?;
-    let path = fields.next()?.trim_start();
-    if !path.starts_with('/') {
+    let mut fields = line.splitn(6, |&b| b == b' ');
+    let mut field = || std::str::from_utf8(fields.next()?).ok();
+    let (range, perms, offset, dev, inode) = (field()?, field()?, field()?, field()?, field()?);
+    let path = fields.next()?.trim_ascii_start();
+    if !path.starts_with(b"/") {
         return None;
     }
-    let path = path.strip_suffix(" (deleted)").unwrap_or(path);
+    let path = path.strip_suffix(b" (deleted)").unwrap_or(path);
     let (start, end) = range.split_once('-')?;
     Some(Mapping {
         start: u64::from_str_radix(start, 16).ok()?,
         end: u64::from_str_radix(end, 16).ok()?,
         file_offset: u64::from_str_radix(offset, 16).ok()?,
         executable: perms.as_bytes().get(2) == Some(&b'x'),
-        path: PathBuf::from(path),
+        path: PathBuf::from(OsStr::from_bytes(path)),
         file_id: (dev.to_string(), inode.parse().ok()?),
     })
 }
 
 /// Reads the current mappings of `pid`.
 pub fn read(pid: u32) -> std::io::Result<Vec<Mapping>> {
-    Ok(parse(&std::fs::read_to_string(format!(
-        "/proc/{pid}/maps"
-    ))?))
+    Ok(parse(&std::fs::read(format!("/proc/{pid}/maps"))?))
 }
 
 /// Every executable mapping seen during a session. Newer snapshots win where
@@ -114,7 +112,7 @@ mod tests {
 
     #[test]
     fn parses_file_mappings_only() {
-        let maps = parse(SAMPLE);
+        let maps = parse(SAMPLE.as_bytes());
         assert_eq!(maps.len(), 3);
         assert_eq!(
             maps[2].path,
@@ -125,9 +123,19 @@ mod tests {
     }
 
     #[test]
+    fn file_names_not_in_utf8_are_kept() {
+        let maps =
+            parse(b"55d0c0de1000-55d0c0de2000 r-xp 00001000 08:01 42 /tmp/caf\xe9 \x1b[2J|\n");
+        assert_eq!(
+            maps[0].path.as_os_str().as_bytes(),
+            b"/tmp/caf\xe9 \x1b[2J|"
+        );
+    }
+
+    #[test]
     fn cache_finds_executable_mappings() {
         let mut cache = MapsCache::default();
-        cache.merge(parse(SAMPLE));
+        cache.merge(parse(SAMPLE.as_bytes()));
         assert_eq!(
             cache.find(0x55d0c0de1800).unwrap().path,
             PathBuf::from("/tmp/app")

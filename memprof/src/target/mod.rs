@@ -48,7 +48,7 @@ impl Target {
         let command = cmdline
             .split(|&b| b == 0)
             .filter(|s| !s.is_empty())
-            .map(|s| String::from_utf8_lossy(s).into_owned())
+            .map(crate::text::lossy)
             .collect();
         Ok(Target { pid, exe, command })
     }
@@ -56,9 +56,11 @@ impl Target {
 
 /// True while `pid` exists and has not exited (a zombie has exited).
 pub fn is_alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+    // Read as bytes: the command name in it is any bytes the program's
+    // file name had.
+    match std::fs::read(format!("/proc/{pid}/stat")) {
         // state is the field after the parenthesised command name
-        Ok(stat) => stat
+        Ok(stat) => String::from_utf8_lossy(&stat)
             .rsplit_once(')')
             .and_then(|(_, rest)| rest.trim_start().chars().next())
             .is_some_and(|state| state != 'Z' && state != 'X'),
@@ -67,26 +69,29 @@ pub fn is_alive(pid: u32) -> bool {
 }
 
 /// Finds `program` the way `execvp` would: as given if it contains a `/`,
-/// else in each `$PATH` directory.
-pub fn find_command(program: &str) -> Result<PathBuf> {
+/// else in each `$PATH` directory. Its name is any bytes (Latin-1 too).
+pub fn find_command(program: impl AsRef<std::ffi::OsStr>) -> Result<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::PermissionsExt;
     let executable = |p: &Path| {
         std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
     };
-    if program.contains('/') {
+    let program = program.as_ref();
+    let name = crate::text::lossy(program.as_bytes());
+    if program.as_bytes().contains(&b'/') {
         let path = PathBuf::from(program);
         if executable(&path) {
             return Ok(std::fs::canonicalize(&path)?);
         }
         match std::fs::metadata(&path) {
-            Ok(m) if m.is_dir() => bail!("{program} is a directory, not a program"),
-            Ok(_) => bail!(
-                "{program} is not executable (chmod +x it, or run it through its interpreter)"
-            ),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                bail!("command not found: {program}")
+            Ok(m) if m.is_dir() => bail!("{name} is a directory, not a program"),
+            Ok(_) => {
+                bail!("{name} is not executable (chmod +x it, or run it through its interpreter)")
             }
-            Err(e) => bail!("cannot run {program}: {e}"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                bail!("command not found: {name}")
+            }
+            Err(e) => bail!("cannot run {name}: {e}"),
         }
     }
     let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
@@ -94,7 +99,7 @@ pub fn find_command(program: &str) -> Result<PathBuf> {
         .map(|dir| dir.join(program))
         .find(|p| executable(p))
         .map(|p| std::fs::canonicalize(&p).unwrap_or(p))
-        .ok_or_else(|| anyhow::anyhow!("command not found: {program}"))
+        .ok_or_else(|| anyhow::anyhow!("command not found: {name}"))
 }
 
 /// The executable, then every other file the process maps (`loaded`,
@@ -117,7 +122,7 @@ pub fn modules(exe: &Path, loaded: &[PathBuf]) -> Vec<PathBuf> {
 pub fn check_architecture(pid: u32, exe: &Path) -> Result<()> {
     use std::io::Read;
     let mut header = [0u8; 20];
-    std::fs::File::open(format!("/proc/{pid}/exe"))
+    crate::modules::open_regular(std::path::Path::new(&format!("/proc/{pid}/exe")))
         .and_then(|mut f| f.read_exact(&mut header))
         .with_context(|| format!("cannot read {}", exe.display()))?;
     if &header[..4] != b"\x7fELF" {

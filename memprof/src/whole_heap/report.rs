@@ -10,6 +10,7 @@ use serde_json::json;
 use super::{HeapOptions, HeapReport, Taken};
 use crate::crystal::type_ids::{TypeNames, TypeOf};
 use crate::gc::census::{kind_name, Tally, Word, AUNCOLLECTABLE, PTRFREE};
+use crate::report::markdown::escape_text;
 use crate::report::thousands;
 
 /// Output formats of `memprof heap`.
@@ -139,7 +140,7 @@ fn summary(report: &HeapReport, out: &mut dyn Write) -> Result<()> {
         out,
         "# memprof heap: pid {} ({}), GC collection {}",
         report.target.pid,
-        report.target.exe.display(),
+        escape_text(&crate::text::visible_path(&report.target.exe)),
         copy.gc_no
     )?;
     writeln!(out)?;
@@ -236,7 +237,7 @@ fn types_table(report: &HeapReport, top: Option<usize>, out: &mut dyn Write) -> 
             thousands(r.count),
             thousands(r.bytes),
             kind_name(r.kind),
-            r.name
+            escape_text(&r.name)
         )?;
     }
     if shown < rows.len() {
@@ -263,7 +264,11 @@ fn types_table(report: &HeapReport, top: Option<usize>, out: &mut dyn Write) -> 
 
 /// `--graph`: the objects linking to the type asked for, as a mermaid chart.
 fn graph_section(graph: &super::graph::RefGraph, out: &mut dyn Write) -> Result<()> {
-    writeln!(out, "## Objects linking to {}", graph.target_type)?;
+    writeln!(
+        out,
+        "## Objects linking to {}",
+        escape_text(&graph.target_type)
+    )?;
     writeln!(out)?;
     writeln!(out, "```mermaid")?;
     write!(out, "{}", super::graph::mermaid(graph))?;
@@ -309,7 +314,12 @@ fn rss_table(report: &HeapReport, out: &mut dyn Write) -> Result<()> {
     writeln!(out, "|      Bytes | What |")?;
     writeln!(out, "|-----------:|------|")?;
     for row in &report.rss {
-        writeln!(out, "| {} | {} |", thousands(row.bytes), row.what)?;
+        writeln!(
+            out,
+            "| {} | {} |",
+            thousands(row.bytes),
+            escape_text(&row.what)
+        )?;
     }
     let total: u64 = report.rss.iter().map(|r| r.bytes).sum();
     writeln!(out, "| {} | **total** (RSS) |", thousands(total))?;
@@ -336,7 +346,7 @@ fn tsv(report: &HeapReport, out: &mut dyn Write) -> Result<()> {
             r.count,
             r.bytes,
             kind_name(r.kind),
-            r.name
+            crate::text::visible(&r.name)
         )?;
     }
     Ok(())

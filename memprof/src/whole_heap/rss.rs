@@ -54,9 +54,14 @@ pub(crate) struct Snapshot {
 /// Reads the mappings of `pid` and how much of each of `ranges`
 /// (`(start, bytes)`, page-aligned) is resident.
 pub(crate) fn read(pid: u32, ranges: &[(u64, u64)]) -> Result<Snapshot> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps"))
+    let bytes = std::fs::read(format!("/proc/{pid}/smaps"))
         .with_context(|| format!("cannot read /proc/{pid}/smaps"))?;
-    let mappings = parse_smaps(&text);
+    // File names are any bytes: each line as it is shown, `\xe9` escapes.
+    let lines: Vec<String> = bytes
+        .split(|&b| b == b'\n')
+        .map(crate::text::visible_bytes)
+        .collect();
+    let mappings = parse_smaps(&lines.join("\n"));
     let pagemap = File::open(format!("/proc/{pid}/pagemap"))
         .with_context(|| format!("cannot read /proc/{pid}/pagemap"))?;
     // One read of the entries of each run of neighbouring ranges (heap
