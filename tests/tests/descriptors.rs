@@ -157,7 +157,8 @@ fn exact_basic(json: &Value, pid: u32, name: &str) -> bool {
 /// 256 (soft and hard: memprof cannot raise it): memprof keeps what it
 /// opens per distinct file, not per process, so the descriptors it holds
 /// after the first 100 processes (sampled every 100) do not grow with
-/// the next 1,900, and every process is exact, or
+/// the next 1,900 (under 2,000 processes each holding one, they would),
+/// and every process is exact, or
 /// its allocations are counted in `short_of_resources` (never "lost
 /// events: 0" for a process unnamed). The build that opened each file
 /// per process held 19,327 descriptors after such a storm, and under a
@@ -180,10 +181,12 @@ fn a_storm_under_a_low_descriptor_limit_is_exact_or_counted() {
         }
     }
     let json = stop(memprof, stderr, &profile);
-    let most = held.iter().max().copied();
-    assert_eq!(
-        most,
-        Some(held[0]),
+    // A few held for a moment (a process being read as the sample is
+    // taken), never one more per process: 1,900 processes later, no more
+    // than after the first 100 give or take those.
+    let (first, most) = (held[0], held.iter().max().copied().unwrap());
+    assert!(
+        most <= first + 32 && held[held.len() - 1] <= first + 16,
         "descriptors memprof held, every 100 processes: {held:?}"
     );
     let mut wrong = Vec::new();
