@@ -409,3 +409,205 @@ fn a_program_truncated_under_memprof_is_an_error_for_that_file_only() {
         seen.peak_kib
     );
 }
+
+/// [`SOURCE`] that, given an argument, holds its blocks until its stdin
+/// closes (saying `ready` first), with a function of `rows` unwind rows
+/// (each `nop` its own CFA rule) beside it, never called.
+fn rowful_program(dir: &Path, name: &str, rows: usize) -> PathBuf {
+    let source = dir.join(format!("{name}.c"));
+    std::fs::write(
+        &source,
+        r#"#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+__attribute__((noinline)) void *hostile_alloc(int n) {
+    return malloc(n);
+}
+int main(int argc, char **argv) {
+    for (int i = 0; i < 100; i++)
+        hostile_alloc(1000);
+    if (argc > 1) {
+        char c;
+        printf("ready\n");
+        fflush(stdout);
+        while (read(0, &c, 1) > 0) {}
+    }
+    return 0;
+}
+"#,
+    )
+    .unwrap();
+    let mut asm = String::with_capacity(rows * 32 + 200);
+    asm.push_str(".text\n.globl big_rows\n.type big_rows,@function\nbig_rows:\n.cfi_startproc\n");
+    for i in 0..rows {
+        asm.push_str(if i % 2 == 0 {
+            "nop\n.cfi_adjust_cfa_offset 8\n"
+        } else {
+            "nop\n.cfi_adjust_cfa_offset -8\n"
+        });
+    }
+    asm.push_str("ret\n.cfi_endproc\n");
+    let asm_file = dir.join(format!("{name}.s"));
+    std::fs::write(&asm_file, asm).unwrap();
+    let object = dir.join(format!("{name}.o"));
+    tool(
+        "gcc",
+        &[
+            "-c",
+            asm_file.to_str().unwrap(),
+            "-o",
+            object.to_str().unwrap(),
+        ],
+    );
+    let exe = dir.join(name);
+    tool(
+        "gcc",
+        &[
+            "-O0",
+            "-g",
+            "-fno-omit-frame-pointer",
+            "-o",
+            exe.to_str().unwrap(),
+            source.to_str().unwrap(),
+            object.to_str().unwrap(),
+        ],
+    );
+    exe
+}
+
+/// `exe` started as nobody holding its blocks (it said `ready`): ends
+/// when dropped.
+struct Holder(ChildGuard);
+
+impl Holder {
+    fn start(exe: &Path) -> Holder {
+        let mut child = Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(exe)
+            .arg("hold")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = Lines::new("holder", child.stdout.take().unwrap());
+        out.wait_for("ready", TIMEOUT);
+        Holder(ChildGuard(child))
+    }
+
+    /// Its stdin closed: it ends; its pid.
+    fn end(mut self) -> u64 {
+        drop(self.0 .0.stdin.take());
+        let status = self.0.wait_timeout(TIMEOUT);
+        assert!(status.success(), "holder: {status}");
+        self.0.pid() as u64
+    }
+}
+
+/// The group of process `pid` at `hostile_alloc` is exact and whole:
+/// 100 blocks of 1,000 bytes, not truncated, down to `_start`.
+fn assert_whole(json: &serde_json::Value, pid: u64, what: &str) {
+    fixture_frame(json, pid);
+    let group = groups_at(json, "libc", "hostile_alloc")
+        .into_iter()
+        .find(|g| uint(g, "/pid") == pid)
+        .unwrap();
+    let frames: Vec<&str> = group["frames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["function"].as_str().unwrap_or("?"))
+        .collect();
+    assert_eq!(group["truncated"], false, "{what}: {frames:?}");
+    assert_eq!(frames.last(), Some(&"_start"), "{what}: {frames:?}");
+}
+
+/// One user's programs with big unwind tables (5 of 440,000 rows, more
+/// than the kernel's table of 2,097,152 holds) hold no more than a
+/// quarter of it: a program of root's with 400,000 rows started after
+/// them still gets its rows, and its stack is whole. The user's first
+/// program gets rows; the others are said and unwound by memprof
+/// itself. Once the user's programs have ended, their rows are let go:
+/// another of theirs, started later, gets the room.
+#[test]
+fn one_users_files_hold_a_quarter_of_the_unwind_table() {
+    let dir = TempDir::new("hostile_rows");
+    let first = rowful_program(&dir.join(""), "rowful", 440_000);
+    let mut copies = vec![first.clone()];
+    for i in 1..6 {
+        let copy = dir.join(&format!("rowful{i}"));
+        std::fs::copy(&first, &copy).unwrap();
+        copies.push(copy);
+    }
+    give_to_nobody(&dir.join(""));
+    let roots = TempDir::new("root_rows");
+    let root_program = rowful_program(&roots.join(""), "roots", 400_000);
+    let mut pids = Vec::new();
+    let mut root_pid = 0;
+    let mut later = 0;
+    let seen = profile_while(&dir, &["--all"], || {
+        let holders: Vec<Holder> = copies[..5].iter().map(|c| Holder::start(c)).collect();
+        let mut root = Command::new(&root_program).spawn().unwrap();
+        assert!(root.wait().unwrap().success());
+        root_pid = u64::from(root.id());
+        pids = holders.into_iter().map(Holder::end).collect();
+        // Their rows let go (unused 10 s, looked at every 2 s).
+        std::thread::sleep(Duration::from_secs(14));
+        later = run_as_nobody(&copies[5]);
+    });
+    assert_whole(&seen.json, root_pid, "root's program");
+    // Its rows in the kernel's table (memprof finishes the stacks of a
+    // file refused, but cannot in time for a short process on a busy
+    // machine): refused, it is said.
+    assert_eq!(
+        said(&seen.stderr, &["roots", "gets no unwind rows"]),
+        0,
+        "{:#?}",
+        seen.stderr
+    );
+    for &pid in &pids {
+        assert_whole(&seen.json, pid, "a user's program");
+    }
+    assert_whole(&seen.json, later, "the user's program after");
+    assert_eq!(
+        said(&seen.stderr, &["gets no unwind rows", "user 65534"]),
+        1,
+        "{:#?}",
+        seen.stderr
+    );
+    assert!(
+        seen.stderr
+            .iter()
+            .any(|l| l.contains("files got no unwind rows: over their owner's share")),
+        "{:#?}",
+        seen.stderr
+    );
+}
+
+/// A user's program with more unwind rows than a file may have
+/// (1,200,000, the most 524,288): refused while read, before its rows cost
+/// memory (memprof stays under 300 MB); its allocations are counted
+/// exactly (its stack cut at the file), and a program started after it is
+/// exact and whole.
+#[test]
+fn a_file_with_too_many_unwind_rows_is_refused_while_read() {
+    let dir = TempDir::new("hostile_too_many_rows");
+    let exe = rowful_program(&dir.join(""), "toomany", 1_200_000);
+    give_to_nobody(&dir.join(""));
+    let roots = TempDir::new("root_after_too_many");
+    let after = rowful_program(&roots.join(""), "after", 10);
+    let (mut hostile, mut later) = (0, 0);
+    let seen = profile_while(&dir, &["--all"], || {
+        hostile = run_as_nobody(&exe);
+        let mut child = Command::new(&after).spawn().unwrap();
+        assert!(child.wait().unwrap().success());
+        later = u64::from(child.id());
+    });
+    fixture_frame(&seen.json, hostile);
+    assert_whole(&seen.json, later, "the program after");
+    assert!(
+        said(&seen.stderr, &["toomany", "gets no unwind rows", "524288"]) == 1,
+        "{:#?}",
+        seen.stderr
+    );
+    assert!(seen.peak_kib < 300 * 1024, "peak {} KiB", seen.peak_kib);
+}

@@ -24,6 +24,10 @@ const MAX_WAITING: usize = 4096;
 /// whether it still stops short of the outermost frame.
 pub type Finished = (Vec<u64>, bool);
 
+/// Rows of files kept here at most (32 MiB): the files a stack went
+/// through that the kernel had no rows for (new, or given no room).
+const ROWS_KEPT: usize = 1 << 21;
+
 #[derive(Default)]
 pub struct Deferred {
     /// By process index and stack key: copies not finished yet.
@@ -32,8 +36,11 @@ pub struct Deferred {
     /// with (a key is the same frames in two processes of one non-PIE
     /// program, not the same callers beyond them).
     finished: HashMap<u32, Arc<HashMap<u64, Finished>>>,
-    /// Each file's rows, built once.
+    /// Each file's rows, built once (none: a file that has none, or is
+    /// over the budget); all forgotten past [`ROWS_KEPT`].
     rows: HashMap<FileId, Arc<[UnwindRow]>>,
+    /// Rows in `rows`.
+    rows_kept: usize,
     /// Copies dropped for want of room here (the kernel counts those it
     /// could not send).
     pub dropped: u64,
@@ -93,10 +100,17 @@ impl Deferred {
             let rows = match self.rows.get(&m.file_id) {
                 Some(rows) => Arc::clone(rows),
                 None => {
-                    let Ok(table) = ModuleTable::build(&module) else {
-                        continue;
-                    };
-                    let rows: Arc<[UnwindRow]> = table.rows.into();
+                    let rows: Arc<[UnwindRow]> = ModuleTable::build(&module)
+                        .map(|t| t.rows)
+                        .unwrap_or_default()
+                        .into();
+                    if self.rows_kept + rows.len() > ROWS_KEPT {
+                        // Files of programs long gone, mostly: built again
+                        // if a stack needs them.
+                        self.rows.clear();
+                        self.rows_kept = 0;
+                    }
+                    self.rows_kept += rows.len();
                     self.rows.insert(m.file_id.clone(), Arc::clone(&rows));
                     rows
                 }

@@ -134,6 +134,8 @@ impl Drop for Reader {
 /// The thread's loop: every event read, its process read at once; then
 /// the tables given, one event at a time, reading the ring again between
 /// two files whose rows are built (a file takes ~10 ms a megabyte).
+/// `merged`: the loads read together so far, for the end's summary.
+#[allow(clippy::too_many_arguments)] // the thread's whole state, each used once
 fn read_ring(
     ring: &mut HostEvents,
     send: &mpsc::Sender<Seen>,

@@ -2,9 +2,10 @@
 //! inode (whatever its path in each process's root): its allocator
 //! functions probed for every process, its CFI rows written once into the
 //! kernel's table, its parse shared by the processes that map it.
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use memprof_common::host::{FileKey, KnownFile};
 use memprof_common::ModuleRange;
@@ -15,6 +16,8 @@ use crate::plan::{Choice, Plan};
 use crate::probes::{Probes, RowTable};
 use crate::target::maps::{self, Mapping};
 use crate::unwind::ModuleTable;
+
+use super::row_space::{Refusal, RowSpace};
 
 /// A file: `(device, inode)` as /proc/PID/maps says them.
 pub type FileId = (String, u64);
@@ -29,7 +32,22 @@ struct FileRows {
     start: u32,
     count: u32,
     module: Arc<Module>,
+    owner: u32,
+    /// What the kernel is told of it (`None`: not told).
+    known: Option<(FileKey, KnownFile)>,
+    /// When a process last mapped it, as far as memprof knows.
+    last_used: Instant,
+    /// Not named to the kernel any more (unused for [`UNUSED_UNNAMED`]).
+    unnamed: bool,
 }
+
+/// A file no process followed has mapped for this long is no longer
+/// named to the kernel (the tables it builds leave it out)...
+const UNUSED_UNNAMED: Duration = Duration::from_secs(5);
+/// ...and this long, its rows are let go: by then every process that
+/// could have been given a table with them has been heard of, and would
+/// have kept them in use.
+const UNUSED_LET_GO: Duration = Duration::from_secs(10);
 
 /// The files' CFI rows in the kernel, shared by the event reader (which
 /// gives a process its table the moment it is seen, writing the rows of
@@ -38,24 +56,96 @@ pub type RowIndex = Arc<Mutex<Unwinding>>;
 
 pub struct Unwinding {
     table: RowTable,
+    space: RowSpace,
     files: HashMap<FileId, FileRows>,
     /// Files whose rows were built or are being built (by either thread).
     tried: HashSet<FileId>,
     /// Of those, the ones being built.
     building: HashSet<FileId>,
-    /// The table was found full (said once).
-    full: bool,
+    /// Of those, the ones given no room: tried again once room is let go.
+    refused: HashSet<FileId>,
+    /// Files given no rows, by why (the count at the end).
+    pub refusals: BTreeMap<&'static str, u64>,
+    /// Each kind of refusal is said once per owner.
+    said: HashSet<(&'static str, u32)>,
+    /// Files whose rows were let go, no process mapping them any more.
+    pub let_go: u64,
 }
 
 impl Unwinding {
     pub fn new(table: RowTable) -> RowIndex {
         Arc::new(Mutex::new(Unwinding {
+            space: RowSpace::new(table.capacity()),
             table,
             files: HashMap::new(),
             tried: HashSet::new(),
             building: HashSet::new(),
-            full: false,
+            refused: HashSet::new(),
+            refusals: BTreeMap::new(),
+            said: HashSet::new(),
+            let_go: 0,
         }))
+    }
+
+    /// A file of `owner` given no rows because `why` (said the first time
+    /// of each kind for each owner: one user cannot fill root's terminal).
+    fn refuse(
+        &mut self,
+        kind: &'static str,
+        owner: u32,
+        path: &std::path::Path,
+        why: &dyn std::fmt::Display,
+    ) {
+        *self.refusals.entry(kind).or_default() += 1;
+        if self.said.insert((kind, owner)) {
+            eprintln!(
+                "memprof: {} gets no unwind rows: {why}; stacks through it end there unless memprof can finish them itself (said once per user; the count at the end)",
+                crate::text::lossy_path(path)
+            );
+        }
+    }
+
+    /// Of the files with rows, those no process of `in_use` maps: no
+    /// longer named to the kernel after [`UNUSED_UNNAMED`], their rows
+    /// let go after [`UNUSED_LET_GO`] (the files refused room are tried
+    /// again then); one mapped again is named again.
+    pub fn let_go_unused(&mut self, in_use: &HashSet<&FileId>, now: Instant) {
+        let mut gone = Vec::new();
+        for (id, file) in &mut self.files {
+            if in_use.contains(id) || self.building.contains(id) {
+                file.last_used = now;
+                if file.unnamed {
+                    if let Some((key, known)) = file.known {
+                        file.unnamed = self.table.name(key, known).is_err();
+                    }
+                }
+                continue;
+            }
+            let unused = now.saturating_duration_since(file.last_used);
+            if unused >= UNUSED_UNNAMED && !file.unnamed {
+                if let Some((key, _)) = &file.known {
+                    if self.table.unname(key).is_err() {
+                        continue; // still named: its rows stay
+                    }
+                }
+                file.unnamed = true;
+            }
+            if file.unnamed && unused >= UNUSED_LET_GO {
+                gone.push(id.clone());
+            }
+        }
+        for id in &gone {
+            if let Some(file) = self.files.remove(id) {
+                self.space.give_back(file.start, file.count, file.owner);
+                self.tried.remove(id);
+                self.let_go += 1;
+            }
+        }
+        if !gone.is_empty() {
+            for id in self.refused.drain() {
+                self.tried.remove(&id);
+            }
+        }
     }
 }
 
@@ -163,61 +253,74 @@ pub fn add_rows(
 /// How many milliseconds the reader waits for rows the main loop is building.
 const BUILD_WAITS: u32 = 100;
 
-/// The rows of the file of `m`, written into the kernel's table.
+/// The rows of the file of `m`, written into the kernel's table where
+/// there is room for them (within its owner's share).
 fn build_rows(rows: &RowIndex, m: &Mapping, cache: &ModuleCache) -> Option<FileRows> {
-    {}
     // Built without the lock: the other thread goes on meanwhile.
     let module = cache.get(&m.path).ok()?;
-    let table = ModuleTable::build(&module)
-        .ok()
-        .filter(|t| !t.rows.is_empty());
+    let owner = module.owner().unwrap_or(u32::MAX);
+    let table = ModuleTable::build(&module);
     module.release_pages();
-    let table = table?;
-    let mut unwinding = rows.lock().unwrap_or_else(|e| e.into_inner());
-    match unwinding.table.add(&table.rows) {
-        Ok(Some(start)) => {
-            let count = table.rows.len() as u32;
-            // The kernel builds the tables of the processes that map it
-            // from now on itself, from their first allocation.
-            if let (Some(key), Some(vaddr_less_offset)) =
-                (kernel_key(&m.file_id), module.exec_vaddr_less_offset())
-            {
-                let known = KnownFile {
-                    row_start: start,
-                    row_count: count,
-                    vaddr_less_offset,
-                };
-                if let Err(e) = unwinding.table.name(key, known) {
-                    eprintln!(
-                        "memprof: the kernel is not told of {}'s rows (its processes wait for memprof's tables): {e:#}",
-                        m.path.display()
-                    );
-                }
-            }
-            Some(FileRows {
-                start,
-                count,
-                module,
-            })
-        }
-        Ok(None) => {
-            if !unwinding.full {
-                unwinding.full = true;
-                eprintln!(
-                    "memprof: the kernel's unwind table is full: stacks through {} and the files after it end there",
-                    m.path.display()
-                );
-            }
-            None
-        }
+    let table = match table {
+        Ok(table) if !table.rows.is_empty() => table,
+        Ok(_) => return None,
         Err(e) => {
-            eprintln!(
-                "memprof: the unwind rows of {} could not be written: {e:#}",
+            let mut unwinding = rows.lock().unwrap_or_else(|e| e.into_inner());
+            let why = format!("{e:#}");
+            unwinding.refuse("unreadable or over the budget", owner, &m.path, &why);
+            return None;
+        }
+    };
+    let count = table.rows.len() as u32;
+    let mut unwinding = rows.lock().unwrap_or_else(|e| e.into_inner());
+    let start = match unwinding.space.take(count, owner) {
+        Ok(start) => start,
+        Err(refusal) => {
+            unwinding.refused.insert(m.file_id.clone());
+            let kind = match refusal {
+                Refusal::OwnerShare { .. } => "over their owner's share",
+                Refusal::Full => "the table full",
+            };
+            unwinding.refuse(kind, owner, &m.path, &refusal);
+            return None;
+        }
+    };
+    if let Err(e) = unwinding.table.write(start, &table.rows) {
+        unwinding.space.give_back(start, count, owner);
+        eprintln!(
+            "memprof: the unwind rows of {} could not be written: {e:#}",
+            m.path.display()
+        );
+        return None;
+    }
+    // The kernel builds the tables of the processes that map it from now
+    // on itself, from their first allocation.
+    let mut known = None;
+    if let (Some(key), Some(vaddr_less_offset)) =
+        (kernel_key(&m.file_id), module.exec_vaddr_less_offset())
+    {
+        let told = KnownFile {
+            row_start: start,
+            row_count: count,
+            vaddr_less_offset,
+        };
+        match unwinding.table.name(key, told) {
+            Ok(()) => known = Some((key, told)),
+            Err(e) => eprintln!(
+                "memprof: the kernel is not told of {}'s rows (its processes wait for memprof's tables): {e:#}",
                 m.path.display()
-            );
-            None
+            ),
         }
     }
+    Some(FileRows {
+        start,
+        count,
+        module,
+        owner,
+        known,
+        last_used: Instant::now(),
+        unnamed: false,
+    })
 }
 
 /// The unwinder's module table for `mappings` (a process's executable

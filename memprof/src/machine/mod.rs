@@ -46,6 +46,7 @@ mod family;
 mod files;
 mod notes;
 mod process;
+mod row_space;
 
 use deferred::Deferred;
 use events::{Reader, Seen};
@@ -292,6 +293,7 @@ impl Host {
         if self.last_scan.elapsed() >= RESCAN {
             self.last_scan = Instant::now();
             let _ = self.rescan();
+            self.let_go_unused_rows();
         }
         self.take_file_notes();
         self.notes.tick();
@@ -317,6 +319,22 @@ impl Host {
         self.take_file_notes();
         self.notes.say();
         Ok(counters)
+    }
+
+    /// The rows of files no process followed maps any more let go
+    /// (`files::Unwinding::let_go_unused`).
+    fn let_go_unused_rows(&mut self) {
+        let in_use: HashSet<&files::FileId> = self
+            .processes
+            .values()
+            .flat_map(|p| {
+                let latest = p.latest.iter().flat_map(|(_, maps)| maps);
+                p.maps.all().iter().chain(latest).chain(&p.unknown)
+            })
+            .map(|m| &m.file_id)
+            .collect();
+        let mut rows = self.files.rows.lock().unwrap_or_else(|e| e.into_inner());
+        rows.let_go_unused(&in_use, Instant::now());
     }
 
     /// The files' events (an allocator probed late), to the notes.
@@ -802,6 +820,18 @@ impl Host {
                 "memprof: {} library loads and unloads, {loads_merged} of them read together with a later one of their process (one reading per process per 0.1 s at most)",
                 self.loads + loads_merged
             );
+        }
+        {
+            let rows = self.files.rows.lock().unwrap_or_else(|e| e.into_inner());
+            for (why, files) in &rows.refusals {
+                eprintln!("memprof: {files} files got no unwind rows: {why}");
+            }
+            if rows.let_go > 0 {
+                eprintln!(
+                    "memprof: the unwind rows of {} files were let go, no process mapping them any more",
+                    rows.let_go
+                );
+            }
         }
         let Some(mut profile) = profiles::merge(merged, done) else {
             if let Some(closing) = closing {

@@ -185,6 +185,13 @@ impl Module {
     }
 
     /// The whole file.
+    /// The user who owns the file (its rows count in their share of the
+    /// kernel's table under `attach --all`); `None` if it cannot be told.
+    pub fn owner(&self) -> Option<u32> {
+        use std::os::unix::fs::MetadataExt;
+        self.file.metadata().ok().map(|m| m.uid())
+    }
+
     /// Drops the file's pages from memprof's resident memory (they are
     /// read again from the file if needed): after the unwind tables are
     /// built, a big library's sections need not stay resident.

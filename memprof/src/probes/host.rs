@@ -180,26 +180,24 @@ pub struct Prefetched {
     pub sites: Vec<(Site, SiteTotals)>,
 }
 
-/// The kernel's CFI rows (`UNWIND_ROWS`): each file's appended once,
-/// and named in `KNOWN_FILES` for the tables the kernel builds.
+/// The kernel's CFI rows (`UNWIND_ROWS`), each file's written once where
+/// `machine::row_space` found it room, and named in `KNOWN_FILES` for the
+/// tables the kernel builds.
 pub struct RowTable {
     rows: MapData,
     known: BpfHashMap<MapData, FileKey, KnownFile>,
-    used: u32,
     capacity: u32,
 }
 
 impl RowTable {
-    /// Appends a file's rows; returns where they start, `None` when the
-    /// table has no room left.
-    pub fn add(&mut self, rows: &[UnwindRow]) -> Result<Option<u32>> {
-        let start = self.used;
-        if rows.is_empty() || (self.capacity - start) < rows.len() as u32 {
-            return Ok(None);
-        }
-        super::batch::fill_at(&self.rows, start, rows)?;
-        self.used += rows.len() as u32;
-        Ok(Some(start))
+    /// Rows the table holds.
+    pub fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    /// Writes a file's rows from row `start`.
+    pub fn write(&mut self, start: u32, rows: &[UnwindRow]) -> Result<()> {
+        super::batch::fill_at(&self.rows, start, rows)
     }
 
     /// Tells the kernel that `file`'s rows are `known`: the tables it
@@ -207,6 +205,14 @@ impl RowTable {
     pub fn name(&mut self, file: FileKey, known: KnownFile) -> Result<()> {
         self.known.insert(file, known, 0)?;
         Ok(())
+    }
+
+    /// The kernel builds no more tables with `file`'s rows.
+    pub fn unname(&mut self, file: &FileKey) -> Result<()> {
+        match self.known.remove(file) {
+            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
     }
 }
 
@@ -427,7 +433,6 @@ impl Probes {
             known: BpfHashMap::try_from(aya::maps::Map::from_map_data(
                 self.dup_map(maps::KNOWN_FILES)?,
             )?)?,
-            used: 0,
             capacity: self.host_rows,
         })
     }

@@ -25,6 +25,13 @@ use memprof_common::{cfa, ModuleRange, UnwindRow};
 
 pub mod finish;
 
+/// The most rows one file may have (8 MiB of them). The biggest real
+/// files have far fewer (rustc's `librustc_driver`, 6 MB of `.eh_frame`:
+/// see `a_big_real_library_is_within_the_budget`); a user's file claiming
+/// more is refused while it is read, before its rows cost memory (a
+/// 99 MB `.eh_frame` took 1.66 GB).
+pub const MAX_FILE_ROWS: usize = 1 << 19;
+
 /// The rows of one module.
 #[derive(Debug, Clone, Default)]
 pub struct ModuleTable {
@@ -46,9 +53,14 @@ impl ModuleTable {
         }
         let eh_frame = EhFrame::new(eh_frame, NativeEndian);
         let spans = spans(&eh_frame, &bases)?;
-        Ok(ModuleTable {
-            rows: flatten(spans),
-        })
+        let rows = flatten(spans);
+        if rows.len() > MAX_FILE_ROWS {
+            bail!(
+                "{} unwind rows, more than the {MAX_FILE_ROWS} a file may have",
+                rows.len()
+            );
+        }
+        Ok(ModuleTable { rows })
     }
 }
 
@@ -79,6 +91,10 @@ fn spans(
             continue;
         };
         while let Ok(Some(row)) = rows.next_row() {
+            // Each span gives one row or two (its end, before a gap).
+            if spans.len() >= 2 * MAX_FILE_ROWS {
+                bail!("more than {MAX_FILE_ROWS} unwind rows, the most a file may have");
+            }
             spans.push(Span {
                 start: row.start_address(),
                 end: row.end_address(),
