@@ -521,17 +521,17 @@ fn assert_whole(json: &serde_json::Value, pid: u64, what: &str) {
     assert_eq!(frames.last(), Some(&"_start"), "{what}: {frames:?}");
 }
 
-/// One user's programs with big unwind tables (5 of 440,000 rows, more
-/// than the kernel's table of 2,097,152 holds) hold no more than a
-/// quarter of it: a program of root's with 400,000 rows started after
-/// them still gets its rows, and its stack is whole. The user's first
-/// program gets rows; the others are said and unwound by memprof
-/// itself. Once the user's programs have ended, their rows are let go:
-/// another of theirs, started later, gets the room.
+/// One user's programs with big unwind tables (5 of 900,000 rows, more
+/// than the kernel's table of 4,194,304 holds) hold no more than half of
+/// it: a program of root's with 800,000 rows started after them still
+/// gets its rows, and its stack is whole. The user's first two programs
+/// get rows; the others are said, and unwound by memprof itself. Once the
+/// user's programs have ended, their rows are let go: another of theirs,
+/// started later, gets the room.
 #[test]
-fn one_users_files_hold_a_quarter_of_the_unwind_table() {
+fn one_users_files_hold_half_of_the_unwind_table() {
     let dir = TempDir::new("hostile_rows");
-    let first = rowful_program(&dir.join(""), "rowful", 440_000);
+    let first = rowful_program(&dir.join(""), "rowful", 900_000);
     let mut copies = vec![first.clone()];
     for i in 1..6 {
         let copy = dir.join(&format!("rowful{i}"));
@@ -540,7 +540,7 @@ fn one_users_files_hold_a_quarter_of_the_unwind_table() {
     }
     give_to_nobody(&dir.join(""));
     let roots = TempDir::new("root_rows");
-    let root_program = rowful_program(&roots.join(""), "roots", 400_000);
+    let root_program = rowful_program(&roots.join(""), "roots", 800_000);
     let mut pids = Vec::new();
     let mut root_pid = 0;
     let mut later = 0;
@@ -584,14 +584,14 @@ fn one_users_files_hold_a_quarter_of_the_unwind_table() {
 }
 
 /// A user's program with more unwind rows than a file may have
-/// (1,200,000, the most 524,288): refused while read, before its rows cost
-/// memory (memprof stays under 300 MB); its allocations are counted
+/// (2,700,000, the most 2,097,152): refused while read, before its rows
+/// cost much memory (memprof stays under 300 MB); its allocations are counted
 /// exactly (its stack cut at the file), and a program started after it is
 /// exact and whole.
 #[test]
 fn a_file_with_too_many_unwind_rows_is_refused_while_read() {
     let dir = TempDir::new("hostile_too_many_rows");
-    let exe = rowful_program(&dir.join(""), "toomany", 1_200_000);
+    let exe = rowful_program(&dir.join(""), "toomany", 2_700_000);
     give_to_nobody(&dir.join(""));
     let roots = TempDir::new("root_after_too_many");
     let after = rowful_program(&roots.join(""), "after", 10);
@@ -605,7 +605,7 @@ fn a_file_with_too_many_unwind_rows_is_refused_while_read() {
     fixture_frame(&seen.json, hostile);
     assert_whole(&seen.json, later, "the program after");
     assert!(
-        said(&seen.stderr, &["toomany", "gets no unwind rows", "524288"]) == 1,
+        said(&seen.stderr, &["toomany", "gets no unwind rows", "2097152"]) == 1,
         "{:#?}",
         seen.stderr
     );

@@ -25,7 +25,7 @@ impl std::fmt::Display for Refusal {
         match self {
             Refusal::OwnerShare { owner, held, share } => write!(
                 f,
-                "the files of user {owner} hold {held} unwind rows, and one user may hold {share} (a quarter of the kernel's table)"
+                "the files of user {owner} hold {held} unwind rows, and one user may hold {share} (half the kernel's table)"
             ),
             Refusal::Full => write!(f, "the kernel's unwind table is full"),
         }
@@ -53,7 +53,7 @@ impl RowSpace {
         RowSpace {
             free,
             by_owner: HashMap::new(),
-            share: capacity / 4,
+            share: capacity / 2,
         }
     }
 
@@ -120,20 +120,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn one_user_holds_a_quarter_root_the_rest() {
+    fn one_user_holds_half_root_the_rest() {
         let mut space = RowSpace::new(1000);
-        assert_eq!(space.take(200, 65534), Ok(0));
+        assert_eq!(space.take(400, 65534), Ok(0));
         assert_eq!(
-            space.take(51, 65534),
+            space.take(101, 65534),
             Err(Refusal::OwnerShare {
                 owner: 65534,
-                held: 200,
-                share: 250
+                held: 400,
+                share: 500
             })
         );
         // Another user has a share of their own; root none.
-        assert_eq!(space.take(250, 1000), Ok(200));
-        assert_eq!(space.take(550, ROOT), Ok(450));
+        assert_eq!(space.take(300, 1000), Ok(400));
+        assert_eq!(space.take(300, ROOT), Ok(700));
         assert_eq!(space.take(1, ROOT), Err(Refusal::Full));
         assert_eq!(space.free_rows(), 0);
     }
@@ -159,10 +159,10 @@ mod tests {
     #[test]
     fn a_users_rows_given_back_make_room_in_their_share() {
         let mut space = RowSpace::new(1000);
-        let first = space.take(250, 7).unwrap();
+        let first = space.take(500, 7).unwrap();
         assert!(space.take(1, 7).is_err());
-        space.give_back(first, 250, 7);
+        space.give_back(first, 500, 7);
         assert_eq!(space.held(7), 0);
-        assert_eq!(space.take(250, 7), Ok(0));
+        assert_eq!(space.take(500, 7), Ok(0));
     }
 }

@@ -27,8 +27,9 @@ use super::view::{LiveBlock, Site};
 use super::{take_map, Probes};
 
 /// CFI rows the kernel's table holds under `attach --all` (16 bytes
-/// each: 32 MiB): libc has ~31,000, a Crystal program ~100,000.
-const HOST_ROWS: u32 = 1 << 21;
+/// each: 64 MiB): libc has ~31,000, a Crystal program ~100,000, rustc's
+/// `librustc_driver` 1,151,938.
+const HOST_ROWS: u32 = 1 << 22;
 /// Processes with an index at once (`PROCESSES`).
 const HOST_PROCESSES: u32 = 1 << 15;
 /// The process event ring: 4 MiB, ~11,000 events (a process that
