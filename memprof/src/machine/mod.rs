@@ -77,7 +77,7 @@ const RESCAN: Duration = Duration::from_secs(2);
 /// keep the [`KEEP_ENDED`] that ended last; older ones are let go, the
 /// oldest first, and counted (`processes_evicted`, `evicted_allocs`).
 const MERGE_EVERY: usize = 256;
-const KEEP_ENDED: usize = 20_000;
+const KEEP_ENDED: usize = 1_000;
 
 /// Profiles every process until Ctrl-C, SIGTERM or `--duration`; one
 /// profile, one process each.
@@ -794,9 +794,14 @@ impl Host {
     /// finalized (it runs on, untraced), the profile written.
     fn finish(mut self, output: &mut Output, top: usize) -> Result<i32> {
         let running = self.processes.len();
-        let host_counters = self.stop()?;
+        let mut host_counters = self.stop()?;
         let duration_s = self.started.0.elapsed().as_secs_f64();
         self.merge_done();
+        // Those let go by this last merge counted too.
+        (
+            host_counters.processes_evicted,
+            host_counters.evicted_allocs,
+        ) = self.evicted;
         let closing = self.closing.take();
         let detaching = self.probes.detach();
         let done = std::mem::take(&mut self.done);
