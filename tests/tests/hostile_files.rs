@@ -611,3 +611,84 @@ fn a_file_with_too_many_unwind_rows_is_refused_while_read() {
     );
     assert!(seen.peak_kib < 300 * 1024, "peak {} KiB", seen.peak_kib);
 }
+
+/// `data` through zlib stream `c` with `flush`, all of its output.
+fn deflate(c: &mut flate2::Compress, data: &[u8], flush: flate2::FlushCompress) -> Vec<u8> {
+    let mut out = Vec::new();
+    let start = c.total_in();
+    loop {
+        out.reserve(1 << 20);
+        let consumed = (c.total_in() - start) as usize;
+        let status = c.compress_vec(&data[consumed..], &mut out, flush).unwrap();
+        let all_in = (c.total_in() - start) as usize == data.len();
+        if status == flate2::Status::StreamEnd || (all_in && out.len() < out.capacity()) {
+            return out;
+        }
+    }
+}
+
+/// A real zlib stream of `gib` GiB of zeros, ~1 MB a GiB: blocks of 64
+/// MiB flushed whole (each the same, referring to nothing before it),
+/// repeated, and the checksum of the whole.
+fn zeros_zlib(gib: u64) -> Vec<u8> {
+    use flate2::{Compress, Compression, FlushCompress};
+    const BLOCK: u64 = 64 << 20;
+    let zeros = vec![0u8; BLOCK as usize];
+    let mut c = Compress::new(Compression::best(), true);
+    let mut stream = deflate(&mut c, &zeros, FlushCompress::Full);
+    let again = deflate(&mut c, &zeros, FlushCompress::Full);
+    for _ in 2..(gib << 30) / BLOCK {
+        stream.extend_from_slice(&again);
+    }
+    stream.extend_from_slice(&again);
+    let mut end = deflate(&mut c, &[], FlushCompress::Finish);
+    // Adler-32 of n zeros: a = 1, b = n mod 65521.
+    let adler = (((gib << 30) % 65521) << 16 | 1) as u32;
+    let at = end.len() - 4;
+    end[at..].copy_from_slice(&adler.to_be_bytes());
+    stream.extend_from_slice(&end);
+    stream
+}
+
+/// A real zlib bomb: `.debug_info` 4 GiB of zeros in 4 MB, claiming
+/// its size (more than memprof reads), then claiming 1 MiB (within the
+/// budgets, but blazesym inflates a section whole whatever it claims:
+/// memprof went to 4.23 GB). Not read either time (said once), memprof
+/// under 300 MB, the function named from `.symtab`.
+#[test]
+fn a_zlib_bomb_is_not_inflated() {
+    let stream = zeros_zlib(4);
+    for (claimed, words) in [
+        (4u64 << 30, ["claims", "4.0 GiB"]),
+        (1 << 20, ["inflates to more than it claims", "1.0 MiB"]),
+    ] {
+        let (dir, exe) = users_program("hostile-bomb", "bomb", &["-gz=zlib"]);
+        // Elf64_Chdr: ELFCOMPRESS_ZLIB, its size, its alignment.
+        let mut section = Vec::with_capacity(stream.len() + 24);
+        section.extend_from_slice(&1u32.to_le_bytes());
+        section.extend_from_slice(&0u32.to_le_bytes());
+        section.extend_from_slice(&claimed.to_le_bytes());
+        section.extend_from_slice(&1u64.to_le_bytes());
+        section.extend_from_slice(&stream);
+        let contents = dir.join("debug_info.bin");
+        std::fs::write(&contents, section).unwrap();
+        let update = format!(".debug_info={}", contents.to_str().unwrap());
+        tool(
+            "objcopy",
+            &["--update-section", &update, exe.to_str().unwrap()],
+        );
+        give_to_nobody(&dir.join(""));
+        let mut pid = 0;
+        let seen = profile_while(&dir, &["--comm", "bomb"], || pid = run_as_nobody(&exe));
+        let frame = fixture_frame(&seen.json, pid);
+        assert_eq!(frame["function"], "hostile_alloc", "{frame}");
+        let mut words = words.to_vec();
+        words.extend(["bomb", ".debug_info", "not read"]);
+        assert_eq!(said(&seen.stderr, &words), 1, "{:#?}", seen.stderr);
+        assert!(
+            seen.peak_kib < 300 << 10,
+            "memprof peaked at {} KiB",
+            seen.peak_kib
+        );
+    }
+}

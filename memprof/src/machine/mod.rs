@@ -691,6 +691,7 @@ impl Host {
             merged
                 .groups
                 .retain(|g| !gone.contains(&(g.pid, g.pid_reuse)));
+            merged.compact_stacks();
         }
         self.merged = Some(merged);
     }

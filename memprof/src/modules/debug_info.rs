@@ -131,8 +131,42 @@ fn unreadable_dwarf(elf: &object::File) -> Option<String> {
                 bytes(MAX_SECTION)
             ));
         }
+        // blazesym inflates a section whole, whatever it claims: a zlib
+        // bomb of 4 GiB claiming a megabyte took memprof to 4.23 GB. So
+        // memprof inflates it first, into nothing, up to its claim.
+        if range.format == object::CompressionFormat::Zlib {
+            let Ok(data) = section.compressed_data() else {
+                return Some(format!("its {name} cannot be read"));
+            };
+            if let Err(why) = inflates_within(data.data, claimed) {
+                return Some(format!(
+                    "its compressed {name} {why} (it claims {}); its lines are not read",
+                    bytes(claimed)
+                ));
+            }
+        }
     }
     None
+}
+
+/// Whether the zlib stream `data` inflates to at most `claimed` bytes
+/// (read through a small buffer, kept nowhere).
+fn inflates_within(data: &[u8], claimed: u64) -> Result<(), &'static str> {
+    use std::io::Read;
+    let mut inflated = flate2::read::ZlibDecoder::new(data).take(claimed + 1);
+    let mut buffer = vec![0u8; 1 << 16];
+    let mut total = 0u64;
+    loop {
+        match inflated.read(&mut buffer) {
+            Ok(0) => break,
+            Ok(n) => total += n as u64,
+            Err(_) => return Err("does not inflate"),
+        }
+    }
+    if total > claimed {
+        return Err("inflates to more than it claims");
+    }
+    Ok(())
 }
 
 /// The lines of a user's file that links its DWARF elsewhere: its
