@@ -26,6 +26,8 @@ pub use serde_json::Value;
 pub use std::ffi::OsStr;
 
 /// Paths of the compiled C fixtures (see `fixtures/c/*.c` for what each does).
+pub mod every_process;
+
 pub mod fixture {
     pub const BASIC: &str = env!("FIXTURE_BASIC");
     pub const ESCAPING: &str = env!("FIXTURE_ESCAPING");

@@ -3,10 +3,10 @@
 //! programs the others start are each in the profile, exact, as without
 //! it.
 
+use memprof_tests::every_process::*;
 use memprof_tests::*;
-use serde_json::Value;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 /// Loads and unloads the library of its first argument 25 times a
 /// second (4 `_dl_debug_state` calls each), until SIGUSR1 (exit 0).
@@ -57,63 +57,6 @@ fn gcc(dir: &TempDir, source: &str, out: &Path, flags: &[&str]) {
     assert!(output.status.success(), "gcc failed\n{}", describe(&output));
 }
 
-/// Runs `program` to its end; returns its pid.
-fn run_to_end(program: &str) -> u32 {
-    let mut child = Command::new(program)
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {program}: {e}"));
-    let pid = child.id();
-    assert!(child.wait().unwrap().success(), "{program} failed");
-    pid
-}
-
-/// A group's frames, by function name, innermost first.
-fn functions(g: &Value) -> Vec<&str> {
-    g["frames"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f["function"].as_str().unwrap_or("?"))
-        .collect()
-}
-
-/// Process `pid`'s entry of the profile.
-fn process(json: &Value, pid: u32) -> &Value {
-    json["processes"]
-        .as_array()
-        .expect("processes")
-        .iter()
-        .find(|p| uint(p, "/pid") == u64::from(pid))
-        .unwrap_or_else(|| panic!("no process {pid} in the profile"))
-}
-
-/// Process `pid` (a run of `basic` at `exe`, named `name`) is in the
-/// profile as itself, with its exact counts at make_foo (one group: its
-/// one stack), whole to `_start`, no frame unnamed.
-fn assert_exact_basic(json: &Value, pid: u32, name: &str, exe: &str) {
-    let p = process(json, pid);
-    assert_eq!(p["comm"], name, "{p:#}");
-    assert_eq!(p["exe"], exe, "{p:#}");
-    assert_eq!(p["exit"]["code"], 0, "{p:#}");
-    let mine: Vec<&Value> = groups(json)
-        .iter()
-        .filter(|g| uint(g, "/pid") == u64::from(pid))
-        .collect();
-    let at_make_foo: Vec<&&Value> = mine
-        .iter()
-        .filter(|g| functions(g).contains(&"make_foo"))
-        .collect();
-    assert_eq!(at_make_foo.len(), 1, "pid {pid}: {}", list_groups(json));
-    assert_eq!(Counts::of(at_make_foo[0]), MAKE_FOO, "pid {pid}");
-    for g in mine {
-        let frames = functions(g);
-        assert!(!frames.contains(&"[unknown]"), "pid {pid}: {frames:?}");
-        assert_eq!(g["truncated"], false, "pid {pid}: {frames:?}");
-        assert_eq!(frames.last(), Some(&"_start"), "pid {pid}: {frames:?}");
-    }
-}
-
 /// The case: a process loading and unloading a small library 25
 /// times a second blinded memprof to every other process (0 of 300
 /// short programs right). Beside it, 100 runs of a short program (new to
@@ -132,21 +75,7 @@ fn a_library_churner_blinds_no_one() {
     let short = short.to_str().unwrap().to_string();
     let profile = dir.join("churn.mprof");
 
-    let child = memprof([
-        "attach",
-        "--all",
-        "--sample-bytes",
-        "0",
-        "-o",
-        profile.to_str().unwrap(),
-    ])
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped())
-    .spawn()
-    .expect("cannot start memprof attach --all");
-    let mut memprof = ChildGuard(child);
-    let mut stderr = Lines::new("memprof stderr", memprof.0.stderr.take().unwrap());
-    stderr.wait_for("profiling every process", TIMEOUT);
+    let (memprof, stderr, _) = start_all(&profile, &["--sample-bytes", "0"]);
 
     let churning = ChildGuard(
         Command::new(&churner)
@@ -156,7 +85,7 @@ fn a_library_churner_blinds_no_one() {
     );
     // A second of loads (100 `_dl_debug_state` calls) before the others.
     std::thread::sleep(std::time::Duration::from_secs(1));
-    let pids: Vec<u32> = (0..100).map(|_| run_to_end(&short)).collect();
+    let pids: Vec<u32> = (0..100).map(|_| run_to_end(&short, &[])).collect();
     let mut churning = churning;
     assert!(churning.is_running(), "the churner stopped early");
     churning.signal(libc::SIGUSR1);
@@ -166,16 +95,12 @@ fn a_library_churner_blinds_no_one() {
     );
     let churner_pid = churning.pid() as u32;
 
-    memprof.signal(libc::SIGINT);
-    let status = memprof.wait_timeout(TIMEOUT);
-    let said = stderr.all().join("\n");
-    assert!(status.success(), "memprof: {status}\n{said}");
+    let (json, said) = stop_with_stderr(memprof, stderr, &profile);
     assert!(
         said.lines().any(|l| l.contains("library loads and unloads")
             && l.contains("read together with a later one of their process")),
         "{said}"
     );
-    let json = report_json(&profile);
     let exact = pids
         .iter()
         .filter(|&&pid| {

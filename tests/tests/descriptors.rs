@@ -4,11 +4,12 @@
 //! the open-files limit raised to the hard one, and a pid the kernel
 //! gives again to another program is another process.
 
+use memprof_tests::every_process::*;
 use memprof_tests::*;
 use serde_json::Value;
 use std::ffi::CString;
 use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 /// One `attach --all` at a time in this file (each profiles every
 /// process, the other's too).
@@ -20,7 +21,7 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
 
 /// Starts `memprof attach --all --sample-bytes 0 -o PROFILE` with the
 /// open-files limit `(soft, hard)`, and waits until its probes are live.
-fn start_all(profile: &std::path::Path, limit: (u64, u64)) -> (ChildGuard, Lines) {
+fn start_all_limited(profile: &std::path::Path, limit: (u64, u64)) -> (ChildGuard, Lines) {
     let mut command = memprof([
         "attach",
         "--all",
@@ -68,41 +69,11 @@ fn hard_limit() -> (u64, u64) {
     (limit.rlim_max, limit.rlim_max)
 }
 
-/// Stops memprof with Ctrl-C; returns the profile's JSON.
-fn stop(mut memprof: ChildGuard, mut stderr: Lines, profile: &std::path::Path) -> Value {
-    memprof.signal(libc::SIGINT);
-    let status = memprof.wait_timeout(TIMEOUT);
-    let said = stderr.all().join("\n");
-    assert!(status.success(), "memprof: {status}\n{said}");
-    report_json(profile)
-}
-
-/// Runs `program` to its end; returns its pid.
-fn run_to_end(program: &str) -> u32 {
-    let mut child = Command::new(program)
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {program}: {e}"));
-    let pid = child.id();
-    assert!(child.wait().unwrap().success(), "{program} failed");
-    pid
-}
-
 /// Descriptors process `pid` holds now.
 fn descriptors(pid: i32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
         .expect("memprof's descriptors")
         .count()
-}
-
-/// A group's frames, by function name, innermost first.
-fn functions(g: &Value) -> Vec<&str> {
-    g["frames"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f["function"].as_str().unwrap_or("?"))
-        .collect()
 }
 
 /// The groups of process `pid` (the `reuse`-th of that pid).
@@ -126,16 +97,6 @@ fn at(groups: &[&Value], function: &str) -> Counts {
     sum
 }
 
-/// The profile's entries for pid `pid`.
-fn processes(json: &Value, pid: u32) -> Vec<&Value> {
-    json["processes"]
-        .as_array()
-        .expect("processes")
-        .iter()
-        .filter(|p| uint(p, "/pid") == u64::from(pid))
-        .collect()
-}
-
 /// Whether run `pid` of `basic` (named `name`) is in the profile as
 /// itself with its exact counts at make_foo and whole, named stacks.
 fn exact_basic(json: &Value, pid: u32, name: &str) -> bool {
@@ -156,8 +117,8 @@ fn exact_basic(json: &Value, pid: u32, name: &str) -> bool {
 /// 2,000 short processes of one program under an open-files limit of
 /// 256 (soft and hard: memprof cannot raise it): memprof keeps what it
 /// opens per distinct file, not per process, so the descriptors it holds
-/// after the first 100 processes (sampled every 100) do not grow with
-/// the next 1,900 (under 2,000 processes each holding one, they would),
+/// (sampled every 100 processes) stay well below the limit and do not
+/// grow from the first 1,000 processes to the next,
 /// the first 1,000 or so are let go (memprof keeps the last 1,000 that
 /// ended) and counted, and every other process is exact, or
 /// its allocations are counted in `short_of_resources` (never "lost
@@ -172,22 +133,26 @@ fn a_storm_under_a_low_descriptor_limit_is_exact_or_counted() {
     let program = dir.join("stormy");
     std::fs::copy(fixture::BASIC, &program).unwrap();
     let program = program.to_str().unwrap().to_string();
-    let (memprof, stderr) = start_all(&profile, (256, 256));
+    let (memprof, stderr) = start_all_limited(&profile, (256, 256));
     let mut held = Vec::new();
     let mut pids = Vec::new();
     for i in 0..2000 {
-        pids.push(run_to_end(&program));
+        pids.push(run_to_end(&program, &[]));
         if i % 100 == 99 {
             held.push(descriptors(memprof.pid()));
         }
     }
     let json = stop(memprof, stderr, &profile);
-    // A few held for a moment (a process being read as the sample is
-    // taken), never one more per process: 1,900 processes later, no more
-    // than after the first 100 give or take those.
-    let (first, most) = (held[0], held.iter().max().copied().unwrap());
+    // Some held for a while (processes being read as the sample is
+    // taken, blazesym's cache until it is renewed), never one more per
+    // process: memprof stays well below its limit of 256 (one held per
+    // process reaches it within ~160 processes), and the second 1,000
+    // processes leave it holding no more than the first 1,000 did, give
+    // or take those.
+    let (first, second) = held.split_at(held.len() / 2);
+    let (first, second) = (first.iter().max().unwrap(), second.iter().max().unwrap());
     assert!(
-        most <= first + 32 && held[held.len() - 1] <= first + 16,
+        *first <= 192 && *second <= first + 16,
         "descriptors memprof held, every 100 processes: {held:?}"
     );
     // The oldest ended processes are let go beyond the last 1,000, and
@@ -232,7 +197,7 @@ fn the_open_files_limit_is_raised_to_the_hard_one() {
     let _one = one_at_a_time();
     let dir = TempDir::new("fds_limit");
     let profile = dir.join("limit.mprof");
-    let (memprof, stderr) = start_all(&profile, (256, 4096));
+    let (memprof, stderr) = start_all_limited(&profile, (256, 4096));
     let limits = std::fs::read_to_string(format!("/proc/{}/limits", memprof.pid())).unwrap();
     let line = limits
         .lines()
@@ -240,7 +205,7 @@ fn the_open_files_limit_is_raised_to_the_hard_one() {
         .unwrap();
     let figures: Vec<&str> = line.split_whitespace().skip(3).take(2).collect();
     assert_eq!(figures, ["4096", "4096"], "{line}");
-    run_to_end(fixture::BASIC);
+    run_to_end(fixture::BASIC, &[]);
     stop(memprof, stderr, &profile);
 }
 
@@ -319,12 +284,12 @@ fn a_pid_given_again_to_another_program_is_another_process() {
     let first = dir.join("first");
     std::fs::copy(fixture::BASIC, &first).unwrap();
     let first = first.to_str().unwrap().to_string();
-    let (memprof, stderr) = start_all(&profile, hard_limit());
+    let (memprof, stderr) = start_all_limited(&profile, hard_limit());
     let mut pids = Vec::new();
     for i in 0..3 {
         let library = dir.join(&format!("libbars{i}.so"));
         std::fs::copy(fixture::LIB_BARS, &library).unwrap();
-        let pid = run_to_end(&first);
+        let pid = run_to_end(&first, &[]);
         run_as_pid(pid, &[fixture::DLOPEN_ONCE, library.to_str().unwrap()]);
         pids.push(pid);
     }

@@ -6,6 +6,7 @@
 //! 223 MB in ten minutes), and the one that kept 20,000 of them kept each
 //! one's stacks even after letting it go.
 
+use memprof_tests::every_process::*;
 use memprof_tests::*;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -42,21 +43,7 @@ fn ten_minutes_of_short_processes_keep_memory_flat() {
     let program = dir.join("soaky");
     std::fs::copy(fixture::BASIC, &program).unwrap();
     let profile = dir.join("soak.mprof");
-    let child = memprof([
-        "attach",
-        "--all",
-        "--sample-bytes",
-        "0",
-        "-o",
-        profile.to_str().unwrap(),
-    ])
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped())
-    .spawn()
-    .expect("cannot start memprof attach --all");
-    let mut memprof = ChildGuard(child);
-    let mut stderr = Lines::new("memprof stderr", memprof.0.stderr.take().unwrap());
-    stderr.wait_for("profiling every process", TIMEOUT);
+    let (memprof, stderr, _) = start_all(&profile, &["--sample-bytes", "0"]);
 
     let start = Instant::now();
     let mut running: Vec<Child> = Vec::new();
@@ -90,10 +77,7 @@ fn ten_minutes_of_short_processes_keep_memory_flat() {
     for mut c in running {
         assert!(c.wait().unwrap().success());
     }
-    memprof.signal(libc::SIGINT);
-    let status = memprof.wait_timeout(TIMEOUT);
-    let said = stderr.all().join("\n");
-    assert!(status.success(), "memprof: {status}\n{said}");
+    let json = stop(memprof, stderr, &profile);
     let shown: Vec<String> = curve
         .iter()
         .map(|(s, k)| format!("{s} s {} MB", k / 1024))
@@ -115,7 +99,6 @@ fn ten_minutes_of_short_processes_keep_memory_flat() {
 
     // The last processes are there, exact; those before them let go and
     // counted.
-    let json = report_json(&profile);
     let present = |pid: u32| {
         json["processes"]
             .as_array()
@@ -139,13 +122,7 @@ fn ten_minutes_of_short_processes_keep_memory_flat() {
                 .filter(|g| uint(g, "/pid") == u64::from(pid) && uint(g, "/pid_reuse") == 0)
                 .collect();
             let mut at_make_foo = Counts::default();
-            for g in mine.iter().filter(|g| {
-                g["frames"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .any(|f| f["function"] == "make_foo")
-            }) {
+            for g in mine.iter().filter(|g| functions(g).contains(&"make_foo")) {
                 let c = Counts::of(g);
                 at_make_foo.live_count += c.live_count;
                 at_make_foo.live_bytes += c.live_bytes;
