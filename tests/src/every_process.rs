@@ -88,10 +88,17 @@ pub fn process(json: &Value, pid: u32) -> &Value {
 /// `function` (its first allocations may be unwound no further than the
 /// allocator's caller: another group of the same site).
 pub fn at_site(json: &Value, pid: u32, kind: &str, function: &str) -> Counts {
+    let mine: Vec<&Value> = groups(json)
+        .iter()
+        .filter(|g| uint(g, "/pid") == u64::from(pid) && g["kind"] == kind)
+        .collect();
+    sum_at(&mine, function)
+}
+
+/// The sum of `groups` with a frame named `function`.
+pub fn sum_at(groups: &[&Value], function: &str) -> Counts {
     let mut sum = Counts::default();
-    for g in groups(json).iter().filter(|g| {
-        uint(g, "/pid") == u64::from(pid) && g["kind"] == kind && functions(g).contains(&function)
-    }) {
+    for g in groups.iter().filter(|g| functions(g).contains(&function)) {
         let c = Counts::of(g);
         sum.live_count += c.live_count;
         sum.live_bytes += c.live_bytes;
@@ -99,6 +106,24 @@ pub fn at_site(json: &Value, pid: u32, kind: &str, function: &str) -> Counts {
         sum.total_bytes += c.total_bytes;
     }
     sum
+}
+
+/// memprof keeps the last 1,000 processes that ended: of `pids` (run one
+/// after another, in this order), those absent from the profile must be
+/// the first ones, all but the last 1,000 at least, and no more than it
+/// counts as let go. Returns how many are absent.
+pub fn assert_first_let_go(json: &Value, pids: &[u32]) -> usize {
+    let absent = pids
+        .iter()
+        .take_while(|&&pid| processes(json, pid).is_empty())
+        .count();
+    let evicted = uint(json, "/counters/processes_evicted");
+    assert!(
+        absent >= pids.len().saturating_sub(1000) && absent as u64 <= evicted,
+        "{absent} of the first of {} processes absent, {evicted} let go",
+        pids.len()
+    );
+    absent
 }
 
 /// Process `pid` (a run of `basic`, or a program like it, named `name`,

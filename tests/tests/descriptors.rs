@@ -84,19 +84,6 @@ fn groups_of(json: &Value, pid: u32, reuse: u64) -> Vec<&Value> {
         .collect()
 }
 
-/// The sum of `groups` with a frame named `function`.
-fn at(groups: &[&Value], function: &str) -> Counts {
-    let mut sum = Counts::default();
-    for g in groups.iter().filter(|g| functions(g).contains(&function)) {
-        let c = Counts::of(g);
-        sum.live_count += c.live_count;
-        sum.live_bytes += c.live_bytes;
-        sum.total_count += c.total_count;
-        sum.total_bytes += c.total_bytes;
-    }
-    sum
-}
-
 /// Whether run `pid` of `basic` (named `name`) is in the profile as
 /// itself with its exact counts at make_foo and whole, named stacks.
 fn exact_basic(json: &Value, pid: u32, name: &str) -> bool {
@@ -105,7 +92,7 @@ fn exact_basic(json: &Value, pid: u32, name: &str) -> bool {
     entries.len() == 1
         && entries[0]["comm"] == name
         && entries[0]["exit"]["code"] == 0
-        && at(&mine, "make_foo") == MAKE_FOO
+        && sum_at(&mine, "make_foo") == MAKE_FOO
         && mine.iter().all(|g| {
             let frames = functions(g);
             !frames.contains(&"[unknown]")
@@ -156,16 +143,8 @@ fn a_storm_under_a_low_descriptor_limit_is_exact_or_counted() {
         "descriptors memprof held, every 100 processes: {held:?}"
     );
     // The oldest ended processes are let go beyond the last 1,000, and
-    // counted: those absent are the first ones run, no more than counted.
-    let absent = pids
-        .iter()
-        .take_while(|&&pid| processes(&json, pid).is_empty())
-        .count();
-    let evicted = uint(&json, "/counters/processes_evicted");
-    assert!(
-        absent >= 1000 && absent as u64 <= evicted,
-        "{absent} of the first processes absent, {evicted} let go"
-    );
+    // counted.
+    let absent = assert_first_let_go(&json, &pids);
     let mut wrong = Vec::new();
     for &pid in &pids[absent..] {
         if exact_basic(&json, pid, "stormy") {
@@ -310,14 +289,14 @@ fn a_pid_given_again_to_another_program_is_another_process() {
         }
         let before = groups_of(&json, pid, 0);
         let after = groups_of(&json, pid, 1);
-        assert_eq!(at(&before, "make_foo"), MAKE_FOO, "pid {pid}");
-        assert_eq!(at(&before, "make_bars"), Counts::default(), "pid {pid}");
-        let bars = at(&after, "make_bars");
+        assert_eq!(sum_at(&before, "make_foo"), MAKE_FOO, "pid {pid}");
+        assert_eq!(sum_at(&before, "make_bars"), Counts::default(), "pid {pid}");
+        let bars = sum_at(&after, "make_bars");
         assert_eq!(
             (bars.total_count, bars.total_bytes, bars.live_count),
             (300, 300 * 64, 300),
             "pid {pid}"
         );
-        assert_eq!(at(&after, "make_foo"), Counts::default(), "pid {pid}");
+        assert_eq!(sum_at(&after, "make_foo"), Counts::default(), "pid {pid}");
     }
 }

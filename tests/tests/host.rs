@@ -253,15 +253,7 @@ fn a_storm_of_two_thousand_processes_is_followed_whole() {
     // its stacks whole). The counters are the machine's: another test's
     // `attach --all` running beside this one is profiled too, and may
     // fill the tables with its own allocations.
-    let absent = pids
-        .iter()
-        .take_while(|&&pid| processes(&json, pid).is_empty())
-        .count();
-    let evicted = uint(&json, "/counters/processes_evicted");
-    assert!(
-        absent >= 1000 && absent as u64 <= evicted,
-        "{absent} of the first processes absent, {evicted} let go"
-    );
+    let absent = assert_first_let_go(&json, &pids);
     for &pid in &pids[absent..] {
         assert_exact_basic(&json, pid, "stormy", &program);
     }

@@ -99,20 +99,7 @@ fn ten_minutes_of_short_processes_keep_memory_flat() {
 
     // The last processes are there, exact; those before them let go and
     // counted.
-    let present = |pid: u32| {
-        json["processes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|p| uint(p, "/pid") == u64::from(pid) && p["comm"] == "soaky")
-    };
-    let absent = pids.iter().take_while(|&&pid| !present(pid)).count();
-    let evicted = uint(&json, "/counters/processes_evicted");
-    assert!(
-        absent >= pids.len() - 1000 && absent as u64 <= evicted,
-        "{absent} of {} absent, {evicted} let go",
-        pids.len()
-    );
+    let absent = assert_first_let_go(&json, &pids);
     let kept = &pids[absent..];
     let exact = kept
         .iter()
@@ -121,15 +108,7 @@ fn ten_minutes_of_short_processes_keep_memory_flat() {
                 .iter()
                 .filter(|g| uint(g, "/pid") == u64::from(pid) && uint(g, "/pid_reuse") == 0)
                 .collect();
-            let mut at_make_foo = Counts::default();
-            for g in mine.iter().filter(|g| functions(g).contains(&"make_foo")) {
-                let c = Counts::of(g);
-                at_make_foo.live_count += c.live_count;
-                at_make_foo.live_bytes += c.live_bytes;
-                at_make_foo.total_count += c.total_count;
-                at_make_foo.total_bytes += c.total_bytes;
-            }
-            at_make_foo == MAKE_FOO
+            sum_at(&mine, "make_foo") == MAKE_FOO
         })
         .count();
     assert_eq!(exact, kept.len(), "of the processes kept, exact");
