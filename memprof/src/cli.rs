@@ -220,6 +220,68 @@ pub enum Command {
         #[arg(long, default_value_t = 10, value_name = "N")]
         ref_limit: usize,
     },
+    /// Profile every process of the machine continuously, and serve what
+    /// is known while it runs: Prometheus metrics, Go-style heap profiles
+    /// for pprof, Parca and Pyroscope, a JSON API and a live page.
+    ///
+    /// Follows every process (or those --comm/--exe select), those running
+    /// and those that start, as `attach --all` does: libc and mmap sampled
+    /// by bytes (--sample-bytes 524288 unless given); each program that
+    /// allocates with the Boehm GC (Crystal) gets a session of its own, its
+    /// GC objects sampled at the collector's refills and judged by its mark
+    /// bits. Runs until SIGTERM or Ctrl-C (or --duration), then lets every
+    /// process go, untraced.
+    ///
+    /// Serves HTTP on a Unix socket (root's alone unless --group), and on a
+    /// TCP address only when --listen asks:
+    ///
+    ///   /metrics                          Prometheus text format: live bytes and blocks per process and kind, allocations, GC collections, losses
+    ///   /debug/pprof/heap?pid=N           Go's heap profile (alloc_objects, alloc_space, inuse_objects, inuse_space); ?comm=NAME: a program's processes merged; &seconds=S: what was allocated in the next S seconds
+    ///   /api/processes                    JSON: the processes followed, and those that ended (the last 1,000 kept)
+    ///   /api/profile?pid=N&format=F       one process's profile in a format of `memprof report` (json unless F)
+    ///   /                                 a page: processes by live bytes, refreshed; a click shows one's profile
+    ///
+    /// Examples:
+    ///   sudo memprof agent
+    ///   sudo curl --unix-socket /run/memprof/agent.sock http://agent/metrics
+    ///   sudo memprof agent --listen 127.0.0.1:6060 --comm my_server
+    ///   go tool pprof http://127.0.0.1:6060/debug/pprof/heap?comm=my_server
+    #[command(verbatim_doc_comment)]
+    Agent {
+        /// Every process running this program (the kernel's name of it),
+        /// now and as they start (repeatable); by default every process.
+        #[arg(long, value_name = "NAME")]
+        comm: Vec<String>,
+        /// Every process running this executable, now and as they start (repeatable).
+        #[arg(long, value_name = "PATH")]
+        exe: Vec<PathBuf>,
+        /// The Unix socket to serve on (its directory is made if missing).
+        #[arg(long, default_value = crate::agent::DEFAULT_SOCKET, value_name = "PATH")]
+        socket: PathBuf,
+        /// A group whose members may connect to the socket too (mode 0660);
+        /// by default only root can (mode 0600).
+        #[arg(long, value_name = "GROUP")]
+        group: Option<String>,
+        /// Also serve HTTP on this address (e.g. 127.0.0.1:6060). A
+        /// loopback address unless --allow-remote: everything served
+        /// (command lines, executables, stacks) is readable by whoever
+        /// reaches it, without authentication.
+        #[arg(long, value_name = "ADDR:PORT")]
+        listen: Option<std::net::SocketAddr>,
+        /// Let --listen take an address other machines can reach.
+        #[arg(long, requires = "listen")]
+        allow_remote: bool,
+        /// /metrics: processes with labels of their own (pid, comm, exe),
+        /// the most live bytes first; the others are summed in one series
+        /// with pid="other", so the series stay bounded.
+        #[arg(long, default_value_t = 100, value_name = "N")]
+        metrics_top: usize,
+        /// Stop after this many seconds.
+        #[arg(long, short)]
+        duration: Option<f64>,
+        #[command(flatten)]
+        session: SessionArgs,
+    },
     /// Print a profile written by run or attach.
     Report(ReportArgs),
 }

@@ -42,6 +42,7 @@
 //! | output files written whole or not at all | `outfile` |
 //! | markdown, tsv, json, folded, flamegraph, pprof, timeline, html, diff | [`report`] |
 //! | `memprof heap`: the whole GC heap at one collection, and where the RSS goes | `whole_heap` |
+//! | `memprof agent`: every process, served while it runs (metrics, pprof, JSON, a page) | `agent` |
 //! | memprof's own memory; progress bars on a terminal | `memory`, `progress` |
 //! | a target's names shown as data, never terminal commands | [`text`] |
 
@@ -62,6 +63,7 @@ pub mod profile;
 pub mod report;
 pub mod text;
 
+pub(crate) mod agent;
 pub(crate) mod allocators;
 pub(crate) mod commands;
 pub(crate) mod crystal;

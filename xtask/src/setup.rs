@@ -16,8 +16,9 @@ use std::process::Command;
 /// pprof reports back), Chromium (renders the HTML report headless),
 /// Tesseract (reads the fixture's names off the page's screenshot), C
 /// and C++ toolchains (fixtures), wrk (loads crystal-samples'
-/// http_server in the benchmark) and tmux (the terminal `memprof top` is
-/// tested in).
+/// http_server in the benchmark), tmux (the terminal `memprof top` is
+/// tested in), Prometheus and promtool (scrape `memprof agent`, check its
+/// metrics) and curl (asks the agent over its Unix socket).
 const APT_PACKAGES: &[&str] = &[
     "crystal",
     "libgc-dev",
@@ -30,6 +31,8 @@ const APT_PACKAGES: &[&str] = &[
     "make",
     "wrk",
     "tmux",
+    "prometheus",
+    "curl",
 ];
 
 /// The newest bpf-linker that works with the Rust toolchain's own LLVM here

@@ -45,6 +45,17 @@ pub(super) fn for_all(args: &SessionArgs, mut options: SessionOptions) -> Sessio
     options
 }
 
+/// `memprof agent`: as `attach --comm/--exe` (libc and mmap sampled by
+/// bytes, each Boehm GC program's objects at its collector's refills),
+/// with one live table for every process, as `attach --all`.
+pub(super) fn for_agent(args: &SessionArgs, options: SessionOptions) -> SessionOptions {
+    let mut options = for_selection(args, options);
+    if args.max_live.is_none() && options.probes.sample_bytes > 0 {
+        options.probes.max_live = HOST_SAMPLED_MAX_LIVE;
+    }
+    options
+}
+
 /// `attach --comm/--exe`: many processes, sampled unless asked otherwise.
 pub(super) fn for_selection(args: &SessionArgs, mut options: SessionOptions) -> SessionOptions {
     if args.sample_bytes.is_none() {

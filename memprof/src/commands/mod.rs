@@ -111,6 +111,35 @@ fn long_running(driver: &Driver, command: Command) -> Result<i32> {
             };
             crate::whole_heap::run(driver, pid, &options).map(|()| 0)
         }
+        Command::Agent {
+            comm,
+            exe,
+            socket,
+            group,
+            listen,
+            allow_remote,
+            metrics_top,
+            duration,
+            session,
+        } => {
+            if session.output.is_some() {
+                bail!("memprof agent writes no profile file: it serves its profiles (GET /api/profile?pid=N&format=json, or /debug/pprof/heap?pid=N)");
+            }
+            let duration = seconds("--duration", duration)?;
+            let options = flags::for_agent(&session, session_options(&session, duration)?);
+            let selection = match comm.is_empty() && exe.is_empty() {
+                true => None,
+                false => Some(Selection::new(comm, exe)?),
+            };
+            let serve = crate::agent::ServeOptions {
+                socket,
+                group,
+                listen,
+                allow_remote,
+                metrics_top,
+            };
+            crate::agent::run(driver, selection, &options, &serve)
+        }
         Command::Report(_) | Command::Probes { .. } => bail!("not a long-running command"),
     }
 }

@@ -84,12 +84,9 @@ pub trait Driven {
 }
 
 /// A [`Driven`] mode that profiles processes: any one's profile can be
-/// taken at any moment without stopping the others (what a long-running
-/// agent serves). Implemented by every session-based mode and by `attach
+/// taken at any moment without stopping the others (what `memprof agent`
+/// serves). Implemented by every session-based mode and by `attach
 /// --all`'s host.
-// Its callers come with the agent (issue #30: profiles served while it
-// runs); every profiling mode implements it already.
-#[allow(dead_code)]
 pub trait Profiling: Driven {
     /// The processes profiled now.
     fn pids(&self) -> Vec<u32>;
@@ -97,6 +94,26 @@ pub trait Profiling: Driven {
     /// A profile of process `pid` as it is now (without what only the end
     /// knows: exit, GC summary); the others run on, profiled.
     fn snapshot(&mut self, pid: u32) -> Result<Profile>;
+}
+
+/// What a process's metrics say of it, read without symbolizing (cheap
+/// enough for every process at every scrape).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Figures {
+    pub pid: u32,
+    /// The program's file name (its command line's first word, or the
+    /// kernel's name for it).
+    pub program: String,
+    pub exe: String,
+    /// Per [`memprof_common::AllocKind`] (by its number): live blocks and
+    /// bytes (estimated when sampled).
+    pub live: [[u64; 2]; 4],
+    /// Allocations followed so far (estimated when sampled).
+    pub allocations: u64,
+    /// Boehm GC programs with a session: collections seen, and the
+    /// collector's heap size where readable.
+    pub collections: Option<u64>,
+    pub gc_heap_bytes: Option<u64>,
 }
 
 /// The driver of one command: its signals are blocked from here until it

@@ -90,6 +90,40 @@ impl Family {
         })
     }
 
+    /// `memprof agent`: the probes for every process of the machine,
+    /// those running and those that start.
+    pub fn all(options: &SessionOptions) -> Result<Family> {
+        Ok(Family {
+            host: Host::start(options, Scope::All, None)?,
+        })
+    }
+
+    /// The figures of every process followed that has not ended.
+    pub fn figures(&mut self) -> Result<Vec<crate::driver::Figures>> {
+        self.host.figures()
+    }
+
+    /// The processes that ended, as kept (the last
+    /// [`KEEP_ENDED`](super::KEEP_ENDED)), oldest first.
+    pub fn ended(&self) -> Vec<crate::profile::ProcessInfo> {
+        self.host.ended()
+    }
+
+    /// The profile of the last process `pid` that ended, if kept.
+    pub fn ended_profile(&self, pid: u32) -> Option<Profile> {
+        self.host.ended_profile(pid)
+    }
+
+    /// The machine's counters now: every process's losses, and what no
+    /// process could be given.
+    pub fn counters(&self) -> Result<Counters> {
+        let mut counters = self.host.probes.peek()?.counters()?;
+        counters.stacks_not_finished += self.host.deferred.dropped;
+        counters.short_of_resources += self.host.short_of_resources;
+        (counters.processes_evicted, counters.evicted_allocs) = self.host.evicted;
+        Ok(counters)
+    }
+
     /// How many allocator files have probes.
     pub fn files_probed(&self) -> usize {
         self.host.files.probed()

@@ -47,6 +47,7 @@ mod files;
 mod notes;
 mod process;
 mod row_space;
+mod served;
 
 use deferred::Deferred;
 use events::{Reader, Seen};

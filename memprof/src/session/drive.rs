@@ -405,6 +405,28 @@ impl Followed {
         }
     }
 
+    /// The figures of every session's process (one that cannot be read
+    /// now is left out: its session says why when it ends).
+    pub(super) fn figures(&mut self) -> Vec<crate::driver::Figures> {
+        self.running
+            .iter_mut()
+            .filter_map(|s| s.figures().ok())
+            .collect()
+    }
+
+    /// The profiles of the sessions whose process ended, as kept.
+    pub(super) fn ended(&self) -> &[Profile] {
+        &self.done
+    }
+
+    /// Keeps the profiles of the last `n` sessions that ended (a machine
+    /// runs programs for days).
+    pub(super) fn keep_last(&mut self, n: usize) -> u64 {
+        let gone = self.done.len().saturating_sub(n);
+        self.done.drain(..gone);
+        gone as u64
+    }
+
     /// The profiles of every followed process; those still running are
     /// let go first (they run on, untraced).
     pub(super) fn finish(mut self) -> Vec<Profile> {

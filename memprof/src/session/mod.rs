@@ -25,6 +25,7 @@ pub(crate) mod census;
 pub(crate) mod drive;
 mod gc_watch;
 pub(crate) mod select;
+pub(crate) mod selected;
 mod start;
 mod watch;
 
@@ -256,6 +257,20 @@ impl Session {
             live_bytes,
             allocations,
             collections: self.probes.collections_seen().unwrap_or(0),
+        })
+    }
+
+    /// What `memprof agent`'s metrics say of the process, read cheaply.
+    pub fn figures(&mut self) -> Result<crate::driver::Figures> {
+        let vitals = self.vitals()?;
+        Ok(crate::driver::Figures {
+            pid: vitals.pid,
+            program: vitals.command,
+            exe: crate::text::lossy_path(&self.target.exe),
+            live: self.live_per_kind()?,
+            allocations: vitals.allocations,
+            collections: Some(vitals.collections),
+            gc_heap_bytes: self.gc.heap_size_now(),
         })
     }
 

@@ -10,6 +10,21 @@ use anyhow::{bail, Result};
 /// How often /proc is read again for processes started since.
 pub const RESCAN: Duration = Duration::from_millis(100);
 
+/// Every process running now that has a program (kernel threads have
+/// none), memprof excluded.
+pub fn all_processes() -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let me = std::process::id();
+    let mut pids: Vec<u32> = dir
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| pid != me && std::fs::read_link(format!("/proc/{pid}/exe")).is_ok())
+        .collect();
+    pids.sort_unstable();
+    pids
+}
+
 /// Processes by program name and by executable.
 #[derive(Debug, Clone, Default)]
 pub struct Selection {

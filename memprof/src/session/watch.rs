@@ -11,7 +11,7 @@
 //!
 //! `top` shows their heaps as a table: each process found in /proc
 //! (within [`RESCAN`]) gets a session of its own from then on.
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -19,9 +19,9 @@ use anyhow::{bail, Result};
 
 use super::drive::Followed;
 use super::select::{Selection, RESCAN};
+use super::selected::Selected;
 use super::Session;
 use crate::driver::{profiles, Driven, Driver, Flow, Output, Profiling};
-use crate::machine::Family;
 use crate::options::{GcSampling, SessionOptions};
 use crate::profile::Profile;
 
@@ -37,25 +37,14 @@ pub fn attach_matching(
         None,
     )?;
     let started = Instant::now();
-    let mut selected = Selected {
-        selection,
-        options,
-        last_scan: None,
-        probes: Family::select(&options.for_family(), selection)?,
-        own: Followed::default(),
-        checked: HashSet::new(),
-        uses_gc: HashMap::new(),
-    };
+    let mut selected = Selected::new(Some(selection.clone()), options)?;
     say_watching(selection, options, false);
     eprintln!(
         "memprof: the probes sit on the allocator files ({} probed): every process's allocations trap into the kernel while memprof runs (1–2 µs each); those of processes not selected return at once",
-        selected.probes.files_probed()
+        selected.files_probed()
     );
     driver.drive(&mut selected, options.duration)?;
-    let Selected { probes, own, .. } = selected;
-    let mut profiles = own.finish();
-    profiles.extend(probes.finish()?);
-    let Some(profile) = profiles::merge(None, profiles) else {
+    let Some(profile) = profiles::merge(None, selected.finish()?) else {
         bail!(
             "no process of {} allocated while memprof watched ({:.1} s): nothing to write",
             selection.describe(),
@@ -65,97 +54,6 @@ pub fn attach_matching(
     output.write_and_print(&profile, options.top)?;
     Ok(0)
 }
-
-/// `attach --comm/--exe`'s processes, as the driver steps them.
-struct Selected<'a> {
-    selection: &'a Selection,
-    options: &'a SessionOptions,
-    /// When /proc was last read for the processes selected.
-    last_scan: Option<Instant>,
-    /// Every process selected, from its first allocation.
-    probes: Family,
-    /// The Boehm GC programs among them: a session each.
-    own: Followed,
-    /// The processes (pid, index) looked at for the Boehm GC.
-    checked: HashSet<(u32, u32)>,
-    /// Whether each executable (device, inode) allocates with the Boehm GC.
-    uses_gc: HashMap<(u64, u64), bool>,
-}
-
-impl Selected<'_> {
-    /// Whether process `pid`'s program allocates with the Boehm GC (read
-    /// once per executable).
-    fn uses_gc(&mut self, pid: u32) -> bool {
-        use std::os::unix::fs::MetadataExt;
-        let Ok(meta) = std::fs::metadata(format!("/proc/{pid}/exe")) else {
-            return false;
-        };
-        *self
-            .uses_gc
-            .entry((meta.dev(), meta.ino()))
-            .or_insert_with(|| crate::allocators::program_uses_gc(pid))
-    }
-}
-
-impl Driven for Selected<'_> {
-    fn timeout(&self) -> Duration {
-        self.own.timeout(SELECTED_POLL)
-    }
-
-    /// The events read; a new Boehm GC program gets its session.
-    fn step(&mut self) -> Result<Flow> {
-        self.probes.step()?;
-        let mut found = self.probes.members();
-        // A program that ran before memprof and allocates only with the
-        // Boehm GC (a Crystal server) is seen in /proc, not by the probes.
-        if self.last_scan.is_none_or(|t| t.elapsed() >= RESCAN) {
-            self.last_scan = Some(Instant::now());
-            found.extend(
-                self.selection
-                    .matching()
-                    .into_iter()
-                    .map(|pid| (pid, u32::MAX)),
-            );
-        }
-        for (pid, index) in found {
-            if !self.checked.insert((pid, index))
-                || self.own.pids().contains(&pid)
-                || !self.uses_gc(pid)
-            {
-                continue;
-            }
-            match self.probes.leave_out(pid) {
-                Ok(()) => {
-                    let session = Session::attach_followed(pid, self.options);
-                    self.own.started(pid, session);
-                }
-                Err(e) => eprintln!("memprof: pid {pid} followed without its collections: {e:#}"),
-            }
-        }
-        self.own.step(self.options);
-        Ok(Flow::Go)
-    }
-}
-
-impl Profiling for Selected<'_> {
-    fn pids(&self) -> Vec<u32> {
-        let mut pids = self.own.pids();
-        pids.extend(self.probes.pids());
-        pids.sort_unstable();
-        pids.dedup();
-        pids
-    }
-
-    fn snapshot(&mut self, pid: u32) -> Result<Profile> {
-        match self.own.pids().contains(&pid) {
-            true => self.own.snapshot(pid),
-            false => self.probes.snapshot(pid),
-        }
-    }
-}
-
-/// The longest wait for the selected processes' events.
-const SELECTED_POLL: Duration = Duration::from_millis(10);
 
 /// `memprof top`: [`attach_matching`] with the processes' heaps shown
 /// every `refresh` (`count` times, or until `q`, Ctrl-C, SIGTERM,

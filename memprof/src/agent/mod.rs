@@ -1,0 +1,298 @@
+//! `memprof agent`: every process of the machine (or those `--comm/--exe`
+//! select), profiled until SIGTERM or Ctrl-C, and served while it runs.
+//!
+//! The processes are followed as `attach --comm/--exe` follows them
+//! ([`Selected`]: one load of the probes, sampled by bytes; a session of
+//! its own for each Boehm GC program, its collections held and its mark
+//! bits read), stepped by the one [`Driver`]. The server runs on a thread
+//! of its own ([`serve`]) and asks the driver's thread for what it serves
+//! ([`Request`]): the kernel's tables, the sessions and the profiles kept
+//! are the driver's alone, read between two steps.
+//!
+//! | part | what it does |
+//! |---|---|
+//! | this module | the mode: the driver's steps, the requests answered |
+//! | [`serve`] | HTTP on a Unix socket (and, when asked, TCP): the routes |
+//! | [`metrics`] | Prometheus's text format, from each process's figures |
+//! | [`delta`] | what was allocated between two profiles (`?seconds=N`) |
+//! | [`page`] | the page at `/` |
+pub mod delta;
+pub mod metrics;
+pub mod page;
+pub mod serve;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::mpsc;
+use std::time::{Duration, SystemTime};
+
+use anyhow::Result;
+use serde::Serialize;
+
+use crate::driver::{profiles, Driven, Driver, Figures, Flow, Profiling};
+use crate::options::SessionOptions;
+use crate::profile::{ExitInfo, Profile};
+use crate::session::select::Selection;
+use crate::session::selected::Selected;
+
+/// Where the agent serves unless `--socket` says otherwise.
+pub const DEFAULT_SOCKET: &str = "/run/memprof/agent.sock";
+
+/// How the agent serves.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// The Unix socket (root's alone, or `group`'s too).
+    pub socket: PathBuf,
+    /// A group whose members may connect to the socket.
+    pub group: Option<String>,
+    /// Also HTTP on this address (loopback unless `allow_remote`).
+    pub listen: Option<SocketAddr>,
+    pub allow_remote: bool,
+    /// `/metrics`: processes with labels of their own, by live bytes; the
+    /// others summed.
+    pub metrics_top: usize,
+}
+
+/// Which processes a profile is asked of.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Which {
+    Pid(u32),
+    /// Every running process of this program (the name `/api/processes`
+    /// gives), merged.
+    Comm(String),
+}
+
+/// What the server asks the driver's thread, with where to answer.
+pub enum Request {
+    Metrics(tokio::sync::oneshot::Sender<String>),
+    Processes(tokio::sync::oneshot::Sender<Vec<ProcessRow>>),
+    Profile(
+        Which,
+        tokio::sync::oneshot::Sender<std::result::Result<Profile, String>>,
+    ),
+}
+
+/// One process, as `/api/processes` lists it.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ProcessRow {
+    pub pid: u32,
+    /// The program's file name.
+    pub comm: String,
+    pub exe: String,
+    pub running: bool,
+    /// Live bytes and blocks, all kinds (at its end, for one that ended).
+    pub live_bytes: u64,
+    pub live_blocks: u64,
+    /// Live bytes per kind (`libc`, `mmap`, `gc`, `gc_atomic`).
+    pub live_bytes_by_kind: std::collections::BTreeMap<String, u64>,
+    pub allocations: u64,
+    /// Boehm GC programs: collections seen.
+    pub collections: Option<u64>,
+    /// Ended: how (`None` while it runs, or when not known).
+    pub exit: Option<ExitInfo>,
+    /// Ended: when, in seconds since the epoch.
+    pub end_unix_s: Option<f64>,
+}
+
+/// `memprof agent`: runs until SIGTERM or Ctrl-C, serving meanwhile.
+pub fn run(
+    driver: &Driver,
+    selection: Option<Selection>,
+    options: &SessionOptions,
+    serve: &ServeOptions,
+) -> Result<i32> {
+    // The server's sockets first: a wrong address fails before the probes load.
+    let (requests, server) = serve::Server::bind(serve)?;
+    let started = SystemTime::now();
+    let followed = Selected::new(selection.clone(), options)?;
+    eprintln!(
+        "memprof agent: following {} (sampled: --sample-bytes {}), {} allocator files probed; serving on {}{}; SIGTERM or Ctrl-C to stop",
+        selection
+            .as_ref()
+            .map_or_else(|| "every process".to_string(), Selection::describe),
+        options.probes.sample_bytes,
+        followed.files_probed(),
+        serve.socket.display(),
+        serve
+            .listen
+            .map(|a| format!(" and http://{a}"))
+            .unwrap_or_default(),
+    );
+    let mut agent = Agent {
+        followed,
+        requests,
+        metrics_top: serve.metrics_top,
+        started,
+    };
+    let end = driver.drive(&mut agent, options.duration);
+    // No more answers: the server stops before the processes are let go.
+    server.stop();
+    let Agent { followed, .. } = agent;
+    let profiles = followed.finish()?;
+    end?;
+    eprintln!(
+        "memprof agent: stopped; {} processes profiled, each runs on, untraced",
+        profiles.iter().map(|p| p.processes().len()).sum::<usize>()
+    );
+    Ok(0)
+}
+
+/// The agent's state, as the driver steps it.
+struct Agent {
+    followed: Selected,
+    requests: mpsc::Receiver<Request>,
+    metrics_top: usize,
+    started: SystemTime,
+}
+
+/// Requests answered per step at most (the processes' events come first).
+const ANSWERS_PER_STEP: usize = 8;
+
+impl Driven for Agent {
+    fn timeout(&self) -> Duration {
+        self.followed.timeout()
+    }
+
+    fn step(&mut self) -> Result<Flow> {
+        self.followed.step()?;
+        for _ in 0..ANSWERS_PER_STEP {
+            let Ok(request) = self.requests.try_recv() else {
+                break;
+            };
+            self.answer(request);
+        }
+        Ok(Flow::Go)
+    }
+}
+
+impl Agent {
+    /// Answers one request (a client gone meanwhile is not an error).
+    fn answer(&mut self, request: Request) {
+        match request {
+            Request::Metrics(reply) => {
+                let text = self.metrics().unwrap_or_else(|e| {
+                    format!("# memprof agent: the figures could not be read: {e:#}\n")
+                });
+                let _ = reply.send(text);
+            }
+            Request::Processes(reply) => {
+                let _ = reply.send(self.processes());
+            }
+            Request::Profile(which, reply) => {
+                let _ = reply.send(self.profile(&which).map_err(|e| format!("{e:#}")));
+            }
+        }
+    }
+
+    fn metrics(&mut self) -> Result<String> {
+        let figures = self.followed.figures()?;
+        let counters = self.followed.counters()?;
+        let ended = self.followed.ended().len();
+        Ok(metrics::render(&metrics::Machine {
+            figures: &figures,
+            counters: &counters,
+            ended_kept: ended,
+            top: self.metrics_top,
+        }))
+    }
+
+    fn processes(&mut self) -> Vec<ProcessRow> {
+        let mut rows: Vec<ProcessRow> = self
+            .followed
+            .figures()
+            .unwrap_or_default()
+            .iter()
+            .map(running_row)
+            .collect();
+        let start = self
+            .started
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        for info in self.followed.ended() {
+            let profile = self.followed.ended_profile(info.pid);
+            let kinds = profile.as_ref().map(live_by_kind).unwrap_or_default();
+            rows.push(ProcessRow {
+                pid: info.pid,
+                comm: info.comm().to_string(),
+                exe: info.exe.clone(),
+                running: false,
+                live_bytes: kinds.values().map(|k| k[1]).sum(),
+                live_blocks: kinds.values().map(|k| k[0]).sum(),
+                live_bytes_by_kind: kinds.iter().map(|(k, v)| (k.clone(), v[1])).collect(),
+                allocations: info.counters.as_ref().map_or(0, |c| c.allocs),
+                collections: None,
+                exit: info.exit,
+                end_unix_s: info.end_s.map(|e| start + e),
+            });
+        }
+        rows.sort_by(|a, b| {
+            (b.running, b.live_bytes, a.pid).cmp(&(a.running, a.live_bytes, b.pid))
+        });
+        rows
+    }
+
+    /// The profile of process `pid` now (or as it ended), or of every
+    /// running process of a program, merged.
+    fn profile(&mut self, which: &Which) -> Result<Profile> {
+        match which {
+            Which::Pid(pid) => {
+                if self.followed.pids().contains(pid) {
+                    return self.followed.snapshot(*pid);
+                }
+                self.followed.ended_profile(*pid).ok_or_else(|| {
+                    anyhow::anyhow!("pid {pid} is not followed, and no process {pid} that ended is kept (GET /api/processes lists them)")
+                })
+            }
+            Which::Comm(comm) => {
+                let pids: Vec<u32> = self
+                    .followed
+                    .figures()?
+                    .into_iter()
+                    .filter(|f| &f.program == comm)
+                    .map(|f| f.pid)
+                    .collect();
+                let mut profiles = Vec::new();
+                for pid in pids {
+                    // One that ended meanwhile is left out.
+                    if let Ok(profile) = self.followed.snapshot(pid) {
+                        profiles.push(profile);
+                    }
+                }
+                profiles::merge(None, profiles).ok_or_else(|| {
+                    anyhow::anyhow!("no running process of program {comm:?} is followed (GET /api/processes lists them)")
+                })
+            }
+        }
+    }
+}
+
+/// A running process's row, from its figures.
+fn running_row(f: &Figures) -> ProcessRow {
+    ProcessRow {
+        pid: f.pid,
+        comm: f.program.clone(),
+        exe: f.exe.clone(),
+        running: true,
+        live_bytes: f.live.iter().map(|k| k[1]).sum(),
+        live_blocks: f.live.iter().map(|k| k[0]).sum(),
+        live_bytes_by_kind: memprof_common::AllocKind::ALL
+            .iter()
+            .map(|k| (k.name().to_string(), f.live[*k as usize][1]))
+            .collect(),
+        allocations: f.allocations,
+        collections: f.collections,
+        exit: None,
+        end_unix_s: None,
+    }
+}
+
+/// A profile's live blocks and bytes per kind.
+fn live_by_kind(profile: &Profile) -> std::collections::BTreeMap<String, [u64; 2]> {
+    let mut kinds = std::collections::BTreeMap::new();
+    for g in &profile.groups {
+        let k: &mut [u64; 2] = kinds.entry(g.kind.clone()).or_default();
+        k[0] += g.live_count;
+        k[1] += g.live_bytes;
+    }
+    kinds
+}

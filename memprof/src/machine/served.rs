@@ -1,0 +1,130 @@
+//! What a host gives `memprof agent` while it runs, besides snapshots:
+//! every running process's figures (read from the kernel's tables, not
+//! symbolized: a scrape of 500 processes stays cheap), and the processes
+//! that ended, as kept ([`KEEP_ENDED`](super::KEEP_ENDED)).
+use std::collections::{HashMap, HashSet};
+
+use anyhow::Result;
+
+use super::Host;
+use crate::driver::Figures;
+use crate::probes::Site;
+use crate::profile::{ProcessInfo, Profile};
+
+impl Host {
+    /// The figures of every process followed that has not ended.
+    pub(crate) fn figures(&mut self) -> Result<Vec<Figures>> {
+        let running: HashSet<u32> = self
+            .processes
+            .values()
+            .filter(|p| p.end_s.is_none())
+            .map(|p| p.index)
+            .collect();
+        let mut tables = self.probes.read_processes(&running)?;
+        let sample_bytes = self.probes.sample_bytes();
+        let mut out = Vec::new();
+        for index in running {
+            let Some(p) = self.processes.get(&index) else {
+                continue;
+            };
+            let mut figures = Figures {
+                pid: p.pid,
+                program: p.name(),
+                exe: p.exe.clone(),
+                ..Figures::default()
+            };
+            if figures.program.is_empty() {
+                figures.program = p.command.first().cloned().unwrap_or_default();
+            }
+            let Some(tables) = tables.remove(&index) else {
+                out.push(figures);
+                continue;
+            };
+            // Per site, as the profile scales them (each by its mean size).
+            let mut live: HashMap<Site, [u64; 2]> = HashMap::new();
+            for (_, block) in &tables.live {
+                let sum = live.entry(block.site).or_default();
+                sum[0] += 1;
+                sum[1] += block.size;
+            }
+            for (site, [count, bytes]) in live {
+                let (count, bytes) = crate::sampling::scale(count, bytes, sample_bytes);
+                let kind = &mut figures.live[site.kind as usize];
+                kind[0] += count;
+                kind[1] += bytes;
+            }
+            figures.allocations = tables
+                .sites
+                .iter()
+                .map(|(_, t)| crate::sampling::scale(t.count, t.bytes, sample_bytes).0)
+                .sum();
+            out.push(figures);
+        }
+        Ok(out)
+    }
+
+    /// The processes that ended and are kept, oldest first.
+    pub(crate) fn ended(&self) -> Vec<ProcessInfo> {
+        let mut ended: Vec<ProcessInfo> = self
+            .merged
+            .iter()
+            .chain(&self.done)
+            .flat_map(|p| p.processes.iter().cloned())
+            .filter(|p| p.end_s.is_some())
+            .collect();
+        ended.sort_by(|a, b| a.end_s.unwrap_or(0.0).total_cmp(&b.end_s.unwrap_or(0.0)));
+        ended
+    }
+
+    /// The profile of the last process `pid` that ended, as kept.
+    pub(crate) fn ended_profile(&self, pid: u32) -> Option<Profile> {
+        if let Some(p) = self
+            .done
+            .iter()
+            .rev()
+            .find(|p| p.processes.iter().any(|i| i.pid == pid))
+        {
+            return Some(p.clone());
+        }
+        let merged = self.merged.as_ref()?;
+        let info = merged
+            .processes
+            .iter()
+            .filter(|i| i.pid == pid && i.end_s.is_some())
+            .max_by(|a, b| a.end_s.unwrap_or(0.0).total_cmp(&b.end_s.unwrap_or(0.0)))?;
+        Some(part_of(merged, info))
+    }
+}
+
+/// Process `info`'s part of a profile of many: its groups, its stacks,
+/// its counters.
+fn part_of(profile: &Profile, info: &ProcessInfo) -> Profile {
+    let mut part = Profile {
+        groups: profile
+            .groups
+            .iter()
+            .filter(|g| g.pid == info.pid && g.pid_reuse == info.pid_reuse)
+            .cloned()
+            .collect(),
+        stacks: profile.stacks.clone(),
+        processes: vec![info.clone()],
+        counters: info.counters.clone().unwrap_or_default(),
+        exit: info.exit,
+        target: crate::profile::TargetInfo {
+            pid: info.pid,
+            command: info.command.clone(),
+            exe: info.exe.clone(),
+        },
+        probes: profile.probes.clone(),
+        memprof_version: profile.memprof_version.clone(),
+        mode: profile.mode.clone(),
+        start_unix_s: profile.start_unix_s,
+        duration_s: info.end_s.unwrap_or(profile.duration_s),
+        unwind: profile.unwind.clone(),
+        sample_bytes: profile.sample_bytes,
+        gc_sampling: profile.gc_sampling.clone(),
+        ..Profile::default()
+    };
+    part.compact_stacks();
+    part
+}

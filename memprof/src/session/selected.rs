@@ -1,0 +1,205 @@
+//! The processes `attach --comm/--exe` selects, or every process of the
+//! machine (`memprof agent`), as the driver steps them: one load of the
+//! probes follows them all from their first allocation ([`Family`]), and a
+//! program that allocates with the Boehm GC gets a session of its own
+//! besides (its collections held, its mark bits read), as under `run`.
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+
+use super::drive::Followed;
+use super::select::{Selection, RESCAN};
+use super::Session;
+use crate::driver::{Driven, Figures, Flow, Profiling};
+use crate::machine::Family;
+use crate::options::SessionOptions;
+use crate::profile::{Counters, ProcessInfo, Profile};
+
+/// The longest wait for the selected processes' events.
+const SELECTED_POLL: Duration = Duration::from_millis(10);
+
+/// Every process: /proc is read for Boehm GC programs that ran before
+/// memprof this often (each executable is looked at once).
+const RESCAN_ALL: Duration = Duration::from_secs(2);
+
+/// The sessions of Boehm GC programs that ended, kept by `memprof agent`
+/// (the oldest let go, counted).
+const KEEP_ENDED_SESSIONS: usize = 200;
+
+/// The processes selected (`None`: every process), followed.
+pub(crate) struct Selected {
+    selection: Option<Selection>,
+    options: SessionOptions,
+    /// When /proc was last read for the processes selected.
+    last_scan: Option<Instant>,
+    /// Every process selected, from its first allocation.
+    probes: Family,
+    /// The Boehm GC programs among them: a session each.
+    own: Followed,
+    /// The processes (pid, index) looked at for the Boehm GC (those gone
+    /// are forgotten at each scan of /proc).
+    checked: HashSet<(u32, u32)>,
+    /// Whether each executable (device, inode) allocates with the Boehm GC.
+    uses_gc: HashMap<(u64, u64), bool>,
+    /// Sessions that ended let go ([`KEEP_ENDED_SESSIONS`]).
+    sessions_evicted: u64,
+}
+
+impl Selected {
+    /// The probes loaded for the processes `selection` names (`None`:
+    /// every process).
+    pub(crate) fn new(selection: Option<Selection>, options: &SessionOptions) -> Result<Selected> {
+        let family = options.for_family();
+        let probes = match &selection {
+            Some(selection) => Family::select(&family, selection)?,
+            None => Family::all(&family)?,
+        };
+        Ok(Selected {
+            selection,
+            options: options.clone(),
+            last_scan: None,
+            probes,
+            own: Followed::default(),
+            checked: HashSet::new(),
+            uses_gc: HashMap::new(),
+            sessions_evicted: 0,
+        })
+    }
+
+    /// How many allocator files have probes.
+    pub(crate) fn files_probed(&self) -> usize {
+        self.probes.files_probed()
+    }
+
+    /// Whether process `pid`'s program allocates with the Boehm GC (read
+    /// once per executable).
+    fn uses_gc(&mut self, pid: u32) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let Ok(meta) = std::fs::metadata(format!("/proc/{pid}/exe")) else {
+            return false;
+        };
+        *self
+            .uses_gc
+            .entry((meta.dev(), meta.ino()))
+            .or_insert_with(|| crate::allocators::program_uses_gc(pid))
+    }
+
+    /// The processes running now, by /proc (memprof excluded).
+    fn running_now(&self) -> Vec<u32> {
+        match &self.selection {
+            Some(selection) => selection.matching(),
+            None => super::select::all_processes(),
+        }
+    }
+
+    /// The figures of every process followed now.
+    pub(crate) fn figures(&mut self) -> Result<Vec<Figures>> {
+        let mut figures = self.own.figures();
+        figures.extend(self.probes.figures()?);
+        Ok(figures)
+    }
+
+    /// The processes that ended, as kept, oldest first.
+    pub(crate) fn ended(&self) -> Vec<ProcessInfo> {
+        let mut ended = self.probes.ended();
+        ended.extend(
+            self.own
+                .ended()
+                .iter()
+                .map(|p| p.processes().swap_remove(0)),
+        );
+        ended
+    }
+
+    /// The profile of the last process `pid` that ended, if kept.
+    pub(crate) fn ended_profile(&self, pid: u32) -> Option<Profile> {
+        let own = self.own.ended().iter().rev().find(|p| p.target.pid == pid);
+        match own {
+            Some(profile) => Some(profile.clone()),
+            None => self.probes.ended_profile(pid),
+        }
+    }
+
+    /// The machine's counters now (every process's losses); Boehm GC
+    /// programs' sessions count their own, in their profiles.
+    pub(crate) fn counters(&self) -> Result<Counters> {
+        let mut counters = self.probes.counters()?;
+        counters.processes_evicted += self.sessions_evicted;
+        Ok(counters)
+    }
+
+    /// The end: every process let go (it runs on, untraced); the
+    /// profiles of all those followed.
+    pub(crate) fn finish(self) -> Result<Vec<Profile>> {
+        let mut profiles = self.own.finish();
+        profiles.extend(self.probes.finish()?);
+        Ok(profiles)
+    }
+}
+
+impl Driven for Selected {
+    fn timeout(&self) -> Duration {
+        self.own.timeout(SELECTED_POLL)
+    }
+
+    /// The events read; a new Boehm GC program gets its session.
+    fn step(&mut self) -> Result<Flow> {
+        self.probes.step()?;
+        let mut found = self.probes.members();
+        // A program that ran before memprof and allocates only with the
+        // Boehm GC (a Crystal server) is seen in /proc, not by the probes.
+        let rescan = match self.selection {
+            Some(_) => RESCAN,
+            None => RESCAN_ALL,
+        };
+        if self.last_scan.is_none_or(|t| t.elapsed() >= rescan) {
+            self.last_scan = Some(Instant::now());
+            let now = self.running_now();
+            let alive: HashSet<u32> = now
+                .iter()
+                .copied()
+                .chain(found.iter().map(|m| m.0))
+                .collect();
+            self.checked.retain(|(pid, _)| alive.contains(pid));
+            found.extend(now.into_iter().map(|pid| (pid, u32::MAX)));
+        }
+        for (pid, index) in found {
+            if !self.checked.insert((pid, index))
+                || self.own.pids().contains(&pid)
+                || !self.uses_gc(pid)
+            {
+                continue;
+            }
+            match self.probes.leave_out(pid) {
+                Ok(()) => {
+                    let session = Session::attach_followed(pid, &self.options);
+                    self.own.started(pid, session);
+                }
+                Err(e) => eprintln!("memprof: pid {pid} followed without its collections: {e:#}"),
+            }
+        }
+        self.own.step(&self.options);
+        if self.selection.is_none() {
+            self.sessions_evicted += self.own.keep_last(KEEP_ENDED_SESSIONS);
+        }
+        Ok(Flow::Go)
+    }
+}
+
+impl Profiling for Selected {
+    fn pids(&self) -> Vec<u32> {
+        let mut pids = self.own.pids();
+        pids.extend(self.probes.pids());
+        pids.sort_unstable();
+        pids.dedup();
+        pids
+    }
+
+    fn snapshot(&mut self, pid: u32) -> Result<Profile> {
+        match self.own.pids().contains(&pid) {
+            true => self.own.snapshot(pid),
+            false => self.probes.snapshot(pid),
+        }
+    }
+}

@@ -1,0 +1,506 @@
+//! `memprof agent`: every process followed, served while it runs, read by
+//! the real clients: Prometheus (Debian's, scraping the agent), `go tool
+//! pprof` (over HTTP), curl on the Unix socket (as root and as nobody).
+//!
+//! The fixture is `grow` (`fixtures/c/grow.c`), started after the agent:
+//! 250 × malloc(64) per line on its stdin, all kept, nothing else
+//! allocated. The agent runs with `--sample-bytes 0`: every figure exact.
+
+use std::io::Write;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{ChildStdin, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use memprof_tests::*;
+
+/// One agent at a time: each follows every process of the machine.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// A port nobody listens on now.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A running `memprof agent --sample-bytes 0`, its socket in the test's
+/// directory, on a loopback port.
+struct Agent {
+    child: ChildGuard,
+    stderr: Lines,
+    socket: PathBuf,
+    port: u16,
+}
+
+impl Agent {
+    fn start(dir: &TempDir, extra: &[&str]) -> Agent {
+        let socket = dir.join("agent.sock");
+        let port = free_port();
+        let listen = format!("127.0.0.1:{port}");
+        let mut args = vec![
+            OsStr::new("agent"),
+            OsStr::new("--sample-bytes"),
+            OsStr::new("0"),
+            OsStr::new("--socket"),
+            socket.as_os_str(),
+            OsStr::new("--listen"),
+            OsStr::new(&listen),
+        ];
+        args.extend(extra.iter().map(OsStr::new));
+        let mut child = ChildGuard(
+            memprof(args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("cannot start memprof agent"),
+        );
+        let mut stderr = Lines::new("memprof agent stderr", child.0.stderr.take().unwrap());
+        stderr.wait_for("serving on", TIMEOUT);
+        Agent {
+            child,
+            stderr,
+            socket,
+            port,
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    /// GET `path` over TCP: status and body.
+    fn get(&self, path: &str) -> (u16, Vec<u8>) {
+        curl(&["-s", "-w", "\n%{http_code}", &self.url(path)])
+    }
+
+    fn get_text(&self, path: &str) -> String {
+        let (status, body) = self.get(path);
+        let body = String::from_utf8_lossy(&body).into_owned();
+        assert_eq!(status, 200, "GET {path}: {body}");
+        body
+    }
+
+    /// SIGTERM: it exits 0, its socket gone.
+    fn stop(mut self) -> Vec<String> {
+        self.child.signal(libc::SIGTERM);
+        let status = self.child.wait_timeout(TIMEOUT);
+        let lines = self.stderr.all();
+        assert!(status.success(), "agent: {status}\n{}", lines.join("\n"));
+        assert!(!self.socket.exists(), "the socket is left behind");
+        lines
+    }
+}
+
+/// curl with `args`, the body's last line its status (`-w`).
+fn curl(args: &[&str]) -> (u16, Vec<u8>) {
+    let output = Command::new("curl")
+        .args(args)
+        .output()
+        .expect("cannot run curl (cargo xtask setup installs it)");
+    let mut body = output.stdout;
+    let cut = body.iter().rposition(|&b| b == b'\n').unwrap_or(0);
+    let status = String::from_utf8_lossy(&body[cut..])
+        .trim()
+        .parse()
+        .unwrap_or(0);
+    body.truncate(cut);
+    (status, body)
+}
+
+/// `grow`, started now, and its stdin.
+struct Grow {
+    child: ChildGuard,
+    stdin: ChildStdin,
+    stdout: Lines,
+    steps: u32,
+}
+
+impl Grow {
+    fn start() -> Grow {
+        let mut child = ChildGuard(
+            Command::new(fixture::GROW)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+        let stdin = child.0.stdin.take().unwrap();
+        let mut stdout = Lines::new("grow stdout", child.0.stdout.take().unwrap());
+        stdout.wait_for("ready", TIMEOUT);
+        Grow {
+            child,
+            stdin,
+            stdout,
+            steps: 0,
+        }
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.pid()
+    }
+
+    /// One more step: 250 × 64 bytes at `grow`.
+    fn grow(&mut self) {
+        writeln!(self.stdin, "go").unwrap();
+        self.steps += 1;
+        self.stdout
+            .wait_for(&format!("grown {}", self.steps), TIMEOUT);
+    }
+}
+
+/// Polls `what` until it gives `Some`, or panics after [`TIMEOUT`] with
+/// the last thing seen.
+fn poll<T>(what: &str, mut f: impl FnMut() -> Result<T, String>) -> T {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        match f() {
+            Ok(v) => return v,
+            Err(last) if Instant::now() > deadline => panic!("{what}: never came; last:\n{last}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(200)),
+        }
+    }
+}
+
+/// The samples of a `/metrics` text for process `pid`: `name{…kind} value`.
+fn metric(text: &str, name: &str, pid: i32, kind: &str) -> Option<u64> {
+    let prefix = format!("{name}{{pid=\"{pid}\",");
+    let kind = format!("kind=\"{kind}\"}}");
+    text.lines()
+        .find(|l| l.starts_with(&prefix) && l.contains(&kind))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+#[test]
+fn prometheus_scrapes_the_exact_live_bytes() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = TempDir::new("agent-prometheus");
+    let agent = Agent::start(&dir, &[]);
+    let mut grow = Grow::start();
+    grow.grow();
+    grow.grow();
+    let pid = grow.pid();
+
+    // The exposition: the fixture's exact figures, and promtool accepts it.
+    let text = poll("grow's live bytes in /metrics", || {
+        let text = agent.get_text("/metrics");
+        match metric(&text, "memprof_process_live_bytes", pid, "libc") {
+            Some(32_000) => Ok(text),
+            _ => Err(text),
+        }
+    });
+    assert_eq!(
+        metric(&text, "memprof_process_live_blocks", pid, "libc"),
+        Some(500)
+    );
+    assert_eq!(
+        metric(&text, "memprof_process_live_bytes", pid, "mmap"),
+        Some(0)
+    );
+    let line = format!(
+        "memprof_process_allocations_total{{pid=\"{pid}\",comm=\"grow\",exe=\"{}\"}} 500",
+        fixture::GROW
+    );
+    assert!(text.lines().any(|l| l == line), "no {line:?} in:\n{text}");
+    let metrics_file = dir.join("metrics.txt");
+    std::fs::write(&metrics_file, &text).unwrap();
+    let check = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::fs::File::open(&metrics_file).unwrap())
+        .output()
+        .expect("cannot run promtool (cargo xtask setup installs prometheus)");
+    assert!(
+        check.status.success(),
+        "promtool check metrics: {}{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
+
+    // A real Prometheus scrapes it every second; its query API gives the figure.
+    let prometheus_port = free_port();
+    let config = dir.join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: memprof\n    static_configs:\n      - targets: ['127.0.0.1:{}']\n",
+            agent.port
+        ),
+    )
+    .unwrap();
+    let _prometheus = ChildGuard(
+        Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("tsdb").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{prometheus_port}"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("prometheus.log")).unwrap())
+            .spawn()
+            .expect("cannot start prometheus (cargo xtask setup installs it)"),
+    );
+    let query = format!(
+        "http://127.0.0.1:{prometheus_port}/api/v1/query?query=memprof_process_live_bytes%7Bpid%3D%22{pid}%22%2Ckind%3D%22libc%22%7D"
+    );
+    let answer = poll("Prometheus's answer", || {
+        let (status, body) = curl(&["-s", "-w", "\n%{http_code}", &query]);
+        let body = String::from_utf8_lossy(&body).into_owned();
+        match status == 200 && body.contains("\"result\":[{") {
+            true => Ok(body),
+            false => Err(body),
+        }
+    });
+    let json: Value = serde_json::from_str(&answer).unwrap();
+    let result = &json["data"]["result"][0];
+    assert_eq!(result["metric"]["comm"], "grow", "{answer}");
+    assert_eq!(result["metric"]["job"], "memprof", "{answer}");
+    assert_eq!(result["value"][1], "32000", "{answer}");
+
+    // Let go: the fixture runs on, and grows on, untraced.
+    agent.stop();
+    grow.grow();
+    assert!(grow.child.is_running());
+}
+
+/// `go tool pprof -raw URL`: its output.
+fn pprof_raw(url: &str) -> String {
+    let output = Command::new("go")
+        .args(["tool", "pprof", "-raw", url])
+        .env("PPROF_TMPDIR", std::env::temp_dir())
+        .output()
+        .expect("cannot run go tool pprof (cargo xtask setup installs golang-go)");
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "go tool pprof -raw {url}: {text}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    text
+}
+
+/// From `pprof -raw`: the values of the samples whose stack names
+/// `function` (alloc_objects, alloc_space, inuse_objects, inuse_space).
+fn samples_at(raw: &str, function: &str) -> Vec<[i64; 4]> {
+    // Locations: "     3: 0x401156 M=1 grow /src/grow.c:30 s=0".
+    let mut ids = Vec::new();
+    let mut in_locations = false;
+    for line in raw.lines() {
+        if line.starts_with("Locations") {
+            in_locations = true;
+            continue;
+        }
+        if line.starts_with("Mappings") {
+            break;
+        }
+        if in_locations && line.contains(&format!(" {function} ")) {
+            if let Some(id) = line
+                .split(':')
+                .next()
+                .and_then(|i| i.trim().parse::<u64>().ok())
+            {
+                ids.push(id);
+            }
+        }
+    }
+    let mut samples = Vec::new();
+    for line in raw.lines().take_while(|l| !l.starts_with("Locations")) {
+        let Some((values, stack)) = line.split_once(':') else {
+            continue;
+        };
+        let values: Vec<i64> = values
+            .split_whitespace()
+            .filter_map(|v| v.parse().ok())
+            .collect();
+        let Ok(values) = <[i64; 4]>::try_from(values) else {
+            continue;
+        };
+        let stack: Vec<u64> = stack
+            .split_whitespace()
+            .filter_map(|i| i.parse().ok())
+            .collect();
+        if stack.iter().any(|i| ids.contains(i)) {
+            samples.push(values);
+        }
+    }
+    samples
+}
+
+#[test]
+fn go_tool_pprof_reads_the_heap_and_what_a_window_allocated() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = TempDir::new("agent-pprof");
+    let agent = Agent::start(&dir, &[]);
+    let mut grow = Grow::start();
+    grow.grow();
+    grow.grow();
+    let pid = grow.pid();
+
+    let raw = pprof_raw(&agent.url(&format!("/debug/pprof/heap?pid={pid}")));
+    assert!(
+        raw.contains("alloc_objects/count alloc_space/bytes inuse_objects/count inuse_space/bytes"),
+        "{raw}"
+    );
+    assert_eq!(
+        samples_at(&raw, "grow"),
+        vec![[500, 32_000, 500, 32_000]],
+        "{raw}"
+    );
+    // By program name: the same process.
+    let by_name = pprof_raw(&agent.url("/debug/pprof/heap?comm=grow"));
+    assert_eq!(
+        samples_at(&by_name, "grow"),
+        vec![[500, 32_000, 500, 32_000]],
+        "{by_name}"
+    );
+
+    // ?seconds=3: only the step made within the window.
+    let url = agent.url(&format!("/debug/pprof/heap?pid={pid}&seconds=3"));
+    let window = std::thread::spawn(move || pprof_raw(&url));
+    std::thread::sleep(Duration::from_millis(1500));
+    grow.grow();
+    let raw = window.join().unwrap();
+    assert_eq!(
+        samples_at(&raw, "grow"),
+        vec![[250, 16_000, 250, 16_000]],
+        "{raw}"
+    );
+
+    // A process nobody follows: one line, 404.
+    let (status, body) = agent.get("/debug/pprof/heap?pid=999999999");
+    assert_eq!(status, 404, "{}", String::from_utf8_lossy(&body));
+    let (status, body) = agent.get("/debug/pprof/heap");
+    assert_eq!(status, 400);
+    assert_eq!(
+        String::from_utf8_lossy(&body),
+        "memprof agent: say which process: ?pid=N or ?comm=NAME (GET /api/processes lists them)\n"
+    );
+    agent.stop();
+}
+
+#[test]
+fn a_process_that_ended_is_served_with_its_exit() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = TempDir::new("agent-ended");
+    let agent = Agent::start(&dir, &[]);
+    let status = Command::new(fixture::BASIC).status().unwrap();
+    assert!(status.success());
+    let row = poll("basic among the ended processes", || {
+        let text = agent.get_text("/api/processes");
+        let rows: Value = serde_json::from_str(&text).unwrap();
+        rows.as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["comm"] == "basic" && r["running"] == false)
+            .cloned()
+            .ok_or(text)
+    });
+    assert_eq!(row["exit"]["code"], 0, "{row}");
+    assert_eq!(row["live_bytes"], 28_800, "{row}");
+    assert_eq!(row["live_blocks"], 600, "{row}");
+    let pid = row["pid"].as_u64().unwrap();
+    let profile = dir.join("basic.json");
+    std::fs::write(&profile, agent.get_text(&format!("/api/profile?pid={pid}"))).unwrap();
+    let json: Value = serde_json::from_slice(&std::fs::read(&profile).unwrap()).unwrap();
+    let counts = Counts::of(group_at(&json, "libc", "make_foo"));
+    assert_eq!(
+        (
+            counts.live_count,
+            counts.live_bytes,
+            counts.total_count,
+            counts.total_bytes
+        ),
+        (600, 28_800, 1_000, 48_000)
+    );
+    // Any format of `memprof report`: markdown names the site.
+    let markdown = agent.get_text(&format!("/api/profile?pid={pid}&format=markdown"));
+    assert!(markdown.contains("make_foo"), "{markdown}");
+    agent.stop();
+}
+
+/// curl on the Unix socket, as `user` (`None`: root).
+fn curl_socket(socket: &Path, user: Option<&str>) -> std::process::Output {
+    let mut command = match user {
+        Some(user) => {
+            let mut c = Command::new("runuser");
+            c.args(["-u", user, "--", "curl"]);
+            c
+        }
+        None => Command::new("curl"),
+    };
+    command
+        .args(["-s", "-S", "-v", "--unix-socket"])
+        .arg(socket)
+        .arg("http://agent/metrics")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn the_socket_is_roots_alone_and_a_remote_address_needs_a_flag() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = TempDir::new("agent-security");
+    use std::os::unix::fs::PermissionsExt;
+    let agent = Agent::start(&dir, &[]);
+    let mode = std::fs::metadata(&agent.socket)
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let root = curl_socket(&agent.socket, None);
+    assert!(root.status.success());
+    assert!(
+        String::from_utf8_lossy(&root.stdout).contains("# TYPE memprof_process_live_bytes gauge")
+    );
+    let nobody = curl_socket(&agent.socket, Some("nobody"));
+    assert_eq!(nobody.status.code(), Some(7), "{nobody:?}");
+    assert!(
+        // curl shortens the path it shows.
+        String::from_utf8_lossy(&nobody.stderr)
+            .lines()
+            .any(|l| l.starts_with("* Immediate connect fail for ")
+                && l.ends_with(": Permission denied")),
+        "{nobody:?}"
+    );
+    // A second agent on the same socket is refused, and the first serves on.
+    let second = run([
+        OsStr::new("agent"),
+        OsStr::new("--socket"),
+        agent.socket.as_os_str(),
+    ]);
+    assert_one_line_error(&second, &["another memprof agent serves there"]);
+    assert!(curl_socket(&agent.socket, None).status.success());
+    agent.stop();
+
+    // Not a loopback address: refused before anything loads, in one line.
+    let socket = dir.join("remote.sock");
+    let remote = run([
+        OsStr::new("agent"),
+        OsStr::new("--socket"),
+        socket.as_os_str(),
+        OsStr::new("--listen"),
+        OsStr::new("0.0.0.0:6060"),
+    ]);
+    assert_one_line_error(
+        &remote,
+        &[
+            "--listen 0.0.0.0:6060",
+            "not a loopback address",
+            "--allow-remote",
+        ],
+    );
+    assert!(!socket.exists());
+    // Something that is not a socket where the socket goes: left alone.
+    let file = dir.join("file");
+    std::fs::write(&file, "mine").unwrap();
+    let taken = run([
+        OsStr::new("agent"),
+        OsStr::new("--socket"),
+        file.as_os_str(),
+    ]);
+    assert_one_line_error(&taken, &["not a socket", "not removed"]);
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "mine");
+}
