@@ -65,6 +65,10 @@ pub const TABLE: u8 = 5;
 /// The program the process `exec`ed now ([`HostEvent::path`], as given
 /// to `execve`), after [`EXEC`] for its old index: its new index.
 pub const PROGRAM: u8 = 6;
+/// The kernel's OOM killer chose the process (`index`: its index, or
+/// [`UNSELECTED`] for one left out to a session of its own); its
+/// [`EXIT`] follows.
+pub const OOM: u8 = 7;
 
 /// Bytes of a path an event carries (longer ones are cut: the process
 /// is still named by its mappings' files).

@@ -23,10 +23,13 @@ pub const THREAD_EXIT: &str = "thread_exit";
 /// Raw tracepoint `sched_process_exec` (`attach --all`): the process's
 /// index is done.
 pub const PROCESS_EXEC: &str = "process_exec";
+/// Raw tracepoint `mark_victim` (`attach --all`, `memprof agent`): the
+/// OOM killer chose a process.
+pub const OOM_VICTIM: &str = "oom_victim";
 
 /// Every program of the eBPF object (checked against the object by a
 /// userspace test, as [`maps::ALL`](super::maps::ALL) is).
-pub const ALL: [&str; 11] = [
+pub const ALL: [&str; 12] = [
     ALLOC_ENTER,
     ALLOC_EXIT,
     ALLOC_SESSION,
@@ -38,6 +41,7 @@ pub const ALL: [&str; 11] = [
     GC_COLLECTION,
     THREAD_EXIT,
     PROCESS_EXEC,
+    OOM_VICTIM,
 ];
 
 /// The number the kernel programs call `bpf_session_is_return()` by: a

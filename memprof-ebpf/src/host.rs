@@ -357,6 +357,26 @@ pub(crate) fn thread_exit(thread: u64) {
     }
 }
 
+/// The OOM killer chose `task`: userspace is told, if its process is
+/// followed or left out to a session (its exit comes after).
+#[inline(always)]
+pub(crate) fn oom_victim(task: u64) -> i32 {
+    if HOST.load() == 0 {
+        return 0;
+    }
+    let at = (task as *const u8).wrapping_add(TASK_TGID.load() as usize);
+    let Ok(tgid) = (unsafe { bpf_probe_read_kernel(at as *const u32) }) else {
+        return 0;
+    };
+    if let Some(index) = PROCESSES.get_ptr(&tgid) {
+        let index = unsafe { *index };
+        if index != host::IGNORED {
+            host_event(host::OOM, tgid, index, 0);
+        }
+    }
+    0
+}
+
 /// `attach --all`: a process `exec`ed: the index of its old program is
 /// done, and the new program gets one now, before any of its code
 /// runs, with the path it was started by (`bprm`: the tracepoint's

@@ -144,6 +144,13 @@ mod programs {
         host::process_exec(ctx.arg::<u64>(2))
     }
 
+    /// `attach --all`: the OOM killer chose a task.
+    #[raw_tracepoint(tracepoint = "mark_victim")]
+    pub fn oom_victim(ctx: RawTracePointContext) -> i32 {
+        // args: the task, its user.
+        host::oom_victim(ctx.arg::<u64>(0))
+    }
+
     /// Benchmark baseline: the bare cost of a probe hit.
     #[uprobe]
     pub fn empty_probe(_ctx: ProbeContext) -> u32 {

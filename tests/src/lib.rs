@@ -48,6 +48,9 @@ pub mod fixture {
     /// later (`fixtures/c/delayed.c`).
     pub const DELAYED: &str = env!("FIXTURE_DELAYED");
     pub const GROWER: &str = env!("FIXTURE_GROWER");
+    /// Grows by malloc(1 MiB) after a line on stdin until the OOM killer
+    /// ends it, saying "allocated N" after each (`fixtures/c/oom_grower.c`).
+    pub const OOM_GROWER: &str = env!("FIXTURE_OOM_GROWER");
     pub const BENCH_LOOP: &str = env!("FIXTURE_BENCH_LOOP");
     pub const NO_LIBC: &str = env!("FIXTURE_NO_LIBC");
     /// basic's allocations in a 16 MiB program that exits at once

@@ -504,3 +504,139 @@ fn the_socket_is_roots_alone_and_a_remote_address_needs_a_flag() {
     assert_one_line_error(&taken, &["not a socket", "not removed"]);
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "mine");
 }
+
+/// A memory cgroup of its own with a small limit (cgroup v1's memory
+/// hierarchy where mounted, else v2's), removed on drop.
+struct MemoryCgroup(PathBuf);
+
+impl MemoryCgroup {
+    fn new(name: &str, limit: u64) -> MemoryCgroup {
+        let v1 = Path::new("/sys/fs/cgroup/memory");
+        let (dir, files): (PathBuf, &[&str]) = match v1.join("cgroup.procs").exists() {
+            true => (
+                v1.join(name),
+                &["memory.limit_in_bytes", "memory.memsw.limit_in_bytes"],
+            ),
+            false => (
+                Path::new("/sys/fs/cgroup").join(name),
+                &["memory.max", "memory.swap.max"],
+            ),
+        };
+        let _ = std::fs::remove_dir(&dir);
+        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        for (i, file) in files.iter().enumerate() {
+            let path = dir.join(file);
+            // No swap (v2), or swap and memory together (v1).
+            let value = if i == 1 && file.starts_with("memory.swap") {
+                0
+            } else {
+                limit
+            };
+            if path.exists() {
+                std::fs::write(&path, value.to_string())
+                    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            }
+        }
+        MemoryCgroup(dir)
+    }
+
+    /// `program`, started in the cgroup.
+    fn command(&self, program: &str) -> Command {
+        let mut command = Command::new("sh");
+        command.args([
+            "-c",
+            &format!("echo $$ > {}/cgroup.procs && exec \"$0\"", self.0.display()),
+            program,
+        ]);
+        command
+    }
+}
+
+impl Drop for MemoryCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+#[test]
+fn a_process_the_oom_killer_ends_is_served_marked_so() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = TempDir::new("agent-oom");
+    let agent = Agent::start(&dir, &[]);
+    let cgroup = MemoryCgroup::new(
+        &format!("memprof-test-oom-{}", std::process::id()),
+        64 << 20,
+    );
+    let mut child = ChildGuard(
+        cgroup
+            .command(fixture::OOM_GROWER)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = child.pid();
+    let mut stdin = child.0.stdin.take().unwrap();
+    let mut stdout = Lines::new("oom_grower stdout", child.0.stdout.take().unwrap());
+    stdout.wait_for("ready", TIMEOUT);
+    writeln!(stdin, "go").unwrap();
+    let status = child.wait_timeout(TIMEOUT);
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{status}");
+    let lines = stdout.all();
+    let said: u64 = lines
+        .iter()
+        .rev()
+        .find_map(|l| l.strip_prefix("allocated ")?.parse().ok())
+        .unwrap_or_else(|| panic!("no 'allocated N' in {lines:?}"));
+    assert!(
+        (20..=64).contains(&said),
+        "{said} MiB before the kill of a 64 MiB cgroup"
+    );
+
+    // Listed as ended, by the OOM killer.
+    let row = poll("oom_grower among the ended processes", || {
+        let text = agent.get_text("/api/processes");
+        let rows: Value = serde_json::from_str(&text).unwrap();
+        rows.as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["pid"] == pid && r["comm"] == "oom_grower" && r["running"] == false)
+            .cloned()
+            .ok_or(text)
+    });
+    assert_eq!(row["exit"]["signal"], 9, "{row}");
+    assert_eq!(row["exit"]["oom_killed"], true, "{row}");
+
+    // Its profile: what it held live when killed, the growing function first.
+    let json: Value =
+        serde_json::from_str(&agent.get_text(&format!("/api/profile?pid={pid}"))).unwrap();
+    assert_eq!(json["target"]["exit_signal"], 9, "{}", json["target"]);
+    assert_eq!(json["target"]["oom_killed"], true, "{}", json["target"]);
+    let counts = Counts::of(group_at(&json, "libc", "grow_until_killed"));
+    assert!(
+        counts.live_count == said || counts.live_count == said + 1,
+        "{} live blocks at grow_until_killed, {said} said",
+        counts.live_count
+    );
+    assert_eq!(counts.live_bytes, counts.live_count << 20);
+    let markdown = agent.get_text(&format!("/api/profile?pid={pid}&format=markdown"));
+    assert!(
+        markdown.contains("killed by signal 9 (the OOM killer)"),
+        "{markdown}"
+    );
+    let first_row = markdown
+        .lines()
+        .skip_while(|l| !l.starts_with("|---"))
+        .nth(1)
+        .unwrap_or_else(|| panic!("no first row in:\n{markdown}"));
+    assert!(first_row.contains("grow_until_killed"), "{markdown}");
+    let stderr = agent.stop();
+    assert!(
+        stderr.iter().any(|l| l.contains(&format!(
+            "pid {pid} (oom_grower) was ended by the OOM killer"
+        )) || l.contains("processes were ended by the OOM killer")),
+        "{}",
+        stderr.join("\n")
+    );
+}

@@ -109,6 +109,12 @@ impl Family {
         self.host.ended()
     }
 
+    /// Whether the OOM killer chose process `pid` lately (one left out
+    /// to a session of its own too).
+    pub fn oom_killed(&self, pid: u32) -> bool {
+        self.host.oom_killed(pid)
+    }
+
     /// The profile of the last process `pid` that ended, if kept.
     pub fn ended_profile(&self, pid: u32) -> Option<Profile> {
         self.host.ended_profile(pid)

@@ -79,6 +79,8 @@ const RESCAN: Duration = Duration::from_secs(2);
 /// oldest first, and counted (`processes_evicted`, `evicted_allocs`).
 const MERGE_EVERY: usize = 256;
 const KEEP_ENDED: usize = 1_000;
+/// Processes the OOM killer chose, remembered for their sessions' ends.
+const OOM_KEPT: usize = 64;
 
 /// Profiles every process until Ctrl-C, SIGTERM or `--duration`; one
 /// profile, one process each.
@@ -155,6 +157,8 @@ struct Host {
     /// Library loads heard of (each `_dl_debug_state` of a process
     /// followed or not).
     loads: u64,
+    /// The last processes the OOM killer chose ([`OOM_KEPT`]).
+    oom_killed: std::collections::VecDeque<u32>,
 }
 
 /// Which processes a [`Host`] follows (the kernel decides, at each
@@ -270,6 +274,7 @@ impl Host {
             notes: Notes::new(options.verbose),
             loads: 0,
             short_of_resources: 0,
+            oom_killed: Default::default(),
         };
         host.files.probe_system_libraries(&mut host.probes);
         if let Some(live) = live {
@@ -456,12 +461,32 @@ impl Host {
                     p.program(&text_of(&e.path));
                 }
             }
+            host::OOM => {
+                if let Some(p) = self.processes.get_mut(&e.index).filter(|_| index_known) {
+                    p.oom_killed = true;
+                }
+                // A process left out to a session: the session's end
+                // asks ([`Host::oom_killed`]).
+                self.oom_killed.push_back(e.tgid);
+                if self.oom_killed.len() > OOM_KEPT {
+                    self.oom_killed.pop_front();
+                }
+                let line = format!(
+                    "pid {} ({}) was ended by the OOM killer",
+                    e.tgid,
+                    comm_of(&e.comm)
+                );
+                self.notes.note(Kind::OomKilled, line);
+            }
             host::EXEC | host::EXIT => {
                 let end_s = self.since(e.time_ns);
                 if let Some(p) = self.processes.get_mut(&e.index).filter(|_| index_known) {
                     p.end_s = Some(end_s);
                     if e.op == host::EXIT {
-                        p.exit = Some(wait_status(e.exit_code));
+                        p.exit = Some(ExitInfo {
+                            oom_killed: p.oom_killed,
+                            ..wait_status(e.exit_code)
+                        });
                     } else {
                         p.execed = true;
                     }
@@ -917,11 +942,13 @@ fn wait_status(status: u32) -> ExitInfo {
         ExitInfo {
             code: Some(((status >> 8) & 0xff) as i32),
             signal: None,
+            oom_killed: false,
         }
     } else {
         ExitInfo {
             code: None,
             signal: Some(signal),
+            oom_killed: false,
         }
     }
 }

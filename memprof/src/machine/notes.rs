@@ -21,6 +21,8 @@ pub enum Kind {
     TablesStay,
     /// An allocator file probed after the first process mapped it.
     ProbedLate,
+    /// A process the kernel's OOM killer ended.
+    OomKilled,
 }
 
 impl Kind {
@@ -32,6 +34,7 @@ impl Kind {
             Kind::NoProfile => "processes' profiles could not be made",
             Kind::TablesStay => "processes' tables could not be taken out of the kernel's",
             Kind::ProbedLate => "allocator files probed after a process mapped them: what it allocated through them before is not seen",
+            Kind::OomKilled => "processes were ended by the OOM killer: their profiles are marked so, with what they held live",
         }
     }
 }

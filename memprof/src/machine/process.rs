@@ -48,6 +48,8 @@ pub struct HostProcess {
     /// Memprof was refused the reading of its mappings or one of its
     /// files for want of a resource (descriptors, memory).
     pub refused: bool,
+    /// The kernel's OOM killer chose it.
+    pub oom_killed: bool,
 }
 
 impl HostProcess {
@@ -89,6 +91,7 @@ impl HostProcess {
             execed: false,
             unknown: Vec::new(),
             refused: false,
+            oom_killed: false,
         };
         if let Some(read) = now {
             process.take(read);

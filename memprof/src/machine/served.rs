@@ -63,6 +63,11 @@ impl Host {
         Ok(out)
     }
 
+    /// Whether the OOM killer chose process `pid` lately.
+    pub(crate) fn oom_killed(&self, pid: u32) -> bool {
+        self.oom_killed.contains(&pid)
+    }
+
     /// The processes that ended and are kept, oldest first.
     pub(crate) fn ended(&self) -> Vec<ProcessInfo> {
         let mut ended: Vec<ProcessInfo> = self
@@ -76,23 +81,30 @@ impl Host {
         ended
     }
 
-    /// The profile of the last process `pid` that ended, as kept.
+    /// The profile of the last process `pid` that ended, as kept (a pid
+    /// that `exec`ed ended once per program).
     pub(crate) fn ended_profile(&self, pid: u32) -> Option<Profile> {
-        if let Some(p) = self
+        let end = |i: &ProcessInfo| i.end_s.unwrap_or(0.0);
+        let done = self
             .done
             .iter()
-            .rev()
-            .find(|p| p.processes.iter().any(|i| i.pid == pid))
-        {
-            return Some(p.clone());
+            .filter_map(|p| Some((p, p.processes.first()?)))
+            .filter(|(_, i)| i.pid == pid && i.end_s.is_some())
+            .max_by(|a, b| end(a.1).total_cmp(&end(b.1)));
+        let merged = self.merged.as_ref().and_then(|m| {
+            let info = m
+                .processes
+                .iter()
+                .filter(|i| i.pid == pid && i.end_s.is_some())
+                .max_by(|a, b| end(a).total_cmp(&end(b)))?;
+            Some((m, info))
+        });
+        match (done, merged) {
+            (Some((p, i)), Some((_, j))) if end(i) >= end(j) => Some(p.clone()),
+            (Some((p, _)), None) => Some(p.clone()),
+            (_, Some((m, info))) => Some(part_of(m, info)),
+            (None, None) => None,
         }
-        let merged = self.merged.as_ref()?;
-        let info = merged
-            .processes
-            .iter()
-            .filter(|i| i.pid == pid && i.end_s.is_some())
-            .max_by(|a, b| a.end_s.unwrap_or(0.0).total_cmp(&b.end_s.unwrap_or(0.0)))?;
-        Some(part_of(merged, info))
     }
 }
 

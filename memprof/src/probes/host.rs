@@ -365,7 +365,12 @@ impl Probes {
         for segment in KERNEL_SEGMENTS {
             free.push(segment, 0)?;
         }
-        self.attach_raw_tracepoint(programs::PROCESS_EXEC, "sched_process_exec")
+        self.attach_raw_tracepoint(programs::PROCESS_EXEC, "sched_process_exec")?;
+        // A kernel without the tracepoint only loses the OOM marks.
+        if let Err(e) = self.attach_raw_tracepoint(programs::OOM_VICTIM, "mark_victim") {
+            eprintln!("memprof: note: processes the OOM killer ends are not marked so: {e:#}");
+        }
+        Ok(())
     }
 
     /// `attach --comm/--exe`: the names (as [`host::comm_key`] makes

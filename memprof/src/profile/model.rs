@@ -178,6 +178,9 @@ pub struct TargetInfo {
 pub struct ExitInfo {
     pub code: Option<i32>,
     pub signal: Option<i32>,
+    /// The kernel's OOM killer ended it (`attach --all`, `memprof agent`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub oom_killed: bool,
 }
 
 impl From<crate::target::launch::ExitStatus> for ExitInfo {
@@ -187,10 +190,12 @@ impl From<crate::target::launch::ExitStatus> for ExitInfo {
             ExitStatus::Code(c) => ExitInfo {
                 code: Some(c),
                 signal: None,
+                oom_killed: false,
             },
             ExitStatus::Signal(s) => ExitInfo {
                 code: None,
                 signal: Some(s),
+                oom_killed: false,
             },
         }
     }
@@ -201,6 +206,7 @@ impl ExitInfo {
     pub(crate) const UNKNOWN: ExitInfo = ExitInfo {
         code: None,
         signal: None,
+        oom_killed: false,
     };
 }
 

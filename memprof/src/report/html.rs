@@ -170,6 +170,7 @@ fn summary(profile: &Profile, options: &Options, out: &mut dyn Write) -> Result<
     let exit = match profile.exit {
         Some(e) => match (e.code, e.signal) {
             (Some(code), _) => format!("exited with code {code}"),
+            (_, Some(sig)) if e.oom_killed => format!("killed by signal {sig} (the OOM killer)"),
             (_, Some(sig)) => format!("killed by signal {sig}"),
             _ => "exited".to_string(),
         },

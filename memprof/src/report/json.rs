@@ -197,6 +197,7 @@ fn top(profile: &Profile) -> Map<String, Value> {
             "exe": profile.target.exe,
             "exit_code": profile.exit.and_then(|e| e.code),
             "exit_signal": profile.exit.and_then(|e| e.signal),
+            "oom_killed": profile.exit.is_some_and(|e| e.oom_killed),
         },
         "start_unix_s": profile.start_unix_s,
         "duration_s": profile.duration_s,

@@ -92,8 +92,13 @@ fn processes(profile: &Profile, out: &mut dyn Write) -> Result<()> {
         let exit = match p.exit {
             Some(ExitInfo { code: Some(c), .. }) => format!("code {c}"),
             Some(ExitInfo {
-                signal: Some(s), ..
-            }) => format!("signal {s}"),
+                signal: Some(s),
+                oom_killed,
+                ..
+            }) => match oom_killed {
+                true => format!("signal {s} (OOM killer)"),
+                false => format!("signal {s}"),
+            },
             Some(_) => "exited".to_string(),
             None => "running".to_string(),
         };
@@ -156,6 +161,7 @@ fn title(profile: &Profile, out: &mut dyn Write) -> Result<()> {
     let exit = match profile.exit {
         Some(e) => match (e.code, e.signal) {
             (Some(c), _) => format!(", exited with code {c}"),
+            (_, Some(s)) if e.oom_killed => format!(", killed by signal {s} (the OOM killer)"),
             (_, Some(s)) => format!(", killed by signal {s}"),
             _ => String::new(),
         },

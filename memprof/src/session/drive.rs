@@ -419,6 +419,23 @@ impl Followed {
         &self.done
     }
 
+    /// Marks the sessions that ended killed by a signal, whose process
+    /// `oom_killed` says the OOM killer chose.
+    pub(super) fn mark_oom_killed(&mut self, oom_killed: impl Fn(u32) -> bool) {
+        for profile in &mut self.done {
+            let Some(exit) = &mut profile.exit else {
+                continue;
+            };
+            if exit.signal.is_some() && !exit.oom_killed && oom_killed(profile.target.pid) {
+                exit.oom_killed = true;
+                let exit = *exit;
+                for p in &mut profile.processes {
+                    p.exit = Some(exit);
+                }
+            }
+        }
+    }
+
     /// Keeps the profiles of the last `n` sessions that ended (a machine
     /// runs programs for days).
     pub(super) fn keep_last(&mut self, n: usize) -> u64 {
