@@ -640,3 +640,82 @@ fn a_process_the_oom_killer_ends_is_served_marked_so() {
         stderr.join("\n")
     );
 }
+
+/// Headless Chromium on `url`: its DOM after its scripts ran, and a
+/// screenshot of it (kept in `png`).
+fn chromium(url: &str, png: &Path) -> String {
+    let run = |extra: &[String]| {
+        Command::new("chromium")
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--window-size=1280,1000",
+                "--virtual-time-budget=5000",
+            ])
+            .args(extra)
+            .arg(url)
+            .stderr(Stdio::null())
+            .output()
+            .expect("cannot run chromium (cargo xtask setup installs it)")
+    };
+    let shot = run(&[
+        "--force-device-scale-factor=2".to_string(),
+        format!("--screenshot={}", png.display()),
+    ]);
+    assert!(shot.status.success(), "chromium --screenshot failed");
+    let dom = run(&["--dump-dom".to_string()]);
+    assert!(dom.status.success(), "chromium --dump-dom failed");
+    String::from_utf8_lossy(&dom.stdout).into_owned()
+}
+
+#[test]
+fn the_page_lists_the_process_and_a_click_shows_its_profile() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = TempDir::new("agent-page");
+    // grow alone: Chromium's processes, followed, would be slow and rank first.
+    let agent = Agent::start(&dir, &["--comm", "grow"]);
+    let mut grow = Grow::start();
+    grow.grow();
+    let pid = grow.pid();
+    poll("grow in /api/processes", || {
+        let text = agent.get_text("/api/processes");
+        match text.contains(&format!("{{\"pid\":{pid},\"comm\":\"grow\"")) {
+            true => Ok(()),
+            false => Err(text),
+        }
+    });
+
+    // `/#pid=N` clicks grow's row as the page loads.
+    let png = dir.join("page.png");
+    let dom = chromium(&agent.url(&format!("/#pid={pid}")), &png);
+    let row = dom
+        .lines()
+        .find(|l| l.contains(&format!("<tr data-pid=\"{pid}\"")))
+        .unwrap_or_else(|| panic!("no row of pid {pid} in:\n{dom}"));
+    assert!(row.contains("class=\"chosen\""), "{row}");
+    assert!(row.contains("<td>grow</td>"), "{row}");
+    assert!(row.contains("<td class=\"n\">16,000</td>"), "{row}");
+    let src = format!("src=\"/api/profile?pid={pid}&amp;format=html\"");
+    assert!(dom.contains(&src), "no iframe {src} in:\n{dom}");
+    // What the frame shows: grow's profile, its flamegraph naming grow().
+    let profile = agent.get_text(&format!("/api/profile?pid={pid}&format=html"));
+    assert!(profile.contains("<svg"), "no flamegraph");
+    assert!(profile.contains("grow.c:"), "grow's site not in its page");
+
+    // And what a person sees: the page's title and grow's row, by OCR.
+    let ocr = Command::new("tesseract")
+        .arg(&png)
+        .args(["stdout", "--psm", "11"])
+        .stderr(Stdio::null())
+        .output()
+        .expect("cannot run tesseract (cargo xtask setup installs tesseract-ocr)");
+    let text = String::from_utf8_lossy(&ocr.stdout);
+    assert!(
+        text.contains("memprof agent"),
+        "OCR of {}:\n{text}",
+        png.display()
+    );
+    assert!(text.contains("16,000"), "OCR of {}:\n{text}", png.display());
+    agent.stop();
+}

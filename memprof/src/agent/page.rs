@@ -2,7 +2,8 @@
 //! since the page last looked, refreshed every 2 s from `/api/processes`;
 //! a click on a process shows its profile as `memprof report --format
 //! html` writes it (summary, timeline, flamegraph with zoom and search,
-//! top stacks, types), from `/api/profile`. The first table is written
+//! top stacks, types), from `/api/profile`; `/#pid=N` clicks that
+//! process's row as the page loads. The first table is written
 //! here, so the page reads without scripts too.
 use crate::report::html_escape as escape;
 use crate::report::thousands;
@@ -50,6 +51,7 @@ let chosen = null;
 function show(pid) {
   chosen = pid;
   document.getElementById("profile").src = "/api/profile?pid=" + pid + "&format=html";
+  history.replaceState(null, "", "#pid=" + pid);
   mark();
 }
 function mark() {
@@ -91,6 +93,12 @@ async function refresh() {
 }
 for (const tr of document.querySelectorAll("tr[data-pid]")) {
   tr.addEventListener("click", (e) => { e.preventDefault(); show(Number(tr.dataset.pid)); });
+}
+// `/#pid=N`: that process's row, clicked (a link to one process).
+const wanted = /^#pid=(\d+)$/.exec(location.hash);
+if (wanted) {
+  const tr = document.querySelector('tr[data-pid="' + wanted[1] + '"]');
+  if (tr) tr.click();
 }
 setInterval(refresh, 2000);
 </script>

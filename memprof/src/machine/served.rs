@@ -33,8 +33,13 @@ impl Host {
                 exe: p.exe.clone(),
                 ..Figures::default()
             };
-            if figures.program.is_empty() {
-                figures.program = p.command.first().cloned().unwrap_or_default();
+            // A program that rewrote its command line into one string
+            // (Chromium's helpers) is named by its executable.
+            if figures.program.is_empty() || figures.program.contains(char::is_whitespace) {
+                figures.program = std::path::Path::new(&p.exe)
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
             }
             let Some(tables) = tables.remove(&index) else {
                 out.push(figures);
