@@ -719,3 +719,81 @@ fn the_page_lists_the_process_and_a_click_shows_its_profile() {
     assert!(text.contains("16,000"), "OCR of {}:\n{text}", png.display());
     agent.stop();
 }
+
+/// `Name:`-like field of /proc/PID/status.
+fn status_field(pid: i32, field: &str) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(&format!("{field}:"))
+                .map(|v| v.trim().to_string())
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_crystal_program_gets_its_session_and_its_classes() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = TempDir::new("agent-crystal");
+    let agent = Agent::start(&dir, &["--gc-sampling", "exact"]);
+    // An idle Crystal program: built its data, collected, waits.
+    let mut child = ChildGuard(
+        Command::new(fixture::crystal::IDLE_HEAP_DEBUG)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = child.pid();
+    let mut stdin = child.0.stdin.take().unwrap();
+    let mut stdout = Lines::new("idle_heap stdout", child.0.stdout.take().unwrap());
+    stdout.wait_for("ready", TIMEOUT);
+    // Its session: collections counted (a process without one has none).
+    poll("idle_heap's session", || {
+        let text = agent.get_text("/api/processes");
+        let rows: Value = serde_json::from_str(&text).unwrap();
+        let row = rows.as_array().unwrap().iter().find(|r| r["pid"] == pid);
+        match row.is_some_and(|r| r["collections"].is_u64()) {
+            true => Ok(()),
+            false => Err(text),
+        }
+    });
+    writeln!(stdin, "more 5000").unwrap();
+    stdout.wait_for("allocated", TIMEOUT);
+
+    // Its profile names the class, with the exact count.
+    let extra = poll("5,000 Extra objects in its profile", || {
+        let text = agent.get_text(&format!("/api/profile?pid={pid}"));
+        let json: Value = serde_json::from_str(&text).unwrap();
+        let found = groups(&json)
+            .iter()
+            .find(|g| g["type_name"] == "Extra" && g["total_count"] == 5000)
+            .cloned();
+        found.ok_or(text)
+    });
+    assert_eq!(extra["kind"], "gc_atomic", "{extra}");
+    assert_eq!(extra["live_count"], 5000, "{extra}");
+    let bytes = extra["total_bytes"].as_i64().unwrap();
+    assert_eq!(bytes % 5000, 0, "{extra}");
+    // pprof: the same figures at Extra.new.
+    let raw = pprof_raw(&agent.url(&format!("/debug/pprof/heap?pid={pid}")));
+    assert_eq!(
+        samples_at(&raw, "Extra.new"),
+        vec![[5000, bytes, 5000, bytes]],
+        "{raw}"
+    );
+    let types = agent.get_text(&format!("/api/profile?pid={pid}&format=types"));
+    assert!(
+        types
+            .lines()
+            .any(|l| l.contains("| Extra") && l.contains("5,000")),
+        "{types}"
+    );
+
+    // Let go: untraced, and it collects and answers on.
+    agent.stop();
+    assert_eq!(status_field(pid, "TracerPid"), "0");
+    writeln!(stdin, "collect").unwrap();
+    stdout.wait_for("collected", TIMEOUT);
+}
