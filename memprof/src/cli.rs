@@ -437,8 +437,14 @@ allocation size)."
 )]
 pub struct ReportArgs {
     /// Profile file (.mprof) written by run or attach.
-    #[arg(required_unless_present = "diff")]
+    #[arg(required_unless_present_any = ["diff", "agent"])]
     pub file: Option<PathBuf>,
+    /// Read the profile from a running `memprof agent` instead of a file:
+    /// the process --pid names (or the running processes of --comm,
+    /// merged), as it is now, or as it ended if it ended (the agent's
+    /// socket: /run/memprof/agent.sock unless it was given another).
+    #[arg(long, value_name = "SOCKET", conflicts_with_all = ["file", "diff"], num_args = 0..=1, default_missing_value = crate::agent::DEFAULT_SOCKET)]
+    pub agent: Option<PathBuf>,
     /// Output format. pprof is binary (gzipped protobuf): write it with -o.
     /// With --diff: markdown or json.
     #[arg(long, short, value_enum, default_value_t = Format::Markdown)]

@@ -369,6 +369,36 @@ fn go_tool_pprof_reads_the_heap_and_what_a_window_allocated() {
         "{raw}"
     );
 
+    // `memprof report --agent`: any report format, of the live process.
+    let tsv = run_ok([
+        OsStr::new("report"),
+        OsStr::new("--agent"),
+        agent.socket.as_os_str(),
+        OsStr::new("--pid"),
+        OsStr::new(&pid.to_string()),
+        OsStr::new("--format"),
+        OsStr::new("tsv"),
+    ]);
+    let tsv = String::from_utf8_lossy(&tsv.stdout);
+    assert!(
+        tsv.lines()
+            .any(|l| l.starts_with("750\t48000\t") && l.contains("in 'grow'")),
+        "{tsv}"
+    );
+    let nobody = run([
+        OsStr::new("report"),
+        OsStr::new("--agent"),
+        agent.socket.as_os_str(),
+        OsStr::new("--pid"),
+        OsStr::new("999999999"),
+    ]);
+    assert_one_line_error(&nobody, &["pid 999999999 is not followed"]);
+    let no_agent = run(["report", "--agent", "/nonexistent/agent.sock", "--pid", "1"]);
+    assert_one_line_error(
+        &no_agent,
+        &["--agent /nonexistent/agent.sock", "no agent answers there"],
+    );
+
     // A process nobody follows: one line, 404.
     let (status, body) = agent.get("/debug/pprof/heap?pid=999999999");
     assert_eq!(status, 404, "{}", String::from_utf8_lossy(&body));

@@ -243,14 +243,15 @@ pub fn bench(baseline: Option<PathBuf>) -> Result<()> {
 const WRK_SECONDS: u32 = 4;
 const WRK_ROUNDS: usize = 7;
 
-/// One round's requests/s: untraced, then each binary's `attach` and
-/// `attach --all`.
+/// One round's requests/s: untraced, then each binary's `attach`,
+/// `attach --all` and `agent`.
 type Round = Vec<f64>;
 
 /// crystal-samples' http_server (port 8080) under `wrk` on 127.0.0.1:
 /// requests per second untraced, while `memprof attach` profiles it with
-/// `--gc-sampling refill`, and while `memprof attach --all` profiles the
+/// `--gc-sampling refill`, while `memprof attach --all` profiles the
 /// whole machine (its defaults: the cost to a program nobody asked about),
+/// and while `memprof agent` runs with its defaults (GC included),
 /// memprof's own start and end excluded, in alternating rounds.
 fn http_throughput(binaries: &[Binary], profile: &Path) -> Result<()> {
     let server = target_dir().join("bench/http_server");
@@ -286,16 +287,21 @@ fn http_throughput(binaries: &[Binary], profile: &Path) -> Result<()> {
                 round.push(wrk_while(
                     &binary.path,
                     &attach,
-                    profile,
+                    Some(profile),
                     "attached to pid",
                 )?);
                 let all = ["attach", "--all"];
                 round.push(wrk_while(
                     &binary.path,
                     &all,
-                    profile,
+                    Some(profile),
                     "profiling every process",
                 )?);
+                // The agent's defaults; wrk starts once the server has
+                // its session (found in /proc within 2 s, attached ~0.5 s).
+                let socket = profile.with_extension("sock");
+                let agent = ["agent", "--socket", socket.to_str().unwrap_or_default()];
+                round.push(wrk_while(&binary.path, &agent, None, "serving on")?);
             }
             rounds.push(round);
         }
@@ -313,6 +319,7 @@ fn http_throughput(binaries: &[Binary], profile: &Path) -> Result<()> {
         [
             format!("memprof attach --gc-sampling refill{}", b.mark),
             format!("memprof attach --all (the machine){}", b.mark),
+            format!("memprof agent (defaults, GC included){}", b.mark),
         ]
     });
     for (i, way) in ways.enumerate() {
@@ -334,15 +341,21 @@ fn http_throughput(binaries: &[Binary], profile: &Path) -> Result<()> {
 
 /// The requests/s of one run of `wrk` while memprof runs with `args`
 /// (from when it prints `ready` until it is stopped with SIGINT).
-fn wrk_while(memprof: &Path, args: &[&str], profile: &Path, ready: &str) -> Result<f64> {
-    let mut session = Command::new(memprof)
-        .args(args)
-        .arg("-o")
-        .arg(profile)
+fn wrk_while(memprof: &Path, args: &[&str], profile: Option<&Path>, ready: &str) -> Result<f64> {
+    let mut command = Command::new(memprof);
+    command.args(args);
+    if let Some(profile) = profile {
+        command.arg("-o").arg(profile);
+    }
+    let mut session = command
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()?;
     let started = wait_for_line(session.stderr.take().context("no stderr")?, ready);
+    // The agent: the server's own session is attached meanwhile.
+    if profile.is_none() {
+        std::thread::sleep(Duration::from_secs(3));
+    }
     let traced = started.and_then(|_| wrk());
     send_signal(session.id(), 2); // SIGINT: memprof ends its session
     let status = session.wait()?;

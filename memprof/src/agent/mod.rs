@@ -15,7 +15,9 @@
 //! | [`serve`] | HTTP on a Unix socket (and, when asked, TCP): the routes |
 //! | [`metrics`] | Prometheus's text format, from each process's figures |
 //! | [`delta`] | what was allocated between two profiles (`?seconds=N`) |
+//! | [`client`] | `memprof report --agent`: a profile asked of the agent |
 //! | [`page`] | the page at `/` |
+pub mod client;
 pub mod delta;
 pub mod metrics;
 pub mod page;

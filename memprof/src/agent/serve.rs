@@ -369,6 +369,20 @@ async fn profile(
         Ok(which) => which,
         Err(e) => return error(StatusCode::BAD_REQUEST, &e),
     };
+    if query.get("format").is_some_and(|f| f == "mprof") {
+        return match asking.profile(which).await {
+            Ok(profile) => {
+                let mut out = Vec::new();
+                match crate::profile::write(&profile, &mut out) {
+                    Ok(()) => {
+                        ([(header::CONTENT_TYPE, "application/octet-stream")], out).into_response()
+                    }
+                    Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &format!("{e:#}")),
+                }
+            }
+            Err(response) => response,
+        };
+    }
     let format = match query.get("format").map(String::as_str) {
         None | Some("json") => Format::Json,
         Some(name) => match <Format as clap::ValueEnum>::from_str(name, true) {
@@ -376,7 +390,7 @@ async fn profile(
             Err(_) => {
                 return error(
                     StatusCode::BAD_REQUEST,
-                    &format!("format={name}: one of json, markdown, tsv, types, folded, flamegraph, pprof, timeline, html"),
+                    &format!("format={name}: one of json, markdown, tsv, types, folded, flamegraph, pprof, timeline, html, mprof"),
                 )
             }
         },

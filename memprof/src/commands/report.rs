@@ -103,7 +103,25 @@ fn load(args: &ReportArgs, filter: &filter::Filter) -> Result<Vec<Profile>> {
                 filter.apply(profile)
             }]
         }
-        (None, None) => bail!("no profile given"),
+        (None, None) => match &args.agent {
+            Some(socket) => {
+                let which = match (&args.pid[..], &args.comm[..]) {
+                    ([pid], []) => format!("pid={pid}"),
+                    ([], [comm]) => format!("comm={}", crate::agent::client::query_value(comm)),
+                    _ => bail!("--agent: say which process, with one --pid N or one --comm NAME"),
+                };
+                let profile = crate::agent::client::profile(socket, &which)?;
+                // The agent chose the process(es) already.
+                let mut chosen = filter.clone();
+                chosen.pids.clear();
+                chosen.comms.clear();
+                vec![match chosen.is_empty() {
+                    true => profile,
+                    false => chosen.apply(profile),
+                }]
+            }
+            None => bail!("no profile given"),
+        },
     })
 }
 
