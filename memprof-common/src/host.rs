@@ -48,7 +48,7 @@ pub const NEW: u8 = 0;
 /// with its parent's module table and maps what its parent maps.
 pub const FORKED: u32 = 1;
 /// The process exited (its main thread did): `exit_code` is the
-/// kernel's (`wait` status).
+/// kernel's (`wait` status); `index` [`UNSELECTED`] for one left out.
 pub const EXIT: u8 = 1;
 /// The dynamic linker changed the process's libraries.
 pub const LIBRARIES: u8 = 2;

@@ -343,10 +343,10 @@ pub(crate) fn thread_exit(thread: u64) {
         let tgid = (thread >> 32) as u32;
         if let Some(index) = PROCESSES.get_ptr(&tgid) {
             let index = unsafe { *index };
-            if index == host::UNSELECTED {
-                // Outside the family or the selection: its entry goes with it.
-                let _ = PROCESSES.remove(&tgid);
-            } else if index != host::IGNORED {
+            if index != host::IGNORED {
+                // One left out (outside the family or the selection, or
+                // given a session of its own) is told too: a session's
+                // process exits untraced, its status known only here.
                 let task = unsafe { bpf_get_current_task() } as *const u8;
                 let at = task.wrapping_add(TASK_EXIT_CODE.load() as usize);
                 let code = unsafe { bpf_probe_read_kernel(at as *const u32) }.unwrap_or(0);

@@ -821,6 +821,45 @@ fn a_crystal_program_gets_its_session_and_its_classes() {
         "{types}"
     );
 
+    // Another that ends while followed: served with its exit, which its
+    // session (not tracing it) learns from the kernel.
+    let mut other = ChildGuard(
+        Command::new(fixture::crystal::IDLE_HEAP_DEBUG)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let other_pid = other.pid();
+    let other_stdin = other.0.stdin.take().unwrap();
+    Lines::new("other stdout", other.0.stdout.take().unwrap()).wait_for("ready", TIMEOUT);
+    poll("the other's session", || {
+        let text = agent.get_text("/api/processes");
+        let rows: Value = serde_json::from_str(&text).unwrap();
+        let row = rows
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["pid"] == other_pid);
+        match row.is_some_and(|r| r["collections"].is_u64()) {
+            true => Ok(()),
+            false => Err(text),
+        }
+    });
+    drop(other_stdin);
+    assert!(other.wait_timeout(TIMEOUT).success());
+    let row = poll("the other, ended with its exit", || {
+        let text = agent.get_text("/api/processes");
+        let rows: Value = serde_json::from_str(&text).unwrap();
+        rows.as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["pid"] == other_pid && r["running"] == false && r["exit"]["code"] == 0)
+            .cloned()
+            .ok_or(text)
+    });
+    assert_eq!(row["comm"], "idle_heap_debug", "{row}");
+
     // Let go: untraced, and it collects and answers on.
     agent.stop();
     assert_eq!(status_field(pid, "TracerPid"), "0");

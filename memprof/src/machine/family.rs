@@ -109,10 +109,10 @@ impl Family {
         self.host.ended()
     }
 
-    /// Whether the OOM killer chose process `pid` lately (one left out
-    /// to a session of its own too).
-    pub fn oom_killed(&self, pid: u32) -> bool {
-        self.host.oom_killed(pid)
+    /// How process `pid`, left out to a session of its own, exited
+    /// lately (the OOM killer's choice marked).
+    pub fn exit_of(&self, pid: u32) -> Option<crate::profile::ExitInfo> {
+        self.host.exit_of(pid)
     }
 
     /// The profile of the last process `pid` that ended, if kept.

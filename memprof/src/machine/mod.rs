@@ -81,6 +81,9 @@ const MERGE_EVERY: usize = 256;
 const KEEP_ENDED: usize = 1_000;
 /// Processes the OOM killer chose, remembered for their sessions' ends.
 const OOM_KEPT: usize = 64;
+/// Exits of processes left out, remembered for their sessions' ends
+/// (under a selection, every process not selected exits through here).
+const EXITS_KEPT: usize = 1024;
 
 /// Profiles every process until Ctrl-C, SIGTERM or `--duration`; one
 /// profile, one process each.
@@ -159,6 +162,9 @@ struct Host {
     loads: u64,
     /// The last processes the OOM killer chose ([`OOM_KEPT`]).
     oom_killed: std::collections::VecDeque<u32>,
+    /// How the last processes left out exited ([`EXITS_KEPT`]): their
+    /// sessions, untraced, do not know.
+    exits: std::collections::VecDeque<(u32, ExitInfo)>,
 }
 
 /// Which processes a [`Host`] follows (the kernel decides, at each
@@ -275,6 +281,7 @@ impl Host {
             loads: 0,
             short_of_resources: 0,
             oom_killed: Default::default(),
+            exits: Default::default(),
         };
         host.files.probe_system_libraries(&mut host.probes);
         if let Some(live) = live {
@@ -477,6 +484,17 @@ impl Host {
                     comm_of(&e.comm)
                 );
                 self.notes.note(Kind::OomKilled, line);
+            }
+            host::EXIT if e.index == host::UNSELECTED => {
+                // Left out: a session's process, or one not selected.
+                let exit = ExitInfo {
+                    oom_killed: self.oom_killed.contains(&e.tgid),
+                    ..wait_status(e.exit_code)
+                };
+                self.exits.push_back((e.tgid, exit));
+                if self.exits.len() > EXITS_KEPT {
+                    self.exits.pop_front();
+                }
             }
             host::EXEC | host::EXIT => {
                 let end_s = self.since(e.time_ns);

@@ -68,9 +68,13 @@ impl Host {
         Ok(out)
     }
 
-    /// Whether the OOM killer chose process `pid` lately.
-    pub(crate) fn oom_killed(&self, pid: u32) -> bool {
-        self.oom_killed.contains(&pid)
+    /// How process `pid`, left out to a session, exited lately.
+    pub(crate) fn exit_of(&self, pid: u32) -> Option<crate::profile::ExitInfo> {
+        self.exits
+            .iter()
+            .rev()
+            .find(|(p, _)| *p == pid)
+            .map(|(_, e)| *e)
     }
 
     /// The processes that ended and are kept, oldest first.

@@ -419,19 +419,19 @@ impl Followed {
         &self.done
     }
 
-    /// Marks the sessions that ended killed by a signal, whose process
-    /// `oom_killed` says the OOM killer chose.
-    pub(super) fn mark_oom_killed(&mut self, oom_killed: impl Fn(u32) -> bool) {
+    /// The sessions whose process exited untraced (how not known) get
+    /// the exit `exit_of` knows (the kernel's, the OOM killer's mark).
+    pub(super) fn learn_exits(&mut self, exit_of: impl Fn(u32) -> Option<ExitInfo>) {
         for profile in &mut self.done {
-            let Some(exit) = &mut profile.exit else {
+            if profile.exit != Some(ExitInfo::UNKNOWN) {
+                continue;
+            }
+            let Some(exit) = exit_of(profile.target.pid) else {
                 continue;
             };
-            if exit.signal.is_some() && !exit.oom_killed && oom_killed(profile.target.pid) {
-                exit.oom_killed = true;
-                let exit = *exit;
-                for p in &mut profile.processes {
-                    p.exit = Some(exit);
-                }
+            profile.exit = Some(exit);
+            for p in &mut profile.processes {
+                p.exit = Some(exit);
             }
         }
     }

@@ -181,7 +181,7 @@ impl Driven for Selected {
         }
         self.own.step(&self.options);
         let probes = &self.probes;
-        self.own.mark_oom_killed(|pid| probes.oom_killed(pid));
+        self.own.learn_exits(|pid| probes.exit_of(pid));
         if self.selection.is_none() {
             self.sessions_evicted += self.own.keep_last(KEEP_ENDED_SESSIONS);
         }
