@@ -523,6 +523,16 @@ fn the_socket_is_roots_alone_and_a_remote_address_needs_a_flag() {
         ],
     );
     assert!(!socket.exists());
+    // A directory others can write to: refused (they could swap the socket).
+    let open_dir = dir.join("open");
+    std::fs::create_dir(&open_dir).unwrap();
+    std::fs::set_permissions(&open_dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let in_open = run([
+        OsStr::new("agent"),
+        OsStr::new("--socket"),
+        open_dir.join("agent.sock").as_os_str(),
+    ]);
+    assert_one_line_error(&in_open, &["writable by others", "refused"]);
     // Something that is not a socket where the socket goes: left alone.
     let file = dir.join("file");
     std::fs::write(&file, "mine").unwrap();

@@ -189,7 +189,7 @@ impl Agent {
     fn metrics(&mut self) -> Result<String> {
         let figures = self.followed.figures()?;
         let counters = self.followed.counters()?;
-        let ended = self.followed.ended().len();
+        let ended = self.followed.ended_count();
         Ok(metrics::render(&metrics::Machine {
             figures: &figures,
             counters: &counters,
@@ -210,21 +210,21 @@ impl Agent {
             .started
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64());
-        for info in self.followed.ended() {
-            let profile = self.followed.ended_profile(info.pid);
-            let kinds = profile.as_ref().map(live_by_kind).unwrap_or_default();
-            rows.push(ProcessRow {
+        for (info, held) in self.followed.ended() {
+            let comm = info.comm().to_string();
+            let figures = Figures {
                 pid: info.pid,
-                comm: info.comm().to_string(),
+                program: comm,
                 exe: info.exe.clone(),
-                running: false,
-                live_bytes: kinds.values().map(|k| k[1]).sum(),
-                live_blocks: kinds.values().map(|k| k[0]).sum(),
-                live_bytes_by_kind: kinds.iter().map(|(k, v)| (k.clone(), v[1])).collect(),
+                live: held,
                 allocations: info.counters.as_ref().map_or(0, |c| c.allocs),
-                collections: None,
+                ..Figures::default()
+            };
+            rows.push(ProcessRow {
+                running: false,
                 exit: info.exit,
                 end_unix_s: info.end_s.map(|e| start + e),
+                ..running_row(&figures)
             });
         }
         rows.sort_by(|a, b| {
@@ -268,7 +268,7 @@ impl Agent {
     }
 }
 
-/// A running process's row, from its figures.
+/// A process's row, from its figures (as if running).
 fn running_row(f: &Figures) -> ProcessRow {
     ProcessRow {
         pid: f.pid,
@@ -286,15 +286,4 @@ fn running_row(f: &Figures) -> ProcessRow {
         exit: None,
         end_unix_s: None,
     }
-}
-
-/// A profile's live blocks and bytes per kind.
-fn live_by_kind(profile: &Profile) -> std::collections::BTreeMap<String, [u64; 2]> {
-    let mut kinds = std::collections::BTreeMap::new();
-    for g in &profile.groups {
-        let k: &mut [u64; 2] = kinds.entry(g.kind.clone()).or_default();
-        k[0] += g.live_count;
-        k[1] += g.live_bytes;
-    }
-    kinds
 }

@@ -157,6 +157,14 @@ fn bind_socket(path: &Path, group: Option<&str>) -> Result<std::os::unix::net::U
     let gid = group.map(group_id).transpose()?;
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         match std::fs::symlink_metadata(dir) {
+            // Another user who could write there could put their own
+            // socket in the agent's place.
+            Ok(m) if m.is_dir() && (m.uid() != 0 || m.mode() & 0o022 != 0) => bail!(
+                "--socket {}: {} is {}: refused (anyone who can write there could replace the agent's socket with their own)",
+                path.display(),
+                dir.display(),
+                if m.uid() != 0 { "not root's" } else { "writable by others" }
+            ),
             Ok(m) if m.is_dir() => {}
             Ok(_) => bail!(
                 "--socket {}: {} is not a directory",

@@ -104,8 +104,9 @@ impl Family {
     }
 
     /// The processes that ended, as kept (the last
-    /// [`KEEP_ENDED`](super::KEEP_ENDED)), oldest first.
-    pub fn ended(&self) -> Vec<crate::profile::ProcessInfo> {
+    /// [`KEEP_ENDED`](super::KEEP_ENDED)), oldest first, with what each
+    /// held live per kind when it ended.
+    pub fn ended(&self) -> Vec<(crate::profile::ProcessInfo, [[u64; 2]; 4])> {
         self.host.ended()
     }
 
@@ -113,6 +114,11 @@ impl Family {
     /// lately (the OOM killer's choice marked).
     pub fn exit_of(&self, pid: u32) -> Option<crate::profile::ExitInfo> {
         self.host.exit_of(pid)
+    }
+
+    /// How many processes that ended are kept.
+    pub fn ended_count(&self) -> usize {
+        self.host.ended_count()
     }
 
     /// The profile of the last process `pid` that ended, if kept.

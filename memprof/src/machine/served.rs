@@ -77,17 +77,45 @@ impl Host {
             .map(|(_, e)| *e)
     }
 
-    /// The processes that ended and are kept, oldest first.
-    pub(crate) fn ended(&self) -> Vec<ProcessInfo> {
-        let mut ended: Vec<ProcessInfo> = self
-            .merged
+    /// The processes that ended and are kept, oldest first, each with
+    /// what it held live when it ended: blocks and bytes per kind (by
+    /// [`memprof_common::AllocKind`]'s number).
+    pub(crate) fn ended(&self) -> Vec<(ProcessInfo, [[u64; 2]; 4])> {
+        let mut ended = Vec::new();
+        for profile in self.merged.iter().chain(&self.done) {
+            // One pass over the groups (a merged profile holds 1,000 processes).
+            let mut live: HashMap<(u32, u32), [[u64; 2]; 4]> = HashMap::new();
+            for g in &profile.groups {
+                let Some(kind) = memprof_common::AllocKind::ALL
+                    .iter()
+                    .position(|k| k.name() == g.kind)
+                else {
+                    continue;
+                };
+                let sum = &mut live.entry((g.pid, g.pid_reuse)).or_default()[kind];
+                sum[0] += g.live_count;
+                sum[1] += g.live_bytes;
+            }
+            for p in profile.processes.iter().filter(|p| p.end_s.is_some()) {
+                let held = live.get(&(p.pid, p.pid_reuse)).copied().unwrap_or_default();
+                ended.push((p.clone(), held));
+            }
+        }
+        ended.sort_by(|a, b| {
+            a.0.end_s
+                .unwrap_or(0.0)
+                .total_cmp(&b.0.end_s.unwrap_or(0.0))
+        });
+        ended
+    }
+
+    /// How many processes that ended are kept.
+    pub(crate) fn ended_count(&self) -> usize {
+        self.merged
             .iter()
             .chain(&self.done)
-            .flat_map(|p| p.processes.iter().cloned())
-            .filter(|p| p.end_s.is_some())
-            .collect();
-        ended.sort_by(|a, b| a.end_s.unwrap_or(0.0).total_cmp(&b.end_s.unwrap_or(0.0)));
-        ended
+            .map(|p| p.processes.iter().filter(|p| p.end_s.is_some()).count())
+            .sum()
     }
 
     /// The profile of the last process `pid` that ended, as kept (a pid

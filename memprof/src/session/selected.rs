@@ -100,16 +100,30 @@ impl Selected {
         Ok(figures)
     }
 
-    /// The processes that ended, as kept, oldest first.
-    pub(crate) fn ended(&self) -> Vec<ProcessInfo> {
+    /// The processes that ended, as kept, oldest first, with what each
+    /// held live per kind (by [`memprof_common::AllocKind`]'s number)
+    /// when it ended.
+    pub(crate) fn ended(&self) -> Vec<(ProcessInfo, [[u64; 2]; 4])> {
         let mut ended = self.probes.ended();
-        ended.extend(
-            self.own
-                .ended()
-                .iter()
-                .map(|p| p.processes().swap_remove(0)),
-        );
+        for profile in self.own.ended() {
+            let mut held = [[0; 2]; 4];
+            for g in &profile.groups {
+                if let Some(k) = memprof_common::AllocKind::ALL
+                    .iter()
+                    .position(|k| k.name() == g.kind)
+                {
+                    held[k][0] += g.live_count;
+                    held[k][1] += g.live_bytes;
+                }
+            }
+            ended.push((profile.processes().swap_remove(0), held));
+        }
         ended
+    }
+
+    /// How many processes that ended are kept.
+    pub(crate) fn ended_count(&self) -> usize {
+        self.probes.ended_count() + self.own.ended().len()
     }
 
     /// The profile of the last process `pid` that ended, if kept.
