@@ -77,6 +77,20 @@ impl Agent {
         curl(&["-s", "-w", "\n%{http_code}", &self.url(path)])
     }
 
+    /// Waits until `/api/processes` has a row `pred` accepts; that row.
+    fn wait_for_row(&self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        poll(what, || {
+            let text = self.get_text("/api/processes");
+            let rows: Value = serde_json::from_str(&text).unwrap();
+            rows.as_array()
+                .unwrap()
+                .iter()
+                .find(|r| pred(r))
+                .cloned()
+                .ok_or(text)
+        })
+    }
+
     fn get_text(&self, path: &str) -> String {
         let (status, body) = self.get(path);
         let body = String::from_utf8_lossy(&body).into_owned();
@@ -418,15 +432,8 @@ fn a_process_that_ended_is_served_with_its_exit() {
     let agent = Agent::start(&dir, &[]);
     let status = Command::new(fixture::BASIC).status().unwrap();
     assert!(status.success());
-    let row = poll("basic among the ended processes", || {
-        let text = agent.get_text("/api/processes");
-        let rows: Value = serde_json::from_str(&text).unwrap();
-        rows.as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["comm"] == "basic" && r["running"] == false)
-            .cloned()
-            .ok_or(text)
+    let row = agent.wait_for_row("basic among the ended processes", |r| {
+        r["comm"] == "basic" && r["running"] == false
     });
     assert_eq!(row["exit"]["code"], 0, "{row}");
     assert_eq!(row["live_bytes"], 28_800, "{row}");
@@ -635,15 +642,8 @@ fn a_process_the_oom_killer_ends_is_served_marked_so() {
     );
 
     // Listed as ended, by the OOM killer.
-    let row = poll("oom_grower among the ended processes", || {
-        let text = agent.get_text("/api/processes");
-        let rows: Value = serde_json::from_str(&text).unwrap();
-        rows.as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["pid"] == pid && r["comm"] == "oom_grower" && r["running"] == false)
-            .cloned()
-            .ok_or(text)
+    let row = agent.wait_for_row("oom_grower among the ended processes", |r| {
+        r["pid"] == pid && r["comm"] == "oom_grower" && r["running"] == false
     });
     assert_eq!(row["exit"]["signal"], 9, "{row}");
     assert_eq!(row["exit"]["oom_killed"], true, "{row}");
@@ -718,12 +718,8 @@ fn the_page_lists_the_process_and_a_click_shows_its_profile() {
     let mut grow = Grow::start();
     grow.grow();
     let pid = grow.pid();
-    poll("grow in /api/processes", || {
-        let text = agent.get_text("/api/processes");
-        match text.contains(&format!("{{\"pid\":{pid},\"comm\":\"grow\"")) {
-            true => Ok(()),
-            false => Err(text),
-        }
+    agent.wait_for_row("grow in /api/processes", |r| {
+        r["pid"] == pid && r["comm"] == "grow"
     });
 
     // `/#pid=N` clicks grow's row as the page loads.
@@ -790,14 +786,8 @@ fn a_crystal_program_gets_its_session_and_its_classes() {
     let mut stdout = Lines::new("idle_heap stdout", child.0.stdout.take().unwrap());
     stdout.wait_for("ready", TIMEOUT);
     // Its session: collections counted (a process without one has none).
-    poll("idle_heap's session", || {
-        let text = agent.get_text("/api/processes");
-        let rows: Value = serde_json::from_str(&text).unwrap();
-        let row = rows.as_array().unwrap().iter().find(|r| r["pid"] == pid);
-        match row.is_some_and(|r| r["collections"].is_u64()) {
-            true => Ok(()),
-            false => Err(text),
-        }
+    agent.wait_for_row("idle_heap's session", |r| {
+        r["pid"] == pid && r["collections"].is_u64()
     });
     writeln!(stdin, "more 5000").unwrap();
     stdout.wait_for("allocated", TIMEOUT);
@@ -843,30 +833,13 @@ fn a_crystal_program_gets_its_session_and_its_classes() {
     let other_pid = other.pid();
     let other_stdin = other.0.stdin.take().unwrap();
     Lines::new("other stdout", other.0.stdout.take().unwrap()).wait_for("ready", TIMEOUT);
-    poll("the other's session", || {
-        let text = agent.get_text("/api/processes");
-        let rows: Value = serde_json::from_str(&text).unwrap();
-        let row = rows
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["pid"] == other_pid);
-        match row.is_some_and(|r| r["collections"].is_u64()) {
-            true => Ok(()),
-            false => Err(text),
-        }
+    agent.wait_for_row("the other's session", |r| {
+        r["pid"] == other_pid && r["collections"].is_u64()
     });
     drop(other_stdin);
     assert!(other.wait_timeout(TIMEOUT).success());
-    let row = poll("the other, ended with its exit", || {
-        let text = agent.get_text("/api/processes");
-        let rows: Value = serde_json::from_str(&text).unwrap();
-        rows.as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["pid"] == other_pid && r["running"] == false && r["exit"]["code"] == 0)
-            .cloned()
-            .ok_or(text)
+    let row = agent.wait_for_row("the other, ended with its exit", |r| {
+        r["pid"] == other_pid && r["running"] == false && r["exit"]["code"] == 0
     });
     assert_eq!(row["comm"], "idle_heap_debug", "{row}");
 
