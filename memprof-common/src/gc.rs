@@ -13,7 +13,11 @@ use crate::{AllocKind, AllocSite};
 #[derive(Clone, Copy, Debug)]
 pub struct GcEvent {
     pub addr: u64,
-    /// The allocation site ([`gc_event::ALLOC`] only): [`AllocSite::caller`].
+    /// [`gc_event::ALLOC`]: the allocation site, [`AllocSite::caller`].
+    /// [`gc_event::GONE`] (`GC_free`), [`gc_event::MARKED`],
+    /// [`gc_event::COLLECTED`]: the object's first 32-bit word (a Crystal
+    /// object's type id), read while it still held it, plus
+    /// [`FIRST_WORD_READ`]; 0 when not read.
     pub caller: u64,
     /// [`AllocSite::stack_id`].
     pub stack_id: u64,
@@ -36,6 +40,10 @@ pub struct GcEvent {
     /// sample's `N` (`--gc-sampling refill`).
     pub objects: u16,
 }
+
+/// Set in [`GcEvent::caller`] above a first word that was read (a word
+/// may be 0).
+pub const FIRST_WORD_READ: u64 = 1 << 32;
 
 /// [`GcEvent::op`] values.
 pub mod gc_event {

@@ -29,6 +29,8 @@ use memprof_common::{
 
 use crate::branchless::{differ, select};
 use crate::counters::{bump, enabled};
+use crate::gc::first_word;
+use crate::gc_copy::in_copy;
 use crate::host::{caller, known_process, this_process, Caller};
 use crate::prediction::{check_prediction, predict_call};
 use crate::record::{record, release, LIVE, STACKS};
@@ -374,7 +376,8 @@ fn alloc_return(regs: &pt_regs) {
         // atomic objects atomic).
         // realloc succeeded (or was realloc(p, 0), which frees p): the old block is gone.
         let old = host::live_key(call.arg_ptr, call.site.process);
-        if let Some(kind) = release(old, call.site.kind) {
+        // The old block is already freed here: its first word is gone.
+        if let Some(kind) = release(old, call.site.kind, 0) {
             call.site.kind = kind;
         }
     }
@@ -450,7 +453,9 @@ pub(crate) fn free_enter(ctx: &ProbeContext) -> u32 {
     let kind = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u8;
     match caller() {
         Caller::Followed(index) => {
-            let _ = release(host::live_key(addr, index), kind);
+            // Still the object's: a GC object's class, for the copy.
+            let word = if in_copy(kind) { first_word(addr) } else { 0 };
+            let _ = release(host::live_key(addr, index), kind, word);
         }
         // Not its free to count.
         Caller::LeftOut => {}
@@ -476,7 +481,7 @@ pub(crate) fn munmap_enter(ctx: &ProbeContext) -> u32 {
     let key = host::live_key(arg(ctx, 0), index);
     if let Some(live) = LIVE.get_ptr(&key) {
         if unsafe { (*live).site.kind } == AllocKind::Mmap as u8 {
-            let _ = release(key, AllocKind::Mmap as u8);
+            let _ = release(key, AllocKind::Mmap as u8, 0);
         }
     }
     0

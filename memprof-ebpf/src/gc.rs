@@ -16,7 +16,7 @@ use aya_ebpf::{
     programs::ProbeContext,
     EbpfContext,
 };
-use memprof_common::{gc_event, GcEvent, KernelMarks, HOLD_SIGNAL};
+use memprof_common::{gc_event, GcEvent, KernelMarks, FIRST_WORD_READ, HOLD_SIGNAL};
 
 use crate::counters::{bump, enabled};
 use crate::gc_copy::send_gc_event;
@@ -278,7 +278,8 @@ fn judge_slot(slot: &JudgedSlot, judging: &mut Judging) -> Judged {
     }
     let event = GcEvent {
         addr: slot.addr,
-        caller: 0,
+        // Before the sweep: a collected object still holds its class.
+        caller: first_word(slot.addr),
         stack_id: 0,
         size,
         timestamp_ns: 0,
@@ -388,6 +389,16 @@ fn bottom_index(marks: &KernelMarks, judging: &Judging, hi: u64) -> Option<u64> 
         bi = read_word(bi.wrapping_add(marks.bi_hash_link))?;
     }
     None
+}
+
+/// The first 32-bit word at `addr` (a Crystal object's type id) with
+/// [`FIRST_WORD_READ`], or 0 when it cannot be read.
+#[inline(always)]
+pub(crate) fn first_word(addr: u64) -> u64 {
+    match unsafe { bpf_probe_read_user(addr as *const u32) } {
+        Ok(word) => FIRST_WORD_READ | u64::from(word),
+        Err(_) => 0,
+    }
 }
 
 #[inline(always)]

@@ -191,9 +191,10 @@ fn retire(old: &LiveAlloc, now: u64, reused: bool) {
 
 /// Forgets a freed block (`key`: its `LIVE` key, [`host::live_key`]);
 /// returns its kind if it was known. `kind`: the freeing function's
-/// (its attach cookie, or the realloc's).
+/// (its attach cookie, or the realloc's). `first_word`: the block's, read
+/// before it was freed (`gc::first_word`), or 0.
 #[inline(always)]
-pub(crate) fn release(key: u64, kind: u8) -> Option<u8> {
+pub(crate) fn release(key: u64, kind: u8, first_word: u64) -> Option<u8> {
     bump(|c| &mut c.frees);
     // The clock is read only for a block that is known: with
     // sampling most frees are of blocks never followed, and a clock
@@ -203,7 +204,7 @@ pub(crate) fn release(key: u64, kind: u8) -> Option<u8> {
         // The copy knows the object (or counts the free as unknown).
         let gone = LiveAlloc {
             site: AllocSite {
-                caller: 0,
+                caller: first_word,
                 stack_id: 0,
                 kind,
                 _pad: [0; 3],

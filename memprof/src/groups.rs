@@ -16,7 +16,7 @@ use std::sync::Arc;
 use anyhow::Result;
 use memprof_common::AllocKind;
 
-use crate::gc::site::{merge_histories, SiteGc};
+use crate::gc::site::{merge_histories, ClassGc, SiteGc};
 use crate::probes::{HeapMaps, RecordedStack, Site};
 use crate::profile::Lifetimes;
 use crate::sampling;
@@ -49,9 +49,9 @@ pub struct RawGroup {
     pub marked_bytes: u64,
     pub lifetimes: Lifetimes,
     pub gc_history: Vec<[u64; 2]>,
-    /// GC kinds: the live objects by class, read from the objects at the
-    /// end: (class, objects, bytes), biggest first.
-    pub live_types: Vec<(String, u64, u64)>,
+    /// GC kinds: the objects by class, read from the objects themselves
+    /// ([`SiteGc::classes`]).
+    pub classes: Vec<ClassGc>,
 }
 
 impl RawGroup {
@@ -73,7 +73,7 @@ impl RawGroup {
             marked_bytes: 0,
             lifetimes: Lifetimes::default(),
             gc_history: Vec::new(),
-            live_types: Vec::new(),
+            classes: Vec::new(),
         }
     }
 
@@ -99,6 +99,15 @@ impl RawGroup {
         };
         for (count, bytes) in pairs {
             (*count, *bytes) = sampling::scale(*count, *bytes, sample_bytes);
+        }
+        for c in &mut self.classes {
+            for (count, bytes) in [
+                (&mut c.allocated_count, &mut c.allocated_bytes),
+                (&mut c.collected_count, &mut c.collected_bytes),
+                (&mut c.live_count, &mut c.live_bytes),
+            ] {
+                (*count, *bytes) = sampling::scale(*count, *bytes, sample_bytes);
+            }
         }
         let weight = sampling::weight(mean_size, sample_bytes);
         let times = |n: &mut u64| *n = (*n as f64 * weight).round() as u64;
@@ -233,10 +242,10 @@ fn add_gc(grouper: &mut Grouper<'_>, site: Site, s: &SiteGc) {
 
     group.lifetimes.add(&s.lifetimes);
     group.gc_history = merge_histories(&group.gc_history, &s.history);
-    for (name, count, bytes) in &s.live_types {
-        match group.live_types.iter_mut().find(|t| t.0 == *name) {
-            Some(t) => (t.1, t.2) = (t.1 + count, t.2 + bytes),
-            None => group.live_types.push((name.clone(), *count, *bytes)),
+    for class in &s.classes {
+        match group.classes.iter_mut().find(|c| c.name == class.name) {
+            Some(c) => c.add(class),
+            None => group.classes.push(class.clone()),
         }
     }
     if s.retyped_count > 0 {

@@ -292,7 +292,9 @@ fn html_page_of_a_crystal_program_reads_at_a_glance() {
             types_row[..2],
             "page {page_row:?}, types {types_row:?}"
         );
-        let name = &types_row[2];
+        // The type is the last column (`Allocated`, `Collected` before it
+        // where objects were collected).
+        let name = types_row.last().unwrap();
         let expected = match name.strip_prefix("in ") {
             Some(site) => format!("type unknown; call site: {site}"),
             None if name.starts_with('(') => format!("type unknown: {name}"),

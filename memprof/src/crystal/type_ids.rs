@@ -46,7 +46,7 @@ const WINDOW: usize = 40;
 
 /// The highest type id believed: larger constants stored after an
 /// allocation are data (`movl $0x2e2e2e2e,(%rax)`: "....").
-const MAX_TYPE_ID: u32 = 1 << 16;
+pub(crate) const MAX_TYPE_ID: u32 = 1 << 16;
 
 /// Places an unnamed id is looked up at in the DWARF.
 const SITES_PER_ID: usize = 16;

@@ -1,13 +1,14 @@
 //! The class of each GC object memprof tracks, read from the object
 //! itself: a Crystal object's first word is its class's type id, which
 //! [`crate::crystal::type_ids`] names from the program's code (debug,
-//! release and stripped builds alike). Read once, while the program is
-//! still there (its exit stop under `run`, before memprof lets it go under
-//! `attach`), for the objects live at the end.
+//! release and stripped builds alike). Read once per object, while it
+//! still holds it (see [`crate::gc::copy`]'s `classes`).
 use std::collections::BTreeMap;
 
 use crate::crystal::type_ids::{TypeNames, TypeOf};
 use crate::gc::census::read::vm_read;
+use crate::gc::copy::{ObjectWord, Slot};
+use crate::gc::site::ClassGc;
 use crate::symbolize::inlined_new::has_parameter;
 
 /// Most bytes read at once.
@@ -39,30 +40,47 @@ pub fn first_words(pid: u32, addrs: &[u64]) -> Vec<Option<u32>> {
     words
 }
 
-/// One site's objects by class: `objects` are its (first word, requested
-/// bytes) of memory `atomic` or not; those whose word names no class
-/// (buffers, ids not named, unread) are left out. Sorted by bytes,
-/// biggest first.
-pub fn by_class(
+/// One site's objects by class, from its slots of the copy (`slots`:
+/// what each's first word said, and its objects allocated, collected and
+/// tracked) of memory `atomic` or not; objects whose word names no class
+/// (buffers, ids not named, unread) are left out. Sorted by allocated
+/// bytes, biggest first.
+pub fn classes<'a>(
     names: &TypeNames,
     atomic: bool,
-    objects: impl Iterator<Item = (Option<u32>, u64)>,
-) -> Vec<(String, u64, u64)> {
-    let mut classes: BTreeMap<String, (u64, u64)> = BTreeMap::new();
-    for (word, bytes) in objects {
+    slots: impl Iterator<Item = &'a Slot>,
+) -> Vec<ClassGc> {
+    let mut classes: BTreeMap<String, ClassGc> = BTreeMap::new();
+    for slot in slots {
+        let ObjectWord::Word(word, bytes) = slot.word else {
+            continue;
+        };
         // Only classes named outright: an id no code names, or a generic
         // left with its parameter (`Array(T)`), says less than the stack.
-        let name = match word.map(|w| names.type_of_sized(w, atomic, bytes)) {
-            Some(TypeOf::Named(name)) if !has_parameter(name) => name.to_string(),
+        let name = match names.type_of_sized(word, atomic, bytes) {
+            TypeOf::Named(name) if !has_parameter(name) => name,
             _ => continue,
         };
-        let c = classes.entry(name).or_default();
-        c.0 += 1;
-        c.1 += bytes;
+        let c = classes.entry(name.to_string()).or_default();
+        c.add(&ClassGc {
+            name: String::new(),
+            allocated_count: slot.allocated[0],
+            allocated_bytes: slot.allocated[1],
+            collected_count: slot.collected[0],
+            collected_bytes: slot.collected[1],
+            live_count: slot.tracked[0],
+            live_bytes: slot.tracked[1],
+        });
     }
-    let mut classes: Vec<(String, u64, u64)> =
-        classes.into_iter().map(|(n, (c, b))| (n, c, b)).collect();
-    classes.sort_by(|a, b| b.2.cmp(&a.2).then(b.1.cmp(&a.1)).then(a.0.cmp(&b.0)));
+    let mut classes: Vec<ClassGc> = classes
+        .into_iter()
+        .map(|(name, c)| ClassGc { name, ..c })
+        .collect();
+    classes.sort_by(|a, b| {
+        (b.allocated_bytes.cmp(&a.allocated_bytes))
+            .then(b.allocated_count.cmp(&a.allocated_count))
+            .then(a.name.cmp(&b.name))
+    });
     classes
 }
 
@@ -79,19 +97,33 @@ mod tests {
         names.names.insert(11, "Array(T)".into());
         names.stored.insert(11, 1);
         names.sizes.insert(7, vec![16]);
-        let objects = [
-            (Some(7), 16),
-            (Some(9), 24),  // not named: the stack says more
-            (Some(11), 24), // a generic's parameter left
-            (Some(7), 16),
-            (Some(7), 400),          // Widget's id in a buffer of another size
-            (Some(0x2e2e_2e2e), 64), // text: no type id
-            (None, 8),               // unread
+        let slot = |word, allocated: u64, collected: u64| Slot {
+            site: 0,
+            word,
+            allocated: [allocated, allocated * 16],
+            collected: [collected, collected * 16],
+            tracked: [allocated - collected, (allocated - collected) * 16],
+        };
+        let slots = [
+            slot(ObjectWord::Word(7, 16), 5, 3),
+            slot(ObjectWord::Word(9, 24), 1, 0), // not named: the stack says more
+            slot(ObjectWord::Word(11, 24), 1, 0), // a generic's parameter left
+            slot(ObjectWord::Word(7, 400), 1, 1), // Widget's id in a buffer of another size
+            slot(ObjectWord::NoType, 4, 2),      // text, 0: no type id
+            slot(ObjectWord::Unread, 2, 0),
         ];
-        let classes = by_class(&names, false, objects.into_iter());
-        assert_eq!(classes, vec![("Widget".to_string(), 2, 32)]);
+        let widget = ClassGc {
+            name: "Widget".into(),
+            allocated_count: 5,
+            allocated_bytes: 80,
+            collected_count: 3,
+            collected_bytes: 48,
+            live_count: 2,
+            live_bytes: 32,
+        };
+        assert_eq!(classes(&names, false, slots.iter()), vec![widget]);
         // Stored only into scanned memory: in atomic memory it is data.
-        assert_eq!(by_class(&names, true, [(Some(7), 16)].into_iter()), vec![]);
+        assert_eq!(classes(&names, true, slots[..1].iter()), vec![]);
     }
 
     #[test]

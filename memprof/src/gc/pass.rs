@@ -39,6 +39,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 
 use super::copy::{GcCopy, Judging};
+use super::live_types::first_words;
 use super::lookup::{Block, Headers};
 use super::{end_of_mark, heap_stats, layout, EndOfMark, HeapStats, HeapStatsLayout};
 use super::{MarkLayout, Verdict};
@@ -78,6 +79,9 @@ pub struct Marks {
     /// Block addresses, ascending, and their headers.
     starts: Vec<u64>,
     headers: Headers,
+    /// The first word of each object not read before, by address
+    /// (ascending): a collected object's memory is reused after the hold.
+    first_words: Vec<(u64, Option<u32>)>,
 }
 
 impl Judge {
@@ -173,7 +177,15 @@ impl Judge {
     /// judged against them by [`Self::judge`] once the collector runs
     /// again, so the pause grows with the heap's blocks, not its objects.
     /// `started`: when the collector was found held (the pause counts from there).
-    pub fn read_marks(&mut self, epoch: u64, copy: &GcCopy, started: Instant) -> Result<Marks> {
+    /// `typed`: the program's objects say their class in their first
+    /// word, read here for the objects not read before (each once).
+    pub fn read_marks(
+        &mut self,
+        epoch: u64,
+        copy: &GcCopy,
+        started: Instant,
+        typed: bool,
+    ) -> Result<Marks> {
         let bias = match self.bias {
             Some(b) => b,
             None => {
@@ -191,6 +203,13 @@ impl Judge {
             .layout
             .read_headers(&starts, arrays, &mut read)
             .with_context(|| format!("reading the GC's block headers in pid {}", self.pid))?;
+        let first_words = if typed {
+            let addrs = copy.unread_objects();
+            let words = first_words(self.pid, &addrs);
+            addrs.into_iter().zip(words).collect()
+        } else {
+            Vec::new()
+        };
         self.summary
             .count_pass(gc_no, started.elapsed().as_secs_f64());
         Ok(Marks {
@@ -200,6 +219,7 @@ impl Judge {
             sites: copy.site_count(),
             starts,
             headers,
+            first_words,
         })
     }
 
@@ -225,7 +245,12 @@ impl Judge {
             sites,
             starts,
             headers,
+            first_words,
         } = marks;
+        let mut first_word = |addr: u64| -> Option<u32> {
+            let i = first_words.binary_search_by_key(&addr, |w| w.0).ok()?;
+            first_words[i].1
+        };
         // The block of the previous object (objects come in address order).
         let mut last: Option<(u64, Block)> = None;
         let mut judge = |addr: u64| -> Result<(Verdict, u64)> {
@@ -254,6 +279,7 @@ impl Judge {
             now_ns,
             sites,
             judge: &mut judge,
+            first_word: &mut first_word,
         }))?;
         self.summary.marked_count = judged.marked_count;
         self.summary.marked_bytes = judged.marked_bytes;
@@ -311,6 +337,7 @@ pub fn judged_in_kernel(
         kernel_ns,
     } = collection;
     let mut judge = |addr: u64| -> Result<(Verdict, u64)> { Ok(verdicts.of(addr)) };
+    let mut first_word = |addr: u64| verdicts.first_words.get(&addr).copied();
     let sites = copy.site_count();
     let judged = copy.settle(Some(Judging {
         epoch,
@@ -318,6 +345,7 @@ pub fn judged_in_kernel(
         now_ns,
         sites,
         judge: &mut judge,
+        first_word: &mut first_word,
     }))?;
     // The collector waited for the kernel only; memprof's part runs beside it.
     summary.count_pass(gc_no, kernel_ns as f64 * 1e-9);
@@ -340,21 +368,29 @@ pub struct KernelCollection {
 }
 
 /// The kernel's verdicts between two collections it judged: the objects
-/// it found collected, and the collector's sizes of those it found marked.
+/// it found collected, and the collector's sizes of those it found marked;
+/// the first words it read of both.
 #[derive(Debug, Default)]
 pub struct KernelVerdicts {
     collected: std::collections::HashSet<u64, BuildAddressHasher>,
     sizes: HashMap<u64, u64, BuildAddressHasher>,
+    first_words: HashMap<u64, u32, BuildAddressHasher>,
 }
 
 impl KernelVerdicts {
-    pub fn marked(&mut self, addr: u64, size: u64) {
+    pub fn marked(&mut self, addr: u64, size: u64, first_word: Option<u32>) {
         self.sizes.insert(addr, size);
+        if let Some(word) = first_word {
+            self.first_words.insert(addr, word);
+        }
     }
 
-    pub fn collected(&mut self, addr: u64) {
+    pub fn collected(&mut self, addr: u64, first_word: Option<u32>) {
         self.sizes.remove(&addr);
         self.collected.insert(addr);
+        if let Some(word) = first_word {
+            self.first_words.insert(addr, word);
+        }
     }
 
     /// The object at `addr` is gone otherwise (freed).
@@ -376,6 +412,7 @@ impl KernelVerdicts {
     /// The collection's verdicts were applied: the next start afresh.
     pub fn applied(&mut self) {
         self.collected.clear();
+        self.first_words.clear();
     }
 }
 

@@ -44,11 +44,37 @@ pub struct SiteGc {
     /// (`allocated_bytes`) over these weigh each byte figure
     /// ([`Self::bytes_per_record_byte`]).
     pub record_bytes: u64,
-    /// The objects tracked at the end by their class, read from their
-    /// first word (a Crystal object's type id) while the program was still
-    /// there: (class, records, requested bytes of them). Objects whose
-    /// first word is no type id (buffers) are not in it.
-    pub live_types: Vec<(String, u64, u64)>,
+    /// The objects by their class, read from their first word (a Crystal
+    /// object's type id) while they still held it: at the first collection
+    /// after their allocation, at `GC_free`, or at the end. Objects whose
+    /// first word is no type id (buffers), or was not read, are not in it.
+    pub classes: Vec<ClassGc>,
+}
+
+/// One class's objects at a site (records, sampled refills estimated by
+/// [`SiteGc::estimated`]): allocated, collected, and live at the end, and
+/// their requested bytes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClassGc {
+    pub name: String,
+    pub allocated_count: u64,
+    pub allocated_bytes: u64,
+    pub collected_count: u64,
+    pub collected_bytes: u64,
+    pub live_count: u64,
+    pub live_bytes: u64,
+}
+
+impl ClassGc {
+    /// Adds `other`'s figures (same class) to this one's.
+    pub fn add(&mut self, other: &ClassGc) {
+        self.allocated_count += other.allocated_count;
+        self.allocated_bytes += other.allocated_bytes;
+        self.collected_count += other.collected_count;
+        self.collected_bytes += other.collected_bytes;
+        self.live_count += other.live_count;
+        self.live_bytes += other.live_bytes;
+    }
 }
 
 impl SiteGc {
@@ -102,9 +128,21 @@ impl SiteGc {
             times(n, fb);
         }
         s.lifetimes.scale(f);
-        for (_, count, bytes) in &mut s.live_types {
-            times(count, f);
-            times(bytes, fb);
+        for c in &mut s.classes {
+            for n in [
+                &mut c.allocated_count,
+                &mut c.collected_count,
+                &mut c.live_count,
+            ] {
+                times(n, f);
+            }
+            for n in [
+                &mut c.allocated_bytes,
+                &mut c.collected_bytes,
+                &mut c.live_bytes,
+            ] {
+                times(n, fb);
+            }
         }
         for point in &mut s.history {
             point[1] = (point[1] as f64 * f).round().min(u32::MAX as f64) as u32;

@@ -26,7 +26,9 @@ use anyhow::{ensure, Result};
 use aya::maps::{Array, HashMap, Map, MapData, RingBuf};
 use std::os::fd::AsRawFd;
 
-use memprof_common::{gc_event, maps, programs, AllocSite, GcEvent, KernelCounters, KernelMarks};
+use memprof_common::{
+    gc_event, maps, programs, AllocSite, GcEvent, KernelCounters, KernelMarks, FIRST_WORD_READ,
+};
 
 use super::view::{LiveBlock, Site};
 use super::Probes;
@@ -44,14 +46,29 @@ pub enum GcChange {
         /// Objects it stands for: 1, or a refill sample's list.
         objects: u64,
     },
-    /// The GC object at `addr` was freed (`GC_free`, `GC_realloc`) at `time_ns`.
-    Freed { addr: u64, time_ns: u64 },
+    /// The GC object at `addr` was freed (`GC_free`, `GC_realloc`) at
+    /// `time_ns`; `first_word`: its first word then, if read (`GC_free`).
+    Freed {
+        addr: u64,
+        time_ns: u64,
+        first_word: Option<u32>,
+    },
     /// The kernel found the object at `addr` marked for the first time,
     /// `size` bytes as the collector counts it ([`Probes::judge_gc_in_kernel`]).
-    Marked { addr: u64, size: u64 },
+    /// `first_word`: its first word then, if read.
+    Marked {
+        addr: u64,
+        size: u64,
+        first_word: Option<u32>,
+    },
     /// The kernel found the object at `addr` not marked at the end of
     /// collection `epoch`'s marking ([`Probes::judge_gc_in_kernel`]).
-    Collected { addr: u64, epoch: u64 },
+    /// `first_word`: its first word then (before the sweep), if read.
+    Collected {
+        addr: u64,
+        epoch: u64,
+        first_word: Option<u32>,
+    },
     /// The kernel judged every object allocated before collection `epoch`
     /// (the collector's `gc_no`), at `time_ns`, in `kernel_ns`: those not
     /// [`GcChange::Collected`] were marked.
@@ -88,14 +105,17 @@ impl TryFrom<&GcEvent> for GcChange {
             gc_event::GONE => Ok(GcChange::Freed {
                 addr: event.addr,
                 time_ns: event.timestamp_ns,
+                first_word: first_word(event),
             }),
             gc_event::MARKED => Ok(GcChange::Marked {
                 addr: event.addr,
                 size: event.size,
+                first_word: first_word(event),
             }),
             gc_event::COLLECTED => Ok(GcChange::Collected {
                 addr: event.addr,
                 epoch: u64::from(event.epoch),
+                first_word: first_word(event),
             }),
             gc_event::JUDGED => Ok(GcChange::Judged {
                 epoch: u64::from(event.epoch),
@@ -106,6 +126,11 @@ impl TryFrom<&GcEvent> for GcChange {
             op => Err(anyhow::anyhow!("unknown GC event {op}")),
         }
     }
+}
+
+/// The object's first word a verdict or `GC_free` event carries, if read.
+fn first_word(event: &GcEvent) -> Option<u32> {
+    (event.caller & FIRST_WORD_READ != 0).then_some(event.caller as u32)
 }
 
 /// The `GC_EVENTS` ring buffer, taken from [`Probes`] by its one reader

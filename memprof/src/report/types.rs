@@ -10,6 +10,9 @@
 //! |       2 | 16,777,216 | fiber stack (runtime) |
 //! ```
 //!
+//! Where the collector collected objects, two more columns before the
+//! type: the objects each type allocated, and of them collected.
+//!
 //! The type is each group's [`Group::type_name`] (see
 //! [`crate::crystal::allocated_type`]); groups without one (libc and mmap
 //! blocks, buffers of release builds) are summed per allocation
@@ -34,6 +37,10 @@ pub struct TypeRow {
     pub name: String,
     pub objects: u64,
     pub bytes: u64,
+    /// Objects allocated and collected (GC objects; for the others,
+    /// allocated only).
+    pub allocated: u64,
+    pub collected: u64,
     /// The runtime's own allocations (fiber stacks, the collector's heap):
     /// listed after the program's types.
     pub runtime: bool,
@@ -49,6 +56,27 @@ pub fn write(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
     let rows = rows(profile, options);
     if rows.is_empty() {
         writeln!(out, "No live objects.")?;
+        return censuses(profile, options, out);
+    }
+    // Where the collector collected, what each type allocated and lost.
+    if rows.iter().any(|r| r.collected > 0) {
+        let rows: Vec<[String; 5]> = rows
+            .iter()
+            .map(|r| {
+                [
+                    thousands(r.objects),
+                    thousands(r.bytes),
+                    thousands(r.allocated),
+                    thousands(r.collected),
+                    markdown::escape_text(&r.name),
+                ]
+            })
+            .collect();
+        table(
+            &["Objects", "Bytes", "Allocated", "Collected", "Type"],
+            &rows,
+            out,
+        )?;
         return censuses(profile, options, out);
     }
     let rows: Vec<[String; 3]> = rows
@@ -188,29 +216,41 @@ fn table<const N: usize>(
     Ok(())
 }
 
-/// The live objects per type, sorted, `--min-bytes` and `--top` applied.
+/// The live objects per type, and those allocated and collected, sorted
+/// by live bytes, `--min-bytes` and `--top` applied. A type whose objects
+/// were all collected is a row too.
 pub fn rows(profile: &Profile, options: &Options) -> Vec<TypeRow> {
-    let mut sums: HashMap<(bool, String, bool), (u64, u64)> = HashMap::new();
-    for g in profile.groups.iter().filter(|g| g.live_count > 0) {
+    let mut sums: HashMap<(bool, String, bool), [u64; 4]> = HashMap::new();
+    for g in profile
+        .groups
+        .iter()
+        .filter(|g| g.live_count > 0 || g.collected_count > 0)
+    {
         let key = match super::runtime::role(profile, g) {
             Some(role) => (true, format!("{} (runtime)", role.label()), false),
             None => (false, type_of(profile, g), g.type_name.is_some()),
         };
         let sum = sums.entry(key).or_default();
-        sum.0 += g.live_count;
-        sum.1 += g.live_bytes;
+        sum[0] += g.live_count;
+        sum[1] += g.live_bytes;
+        sum[2] += g.total_count;
+        sum[3] += g.collected_count;
     }
     let min = options.min_bytes.unwrap_or(0);
     let mut rows: Vec<TypeRow> = sums
         .into_iter()
-        .filter(|&(_, (_, bytes))| bytes >= min)
-        .map(|((runtime, name, class), (objects, bytes))| TypeRow {
-            name,
-            objects,
-            bytes,
-            runtime,
-            class,
-        })
+        .filter(|&(_, [_, bytes, ..])| bytes >= min)
+        .map(
+            |((runtime, name, class), [objects, bytes, allocated, collected])| TypeRow {
+                name,
+                objects,
+                bytes,
+                allocated,
+                collected,
+                runtime,
+                class,
+            },
+        )
         .collect();
     rows.sort_by(|a, b| {
         a.runtime

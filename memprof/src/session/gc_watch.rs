@@ -27,7 +27,7 @@ use anyhow::Result;
 
 use crate::crystal::type_ids::{type_names, TypeNames};
 use crate::gc::copy::GcCopy;
-use crate::gc::live_types::{by_class, first_words};
+use crate::gc::live_types::{classes, first_words};
 use crate::gc::pass::{judged_in_kernel, Judge, KernelCollection, KernelVerdicts, Marks, SiteGc};
 use crate::gc::HeapStats;
 use crate::options::{CensusWhen, GcLiveness, SessionOptions};
@@ -60,9 +60,11 @@ pub(super) struct GcWatch {
     /// a census.
     in_kernel: bool,
     /// The names of the program's type ids, worked out on a thread of
-    /// their own while it runs ([`Self::name_types`]), and the objects'
-    /// classes once read ([`Self::read_live_types`]).
+    /// their own while it runs ([`Self::name_types`]), taken at the first
+    /// hold (or the end), and the classes once given to the sites
+    /// ([`Self::read_live_types`]).
     type_names: Option<JoinHandle<TypeNames>>,
+    names: Option<TypeNames>,
     live_types_read: bool,
 }
 
@@ -110,20 +112,30 @@ fn apply(copy: &mut GcCopy, kernel: &mut Option<(KernelVerdicts, GcSummary)>, ch
                 verdicts.forget(replaces);
             }
         }
-        GcChange::Freed { addr, time_ns } => {
-            copy.freed(addr, time_ns);
+        GcChange::Freed {
+            addr,
+            time_ns,
+            first_word,
+        } => {
+            copy.freed(addr, time_ns, first_word);
             if let Some((verdicts, _)) = kernel {
                 verdicts.forget(addr);
             }
         }
-        GcChange::Marked { addr, size } => {
+        GcChange::Marked {
+            addr,
+            size,
+            first_word,
+        } => {
             if let Some((verdicts, _)) = kernel {
-                verdicts.marked(addr, size);
+                verdicts.marked(addr, size, first_word);
             }
         }
-        GcChange::Collected { addr, .. } => {
+        GcChange::Collected {
+            addr, first_word, ..
+        } => {
             if let Some((verdicts, _)) = kernel {
-                verdicts.collected(addr);
+                verdicts.collected(addr, first_word);
             }
         }
         GcChange::Judged {
@@ -275,6 +287,7 @@ impl GcWatch {
             census: None,
             in_kernel: false,
             type_names: None,
+            names: None,
             live_types_read: false,
         };
         let Some(module) = plan.gc_module() else {
@@ -380,36 +393,53 @@ impl GcWatch {
             .ok();
     }
 
-    /// Reads the class of every GC object tracked now, from its first
-    /// word, while process `pid`'s memory is there (once: at its exit
-    /// stop, or before it is let go); each site's live objects by class.
+    /// The names of the program's type ids, once worked out (waited for
+    /// at the first call); `None` for a program whose objects say no
+    /// class (not Crystal).
+    fn names(&mut self) -> Option<&TypeNames> {
+        if let Some(thread) = self.type_names.take() {
+            self.names = thread.join().ok();
+        }
+        self.names
+            .as_ref()
+            .filter(|n| !n.names.is_empty() || !n.stored.is_empty())
+    }
+
+    /// Reads the first word of every GC object tracked now not read
+    /// before, while process `pid`'s memory is there (once: at its exit
+    /// stop, or before it is let go); each site's objects by class.
     pub(super) fn read_live_types(&mut self, pid: u32) {
         if std::mem::replace(&mut self.live_types_read, true) {
             return;
         }
-        let Some(names) = self.type_names.take().and_then(|t| t.join().ok()) else {
-            return;
-        };
-        if names.names.is_empty() && names.stored.is_empty() {
+        let _ = self.join_judging();
+        if self.names().is_none() {
             return; // not a Crystal program
         }
-        let _ = self.join_judging();
         let Some(mut copy) = self.settled() else {
             return;
         };
-        let objects: Vec<(u64, u32, u64)> = copy.settled_objects().collect();
-        let addrs: Vec<u64> = objects.iter().map(|o| o.0).collect();
+        let addrs: Vec<u64> = copy.settled_unread().collect();
         let words = first_words(pid, &addrs);
-        drop(addrs);
-        // Per site, its objects' (word, bytes).
-        let mut per_site: HashMap<u32, Vec<(Option<u32>, u64)>> = HashMap::new();
-        for ((_, site, bytes), word) in objects.into_iter().zip(words) {
-            per_site.entry(site).or_default().push((word, bytes));
+        let words: Vec<(u64, Option<u32>)> = addrs.into_iter().zip(words).collect();
+        copy.note_last_words(&words);
+        let Some(names) = self.names.as_ref() else {
+            return;
+        };
+        let mut per_site: HashMap<u32, Vec<&crate::gc::copy::Slot>> = HashMap::new();
+        for slot in copy.slots() {
+            per_site.entry(slot.site).or_default().push(slot);
         }
-        for (n, objects) in per_site {
-            if let Some((site, gc)) = copy.site_mut(n) {
-                let atomic = site.kind == memprof_common::AllocKind::GcAtomic;
-                gc.live_types = by_class(&names, atomic, objects.into_iter());
+        let per_site: Vec<(u32, Vec<crate::gc::site::ClassGc>)> = per_site
+            .into_iter()
+            .map(|(n, slots)| {
+                let atomic = copy.sites()[n as usize].0.kind == memprof_common::AllocKind::GcAtomic;
+                (n, classes(names, atomic, slots.into_iter()))
+            })
+            .collect();
+        for (n, found) in per_site {
+            if let Some((_, gc)) = copy.site_mut(n) {
+                gc.classes = found;
             }
         }
     }
@@ -504,10 +534,13 @@ impl GcWatch {
             probes.hold_collections(holds)?;
             return Ok(true);
         }
+        // Names wanted before any object is read: a Crystal program's
+        // objects are read at each hold, others' not.
+        let typed = self.names().is_some();
         let (Some(judge), Some(feeder)) = (&mut self.judge, &self.feeder) else {
             return Ok(true);
         };
-        let result = judge.read_marks(epoch, &feeder.current(), started);
+        let result = judge.read_marks(epoch, &feeder.current(), started, typed);
         match result {
             Ok(marks) => {
                 self.marks = Some(marks);

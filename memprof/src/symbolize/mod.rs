@@ -25,6 +25,8 @@
 //! [`inlined_new`] names the class an inlined Crystal `new` makes (for
 //! [`crate::crystal::type_ids`]).
 use std::collections::HashMap;
+
+use crate::gc::site::ClassGc;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -295,16 +297,19 @@ fn into_groups(mut raw: Vec<RawGroup>, mut ids: Vec<u32>, stacks: &Stacks) -> Ve
             raw.shrink_to_fit();
         }
         // Classes read from the objects themselves: a row each.
-        let classes = std::mem::take(&mut g.live_types);
+        let classes = std::mem::take(&mut g.classes);
         if !classes.is_empty() {
             let named = stack_type(stack);
             // The stack's name is the qualified one where the program's
             // code gave its class no path (`Node` for `RedBlackTree::Node`).
             let classes = classes
                 .into_iter()
-                .map(|(class, count, bytes)| match &named {
-                    Some(n) if n.ends_with(&format!("::{class}")) => (n.clone(), count, bytes),
-                    _ => (class, count, bytes),
+                .map(|c| match &named {
+                    Some(n) if n.ends_with(&format!("::{}", c.name)) => ClassGc {
+                        name: n.clone(),
+                        ..c
+                    },
+                    _ => c,
                 })
                 .collect();
             groups.extend(by_class(group(g, stack, named), classes));
@@ -321,56 +326,63 @@ fn into_groups(mut raw: Vec<RawGroup>, mut ids: Vec<u32>, stacks: &Stacks) -> Ve
     groups
 }
 
-/// `g` as one group per class of its live objects (`classes`: read from
-/// the objects, biggest first). The biggest class keeps what is not per
-/// object (the allocations and deaths counted per stack, the marks, the
-/// history); each other class is its live objects, counted as allocated
-/// too; live objects of no class (buffers) stay under `g`'s own name.
-fn by_class(mut g: Group, classes: Vec<(String, u64, u64)>) -> Vec<Group> {
-    let typed: (u64, u64) = classes.iter().fold((0, 0), |(c, b), t| (c + t.1, b + t.2));
-    let untyped = (
-        g.live_count.saturating_sub(typed.0),
-        g.live_bytes.saturating_sub(typed.1),
+/// `g` as one group per class of its objects (`classes`: read from the
+/// objects, biggest first), each with its objects allocated, collected
+/// and live. The biggest class keeps what is not per object (the marks,
+/// lifetimes, history); the objects of no class (buffers, words not
+/// read) stay under `g`'s own name, a group of their own.
+fn by_class(g: Group, classes: Vec<ClassGc>) -> Vec<Group> {
+    let sum = |of: fn(&ClassGc) -> (u64, u64)| {
+        classes
+            .iter()
+            .map(of)
+            .fold((0, 0), |(n, b), (cn, cb)| (n + cn, b + cb))
+    };
+    let less =
+        |(n, b): (u64, u64), (tn, tb): (u64, u64)| (n.saturating_sub(tn), b.saturating_sub(tb));
+    let mut rest = g.split_off();
+    (rest.total_count, rest.total_bytes) = less(
+        (g.total_count, g.total_bytes),
+        sum(|c| (c.allocated_count, c.allocated_bytes)),
+    );
+    (rest.collected_count, rest.collected_bytes) = less(
+        (g.collected_count, g.collected_bytes),
+        sum(|c| (c.collected_count, c.collected_bytes)),
+    );
+    (rest.live_count, rest.live_bytes) = less(
+        (g.live_count, g.live_bytes),
+        sum(|c| (c.live_count, c.live_bytes)),
     );
     let mut out = Vec::with_capacity(classes.len() + 1);
-    let mut main: Option<Group> = None;
-    for (name, count, bytes) in classes {
-        let mut c = Group {
-            live_count: count,
-            live_bytes: bytes,
-            total_count: count,
-            total_bytes: bytes,
-            type_name: Some(name),
+    for (i, c) in classes.into_iter().enumerate() {
+        let counts = Group {
+            total_count: c.allocated_count,
+            total_bytes: c.allocated_bytes,
+            collected_count: c.collected_count,
+            collected_bytes: c.collected_bytes,
+            live_count: c.live_count,
+            live_bytes: c.live_bytes,
+            type_name: Some(c.name),
             ..g.split_off()
         };
-        if main.is_none() {
-            (c.total_count, c.total_bytes) = (0, 0);
-            main = Some(c);
-        } else {
-            g.total_count = g.total_count.saturating_sub(count);
-            g.total_bytes = g.total_bytes.saturating_sub(bytes);
-            out.push(c);
-        }
-    }
-    if untyped.0 > 0 {
-        let mut rest = g.split_off();
-        (rest.live_count, rest.live_bytes) = untyped;
-        (rest.total_count, rest.total_bytes) = untyped;
-        g.total_count = g.total_count.saturating_sub(untyped.0);
-        g.total_bytes = g.total_bytes.saturating_sub(untyped.1);
-        out.push(rest);
-    }
-    if let Some(main) = main {
-        // What is not per object stays with the biggest class.
-        out.insert(
-            0,
+        out.push(if i == 0 {
+            // What is not per object stays with the biggest class.
             Group {
-                live_count: main.live_count,
-                live_bytes: main.live_bytes,
-                type_name: main.type_name,
-                ..g
-            },
-        );
+                total_count: counts.total_count,
+                total_bytes: counts.total_bytes,
+                collected_count: counts.collected_count,
+                collected_bytes: counts.collected_bytes,
+                live_count: counts.live_count,
+                live_bytes: counts.live_bytes,
+                type_name: counts.type_name,
+                ..g.clone()
+            }
+        } else {
+            counts
+        });
+    }
+    if rest.total_count > 0 || rest.live_count > 0 || rest.collected_count > 0 {
+        out.push(rest);
     }
     out
 }

@@ -37,8 +37,11 @@ use super::site::SiteGc;
 use super::Verdict;
 use crate::probes::{LiveBlock, Site};
 
+mod classes;
 mod record;
 mod settle;
+
+pub use classes::{ObjectWord, Slot};
 
 /// New records past which the feeder settles the copy itself, if they
 /// outnumber the settled ones too.
@@ -54,6 +57,8 @@ pub struct Judging<'a> {
     /// Sites the copy had at the collection ([`GcCopy::site_count`]).
     pub sites: usize,
     pub judge: &'a mut dyn FnMut(u64) -> Result<(Verdict, u64)>,
+    /// The first word of the object at an address then, if it was read.
+    pub first_word: &'a mut dyn FnMut(u64) -> Option<u32>,
 }
 
 /// What a judging settle found.
@@ -81,10 +86,20 @@ pub struct GcCopy {
     runs: Vec<Vec<Record>>,
     /// Since, in arrival order (less than a chunk).
     incoming: Vec<Record>,
-    /// Per event: a fast hasher, and the last site (the next event's usually).
+    /// Per event: a fast hasher, and the last site (the next event's
+    /// usually) with its slot of unread objects.
     site_numbers: foldhash::HashMap<Site, u32>,
     last_site: Option<(Site, u32)>,
     sites: Vec<(Site, SiteGc)>,
+    /// What records number: a site and what its objects' first word said.
+    slots: Vec<Slot>,
+    slot_numbers: foldhash::HashMap<(u32, ObjectWord), u32>,
+    /// Per site: its slot of unread objects, and the words its slots keep.
+    unread_slot: Vec<u32>,
+    words_per_site: Vec<u16>,
+    /// The settled objects whose first word was not read, ascending (as
+    /// of the last settle).
+    unread_settled: Vec<u64>,
     /// Sizes of objects of [`BIG`] bytes or more, by address.
     big: HashMap<u64, u64>,
     /// `GC_free`s of addresses the copy did not track.
@@ -123,7 +138,8 @@ impl GcCopy {
     /// its size (`--gc-sampling refill`): the site's allocated totals count
     /// them all; the object itself is tracked and judged like any other.
     pub fn allocated_as(&mut self, addr: u64, block: &LiveBlock, objects: u64) {
-        let site = self.site_number(block.site);
+        let slot = self.site_number(block.site);
+        let site = self.slots[slot as usize].site;
         let totals = &mut self.sites[site as usize].1;
         let objects = objects.max(1);
         totals.allocated_count += objects;
@@ -140,7 +156,7 @@ impl GcCopy {
         let ticks = ticks(block.timestamp_ns, self.base_ns);
         self.epochs.note(block.epoch, ticks);
         self.incoming
-            .push(Record::new(addr, block.size, ticks, site));
+            .push(Record::new(addr, block.size, ticks, slot));
         let k = &mut self.per_kind[block.site.kind as usize & 3];
         k[0] += objects;
         k[1] += block.size * objects;
@@ -154,14 +170,15 @@ impl GcCopy {
         self.reallocs.push((replaced, addr, ticks));
     }
 
-    /// The GC object at `addr` was freed (`GC_free`, `GC_realloc`) at `time_ns`.
-    pub fn freed(&mut self, addr: u64, time_ns: u64) {
+    /// The GC object at `addr` was freed (`GC_free`, `GC_realloc`) at
+    /// `time_ns`; `first_word`: its first word then, if read.
+    pub fn freed(&mut self, addr: u64, time_ns: u64, first_word: Option<u32>) {
         if !Record::holds(addr) {
             self.unrepresentable += 1;
             return;
         }
         let ticks = ticks(time_ns, self.base_ns);
-        self.incoming.push(Record::new(addr, 0, ticks, FREED));
+        self.incoming.push(Record::freed(addr, ticks, first_word));
     }
 
     /// Sorts the records that came in into runs, a chunk at a time (off
@@ -215,7 +232,7 @@ impl GcCopy {
             .chain([&self.incoming])
         {
             let mut last = None;
-            for r in records.iter().filter(|r| r.site() != FREED) {
+            for r in records.iter().filter(|r| r.slot() != FREED) {
                 let block = r.addr() & block_mask;
                 if last != Some(block) {
                     blocks.push(block);
@@ -234,6 +251,7 @@ impl GcCopy {
         self.settled.len() + self.runs.iter().map(Vec::len).sum::<usize>() + self.incoming.len()
     }
 
+    /// The slot of `site`'s unread objects (the site numbered if new).
     fn site_number(&mut self, site: Site) -> u32 {
         if let Some((last, number)) = self.last_site {
             if last == site {
@@ -250,7 +268,7 @@ impl GcCopy {
     }
 
     fn new_site_number(&mut self, site: Site) -> u32 {
-        let site = if self.sites.len() < MAX_SITES || self.site_numbers.contains_key(&site) {
+        let site = if self.slots.len() < MAX_SITES || self.site_numbers.contains_key(&site) {
             site
         } else {
             self.sites_overflowed += 1;
@@ -260,11 +278,25 @@ impl GcCopy {
                 kind: site.kind,
             }
         };
-        let sites = &mut self.sites;
-        *self.site_numbers.entry(site).or_insert_with(|| {
-            sites.push((site, SiteGc::default()));
-            sites.len() as u32 - 1
-        })
+        if let Some(&n) = self.site_numbers.get(&site) {
+            return self.unread_slot[n as usize];
+        }
+        self.sites.push((site, SiteGc::default()));
+        let n = self.sites.len() as u32 - 1;
+        self.site_numbers.insert(site, n);
+        self.words_per_site.push(0);
+        // An overflow site past MAX_SITES slots still gets its one slot.
+        let slot = self.slots.len() as u32;
+        self.slots.push(Slot {
+            site: n,
+            word: ObjectWord::Unread,
+            allocated: [0; 2],
+            collected: [0; 2],
+            tracked: [0; 2],
+        });
+        self.slot_numbers.insert((n, ObjectWord::Unread), slot);
+        self.unread_slot.push(slot);
+        slot
     }
 
     /// What was learned per site.
@@ -314,7 +346,7 @@ impl GcCopy {
         for records in lists {
             // Both ascending: one merge walk.
             let mut i = 0;
-            for r in records.iter().filter(|r| r.site() != FREED) {
+            for r in records.iter().filter(|r| r.slot() != FREED) {
                 let a = r.addr();
                 while i < addrs.len() && addrs[i] < a {
                     i += 1;
@@ -330,13 +362,13 @@ impl GcCopy {
         seen
     }
 
-    /// The objects tracked at the last settle, in address order: (address,
-    /// site number, requested bytes).
-    pub fn settled_objects(&self) -> impl Iterator<Item = (u64, u32, u64)> + '_ {
+    /// The objects tracked at the last settle whose first word was not
+    /// read, in address order.
+    pub fn settled_unread(&self) -> impl Iterator<Item = u64> + '_ {
         self.settled
             .iter()
-            .filter(|r| r.site() != FREED)
-            .map(|r| (r.addr(), r.site(), self.size(r)))
+            .filter(|r| self.unread(r))
+            .map(|r| r.addr())
     }
 
     /// The site numbered `n` ([`Self::settled_objects`]), to note what
@@ -390,7 +422,7 @@ mod doc_examples {
         copy.allocated(0x1000, &block(1));
         copy.allocated(0x1000, &block(5)); // the first was collected: its address is reused
         copy.allocated(0x2000, &block(6));
-        copy.freed(0x2000, 9);
+        copy.freed(0x2000, 9, None);
         copy.settle(None).unwrap();
         let s = &copy.sites()[0].1;
         assert_eq!(

@@ -1,7 +1,7 @@
 //! The copy's record of one GC object or free (16 bytes: millions are
 //! held), the sorted runs they are merged in, and the epochs their times
 //! give back.
-/// Site number of a free's marker record.
+/// Slot number of a free's marker record.
 pub(super) const FREED: u32 = (1 << SITE_BITS) - 1;
 /// Records sorted and merged at once by [`super::GcCopy::sort_tail`].
 pub(super) const CHUNK: usize = 1 << 16;
@@ -52,7 +52,9 @@ pub(super) struct Record {
     /// The time of the allocation (of the free, for a marker) in
     /// [`TICK_NS`] ticks since [`super::GcCopy::base_ns`] in the high 40 bits
     /// (13 days; later times read as the last tick); the index into
-    /// [`super::GcCopy::sites`], or [`FREED`], in the low 24.
+    /// [`super::GcCopy::slots`] (its site and what its first word said),
+    /// or [`FREED`], in the low 24. A free's marker holds the freed
+    /// object's first word in its size bits ([`Record::freed`]).
     meta: u64,
 }
 
@@ -89,7 +91,7 @@ impl Record {
     }
 
     #[inline]
-    pub(super) fn site(&self) -> u32 {
+    pub(super) fn slot(&self) -> u32 {
         (self.meta & ((1 << SITE_BITS) - 1)) as u32
     }
 
@@ -98,8 +100,25 @@ impl Record {
         self.meta >> SITE_BITS
     }
 
-    pub(super) fn set_site(&mut self, site: u32) {
-        self.meta = self.meta & !((1 << SITE_BITS) - 1) | site as u64;
+    pub(super) fn set_slot(&mut self, slot: u32) {
+        self.meta = self.meta & !((1 << SITE_BITS) - 1) | slot as u64;
+    }
+
+    /// A free's marker: the freed object's first word, if read, in the
+    /// size bits (+1; [`BIG`]: a word too big to be a type id).
+    pub(super) fn freed(addr: u64, ticks: u64, first_word: Option<u32>) -> Record {
+        let word = first_word.map_or(0, |w| (u64::from(w) + 1).min(BIG));
+        Record::new(addr, word, ticks, FREED)
+    }
+
+    /// What [`Record::freed`] holds: the freed object's first word, if
+    /// read (`u32::MAX` for one too big to be a type id).
+    pub(super) fn freed_word(&self) -> Option<u32> {
+        match self.small_size() {
+            0 => None,
+            BIG => Some(u32::MAX),
+            w => Some(w as u32 - 1),
+        }
     }
 
     /// Requested bytes, or [`BIG`].
@@ -118,7 +137,7 @@ impl Record {
 /// hold objects, ascending, each once.
 pub(super) fn block_list(records: &[Record], block_mask: u64) -> Vec<u64> {
     let mut blocks: Vec<u64> = Vec::new();
-    for r in records.iter().filter(|r| r.site() != FREED) {
+    for r in records.iter().filter(|r| r.slot() != FREED) {
         let block = r.addr() & block_mask;
         if blocks.last() != Some(&block) {
             blocks.push(block);

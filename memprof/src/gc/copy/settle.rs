@@ -5,7 +5,7 @@
 use anyhow::Result;
 
 use super::record::{block_list, merge_behind, ticks, Record, BIG, CHUNK, FREED, TICK_NS};
-use super::{GcCopy, Judged, Judging};
+use super::{GcCopy, Judged, Judging, ObjectWord};
 use crate::gc::site::push_point;
 use crate::gc::Verdict;
 use crate::probes::Site;
@@ -38,6 +38,10 @@ impl GcCopy {
         for (_, s) in &mut self.sites {
             (s.tracked_count, s.tracked_bytes) = (0, 0);
         }
+        for slot in &mut self.slots {
+            slot.tracked = [0; 2];
+        }
+        self.unread_settled.clear();
         let mut tally = Tally {
             per_site_marked: match judging {
                 Some(_) => vec![(0u64, 0u64); self.sites.len()],
@@ -94,6 +98,8 @@ impl GcCopy {
         let mut ends: Vec<usize> = runs.iter().map(Vec::len).collect();
         let mut before = ends.clone();
         let (mut i, mut w) = (s, s + t);
+        // One address's records, oldest first (nearly always one).
+        let mut records: Vec<Record> = Vec::new();
         loop {
             let settled_top = (i > 0).then(|| read(i - 1).addr());
             let Some(addr) = highest_unread(settled_top, &runs, &ends) else {
@@ -107,25 +113,35 @@ impl GcCopy {
             }
             before.copy_from_slice(&ends);
             take_address(&mut runs, &mut ends, &before, addr);
+            records.clear();
+            records.extend((i..si).map(read));
+            for ((run, &end), &was) in runs.iter().zip(&ends).zip(&before) {
+                records.extend_from_slice(&run[end..was]);
+            }
+            if let Some(jd) = judging.as_mut() {
+                self.note_word_at_collection(&mut records, addr, jd);
+            }
             // The survivor is the object of the last allocation not
             // followed by a free.
             let mut current: Option<Record> = None;
-            for x in i..si {
-                self.step(&mut current, read(x));
-            }
-            for ((run, &end), &was) in runs.iter().zip(&ends).zip(&before) {
-                for &r in &run[end..was] {
-                    self.step(&mut current, r);
-                }
+            for &r in &records {
+                self.step(&mut current, r);
             }
             let Some(object) = current else { continue };
             if !self.judged_live(addr, &object, judging, tally) {
                 continue;
             }
             let size = self.size(&object);
-            let site = &mut self.sites[object.site() as usize].1;
+            let slot = &mut self.slots[object.slot() as usize];
+            slot.tracked[0] += 1;
+            slot.tracked[1] += size;
+            let unread = slot.word == ObjectWord::Unread;
+            let site = &mut self.sites[slot.site as usize].1;
             site.tracked_count += 1;
             site.tracked_bytes += size;
+            if unread {
+                self.unread_settled.push(addr);
+            }
             w -= 1;
             // SAFETY: `w < s + t <= capacity`, and `w >= i`: no unread record is there.
             unsafe { at.add(w).write(object) };
@@ -139,6 +155,22 @@ impl GcCopy {
         }
         drop(runs);
         self.settled = settled;
+        // Walked from the highest address down.
+        self.unread_settled.reverse();
+    }
+
+    /// Notes the first word read at collection `jd` at `addr` for the
+    /// object there then: the last of `records` allocated before it (an
+    /// object allocated since is another, and an older one was gone).
+    fn note_word_at_collection(&mut self, records: &mut [Record], addr: u64, jd: &mut Judging) {
+        let at_collection = records
+            .iter()
+            .rposition(|r| r.slot() != FREED && self.epochs.of(r.ticks()) < jd.epoch);
+        if let Some(k) = at_collection.filter(|&k| self.unread(&records[k])) {
+            if let Some(word) = (jd.first_word)(addr) {
+                self.note_word(&mut records[k], Some(word));
+            }
+        }
     }
 
     /// Whether the survivor `object` at `addr` stays: judged by the pass
@@ -164,7 +196,7 @@ impl GcCopy {
                     0 => self.size(object),
                     n => n,
                 };
-                let m = &mut tally.per_site_marked[object.site() as usize];
+                let m = &mut tally.per_site_marked[self.site_of(object)];
                 m.0 += 1;
                 m.1 += gc_size;
                 tally.judged.marked_count += 1;
@@ -242,14 +274,15 @@ impl GcCopy {
                 continue;
             };
             let rec = self.runs[run][at];
-            let site = self.sites[rec.site() as usize].0;
+            let site = self.sites[self.site_of(&rec)].0;
             if site.kind == kind {
                 continue;
             }
             let to = self.site_number(Site { kind, ..site });
-            self.runs[run][at].set_site(to);
+            self.runs[run][at].set_slot(to);
             let size = self.size(&rec);
-            let s = &mut self.sites[to as usize].1;
+            let to_site = self.slots[to as usize].site as usize;
+            let s = &mut self.sites[to_site].1;
             s.retyped_count += 1;
             s.retyped_bytes += size;
             let k = &mut self.per_kind;
@@ -278,15 +311,15 @@ impl GcCopy {
         }
         let Some(freed) = there
             .iter()
-            .rposition(|r| r.site() == FREED && r.ticks() <= time)
+            .rposition(|r| r.slot() == FREED && r.ticks() <= time)
         else {
             return self.kind_at(addr, time);
         };
         there[..freed]
             .iter()
             .rev()
-            .find(|r| r.site() != FREED)
-            .map(|r| self.sites[r.site() as usize].0.kind)
+            .find(|r| r.slot() != FREED)
+            .map(|r| self.sites[self.site_of(r)].0.kind)
     }
 
     /// The kind of the latest object allocated at `addr` at or before
@@ -302,8 +335,8 @@ impl GcCopy {
                 records[start..end]
                     .iter()
                     .rev()
-                    .find(|r| r.site() != FREED && r.ticks() <= time)
-                    .map(|r| self.sites[r.site() as usize].0.kind)
+                    .find(|r| r.slot() != FREED && r.ticks() <= time)
+                    .map(|r| self.sites[self.site_of(r)].0.kind)
             })
     }
 
@@ -317,7 +350,7 @@ impl GcCopy {
                 let start = records.partition_point(|r| r.addr() < addr);
                 let end = records.partition_point(|r| r.addr() <= addr);
                 (start..end)
-                    .find(|&i| records[i].site() != FREED && records[i].ticks() == time)
+                    .find(|&i| records[i].slot() != FREED && records[i].ticks() == time)
                     .map(|i| (run, i))
             })
     }
@@ -326,8 +359,12 @@ impl GcCopy {
     /// `current`.
     #[inline]
     fn step(&mut self, current: &mut Option<Record>, r: Record) {
-        match (r.site(), *current) {
-            (FREED, Some(old)) => {
+        match (r.slot(), *current) {
+            (FREED, Some(mut old)) => {
+                // `GC_free` read its first word before freeing it.
+                if let Some(word) = r.freed_word() {
+                    self.note_word(&mut old, Some(word));
+                }
                 self.died(&old, r.ticks(), false);
                 *current = None;
             }
@@ -350,7 +387,12 @@ impl GcCopy {
     /// `old` died at `ticks`: freed, or collected (its address reused).
     fn died(&mut self, old: &Record, ticks: u64, reused: bool) {
         let size = self.size(old);
-        let s = &mut self.sites[old.site() as usize].1;
+        let slot = &mut self.slots[old.slot() as usize];
+        if reused {
+            slot.collected[0] += 1;
+            slot.collected[1] += size;
+        }
+        let s = &mut self.sites[slot.site as usize].1;
         s.lifetimes
             .record(ticks.saturating_sub(old.ticks()) * TICK_NS);
         if reused {
@@ -364,7 +406,10 @@ impl GcCopy {
         let size = self.size(old);
         let born = self.epochs.of(old.ticks());
         let now = ticks(now_ns, self.base_ns);
-        let s = &mut self.sites[old.site() as usize].1;
+        let slot = &mut self.slots[old.slot() as usize];
+        slot.collected[0] += 1;
+        slot.collected[1] += size;
+        let s = &mut self.sites[slot.site as usize].1;
         s.collected_count += 1;
         s.collected_bytes += size;
         s.lifetimes

@@ -28,7 +28,7 @@ fn tracks_says_which_addresses_were_seen_allocated() {
     }
     copy.sort_tail();
     copy.allocated(0x5000, &block(4, 0));
-    copy.freed(0x6000, 5);
+    copy.freed(0x6000, 5, None);
     let addrs = [0x800, 0x1000, 0x2000, 0x3000, 0x5000, 0x6000, 0x10_0010];
     assert_eq!(
         copy.tracks(&addrs),
@@ -41,9 +41,9 @@ fn reuse_free_and_unknown_free() {
     let mut copy = GcCopy::default();
     copy.allocated(0x30, &block(1, 0));
     copy.allocated(0x10, &block(2, 0));
-    copy.freed(0x50, 3 * TICK_NS); // unknown
+    copy.freed(0x50, 3 * TICK_NS, None); // unknown
     copy.allocated(0x30, &block(4, 0)); // reuse of 0x30
-    copy.freed(0x10, 5 * TICK_NS);
+    copy.freed(0x10, 5 * TICK_NS, None);
     copy.allocated(0x10, &block(6, 0)); // after a free: not a reuse
     copy.settle(None).unwrap();
     let s = &copy.sites()[0].1;
@@ -76,7 +76,7 @@ fn a_realloc_in_place_or_followed_at_its_time_keeps_the_kind() {
     // The same address back: the object replaced is the one before.
     let mut copy = GcCopy::default();
     copy.allocated(0x100, &atomic(1));
-    copy.freed(0x100, 2 * TICK_NS);
+    copy.freed(0x100, 2 * TICK_NS, None);
     copy.allocated(0x100, &moved(3));
     copy.reallocated(0x100, 0x100, 3 * TICK_NS);
     copy.settle(None).unwrap();
@@ -85,7 +85,7 @@ fn a_realloc_in_place_or_followed_at_its_time_keeps_the_kind() {
     // the thread's clock as the realloc read it (the same tick).
     let mut copy = GcCopy::default();
     copy.allocated(0x100, &atomic(1));
-    copy.freed(0x100, 2 * TICK_NS);
+    copy.freed(0x100, 2 * TICK_NS, None);
     copy.allocated(0x200, &moved(3));
     copy.reallocated(0x100, 0x200, 3 * TICK_NS);
     copy.allocated(0x100, &block(3, 0));
@@ -106,7 +106,7 @@ fn a_realloc_keeps_the_kind_of_the_block_it_replaces() {
     };
     copy.allocated(0x100, &atomic);
     copy.settle(None).unwrap();
-    copy.freed(0x100, 2 * TICK_NS);
+    copy.freed(0x100, 2 * TICK_NS, None);
     let moved = LiveBlock {
         site: Site {
             caller: 0x20,
@@ -144,7 +144,7 @@ fn runs_settle_as_a_replay_does() {
             let addr = 0x10_0000 + 16 * (x % 200_000);
             let time = round * (1 << 32) + t;
             if x.is_multiple_of(5) {
-                copy.freed(addr, time * TICK_NS);
+                copy.freed(addr, time * TICK_NS, None);
                 match replay.remove(&addr) {
                     Some(_) => died += 1,
                     None => unknown += 1,
@@ -179,7 +179,7 @@ fn tracked_blocks_are_every_records_blocks() {
     }
     copy.track_blocks(mask);
     copy.settle(None).unwrap();
-    copy.freed(0x10_0000, 6000 * TICK_NS);
+    copy.freed(0x10_0000, 6000 * TICK_NS, None);
     for i in 0..100u64 {
         copy.allocated(0x90_0000 + 4096 * i, &block(7000 + i, 0));
     }
@@ -218,6 +218,7 @@ fn a_pass_judges_only_older_objects_and_keeps_order_across_chunks() {
             now_ns: 1 << 40,
             sites: 1,
             judge: &mut judge,
+            first_word: &mut |_| None,
         }))
         .unwrap();
     assert_eq!(judged.marked_count, 500);
