@@ -136,6 +136,12 @@ pub mod fixture {
         pub const CLASSES_RELEASE: &str = env!("FIXTURE_CR_CLASSES_RELEASE");
         pub const CLASSES_STATIC: &str = env!("FIXTURE_CR_CLASSES_STATIC");
         pub const CLASSES_STRIPPED: &str = env!("FIXTURE_CR_CLASSES_STRIPPED");
+        /// `fixtures/crystal/collected.cr`: 20,000 Widget, 5,000 Gadget and
+        /// 3,000 Sprocket made, 500 Widget and 100 Gadget kept, one
+        /// collection; prints `<class> <allocated> <collected> <live>` as
+        /// the collector found them.
+        pub const COLLECTED_DEBUG: &str = env!("FIXTURE_CR_COLLECTED_DEBUG");
+        pub const COLLECTED_RELEASE: &str = env!("FIXTURE_CR_COLLECTED_RELEASE");
         /// `fixtures/crystal/busy_loop.cr`: one collection, then computes
         /// forever without allocating (libgc linked in).
         pub const BUSY_LOOP_STATIC: &str = env!("FIXTURE_CR_BUSY_LOOP_STATIC");

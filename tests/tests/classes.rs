@@ -135,3 +135,101 @@ fn attach_names_every_class_made_while_attached() {
         assert_classes(&profile, build);
     }
 }
+
+/// What `fixtures/crystal/collected.cr` printed the collector did, by
+/// class: (allocated, collected, live).
+fn collector_says(stdout: &str) -> BTreeMap<String, [u64; 3]> {
+    stdout
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let n = |i: usize| f.get(i)?.parse::<u64>().ok();
+            Some((f.first()?.to_string(), [n(1)?, n(2)?, n(3)?]))
+        })
+        .filter(|(class, _)| ["Widget", "Gadget", "Sprocket"].contains(&class.as_str()))
+        .collect()
+}
+
+/// Per class in the profile's groups: objects [allocated, collected,
+/// live] and their bytes.
+fn figures_by_class(profile: &std::path::Path) -> BTreeMap<String, ([u64; 3], [u64; 3])> {
+    let json = report_json(profile);
+    let mut classes: BTreeMap<String, ([u64; 3], [u64; 3])> = BTreeMap::new();
+    for g in groups(&json) {
+        let Some(name) = g["type_name"].as_str() else {
+            continue;
+        };
+        let n = |field: &str| g[field].as_u64().unwrap_or(0);
+        let c = classes.entry(name.to_string()).or_default();
+        for (i, (count, bytes)) in [
+            ("total_count", "total_bytes"),
+            ("collected_count", "collected_bytes"),
+            ("live_count", "live_bytes"),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            c.0[i] += n(count);
+            c.1[i] += n(bytes);
+        }
+    }
+    classes
+}
+
+#[test]
+fn run_counts_collected_objects_under_their_class() {
+    let dir = TempDir::new("classes-collected");
+    for (build, exe) in [
+        ("debug", fixture::crystal::COLLECTED_DEBUG),
+        ("release", fixture::crystal::COLLECTED_RELEASE),
+    ] {
+        let profile = dir.join(&format!("{build}.mprof"));
+        let output = profile_run(&profile, &[exe]);
+        let truth = collector_says(&String::from_utf8_lossy(&output.stdout));
+        // The fixture's own counts: what it made, and (nearly) what it dropped.
+        let made = [
+            ("Widget", 20_000, 500),
+            ("Gadget", 5_000, 100),
+            ("Sprocket", 3_000, 0),
+        ];
+        for (class, allocated, kept) in made {
+            let [a, c, l] = truth[class];
+            assert!(
+                a == allocated && c + l == a && l >= kept && l <= kept + 10,
+                "{build}: the fixture says {class} {truth:?}"
+            );
+        }
+        let found = figures_by_class(&profile);
+        let types = report(&profile, "types", &[]);
+        for (class, [allocated, collected, live]) in &truth {
+            let (objects, bytes) = found
+                .get(class)
+                .unwrap_or_else(|| panic!("{build}: no {class} group; by class: {found:?}"));
+            assert_eq!(
+                *objects,
+                [*allocated, *collected, *live],
+                "{build}: {class} [allocated, collected, live]; by class: {found:?}"
+            );
+            // One size per class: every figure's bytes are its objects'.
+            let size = bytes[0] / allocated;
+            assert!(size > 0, "{build}: {class} {bytes:?}");
+            assert_eq!(*bytes, objects.map(|n| n * size), "{build}: {class} bytes");
+            // `--format types`: live objects, bytes, allocated, collected.
+            let row = format!(
+                "| {} | {} | {} | {} | {class} |",
+                thousands(*live),
+                thousands(live * size),
+                thousands(*allocated),
+                thousands(*collected)
+            );
+            assert!(
+                types.lines().any(|l| {
+                    let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+                    let want: Vec<&str> = row.split('|').map(str::trim).collect();
+                    cells == want
+                }),
+                "{build}: no `types` row {row}:\n{types}"
+            );
+        }
+    }
+}
