@@ -120,6 +120,11 @@ pub struct PendingCall {
     /// the collector's `GC_bytes_allocd` at the entry (`u64::MAX`: not read).
     pub refill_lb: u64,
     pub allocd_before: u64,
+    /// The thread's last GC object sent to userspace's copy, and the epoch
+    /// it was allocated in: its first word goes with the thread's next
+    /// one ([`crate::GcEvent::typed`]). Kept across the thread's calls.
+    pub last_gc: u64,
+    pub last_gc_epoch: u64,
 }
 
 /// A clock read and what it is valid for: the jiffy (4 ms at HZ=250) and

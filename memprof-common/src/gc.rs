@@ -7,7 +7,7 @@ use crate::{AllocKind, AllocSite};
 /// A change to the set of GC objects, streamed to userspace through the
 /// `GC_EVENTS` ring buffer. While userspace keeps the copy of the GC
 /// objects (`globals::GC_COPY`) that copy is the only one: GC objects are
-/// not in `LIVE`. Kept small (56 bytes): a busy GC program streams
+/// not in `LIVE`. Kept small (72 bytes): a busy GC program streams
 /// millions a second.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -28,9 +28,17 @@ pub struct GcEvent {
     /// `GC_realloc`: the block this one replaces (its kind is this one's:
     /// the kernel does not know it); else 0.
     pub replaces: u64,
+    /// [`gc_event::ALLOC`]: the thread's previous GC object, allocated in
+    /// the same epoch, whose first 32-bit word is [`GcEvent::typed_word`]
+    /// (a Crystal object's type id, written by the program right after
+    /// that allocation returned); 0: none read. Read here, not while
+    /// memprof holds a collection, so typing every object costs no pause.
+    pub typed: u64,
     /// `GC_EPOCH` at the allocation (truncated: a run sees fewer than 2^32
     /// collections).
     pub epoch: u32,
+    /// The first word of the object at [`GcEvent::typed`].
+    pub typed_word: u32,
     /// [`AllocKind`] as `u8`.
     pub kind: u8,
     /// One of [`gc_event`].

@@ -265,6 +265,8 @@ fn new_slot(thread: u64) -> Option<*mut PendingCall> {
         predicted: 0,
         refill_lb: 0,
         allocd_before: u64::MAX,
+        last_gc: 0,
+        last_gc_epoch: 0,
     };
     let _ = PENDING.insert(&thread, &idle, BPF_NOEXIST as u64);
     PENDING.get_ptr_mut(&thread)
@@ -448,6 +450,10 @@ pub(crate) fn free_enter(ctx: &ProbeContext) -> u32 {
             }
             bump(|c| &mut c.stale_calls);
             unsafe { (*pending).active = 0 };
+        }
+        // Its first word is the collector's from here: the free below says it.
+        if unsafe { (*pending).last_gc } == addr {
+            unsafe { (*pending).last_gc = 0 };
         }
     }
     let kind = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u8;

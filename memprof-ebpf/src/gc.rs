@@ -217,7 +217,9 @@ fn judge_all(epoch: u64, bias: u64) {
         size: now.wrapping_sub(start),
         timestamp_ns: start,
         replaces: 0,
+        typed: 0,
         epoch: epoch as u32,
+        typed_word: 0,
         kind: 0,
         op: gc_event::JUDGED,
         _pad: 0,
@@ -284,7 +286,9 @@ fn judge_slot(slot: &JudgedSlot, judging: &mut Judging) -> Judged {
         size,
         timestamp_ns: 0,
         replaces: 0,
+        typed: 0,
         epoch: judging.epoch as u32,
+        typed_word: 0,
         kind: 0,
         op: if marked {
             gc_event::MARKED

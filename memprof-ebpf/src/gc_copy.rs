@@ -5,7 +5,7 @@
 //! the copy sums their per-site totals, they are not in `SITE_TOTALS`).
 use aya_ebpf::{
     bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
-    helpers::{bpf_ktime_get_ns, generated as gen},
+    helpers::{bpf_ktime_get_ns, bpf_probe_read_user, generated as gen},
     macros::map,
     maps::RingBuf,
 };
@@ -52,9 +52,34 @@ pub(crate) fn gc_time(slot: *mut PendingCall, epoch: u64, fresh: bool) -> u64 {
     ns
 }
 
-/// Tells userspace's copy of the GC objects.
+/// The thread's previous GC object (`slot`'s) and its first word, if it
+/// was allocated in `epoch` and is not the block `replaces` frees (its
+/// first word is the collector's then); (0, 0) otherwise. A collection
+/// since then was held, and memprof read it there, while it still held
+/// it: a collected object's memory is reused.
 #[inline(always)]
-pub(crate) fn gc_event(addr: u64, op: u8, object: &LiveAlloc, replaces: u64, objects: u16) {
+pub(crate) fn previous_word(slot: *mut PendingCall, epoch: u64, replaces: u64) -> (u64, u32) {
+    let (last, last_epoch) = unsafe { ((*slot).last_gc, (*slot).last_gc_epoch) };
+    if last == 0 || last_epoch != epoch || last == replaces {
+        return (0, 0);
+    }
+    match unsafe { bpf_probe_read_user(last as *const u32) } {
+        Ok(word) => (last, word),
+        Err(_) => (0, 0),
+    }
+}
+
+/// Tells userspace's copy of the GC objects; `typed`: an earlier object's
+/// first word ([`previous_word`]).
+#[inline(always)]
+pub(crate) fn gc_event(
+    addr: u64,
+    op: u8,
+    object: &LiveAlloc,
+    replaces: u64,
+    objects: u16,
+    typed: (u64, u32),
+) {
     let event = GcEvent {
         addr,
         caller: object.site.caller,
@@ -62,7 +87,9 @@ pub(crate) fn gc_event(addr: u64, op: u8, object: &LiveAlloc, replaces: u64, obj
         size: object.size,
         timestamp_ns: object.timestamp_ns,
         replaces,
+        typed: typed.0,
         epoch: object.epoch as u32,
+        typed_word: typed.1,
         kind: object.site.kind,
         op,
         _pad: 0,

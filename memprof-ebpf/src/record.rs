@@ -15,7 +15,7 @@ use memprof_common::{
 
 use crate::counters::bump;
 use crate::gc::{judge_later, GC_EPOCH};
-use crate::gc_copy::{gc_event, gc_time, in_copy, is_gc};
+use crate::gc_copy::{gc_event, gc_time, in_copy, is_gc, previous_word};
 use crate::settings::GC_VERDICTS;
 
 // Sizes are defaults; userspace sets them from --max-live / --max-stacks.
@@ -76,7 +76,12 @@ pub(crate) fn record(
     let in_live = if copied {
         // Userspace's copy is the only one (address reuse is seen there);
         // an event the ring had no room for is counted as such.
-        gc_event(addr, gc_event::ALLOC, &live, replaces, objects);
+        let typed = previous_word(slot, epoch, replaces);
+        gc_event(addr, gc_event::ALLOC, &live, replaces, objects, typed);
+        unsafe {
+            (*slot).last_gc = addr;
+            (*slot).last_gc_epoch = epoch;
+        }
         if GC_VERDICTS.load() == 1 {
             judge_later(addr, epoch);
         }
@@ -215,7 +220,7 @@ pub(crate) fn release(key: u64, kind: u8, first_word: u64) -> Option<u8> {
             epoch: 0,
         };
         // Only without `attach --all`: the key is the address.
-        gc_event(key, gc_event::GONE, &gone, 0, 1);
+        gc_event(key, gc_event::GONE, &gone, 0, 1, (0, 0));
         return None;
     }
     match LIVE.get_ptr(&key) {

@@ -45,6 +45,9 @@ pub enum GcChange {
         replaces: u64,
         /// Objects it stands for: 1, or a refill sample's list.
         objects: u64,
+        /// The thread's previous GC object and its first word, read now
+        /// ([`GcEvent::typed`]).
+        typed: Option<(u64, u32)>,
     },
     /// The GC object at `addr` was freed (`GC_free`, `GC_realloc`) at
     /// `time_ns`; `first_word`: its first word then, if read (`GC_free`).
@@ -101,6 +104,7 @@ impl TryFrom<&GcEvent> for GcChange {
                 },
                 replaces: event.replaces,
                 objects: u64::from(event.objects.max(1)),
+                typed: (event.typed != 0).then_some((event.typed, event.typed_word)),
             }),
             gc_event::GONE => Ok(GcChange::Freed {
                 addr: event.addr,

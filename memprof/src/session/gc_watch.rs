@@ -102,7 +102,11 @@ fn apply(copy: &mut GcCopy, kernel: &mut Option<(KernelVerdicts, GcSummary)>, ch
             block,
             replaces,
             objects,
+            typed,
         } => {
+            if let Some((earlier, word)) = typed {
+                copy.word_read(earlier, word);
+            }
             copy.allocated_as(addr, &block, objects);
             if replaces != 0 {
                 copy.reallocated(replaces, addr, block.timestamp_ns);

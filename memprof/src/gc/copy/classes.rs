@@ -1,10 +1,13 @@
 //! What the copy's objects are, from their first word (a Crystal object's
 //! type id, written by the program right after the allocation): each
 //! record's slot is its site and what its first word said, read once
-//! while the object still held it: at the first collection after its
-//! allocation (memprof's hold, or the kernel's verdict), at its
-//! `GC_free`, or at the end. A collected object's memory is reused and
-//! cleared by the sweep, so waiting for its death would be too late.
+//! while the object still held it: by the kernel at its thread's next GC
+//! allocation ([`GcCopy::word_read`]: almost every object, at no cost to
+//! the pauses), else at the first collection after its allocation
+//! (memprof's hold reads each thread's last objects; the kernel's
+//! verdict), at its `GC_free`, or at the end. A collected object's memory
+//! is reused and cleared by the sweep, so waiting for its death would be
+//! too late.
 //!
 //! Each slot counts its objects allocated, collected and tracked, so the
 //! figures per site and class are exact; the words are named at the end
@@ -25,6 +28,10 @@ pub enum ObjectWord {
     /// [`WORDS_PER_SITE`] (a buffer's data).
     NoType,
 }
+
+/// Records looked through, newest first, for the one a kernel-read word
+/// is of ([`GcCopy::word_read`]): threads allocating at once interleave.
+const RECENT: usize = 64;
 
 /// Distinct words a site's slots keep: a site allocates objects of a
 /// few classes; more words are a buffer's data.
@@ -109,6 +116,35 @@ impl GcCopy {
         let slot = &mut self.slots[to as usize];
         slot.allocated[0] += 1;
         slot.allocated[1] += size;
+    }
+
+    /// Notes `word`, the first word of the object at `addr` as the kernel
+    /// read it at its thread's next GC allocation (the same epoch: the
+    /// object is not settled yet). Its record came in shortly before
+    /// (other threads' between): looked for among the last [`RECENT`],
+    /// then, past a chunk's sorting, in the runs by address. One not found
+    /// stays unread, for the next hold to read.
+    pub fn word_read(&mut self, addr: u64, word: u32) {
+        let n = self.incoming.len();
+        if let Some(i) = (n.saturating_sub(RECENT)..n)
+            .rev()
+            .find(|&i| self.incoming[i].addr() == addr)
+        {
+            let mut r = self.incoming[i];
+            self.note_word(&mut r, Some(word));
+            self.incoming[i] = r;
+            return;
+        }
+        for k in (0..self.runs.len()).rev() {
+            // A run keeps one address's records in arrival order: the last is the latest.
+            let end = self.runs[k].partition_point(|r| r.addr() <= addr);
+            if end > 0 && self.runs[k][end - 1].addr() == addr {
+                let mut r = self.runs[k][end - 1];
+                self.note_word(&mut r, Some(word));
+                self.runs[k][end - 1] = r;
+                return;
+            }
+        }
     }
 
     /// The objects whose first word was not read, ascending: the settled
