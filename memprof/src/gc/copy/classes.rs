@@ -14,6 +14,8 @@
 //! ([`crate::gc::live_types::classes`]), when the program's type ids are.
 use super::record::{Record, FREED, MAX_SITES};
 use super::GcCopy;
+use memprof_common::AllocKind;
+
 use crate::crystal::type_ids::MAX_TYPE_ID;
 
 /// What an object's first word said.
@@ -27,6 +29,11 @@ pub enum ObjectWord {
     /// No type id: 0, above any id, or a word past its site's
     /// [`WORDS_PER_SITE`] (a buffer's data).
     NoType,
+}
+
+/// Whether `word` may be a type id (the names come at the end).
+fn is_type_id(word: u32) -> bool {
+    word != 0 && word <= MAX_TYPE_ID
 }
 
 /// Records looked through, newest first, for the one a kernel-read word
@@ -106,7 +113,7 @@ impl GcCopy {
         let size = self.size(r);
         let site = self.site_of(r) as u32;
         let word = match word {
-            Some(w) if w != 0 && w <= MAX_TYPE_ID => ObjectWord::Word(w, size),
+            Some(w) if is_type_id(w) => ObjectWord::Word(w, size),
             _ => ObjectWord::NoType,
         };
         let Some(to) = self.slot_number(site, word) else {
@@ -131,7 +138,7 @@ impl GcCopy {
             .find(|&i| self.incoming[i].addr() == addr)
         {
             let mut r = self.incoming[i];
-            self.note_word(&mut r, Some(word));
+            self.note_early_word(&mut r, word);
             self.incoming[i] = r;
             return;
         }
@@ -140,11 +147,27 @@ impl GcCopy {
             let end = self.runs[k].partition_point(|r| r.addr() <= addr);
             if end > 0 && self.runs[k][end - 1].addr() == addr {
                 let mut r = self.runs[k][end - 1];
-                self.note_word(&mut r, Some(word));
+                self.note_early_word(&mut r, word);
                 self.runs[k][end - 1] = r;
                 return;
             }
         }
+    }
+
+    /// [`Self::note_word`] for a word read at the thread's next allocation.
+    /// One that is no type id leaves an atomic object unread: a
+    /// `String::Builder`'s buffer becomes its `String` (the header written
+    /// into it) when `to_s` finds it the right size, allocations after it
+    /// was made; the hold reads it again. A scanned object is typed by
+    /// `allocate`, at once: its zeros are a buffer's.
+    fn note_early_word(&mut self, r: &mut Record, word: u32) {
+        if !is_type_id(word)
+            && r.slot() != FREED
+            && self.sites[self.site_of(r)].0.kind == AllocKind::GcAtomic
+        {
+            return;
+        }
+        self.note_word(r, Some(word));
     }
 
     /// The objects whose first word was not read, ascending: the settled
