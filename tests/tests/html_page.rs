@@ -275,7 +275,7 @@ fn html_page_of_a_crystal_program_reads_at_a_glance() {
     assert_eq!(count_of("Gadget"), GADGETS);
     let markdown: Vec<Vec<String>> = report(&profile, "types", &[])
         .lines()
-        .skip_while(|l| !l.starts_with("| Objects |"))
+        .skip_while(|l| !l.starts_with("| Live objects |"))
         .skip(2)
         .take_while(|l| l.starts_with('|'))
         .map(|l| {

@@ -335,7 +335,7 @@ fn markup_in_names_is_escaped() {
     let types = report(&profile, "types", &[]);
     assert!(
         types.contains(
-            "|     100 | 6,400 | in make\\|&lt;b&gt;bold&lt;/b&gt;\\`x\\`\\*y\\* (escaping.c:19) |"
+            "|          100 |      6,400 | in make\\|&lt;b&gt;bold&lt;/b&gt;\\`x\\`\\*y\\* (escaping.c:19) |"
         ),
         "{types}"
     );

@@ -551,7 +551,9 @@ mod tests {
         crate::report::types::write(&profile, &Options::default(), &mut out).unwrap();
         let types = String::from_utf8(out).unwrap();
         assert!(
-            types.contains("|  41,042 | 1,315,360 | (unknown: the stack ends in the allocator) |"),
+            types.contains(
+                "|       41,042 |  1,315,360 | (unknown: the stack ends in the allocator) |"
+            ),
             "{types}"
         );
     }

@@ -82,7 +82,7 @@ pub enum Format {
     Tsv,
     /// Everything in the profile, documented in docs/formats.md.
     Json,
-    /// Live objects and bytes per allocated Crystal class (`| Objects | Bytes | Type |`).
+    /// Live objects and bytes per allocated Crystal class (`| Live objects | Live bytes | Type |`).
     Types,
     /// Folded stacks for flamegraph.pl and friends: `root;…;leaf VALUE` per line.
     Folded,

@@ -2,11 +2,11 @@
 //! perf-tools MemProf's `log_object_counts` / `log_object_sizes`:
 //!
 //! ```text
-//! | Objects |     Bytes | Type |
-//! |--------:|----------:|------|
-//! | 100,000 | 3,200,000 | Foo |
-//! |       1 |   800,000 | Array(Foo) buffer |
-//! |       1 |     4,096 | in free_block (allocs.cr:62) |
+//! | Live objects | Live bytes | Type |
+//! |-------------:|-----------:|------|
+//! |      100,000 |  3,200,000 | Foo |
+//! |            1 |    800,000 | Array(Foo) buffer |
+//! |            1 |      4,096 | in free_block (allocs.cr:62) |
 //! |       2 | 16,777,216 | fiber stack (runtime) |
 //! ```
 //!
@@ -73,7 +73,13 @@ pub fn write(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
             })
             .collect();
         table(
-            &["Objects", "Bytes", "Allocated", "Collected", "Type"],
+            &[
+                "Live objects",
+                "Live bytes",
+                "Allocated",
+                "Collected",
+                "Type",
+            ],
             &rows,
             out,
         )?;
@@ -89,7 +95,7 @@ pub fn write(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
             ]
         })
         .collect();
-    table(&["Objects", "Bytes", "Type"], &rows, out)?;
+    table(&["Live objects", "Live bytes", "Type"], &rows, out)?;
     censuses(profile, options, out)
 }
 
@@ -401,9 +407,14 @@ mod tests {
         write(&profile(), &Options::default(), &mut out).unwrap();
         let text = String::from_utf8(out).unwrap();
         assert!(
-            text.contains("| Objects |     Bytes | Type |\n|--------:|----------:|------|\n"),
+            text.contains(
+                "| Live objects | Live bytes | Type |\n|-------------:|-----------:|------|\n"
+            ),
             "{text}"
         );
-        assert!(text.contains("| 100,000 | 3,200,000 | Foo |\n"), "{text}");
+        assert!(
+            text.contains("|      100,000 |  3,200,000 | Foo |\n"),
+            "{text}"
+        );
     }
 }
