@@ -228,3 +228,45 @@ fn a_pass_judges_only_older_objects_and_keeps_order_across_chunks() {
     assert_eq!(s.tracked_count, 501);
     assert_eq!(s.history, vec![[7, 500]], "what the collection found live");
 }
+
+#[test]
+fn words_the_kernel_read_type_their_objects_wherever_the_records_are() {
+    let mut copy = GcCopy::default();
+    let atomic = |t| LiveBlock {
+        site: Site {
+            caller: 0x20,
+            stack: None,
+            kind: AllocKind::GcAtomic,
+        },
+        ..block(t, 0)
+    };
+    copy.allocated(0x1000, &block(1, 0));
+    copy.allocated(0x2000, &atomic(2));
+    copy.allocated(0x3000, &atomic(3));
+    copy.allocated(0x4000, &block(3, 0));
+    // Typed at the thread's next allocation: a class's id; a buffer's word
+    // that is no id types a scanned object (none) but leaves an atomic one
+    // unread, for the hold; an atomic one with an id is typed.
+    copy.word_read(0x1000, 7);
+    copy.word_read(0x2000, 0);
+    copy.word_read(0x3000, 9);
+    copy.word_read(0x4000, 0);
+    assert_eq!(copy.unread_objects(), vec![0x2000]);
+    // A chunk sorted into a run meanwhile: found there by address.
+    for a in (0..CHUNK as u64).map(|i| 0x10_0000 + 16 * i) {
+        copy.allocated(a, &block(4, 0));
+    }
+    copy.sort_tail();
+    copy.word_read(0x10_0000, 7);
+    let unread = copy.unread_objects();
+    assert_eq!(unread.len(), CHUNK); // 0x2000 and the chunk but its first
+    assert!(!unread.contains(&0x10_0000) && unread.contains(&0x2000));
+    let typed = |word| {
+        copy.slots()
+            .iter()
+            .filter(|s| matches!(s.word, ObjectWord::Word(w, _) if w == word))
+            .map(|s| s.allocated[0])
+            .sum::<u64>()
+    };
+    assert_eq!((typed(7), typed(9)), (2, 1));
+}
