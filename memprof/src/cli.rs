@@ -122,8 +122,23 @@ pub enum Command {
     /// collector's refills unless --gc-sampling exact. --sample-bytes does
     /// not apply.
     ///
-    /// Example: `sudo memprof top --comm puma --comm my_server`
+    /// With --agent, the figures are a running `memprof agent`'s instead
+    /// (its /api/processes, asked at each refresh over its socket): no
+    /// probes are loaded and nothing is attached to; every running process
+    /// the agent follows is shown, or those --pid, --comm and --exe name.
+    ///
+    /// Examples:
+    ///   sudo memprof top --comm puma --comm my_server
+    ///   sudo memprof top --agent                      every process the agent follows
+    ///   sudo memprof top --agent /run/memprof/agent.sock --comm puma --count 3
+    #[command(verbatim_doc_comment)]
     Top {
+        /// Read the figures from a running `memprof agent` on this socket
+        /// (/run/memprof/agent.sock unless given) instead of attaching:
+        /// --pid, --comm and --exe then only choose the rows (none: every
+        /// running process the agent follows).
+        #[arg(long, value_name = "SOCKET", num_args = 0..=1, default_missing_value = crate::agent::DEFAULT_SOCKET)]
+        agent: Option<PathBuf>,
         /// A process to watch (repeatable).
         #[arg(long, short, value_name = "PID")]
         pid: Vec<u32>,

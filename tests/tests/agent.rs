@@ -849,3 +849,84 @@ fn a_crystal_program_gets_its_session_and_its_classes() {
     writeln!(stdin, "collect").unwrap();
     stdout.wait_for("collected", TIMEOUT);
 }
+
+/// The rows of the tables `memprof top` appended to stdout (no terminal):
+/// each table's rows as their words.
+fn top_tables(stdout: &str) -> Vec<Vec<Vec<String>>> {
+    let mut tables = Vec::new();
+    for line in stdout.lines() {
+        if line.starts_with("memprof top:") {
+            tables.push(Vec::new());
+            continue;
+        }
+        let words: Vec<String> = line.split_whitespace().map(String::from).collect();
+        if words.first().is_some_and(|w| w.parse::<u32>().is_ok()) {
+            tables.last_mut().expect("a table").push(words);
+        }
+    }
+    tables
+}
+
+#[test]
+fn top_reads_its_figures_from_the_agent() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = TempDir::new("agent-top");
+    let agent = Agent::start(&dir, &["--comm", "grow"]);
+    let mut grow = Grow::start();
+    grow.grow();
+    grow.grow();
+    let pid = grow.pid();
+    // The agent's figure: exact (every allocation followed).
+    agent.wait_for_row("grow's 32,000 bytes", |r| {
+        r["pid"] == pid && r["live_bytes"] == 32_000
+    });
+
+    let top = |filter: &[&str]| {
+        let mut args = vec![
+            OsStr::new("top"),
+            OsStr::new("--agent"),
+            agent.socket.as_os_str(),
+            OsStr::new("--count"),
+            OsStr::new("2"),
+            OsStr::new("--interval"),
+            OsStr::new("0.3"),
+        ];
+        args.extend(filter.iter().map(OsStr::new));
+        let output = run_ok(args);
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        (top_tables(&stdout), stdout)
+    };
+    // Every running process the agent follows: grow alone (--comm grow),
+    // its 32,000 bytes as top writes them (31.25 KiB), grown by none
+    // between the two refreshes.
+    let (tables, stdout) = top(&[]);
+    assert_eq!(tables.len(), 2, "{stdout}");
+    let expected = |growth: &str| {
+        let mut row = vec![pid.to_string(), "grow".into(), "31.2".into(), "KiB".into()];
+        row.extend(growth.split(' ').map(String::from));
+        row.extend(["0".into(), "0.0".into()]);
+        row
+    };
+    assert_eq!(tables[0], vec![expected("0 B")], "{stdout}");
+    assert_eq!(tables[1], vec![expected("0 B")], "{stdout}");
+    assert!(
+        stdout.contains("(the agent on "),
+        "the heading names the agent: {stdout}"
+    );
+    // --pid and --comm choose the rows.
+    let (tables, stdout) = top(&["--pid", &pid.to_string()]);
+    assert_eq!(tables[1], vec![expected("0 B")], "{stdout}");
+    let (tables, stdout) = top(&["--comm", "nothing_such"]);
+    assert!(
+        tables.len() == 2 && tables.iter().all(Vec::is_empty),
+        "{stdout}"
+    );
+
+    // No agent there: one line.
+    let none = run(["top", "--agent", "/nonexistent/agent.sock", "--count", "1"]);
+    assert_one_line_error(
+        &none,
+        &["--agent /nonexistent/agent.sock", "no agent answers there"],
+    );
+    agent.stop();
+}

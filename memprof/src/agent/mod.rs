@@ -29,7 +29,7 @@ use std::sync::mpsc;
 use std::time::{Duration, SystemTime};
 
 use anyhow::Result;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::driver::{profiles, Driven, Driver, Figures, Flow, Profiling};
 use crate::options::SessionOptions;
@@ -75,7 +75,7 @@ pub enum Request {
 }
 
 /// One process, as `/api/processes` lists it.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ProcessRow {
     pub pid: u32,
     /// The program's file name.
