@@ -123,6 +123,9 @@ fn long_running(driver: &Driver, command: Command) -> Result<i32> {
             listen,
             allow_remote,
             metrics_top,
+            dir,
+            dir_budget,
+            dir_every,
             duration,
             session,
         } => {
@@ -141,6 +144,16 @@ fn long_running(driver: &Driver, command: Command) -> Result<i32> {
                 listen,
                 allow_remote,
                 metrics_top,
+                dir: dir
+                    .map(|dir| -> Result<_> {
+                        Ok(crate::agent::dir::DirOptions {
+                            dir,
+                            budget: dir_budget,
+                            every: seconds("--dir-every", Some(dir_every))?
+                                .unwrap_or(Duration::from_secs(60)),
+                        })
+                    })
+                    .transpose()?,
             };
             crate::agent::run(driver, selection, &options, &serve)
         }
