@@ -263,13 +263,27 @@ impl Snapshots {
     /// A round: the ended processes not written yet, then the running
     /// ones whose figures changed since their last snapshot.
     fn plan(&mut self, followed: &mut Selected) {
-        for (info, _) in followed.ended() {
-            let end = info.end_s.unwrap_or(0.0).to_bits();
-            if !self.ended_written.contains(&(info.pid, end)) {
-                self.queue.push_back(Job::Ended(info.pid, end));
+        let ended: HashSet<(u32, u64)> = followed
+            .ended()
+            .iter()
+            .map(|(info, _)| (info.pid, info.end_s.unwrap_or(0.0).to_bits()))
+            .collect();
+        // What is remembered stays bounded: the ended processes kept, the
+        // running ones.
+        self.ended_written.retain(|e| ended.contains(e));
+        for &(pid, end) in &ended {
+            if !self.ended_written.contains(&(pid, end)) {
+                self.queue.push_back(Job::Ended(pid, end));
             }
         }
-        for f in followed.figures().unwrap_or_default() {
+        let figures = followed.figures().unwrap_or_default();
+        let pids: HashSet<u32> = figures
+            .iter()
+            .map(|f| f.pid)
+            .chain(ended.iter().map(|e| e.0))
+            .collect();
+        self.latest.retain(|pid, _| pids.contains(pid));
+        for f in figures {
             let key = key(&f);
             let unchanged = self.latest.get(&f.pid).is_some_and(|l| l.key == Some(key));
             if !unchanged {
