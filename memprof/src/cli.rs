@@ -122,8 +122,23 @@ pub enum Command {
     /// collector's refills unless --gc-sampling exact. --sample-bytes does
     /// not apply.
     ///
-    /// Example: `sudo memprof top --comm puma --comm my_server`
+    /// With --agent, the figures are a running `memprof agent`'s instead
+    /// (its /api/processes, asked at each refresh over its socket): no
+    /// probes are loaded and nothing is attached to; every running process
+    /// the agent follows is shown, or those --pid, --comm and --exe name.
+    ///
+    /// Examples:
+    ///   sudo memprof top --comm puma --comm my_server
+    ///   sudo memprof top --agent                      every process the agent follows
+    ///   sudo memprof top --agent /run/memprof/agent.sock --comm puma --count 3
+    #[command(verbatim_doc_comment)]
     Top {
+        /// Read the figures from a running `memprof agent` on this socket
+        /// (/run/memprof/agent.sock unless given) instead of attaching:
+        /// --pid, --comm and --exe then only choose the rows (none: every
+        /// running process the agent follows).
+        #[arg(long, value_name = "SOCKET", num_args = 0..=1, default_missing_value = crate::agent::DEFAULT_SOCKET)]
+        agent: Option<PathBuf>,
         /// A process to watch (repeatable).
         #[arg(long, short, value_name = "PID")]
         pid: Vec<u32>,
@@ -241,11 +256,16 @@ pub enum Command {
     ///   /api/profile?pid=N&format=F       one process's profile in a format of `memprof report` (json unless F)
     ///   /                                 a page: processes by live bytes, refreshed; a click shows one's profile
     ///
+    /// With --dir DIR, each process's profile is also kept in DIR (one .mprof
+    /// file each, replaced by its next snapshot; within --dir-budget), and an
+    /// agent started again with the same DIR serves those processes as ended.
+    ///
     /// Examples:
     ///   sudo memprof agent
     ///   sudo curl --unix-socket /run/memprof/agent.sock http://agent/metrics
     ///   sudo memprof agent --listen 127.0.0.1:6060 --comm my_server
     ///   go tool pprof http://127.0.0.1:6060/debug/pprof/heap?comm=my_server
+    ///   sudo memprof agent --dir /var/lib/memprof --dir-budget 200M
     #[command(verbatim_doc_comment)]
     Agent {
         /// Every process running this program (the kernel's name of it),
@@ -276,6 +296,29 @@ pub enum Command {
         /// with pid="other", so the series stay bounded.
         #[arg(long, default_value_t = 100, value_name = "N")]
         metrics_top: usize,
+        /// Keep each process's profile in this directory, so that an agent
+        /// started again with the same --dir (after a restart, a reboot)
+        /// serves the processes seen before: listed in /api/processes as
+        /// ended, their profiles in /api/profile?pid=N, /debug/pprof/heap
+        /// and `memprof report --agent --pid N`. One file per process,
+        /// PID-STARTUNIX-PROGRAM.mprof (a profile file: `memprof report`
+        /// reads it), replaced by each newer snapshot: every --dir-every
+        /// seconds for the processes whose figures changed since their
+        /// last one, once with its exit when a process ends, and at SIGTERM.
+        /// The directory must be root's and writable by root alone; it is
+        /// made (mode 0700) if missing. Example: --dir /var/lib/memprof
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+        /// --dir: the most its snapshots may take; after each write the
+        /// oldest are deleted until they fit (ended processes' first, then
+        /// running ones'), counted in memprof_dir_snapshots_deleted_total.
+        /// A number of bytes, or with K, M, G or T (powers of 1024; KiB,
+        /// MB… read the same), e.g. 200M.
+        #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = parse_size, requires = "dir")]
+        dir_budget: u64,
+        /// --dir: seconds between two snapshots of a process whose figures changed.
+        #[arg(long, value_name = "SECONDS", default_value_t = crate::agent::dir::DEFAULT_EVERY_S, requires = "dir")]
+        dir_every: f64,
         /// Stop after this many seconds.
         #[arg(long, short)]
         duration: Option<f64>,
@@ -545,4 +588,52 @@ pub struct ReportArgs {
     /// the plain table, "still live at the end", is the leak view.)
     #[arg(long)]
     pub leaks: bool,
+}
+
+/// A size: bytes, or a number with K, M, G or T (powers of 1024; `KiB`,
+/// `MB`, `m` read the same): `200M`, `1.5G`, `4096`.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let digits = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(digits);
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => {
+            return Err(format!(
+                "{text:?}: a size is bytes, or a number with K, M, G or T (e.g. 200M)"
+            ))
+        }
+    };
+    let value: f64 = number.parse().map_err(|_| {
+        format!("{text:?}: a size is bytes, or a number with K, M, G or T (e.g. 200M)")
+    })?;
+    let bytes = value * (1u64 << shift) as f64;
+    if !(bytes.is_finite() && bytes < u64::MAX as f64) {
+        return Err(format!("{text:?}: too large"));
+    }
+    Ok(bytes.round() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("200M"), Ok(200 << 20));
+        assert_eq!(parse_size("200MiB"), Ok(200 << 20));
+        assert_eq!(parse_size("1g"), Ok(1 << 30));
+        assert_eq!(parse_size("1.5K"), Ok(1536));
+        assert_eq!(parse_size("10 KB"), Ok(10240));
+        assert!(parse_size("M").is_err());
+        assert!(parse_size("12X").is_err());
+        assert!(parse_size("-1").is_err());
+    }
 }

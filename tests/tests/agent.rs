@@ -849,3 +849,374 @@ fn a_crystal_program_gets_its_session_and_its_classes() {
     writeln!(stdin, "collect").unwrap();
     stdout.wait_for("collected", TIMEOUT);
 }
+
+/// The rows of the tables `memprof top` appended to stdout (no terminal):
+/// each table's rows as their words.
+fn top_tables(stdout: &str) -> Vec<Vec<Vec<String>>> {
+    let mut tables = Vec::new();
+    for line in stdout.lines() {
+        if line.starts_with("memprof top:") {
+            tables.push(Vec::new());
+            continue;
+        }
+        let words: Vec<String> = line.split_whitespace().map(String::from).collect();
+        if words.first().is_some_and(|w| w.parse::<u32>().is_ok()) {
+            tables.last_mut().expect("a table").push(words);
+        }
+    }
+    tables
+}
+
+#[test]
+fn top_reads_its_figures_from_the_agent() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = TempDir::new("agent-top");
+    let agent = Agent::start(&dir, &["--comm", "grow"]);
+    let mut grow = Grow::start();
+    grow.grow();
+    grow.grow();
+    let pid = grow.pid();
+    // The agent's figure: exact (every allocation followed).
+    agent.wait_for_row("grow's 32,000 bytes", |r| {
+        r["pid"] == pid && r["live_bytes"] == 32_000
+    });
+
+    let top = |filter: &[&str]| {
+        let mut args = vec![
+            OsStr::new("top"),
+            OsStr::new("--agent"),
+            agent.socket.as_os_str(),
+            OsStr::new("--count"),
+            OsStr::new("2"),
+            OsStr::new("--interval"),
+            OsStr::new("0.3"),
+        ];
+        args.extend(filter.iter().map(OsStr::new));
+        let output = run_ok(args);
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        (top_tables(&stdout), stdout)
+    };
+    // Every running process the agent follows: grow alone (--comm grow),
+    // its 32,000 bytes as top writes them (31.25 KiB), grown by none
+    // between the two refreshes.
+    let (tables, stdout) = top(&[]);
+    assert_eq!(tables.len(), 2, "{stdout}");
+    let expected = |growth: &str| {
+        let mut row = vec![pid.to_string(), "grow".into(), "31.2".into(), "KiB".into()];
+        row.extend(growth.split(' ').map(String::from));
+        row.extend(["0".into(), "0.0".into()]);
+        row
+    };
+    assert_eq!(tables[0], vec![expected("0 B")], "{stdout}");
+    assert_eq!(tables[1], vec![expected("0 B")], "{stdout}");
+    assert!(
+        stdout.contains("(the agent on "),
+        "the heading names the agent: {stdout}"
+    );
+    // --pid and --comm choose the rows.
+    let (tables, stdout) = top(&["--pid", &pid.to_string()]);
+    assert_eq!(tables[1], vec![expected("0 B")], "{stdout}");
+    let (tables, stdout) = top(&["--comm", "nothing_such"]);
+    assert!(
+        tables.len() == 2 && tables.iter().all(Vec::is_empty),
+        "{stdout}"
+    );
+
+    // No agent there: one line.
+    let none = run(["top", "--agent", "/nonexistent/agent.sock", "--count", "1"]);
+    assert_one_line_error(
+        &none,
+        &["--agent /nonexistent/agent.sock", "no agent answers there"],
+    );
+    agent.stop();
+}
+
+/// The snapshot of process `pid` (of program `grow`) in `dir`, if there.
+fn snapshot_file(dir: &Path, pid: i32) -> Option<PathBuf> {
+    std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&format!("{pid}-")) && n.ends_with("-grow.mprof"))
+        })
+}
+
+/// The `.mprof` files of `dir`.
+fn snapshot_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "mprof"))
+        .collect();
+    files.sort();
+    files
+}
+
+/// Waits until `dir` has process `pid`'s snapshot and `memprof report`
+/// reads `blocks` live blocks of 64 bytes at `grow` in it; its path.
+fn wait_for_snapshot(dir: &Path, pid: i32, blocks: u64) -> PathBuf {
+    let line = format!("{blocks}\t{}\t", blocks * 64);
+    poll(
+        &format!("pid {pid}'s snapshot with {blocks} blocks"),
+        || {
+            let Some(file) = snapshot_file(dir, pid) else {
+                return Err(format!("{:?}", snapshot_files(dir)));
+            };
+            let output = run([
+                OsStr::new("report"),
+                file.as_os_str(),
+                OsStr::new("--format"),
+                OsStr::new("tsv"),
+            ]);
+            let tsv = String::from_utf8_lossy(&output.stdout).into_owned();
+            match tsv
+                .lines()
+                .any(|l| l.starts_with(&line) && l.contains("in 'grow'"))
+            {
+                true => Ok(file),
+                false => Err(format!("{}: {tsv}", file.display())),
+            }
+        },
+    )
+}
+
+/// A `/metrics` sample without labels.
+fn plain_metric(text: &str, name: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} "))?.parse().ok())
+}
+
+#[test]
+fn a_restarted_agent_serves_the_processes_its_dir_kept() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = TempDir::new("agent-dir");
+    let snaps = dir.join("snapshots");
+    let args = [
+        "--comm",
+        "grow",
+        "--dir",
+        snaps.to_str().unwrap(),
+        "--dir-every",
+        "1",
+    ];
+    let agent = Agent::start(&dir, &args);
+    // Made by the agent, root's alone.
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&snaps).unwrap().permissions().mode() & 0o777,
+        0o700
+    );
+    let mut grow = Grow::start();
+    grow.grow();
+    grow.grow();
+    let pid = grow.pid();
+    let file = wait_for_snapshot(&snaps, pid, 500);
+    // The process ends (killed): its last profile, with its exit, is written.
+    grow.child.signal(libc::SIGKILL);
+    grow.child.wait_timeout(TIMEOUT);
+    agent.wait_for_row("grow, ended", |r| r["pid"] == pid && r["running"] == false);
+    let metrics = agent.get_text("/metrics");
+    assert_eq!(
+        plain_metric(&metrics, "memprof_dir_snapshots"),
+        Some(1),
+        "{metrics}"
+    );
+    assert_eq!(
+        plain_metric(&metrics, "memprof_dir_snapshots_deleted_total"),
+        Some(0),
+        "{metrics}"
+    );
+    agent.stop();
+    assert_eq!(snapshot_files(&snaps), vec![file.clone()]);
+
+    // A second agent, the same --dir: the process is served again, ended.
+    let mut again = Agent::start(&dir, &args);
+    again
+        .stderr
+        .wait_for("1 snapshot of processes seen before", TIMEOUT);
+    let row = again.wait_for_row("grow, from the dir", |r| r["pid"] == pid);
+    assert_eq!(row["running"], false, "{row}");
+    assert_eq!(row["comm"], "grow", "{row}");
+    assert_eq!(row["live_bytes"], 32_000, "{row}");
+    assert_eq!(row["live_blocks"], 500, "{row}");
+    assert_eq!(row["exit"]["signal"], 9, "{row}");
+    let json: Value =
+        serde_json::from_str(&again.get_text(&format!("/api/profile?pid={pid}&format=json")))
+            .unwrap();
+    let counts = Counts::of(group_at(&json, "libc", "grow"));
+    assert_eq!(
+        (counts.live_count, counts.live_bytes),
+        (500, 32_000),
+        "{json}"
+    );
+    // The same bytes as the file, in the file's format.
+    let (status, mprof) = again.get(&format!("/api/profile?pid={pid}&format=mprof"));
+    assert_eq!(status, 200);
+    assert_eq!(mprof, std::fs::read(&file).unwrap());
+    let (status, _) = again.get(&format!("/debug/pprof/heap?pid={pid}"));
+    assert_eq!(status, 200);
+    let tsv = run_ok([
+        OsStr::new("report"),
+        OsStr::new("--agent"),
+        again.socket.as_os_str(),
+        OsStr::new("--pid"),
+        OsStr::new(&pid.to_string()),
+        OsStr::new("--format"),
+        OsStr::new("tsv"),
+    ]);
+    let tsv = String::from_utf8_lossy(&tsv.stdout);
+    assert!(
+        tsv.lines()
+            .any(|l| l.starts_with("500\t32000\t") && l.contains("in 'grow'")),
+        "{tsv}"
+    );
+    again.stop();
+
+    // A file that is not a profile: skipped, one line, counted; the rest served.
+    std::fs::write(snaps.join("1-2-junk.mprof"), "not a profile").unwrap();
+    let third = Agent::start(&dir, &args);
+    let metrics = third.get_text("/metrics");
+    assert_eq!(
+        plain_metric(&metrics, "memprof_dir_snapshots_unreadable"),
+        Some(1),
+        "{metrics}"
+    );
+    third.wait_for_row("grow, from the dir", |r| {
+        r["pid"] == pid && r["live_bytes"] == 32_000
+    });
+    let lines = third.stop();
+    let said: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains("1-2-junk.mprof"))
+        .collect();
+    assert_eq!(said.len(), 1, "{lines:?}");
+    assert!(said[0].contains("skipped"), "{said:?}");
+}
+
+#[test]
+fn the_dir_stays_within_its_budget() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = TempDir::new("agent-budget");
+    // One snapshot's size, as written for a process of `grow` that grew once.
+    let measure = dir.join("measure");
+    let agent = Agent::start(
+        &dir,
+        &[
+            "--comm",
+            "grow",
+            "--dir",
+            measure.to_str().unwrap(),
+            "--dir-every",
+            "1",
+        ],
+    );
+    let mut grow = Grow::start();
+    grow.grow();
+    let one = std::fs::metadata(wait_for_snapshot(&measure, grow.pid(), 250))
+        .unwrap()
+        .len();
+    agent.stop();
+    drop(grow);
+
+    // A budget for one snapshot, not two.
+    let budget = one * 3 / 2;
+    let snaps = dir.join("snapshots");
+    let agent = Agent::start(
+        &dir,
+        &[
+            "--comm",
+            "grow",
+            "--dir",
+            snaps.to_str().unwrap(),
+            "--dir-every",
+            "1",
+            "--dir-budget",
+            &budget.to_string(),
+        ],
+    );
+    let mut a = Grow::start();
+    a.grow();
+    let a_file = wait_for_snapshot(&snaps, a.pid(), 250);
+    // A second process's snapshot: the oldest (a's) is deleted.
+    let mut b = Grow::start();
+    b.grow();
+    let b_file = wait_for_snapshot(&snaps, b.pid(), 250);
+    poll("a's snapshot deleted", || match snapshot_files(&snaps) {
+        files if files == vec![b_file.clone()] => Ok(()),
+        files => Err(format!("{files:?}")),
+    });
+    let metrics = agent.get_text("/metrics");
+    assert_eq!(
+        plain_metric(&metrics, "memprof_dir_snapshots_deleted_total"),
+        Some(1),
+        "{metrics}"
+    );
+    // a grows: its new snapshot, and b's (now the oldest) is deleted.
+    a.grow();
+    let a_again = wait_for_snapshot(&snaps, a.pid(), 500);
+    assert_eq!(a_again, a_file);
+    poll("b's snapshot deleted", || match snapshot_files(&snaps) {
+        files if files == vec![a_file.clone()] => Ok(()),
+        files => Err(format!("{files:?}")),
+    });
+    let metrics = agent.get_text("/metrics");
+    assert_eq!(
+        plain_metric(&metrics, "memprof_dir_snapshots_deleted_total"),
+        Some(2),
+        "{metrics}"
+    );
+    assert_eq!(
+        plain_metric(&metrics, "memprof_dir_snapshots"),
+        Some(1),
+        "{metrics}"
+    );
+    let bytes = plain_metric(&metrics, "memprof_dir_bytes").unwrap();
+    assert_eq!(bytes, std::fs::metadata(&a_file).unwrap().len());
+    assert!(bytes <= budget, "{bytes} > {budget}");
+    agent.stop();
+    let total: u64 = snapshot_files(&snaps)
+        .iter()
+        .map(|f| std::fs::metadata(f).unwrap().len())
+        .sum();
+    assert!(total <= budget, "{total} > {budget}");
+}
+
+#[test]
+fn a_dir_others_could_write_to_is_refused() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    use std::os::unix::fs::PermissionsExt;
+    let dir = TempDir::new("agent-dir-refused");
+    let real = dir.join("real");
+    std::fs::create_dir(&real).unwrap();
+    std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let link = dir.join("link");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let shared = dir.join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o770)).unwrap();
+    let agent = |d: &Path| {
+        run([
+            OsStr::new("agent"),
+            OsStr::new("--comm"),
+            OsStr::new("grow"),
+            OsStr::new("--socket"),
+            dir.join("agent.sock").as_os_str(),
+            OsStr::new("--dir"),
+            d.as_os_str(),
+        ])
+    };
+    assert_one_line_error(&agent(&link), &["--dir", "is a symbolic link", "refused"]);
+    assert_one_line_error(
+        &agent(&shared),
+        &[
+            "--dir",
+            "writable by others than root (mode 770)",
+            "refused",
+        ],
+    );
+    assert!(!dir.join("agent.sock").exists());
+}

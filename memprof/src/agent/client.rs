@@ -1,7 +1,9 @@
-//! `memprof report --agent`: a profile asked of a running agent, over its
-//! Unix socket (HTTP/1.1, hyper's client), in the profile file's own
-//! format (`/api/profile?…&format=mprof`): every report format then
-//! works on a live process without a second set of probes.
+//! `memprof report --agent` and `memprof top --agent`: what a running
+//! agent serves, asked over its Unix socket (HTTP/1.1, hyper's client).
+//! A profile comes in the profile file's own format
+//! (`/api/profile?…&format=mprof`): every report format then works on a
+//! live process without a second set of probes; `top`'s figures are
+//! `/api/processes`'s rows.
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
@@ -26,9 +28,21 @@ pub fn profile(socket: &Path, which: &str) -> Result<Profile> {
         .with_context(|| format!("the agent on {} sent no profile", socket.display()))
 }
 
+/// The processes the agent on `socket` lists (`/api/processes`): those
+/// it follows, and those that ended it keeps.
+pub fn processes(socket: &Path) -> Result<Vec<super::ProcessRow>> {
+    let body = get(socket, "/api/processes")?;
+    serde_json::from_slice(&body).with_context(|| {
+        format!(
+            "--agent {}: /api/processes is not the list of processes memprof agent serves",
+            socket.display()
+        )
+    })
+}
+
 /// GET `path` of the agent on `socket`: the body of a 200, else its
 /// message as the error.
-fn get(socket: &Path, path: &str) -> Result<Vec<u8>> {
+pub fn get(socket: &Path, path: &str) -> Result<Vec<u8>> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .enable_time()

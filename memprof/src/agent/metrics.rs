@@ -25,6 +25,8 @@ pub struct Machine<'a> {
     pub ended_kept: usize,
     /// Processes with labels of their own.
     pub top: usize,
+    /// `--dir`: its snapshots.
+    pub dir: Option<super::dir::DirCounts>,
 }
 
 /// The whole exposition.
@@ -184,6 +186,49 @@ pub fn render(machine: &Machine<'_>) -> String {
     );
     let evicted = machine.counters.processes_evicted;
     let _ = writeln!(out, "memprof_processes_evicted_total {evicted}");
+    if let Some(dir) = machine.dir {
+        for (name, kind, help, value) in [
+            (
+                "memprof_dir_snapshots",
+                "gauge",
+                "Snapshot files in --dir now.",
+                dir.files,
+            ),
+            (
+                "memprof_dir_bytes",
+                "gauge",
+                "Bytes of the snapshot files in --dir now (kept within --dir-budget).",
+                dir.bytes,
+            ),
+            (
+                "memprof_dir_snapshots_written_total",
+                "counter",
+                "Snapshots written to --dir.",
+                dir.written,
+            ),
+            (
+                "memprof_dir_snapshots_deleted_total",
+                "counter",
+                "Snapshots deleted from --dir to keep it within --dir-budget (the oldest first).",
+                dir.deleted,
+            ),
+            (
+                "memprof_dir_snapshot_failures_total",
+                "counter",
+                "Snapshots that could not be written to --dir.",
+                dir.failed,
+            ),
+            (
+                "memprof_dir_snapshots_unreadable",
+                "gauge",
+                "Files in --dir that could not be read at the start (skipped).",
+                dir.unreadable,
+            ),
+        ] {
+            family(&mut out, name, kind, help);
+            let _ = writeln!(out, "{name} {value}");
+        }
+    }
     out
 }
 
@@ -276,6 +321,7 @@ mod tests {
             counters: &Counters::default(),
             ended_kept: 4,
             top: 1,
+            dir: None,
         });
         assert!(text.contains(
             "memprof_process_live_bytes{pid=\"2\",comm=\"big\",exe=\"/usr/bin/big\",kind=\"libc\"} 5000\n"

@@ -15,10 +15,12 @@
 //! | [`serve`] | HTTP on a Unix socket (and, when asked, TCP): the routes |
 //! | [`metrics`] | Prometheus's text format, from each process's figures |
 //! | [`delta`] | what was allocated between two profiles (`?seconds=N`) |
-//! | [`client`] | `memprof report --agent`: a profile asked of the agent |
+//! | [`client`] | `memprof report --agent`, `memprof top --agent`: what the agent serves, asked |
+//! | [`dir`] | `--dir`: each process's profile kept on disk, read again at the start |
 //! | [`page`] | the page at `/` |
 pub mod client;
 pub mod delta;
+pub mod dir;
 pub mod metrics;
 pub mod page;
 pub mod serve;
@@ -29,7 +31,7 @@ use std::sync::mpsc;
 use std::time::{Duration, SystemTime};
 
 use anyhow::Result;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::driver::{profiles, Driven, Driver, Figures, Flow, Profiling};
 use crate::options::SessionOptions;
@@ -53,6 +55,8 @@ pub struct ServeOptions {
     /// `/metrics`: processes with labels of their own, by live bytes; the
     /// others summed.
     pub metrics_top: usize,
+    /// `--dir`: snapshots kept on disk.
+    pub dir: Option<dir::DirOptions>,
 }
 
 /// Which processes a profile is asked of.
@@ -75,7 +79,7 @@ pub enum Request {
 }
 
 /// One process, as `/api/processes` lists it.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ProcessRow {
     pub pid: u32,
     /// The program's file name.
@@ -104,6 +108,7 @@ pub fn run(
     serve: &ServeOptions,
 ) -> Result<i32> {
     // The server's sockets first: a wrong address fails before the probes load.
+    let snapshots = serve.dir.as_ref().map(dir::Snapshots::open).transpose()?;
     let (requests, server) = serve::Server::bind(serve)?;
     let started = SystemTime::now();
     let followed = Selected::new(selection.clone(), options)?;
@@ -125,11 +130,33 @@ pub fn run(
         requests,
         metrics_top: serve.metrics_top,
         started,
+        dir: snapshots,
     };
+    if let Some(dir) = &agent.dir {
+        let counts = dir.counts();
+        eprintln!(
+            "memprof agent: --dir {}: {} snapshot{} of processes seen before, served as ended{}; a snapshot every {} s of each process whose figures changed, within {} bytes",
+            serve.dir.as_ref().map_or(String::new(), |d| d.dir.display().to_string()),
+            counts.files,
+            if counts.files == 1 { "" } else { "s" },
+            match counts.unreadable {
+                0 => String::new(),
+                n => format!(" ({n} unreadable, skipped)"),
+            },
+            serve.dir.as_ref().map_or(0.0, |d| d.every.as_secs_f64()),
+            serve.dir.as_ref().map_or(0, |d| d.budget),
+        );
+    }
     let end = driver.drive(&mut agent, options.duration);
     // No more answers: the server stops before the processes are let go.
     server.stop();
-    let Agent { followed, .. } = agent;
+    // Every process's last figures on disk, before it is let go.
+    let Agent {
+        mut followed, dir, ..
+    } = agent;
+    if let Some(mut dir) = dir {
+        dir.work(&mut followed, true);
+    }
     let profiles = followed.finish()?;
     end?;
     eprintln!(
@@ -145,6 +172,8 @@ struct Agent {
     requests: mpsc::Receiver<Request>,
     metrics_top: usize,
     started: SystemTime,
+    /// `--dir`: snapshots kept on disk.
+    dir: Option<dir::Snapshots>,
 }
 
 /// Requests answered per step at most (the processes' events come first).
@@ -162,6 +191,11 @@ impl Driven for Agent {
                 break;
             };
             self.answer(request);
+        }
+        // Cheap: only processes whose figures changed since their last
+        // snapshot are written, at most `dir::STEP_BUDGET` of it a step.
+        if let Some(dir) = &mut self.dir {
+            dir.work(&mut self.followed, false);
         }
         Ok(Flow::Go)
     }
@@ -195,6 +229,7 @@ impl Agent {
             counters: &counters,
             ended_kept: ended,
             top: self.metrics_top,
+            dir: self.dir.as_ref().map(dir::Snapshots::counts),
         }))
     }
 
@@ -227,6 +262,10 @@ impl Agent {
                 ..running_row(&figures)
             });
         }
+        if let Some(dir) = &self.dir {
+            let listed: std::collections::HashSet<u32> = rows.iter().map(|r| r.pid).collect();
+            rows.extend(dir.rows(&listed));
+        }
         rows.sort_by(|a, b| {
             (b.running, b.live_bytes, a.pid).cmp(&(a.running, a.live_bytes, b.pid))
         });
@@ -241,9 +280,13 @@ impl Agent {
                 if self.followed.pids().contains(pid) {
                     return self.followed.snapshot(*pid);
                 }
-                self.followed.ended_profile(*pid).ok_or_else(|| {
-                    anyhow::anyhow!("pid {pid} is not followed, and no process {pid} that ended is kept (GET /api/processes lists them)")
-                })
+                if let Some(profile) = self.followed.ended_profile(*pid) {
+                    return Ok(profile);
+                }
+                match self.dir.as_ref().and_then(|d| d.profile(*pid)) {
+                    Some(read) => read,
+                    None => anyhow::bail!("pid {pid} is not followed, and no process {pid} that ended is kept (GET /api/processes lists them)"),
+                }
             }
             Which::Comm(comm) => {
                 let pids: Vec<u32> = self
@@ -269,7 +312,7 @@ impl Agent {
 }
 
 /// A process's row, from its figures (as if running).
-fn running_row(f: &Figures) -> ProcessRow {
+pub(crate) fn running_row(f: &Figures) -> ProcessRow {
     ProcessRow {
         pid: f.pid,
         comm: f.program.clone(),

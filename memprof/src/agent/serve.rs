@@ -156,30 +156,12 @@ impl Drop for Server {
 fn bind_socket(path: &Path, group: Option<&str>) -> Result<std::os::unix::net::UnixListener> {
     let gid = group.map(group_id).transpose()?;
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        match std::fs::symlink_metadata(dir) {
-            // Another user who could write there could put their own
-            // socket in the agent's place.
-            Ok(m) if m.is_dir() && (m.uid() != 0 || m.mode() & 0o022 != 0) => bail!(
-                "--socket {}: {} is {}: refused (anyone who can write there could replace the agent's socket with their own)",
-                path.display(),
-                dir.display(),
-                if m.uid() != 0 { "not root's" } else { "writable by others" }
-            ),
-            Ok(m) if m.is_dir() => {}
-            Ok(_) => bail!(
-                "--socket {}: {} is not a directory",
-                path.display(),
-                dir.display()
-            ),
-            Err(_) => {
-                std::fs::DirBuilder::new()
-                    .mode(0o755)
-                    .create(dir)
-                    .with_context(|| {
-                        format!("--socket {}: creating {}", path.display(), dir.display())
-                    })?;
-            }
-        }
+        private_dir(
+            &format!("--socket {}", path.display()),
+            dir,
+            "anyone who can write there could replace the agent's socket with their own",
+            0o755,
+        )?;
     }
     match std::fs::symlink_metadata(path) {
         Err(_) => {}
@@ -212,6 +194,37 @@ fn bind_socket(path: &Path, group: Option<&str>) -> Result<std::os::unix::net::U
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
     }
     Ok(listener)
+}
+
+/// Directory `dir` (of `what`, a flag and its value), where the agent
+/// puts what others must not replace: made with `mode` if missing;
+/// refused, with `why`, if it is a link, not a directory, not root's, or
+/// writable by group or others.
+pub(super) fn private_dir(what: &str, dir: &Path, why: &str, mode: u32) -> Result<()> {
+    match std::fs::symlink_metadata(dir) {
+        Ok(m) if m.file_type().is_symlink() => bail!(
+            "{what}: {} is a symbolic link: refused (give the directory it names; {why})",
+            dir.display()
+        ),
+        Ok(m) if m.is_dir() && (m.uid() != 0 || m.mode() & 0o022 != 0) => bail!(
+            "{what}: {} is {}: refused ({why})",
+            dir.display(),
+            if m.uid() != 0 {
+                "not root's".to_string()
+            } else {
+                format!(
+                    "writable by others than root (mode {:o})",
+                    m.mode() & 0o7777
+                )
+            }
+        ),
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => bail!("{what}: {} is not a directory", dir.display()),
+        Err(_) => std::fs::DirBuilder::new()
+            .mode(mode)
+            .create(dir)
+            .with_context(|| format!("{what}: creating {}", dir.display())),
+    }
 }
 
 /// A group's id, by name or number.

@@ -71,13 +71,17 @@ fn long_running(driver: &Driver, command: Command) -> Result<i32> {
             }
         }
         Command::Top {
+            agent,
             pid,
             comm,
             exe,
             count,
             duration,
             session,
-        } => top(driver, (pid, comm, exe), count, duration, &session),
+        } => match agent {
+            Some(socket) => top_agent(driver, &socket, (pid, comm, exe), count, duration, &session),
+            None => top(driver, (pid, comm, exe), count, duration, &session),
+        },
         Command::Heap {
             pid,
             wait,
@@ -119,6 +123,9 @@ fn long_running(driver: &Driver, command: Command) -> Result<i32> {
             listen,
             allow_remote,
             metrics_top,
+            dir,
+            dir_budget,
+            dir_every,
             duration,
             session,
         } => {
@@ -137,6 +144,16 @@ fn long_running(driver: &Driver, command: Command) -> Result<i32> {
                 listen,
                 allow_remote,
                 metrics_top,
+                dir: dir
+                    .map(|dir| -> Result<_> {
+                        Ok(crate::agent::dir::DirOptions {
+                            dir,
+                            budget: dir_budget,
+                            every: seconds("--dir-every", Some(dir_every))?
+                                .unwrap_or(Duration::from_secs(60)),
+                        })
+                    })
+                    .transpose()?,
             };
             crate::agent::run(driver, selection, &options, &serve)
         }
@@ -169,6 +186,28 @@ fn top(
     selection_gc_sampling(session, &mut options);
     let selection = Selection::new(comm, exe)?.with_pids(pid)?;
     drive::top(driver, &selection, &options, refresh, count)
+}
+
+/// `memprof top --agent`: the figures a running agent serves, its rows
+/// those `--pid/--comm/--exe` name (any, when none is given).
+fn top_agent(
+    driver: &Driver,
+    socket: &std::path::Path,
+    (pids, comms, exes): (Vec<u32>, Vec<String>, Vec<std::path::PathBuf>),
+    count: Option<u32>,
+    duration: Option<f64>,
+    session: &SessionArgs,
+) -> Result<i32> {
+    if count == Some(0) {
+        bail!("--count must be at least 1");
+    }
+    if session.output.is_some() {
+        bail!("memprof top --agent writes no profile: ask the agent for one (memprof report --agent --pid N)");
+    }
+    let duration = seconds("--duration", duration)?;
+    let refresh = seconds("--interval", session.interval)?.unwrap_or(crate::top::DEFAULT_REFRESH);
+    let filter = crate::top::AgentFilter { pids, comms, exes };
+    crate::top::from_agent(driver, socket, &filter, (refresh, count, duration))
 }
 
 /// `memprof probes --pid N`: where the probes would go, and why.

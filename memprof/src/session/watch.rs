@@ -92,13 +92,7 @@ fn watch_matching(
         seen: HashSet::new(),
         tries: std::collections::HashMap::new(),
         last_scan: None,
-        top: top.map(|(refresh, count)| Top {
-            view: crate::top::View::new(),
-            refresh,
-            count,
-            next: Instant::now(),
-            shown: 0,
-        }),
+        top: top.map(|(refresh, count)| crate::top::Table::new(refresh, count)),
     };
     let started = Instant::now();
     say_watching(selection, options, top.is_some());
@@ -167,17 +161,7 @@ struct Watch<'a> {
     /// Attaches that failed, per process still looked at again.
     tries: std::collections::HashMap<u32, u32>,
     last_scan: Option<Instant>,
-    top: Option<Top>,
-}
-
-/// `memprof top`'s table: shown every `refresh`, `count` times at most.
-struct Top {
-    view: crate::top::View,
-    refresh: Duration,
-    count: Option<u32>,
-    /// When it is shown next.
-    next: Instant,
-    shown: u32,
+    top: Option<crate::top::Table>,
 }
 
 /// Scans a process whose attach failed is looked at in, before it is
@@ -211,33 +195,23 @@ impl Driven for Watch<'_> {
         let Some(top) = &mut self.top else {
             return Ok(Flow::Go);
         };
-        if Instant::now() >= top.next {
-            let vitals: Vec<_> = self
-                .followed
-                .running()
-                .iter_mut()
-                .filter_map(|s| s.vitals().ok())
-                .collect();
-            top.view.refresh(&vitals, &self.selection.describe())?;
-            top.shown += 1;
-            // A refresh made late (attaching to new processes took
-            // longer) sets the next from now: missed ones are not replayed
-            // as a burst of tables of one instant.
-            top.next = (top.next + top.refresh).max(Instant::now() + top.refresh / 2);
-            if top.count.is_some_and(|n| top.shown >= n) {
-                return Ok(Flow::Stop);
-            }
-        }
-        Ok(match top.view.quit_pressed() {
-            true => Flow::Stop,
-            false => Flow::Go,
-        })
+        let followed = &mut self.followed;
+        top.due(
+            || {
+                Ok(followed
+                    .running()
+                    .iter_mut()
+                    .filter_map(|s| s.vitals().ok())
+                    .collect())
+            },
+            &self.selection.describe(),
+        )
     }
 
     fn timeout(&self) -> Duration {
         let wait = self.followed.timeout(RESCAN);
         match &self.top {
-            Some(top) => wait.min(top.next.saturating_duration_since(Instant::now())),
+            Some(top) => wait.min(top.wait()),
             None => wait,
         }
     }
