@@ -24,7 +24,7 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
@@ -156,7 +156,14 @@ impl Snapshots {
                 continue;
             };
             if name.starts_with('.') && name.ends_with(TEMPORARY) {
-                self.unlink(&name);
+                // `.NAME.PID.memprof-tmp`: left by an agent that is gone.
+                let writer = name
+                    .strip_suffix(TEMPORARY)
+                    .and_then(|n| n.rsplit('.').next())
+                    .and_then(|pid| pid.parse::<u32>().ok());
+                if writer.is_none_or(|pid| !Path::new(&format!("/proc/{pid}")).exists()) {
+                    self.unlink(&name);
+                }
             } else if !name.starts_with('.') && name.ends_with(".mprof") {
                 names.push(name);
             }

@@ -108,8 +108,10 @@ pub fn run(
     serve: &ServeOptions,
 ) -> Result<i32> {
     // The server's sockets first: a wrong address fails before the probes load.
-    let snapshots = serve.dir.as_ref().map(dir::Snapshots::open).transpose()?;
     let (requests, server) = serve::Server::bind(serve)?;
+    // After the socket: a second agent (on the same socket) is refused
+    // before it touches the first one's directory.
+    let snapshots = serve.dir.as_ref().map(dir::Snapshots::open).transpose()?;
     let started = SystemTime::now();
     let followed = Selected::new(selection.clone(), options)?;
     eprintln!(
