@@ -91,6 +91,21 @@ impl Agent {
         })
     }
 
+    /// `memprof report --agent` of process `pid`, in tsv.
+    fn report_tsv(&self, pid: i32) -> String {
+        let pid = pid.to_string();
+        let out = run_ok([
+            OsStr::new("report"),
+            OsStr::new("--agent"),
+            self.socket.as_os_str(),
+            OsStr::new("--pid"),
+            OsStr::new(&pid),
+            OsStr::new("--format"),
+            OsStr::new("tsv"),
+        ]);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     fn get_text(&self, path: &str) -> String {
         let (status, body) = self.get(path);
         let body = String::from_utf8_lossy(&body).into_owned();
@@ -384,16 +399,7 @@ fn go_tool_pprof_reads_the_heap_and_what_a_window_allocated() {
     );
 
     // `memprof report --agent`: any report format, of the live process.
-    let tsv = run_ok([
-        OsStr::new("report"),
-        OsStr::new("--agent"),
-        agent.socket.as_os_str(),
-        OsStr::new("--pid"),
-        OsStr::new(&pid.to_string()),
-        OsStr::new("--format"),
-        OsStr::new("tsv"),
-    ]);
-    let tsv = String::from_utf8_lossy(&tsv.stdout);
+    let tsv = agent.report_tsv(pid);
     assert!(
         tsv.lines()
             .any(|l| l.starts_with("750\t48000\t") && l.contains("in 'grow'")),
@@ -1059,16 +1065,7 @@ fn a_restarted_agent_serves_the_processes_its_dir_kept() {
     assert_eq!(mprof, std::fs::read(&file).unwrap());
     let (status, _) = again.get(&format!("/debug/pprof/heap?pid={pid}"));
     assert_eq!(status, 200);
-    let tsv = run_ok([
-        OsStr::new("report"),
-        OsStr::new("--agent"),
-        again.socket.as_os_str(),
-        OsStr::new("--pid"),
-        OsStr::new(&pid.to_string()),
-        OsStr::new("--format"),
-        OsStr::new("tsv"),
-    ]);
-    let tsv = String::from_utf8_lossy(&tsv.stdout);
+    let tsv = again.report_tsv(pid);
     assert!(
         tsv.lines()
             .any(|l| l.starts_with("500\t32000\t") && l.contains("in 'grow'")),
