@@ -252,6 +252,32 @@ mod tests {
         assert_eq!(parse(&sample()).unwrap().groups[0].live_count, 1);
     }
 
+    /// A profile read back is the profile written, to the bit: the agent
+    /// serves a snapshot it read from `--dir` as the bytes it wrote, and
+    /// a report of a file says the times the profile had.
+    #[test]
+    fn times_read_back_are_the_times_written() {
+        let mut p = Profile::default();
+        for i in 0..20_000u32 {
+            // Wall-clock seconds with their nanoseconds, as start times are.
+            p.start_unix_s = 1_764_324_059.0 + f64::from(i) * 0.000_123_456_7;
+            p.duration_s = f64::from(i) / 7.0;
+            let mut bytes = Vec::new();
+            write(&p, &mut bytes).unwrap();
+            let back = parse(&bytes).unwrap();
+            assert_eq!(
+                back.start_unix_s.to_bits(),
+                p.start_unix_s.to_bits(),
+                "{}",
+                p.start_unix_s
+            );
+            assert_eq!(back.duration_s.to_bits(), p.duration_s.to_bits());
+            let mut again = Vec::new();
+            write(&back, &mut again).unwrap();
+            assert_eq!(again, bytes);
+        }
+    }
+
     #[test]
     fn names_each_kind_of_bad_file() {
         assert!(error(b"\x7fELF garbage").contains("not a memprof profile"));
