@@ -8,6 +8,8 @@
 //! - End to end: binary-trees 15 under `memprof run` with defaults: wall,
 //!   allocations lost, memprof's peak RSS, profile size, longest pause.
 //! - Fixed cost: `memprof run -- /bin/true`.
+//! - `memprof agent`'s bounds: idle CPU, scrapes with 500 processes
+//!   followed, RSS under process churn ([`agent`]).
 //!
 //! With `--baseline OLD_MEMPROF`, every traced way runs with that binary
 //! too, in the same invocation (rows marked "(baseline)"): a change is
@@ -24,6 +26,8 @@
 //! and probe attachment are not counted) or by the wall clock ([`Clock`]).
 //! Add rows to the `*_WAYS` lists and entries to [`workloads`]. Nothing
 //! here asserts a time: the figures are for people to compare.
+
+mod agent;
 
 use crate::{build_memprof, fixtures, fixtures_src, output, setup::setup, show, target_dir};
 use anyhow::{bail, ensure, Context, Result};
@@ -207,7 +211,7 @@ struct Binary {
     mark: &'static str,
 }
 
-pub fn bench(baseline: Option<PathBuf>) -> Result<()> {
+pub fn bench(baseline: Option<PathBuf>, agent_only: bool) -> Result<()> {
     setup()?;
     let mut binaries = vec![Binary {
         path: build_memprof()?,
@@ -224,6 +228,10 @@ pub fn bench(baseline: Option<PathBuf>) -> Result<()> {
             mark: " (baseline)",
         });
     }
+    if agent_only {
+        workloads()?; // binary-trees, which the churn starts
+        return agent::agent_bounds(&binaries);
+    }
     let profile = target_dir().join("bench/bench.mprof");
     let workloads = workloads()?;
     for workload in &workloads {
@@ -233,6 +241,7 @@ pub fn bench(baseline: Option<PathBuf>) -> Result<()> {
     end_to_end(&binaries, &binary_trees, "15", &profile)?;
     http_throughput(&binaries, &profile)?;
     fixed_cost(&binaries, &profile)?;
+    agent::agent_bounds(&binaries)?;
     Ok(())
 }
 

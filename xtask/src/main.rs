@@ -6,7 +6,8 @@
 //! cargo xtask test      # setup, build, then the integration tests (as root)
 //! cargo xtask demo      # setup, build, profile demo/demo.c and print the report
 //! cargo xtask bench     # setup, build, time bench_loop untraced and under memprof
-//!                       #   (--baseline OLD_MEMPROF: the same ways with an earlier build too)
+//!                       #   (--baseline OLD_MEMPROF: the same ways with an earlier build too;
+//!                       #    --agent-only: memprof agent's idle CPU, scrapes and RSS under churn)
 //! cargo xtask fixtures  # compile the C test fixtures into target/fixtures
 //! ```
 //!
@@ -47,6 +48,10 @@ enum Task {
         /// every traced way, in the same invocation: rows marked "(baseline)".
         #[arg(long, value_name = "MEMPROF")]
         baseline: Option<PathBuf>,
+        /// Only `memprof agent`'s bounds (idle CPU, scrapes with 500
+        /// processes, RSS under churn; MEMPROF_BENCH_CHURN_S sets the churn's length).
+        #[arg(long)]
+        agent_only: bool,
     },
     /// Compile the C test fixtures into target/fixtures.
     Fixtures,
@@ -88,7 +93,10 @@ fn task(task: Task) -> Result<()> {
         Task::Build => build_memprof().map(drop),
         Task::Test => test(),
         Task::Demo => demo::demo(),
-        Task::Bench { baseline } => bench::bench(baseline),
+        Task::Bench {
+            baseline,
+            agent_only,
+        } => bench::bench(baseline, agent_only),
         Task::Fixtures => {
             let built = fixtures::compile_all(&fixtures_src(), &target_dir().join("fixtures"))
                 .map_err(anyhow::Error::msg)?;

@@ -186,6 +186,17 @@ pub fn render(machine: &Machine<'_>) -> String {
     );
     let evicted = machine.counters.processes_evicted;
     let _ = writeln!(out, "memprof_processes_evicted_total {evicted}");
+    family(
+        &mut out,
+        "memprof_gc_sessions_missed_total",
+        "counter",
+        "Boehm GC programs that ended before their session attached (their GC objects not seen).",
+    );
+    let _ = writeln!(
+        out,
+        "memprof_gc_sessions_missed_total {}",
+        machine.counters.gc_sessions_missed
+    );
     if let Some(dir) = machine.dir {
         for (name, kind, help, value) in [
             (

@@ -418,6 +418,7 @@ fn report_counters(kernel: KernelCounters) -> Counters {
         short_of_resources: 0,
         processes_evicted: 0,
         evicted_allocs: 0,
+        gc_sessions_missed: 0,
     }
 }
 

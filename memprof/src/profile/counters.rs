@@ -110,6 +110,12 @@ pub struct Counters {
     /// first), and their allocations: in `allocs`, in no group.
     #[serde(default)]
     pub processes_evicted: u64,
+    /// `attach --all`, `--comm/--exe`, `agent`: Boehm GC programs that
+    /// ended before their session could attach (a program living a few
+    /// milliseconds): their libc calls are followed, their GC objects
+    /// not.
+    #[serde(default)]
+    pub gc_sessions_missed: u64,
     #[serde(default)]
     pub evicted_allocs: u64,
 }

@@ -129,6 +129,12 @@ pub fn other_losses(profile: &Profile) -> String {
             thousands(c.evicted_allocs)
         );
     }
+    if c.gc_sessions_missed > 0 {
+        line += &format!(
+            "; Boehm GC programs that ended before their session attached (their GC objects not seen): {}",
+            thousands(c.gc_sessions_missed)
+        );
+    }
     if c.stacks_not_finished > 0 {
         line += &format!(
             "; stacks cut at a file not read in time and not finished (no room for their copy): {}",

@@ -276,6 +276,9 @@ pub(super) struct Followed {
     done: Vec<Profile>,
     /// `run`'s family probes.
     family: FamilyProbes,
+    /// Processes that ended before their session attached (the first
+    /// said, all counted: a machine starts many that live milliseconds).
+    pub(super) missed: u64,
 }
 
 impl Followed {
@@ -352,9 +355,12 @@ impl Followed {
         match session {
             Ok(session) => self.running.push(session),
             Err(_) if !crate::target::is_alive(pid) => {
-                eprintln!(
-                    "memprof: pid {pid} ended before memprof could attach to it: not profiled"
-                )
+                self.missed += 1;
+                if self.missed == 1 {
+                    eprintln!(
+                        "memprof: pid {pid} ended before memprof could attach to it: its Boehm GC objects are not seen (said once; each counted)"
+                    );
+                }
             }
             Err(e) => eprintln!("memprof: pid {pid} runs on, not profiled: {e:#}"),
         }

@@ -140,6 +140,7 @@ impl Selected {
     pub(crate) fn counters(&self) -> Result<Counters> {
         let mut counters = self.probes.counters()?;
         counters.processes_evicted += self.sessions_evicted;
+        counters.gc_sessions_missed += self.own.missed;
         Ok(counters)
     }
 
