@@ -60,6 +60,11 @@ pub struct SessionOptions {
     /// `--verbose`: a line on stderr for each process an event concerns,
     /// not only one summary line per kind of event.
     pub verbose: bool,
+    /// `memprof agent`: a daemon left on, whose wakeups on a quiet machine
+    /// count more than reading a new process within the millisecond
+    /// (`machine::events`: after a quiet second, the kernel's wakeup, up to
+    /// 4 ms late, is waited for instead of looking every millisecond).
+    pub resident: bool,
 }
 
 /// How dead Boehm GC objects are recognized.

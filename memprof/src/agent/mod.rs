@@ -108,7 +108,7 @@ pub fn run(
     serve: &ServeOptions,
 ) -> Result<i32> {
     // The server's sockets first: a wrong address fails before the probes load.
-    let (requests, server) = serve::Server::bind(serve)?;
+    let (requests, server) = serve::Server::bind(serve, driver.waker())?;
     // After the socket: a second agent (on the same socket) is refused
     // before it touches the first one's directory.
     let snapshots = serve.dir.as_ref().map(dir::Snapshots::open).transpose()?;
@@ -181,9 +181,16 @@ struct Agent {
 /// Requests answered per step at most (the processes' events come first).
 const ANSWERS_PER_STEP: usize = 8;
 
+/// The longest the driver waits between two steps: a request wakes it
+/// at once ([`crate::driver::signals::Waker`]), the reading thread has
+/// read each new process already, and a Boehm GC program's session
+/// shortens the wait to what it needs; so a quiet machine costs the
+/// agent 20 wakeups a second, not 100.
+const STEP_AT_LEAST_EVERY: Duration = Duration::from_millis(50);
+
 impl Driven for Agent {
     fn timeout(&self) -> Duration {
-        self.followed.timeout()
+        self.followed.timeout_within(STEP_AT_LEAST_EVERY)
     }
 
     fn step(&mut self) -> Result<Flow> {

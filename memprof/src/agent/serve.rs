@@ -30,6 +30,7 @@ use axum::Router;
 use tokio::sync::oneshot;
 
 use super::{Request, ServeOptions, Which};
+use crate::driver::signals::Waker;
 use crate::profile::Profile;
 use crate::report::{self, Format};
 
@@ -52,7 +53,10 @@ pub struct Server {
 impl Server {
     /// Binds the socket (and the TCP address) and starts serving; the
     /// requests come out of the receiver, for the driver's thread.
-    pub fn bind(options: &ServeOptions) -> Result<(mpsc::Receiver<Request>, Server)> {
+    pub fn bind(
+        options: &ServeOptions,
+        driver: Waker,
+    ) -> Result<(mpsc::Receiver<Request>, Server)> {
         if let Some(address) = options.listen {
             if !address.ip().is_loopback() && !options.allow_remote {
                 bail!(
@@ -84,7 +88,7 @@ impl Server {
             .name("memprof-serve".to_string())
             .spawn(move || {
                 runtime.block_on(async move {
-                    let app = routes(requests);
+                    let app = routes(requests, driver);
                     let until = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
                         let _ = stopped.wait_for(|s| *s).await;
                     };
@@ -243,9 +247,10 @@ fn group_id(group: &str) -> Result<u32> {
     Ok(unsafe { (*entry).gr_gid })
 }
 
-/// What every route holds: where to ask.
+/// What every route holds: where to ask, and how to wake the driver's
+/// thread to answer at once (it sleeps long on a quiet machine).
 #[derive(Clone)]
-struct Asking(mpsc::Sender<Request>);
+struct Asking(mpsc::Sender<Request>, Waker);
 
 impl Asking {
     /// Asks the driver's thread, and waits for its answer.
@@ -260,6 +265,7 @@ impl Asking {
                 "the agent is stopping",
             ));
         }
+        self.1.wake();
         match tokio::time::timeout(ANSWER_WAIT, answer).await {
             Ok(Ok(answer)) => Ok(answer),
             Ok(Err(_)) => Err(error(
@@ -280,14 +286,14 @@ impl Asking {
     }
 }
 
-fn routes(requests: mpsc::Sender<Request>) -> Router {
+fn routes(requests: mpsc::Sender<Request>, driver: Waker) -> Router {
     Router::new()
         .route("/", get(page))
         .route("/metrics", get(metrics))
         .route("/debug/pprof/heap", get(heap))
         .route("/api/processes", get(processes))
         .route("/api/profile", get(profile))
-        .with_state(Asking(requests))
+        .with_state(Asking(requests, driver))
 }
 
 /// A plain-text error, one line.

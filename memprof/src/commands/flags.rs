@@ -50,6 +50,7 @@ pub(super) fn for_all(args: &SessionArgs, mut options: SessionOptions) -> Sessio
 /// with one live table for every process, as `attach --all`.
 pub(super) fn for_agent(args: &SessionArgs, options: SessionOptions) -> SessionOptions {
     let mut options = for_selection(args, options);
+    options.resident = true;
     if args.max_live.is_none() && options.probes.sample_bytes > 0 {
         options.probes.max_live = HOST_SAMPLED_MAX_LIVE;
     }
@@ -120,6 +121,7 @@ pub(super) fn session_options(
         follow: false,
         followed: false,
         verbose: args.verbose,
+        resident: false,
         live: LiveOptions {
             sample_period: (args.sample_period > 0)
                 .then(|| Duration::from_millis(args.sample_period)),

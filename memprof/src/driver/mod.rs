@@ -121,6 +121,7 @@ pub struct Figures {
 /// it). Nothing else is process-global.
 pub struct Driver {
     signals: Signals,
+    waker: signals::Waker,
 }
 
 impl Driver {
@@ -128,7 +129,13 @@ impl Driver {
     pub fn new() -> Result<Driver> {
         Ok(Driver {
             signals: Signals::block()?,
+            waker: signals::Waker::current(),
         })
+    }
+
+    /// What wakes this driver's wait from another thread.
+    pub fn waker(&self) -> signals::Waker {
+        self.waker
     }
 
     /// The signal mask before blocking: what a launched command starts with.

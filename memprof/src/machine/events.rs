@@ -30,6 +30,14 @@ use crate::target::Target;
 /// wakeups a second (~0.5 % of a core).
 const POLL: Duration = Duration::from_millis(1);
 
+/// `memprof agent` (resident): after this long without an event...
+const QUIET_AFTER: Duration = Duration::from_secs(1);
+/// ...the ring is looked at this often, the kernel's wakeup (up to 4 ms
+/// late) waking the thread meanwhile: on a quiet machine, 20 wakeups a
+/// second rather than 1,000; the first process after the quiet is read
+/// up to 4 ms late, those after it within the millisecond again.
+const QUIET_POLL: Duration = Duration::from_millis(50);
+
 /// Library loads of one process read at once, in a row (a program's
 /// start and a `dlopen` take two `_dl_debug_state` calls each)...
 const LOAD_BURST: u32 = 4;
@@ -73,12 +81,14 @@ pub struct Reader {
 
 impl Reader {
     /// Reads `ring`; a process seen (or relinked) gets its module table
-    /// in `tables` at once, with the files of `rows`.
+    /// in `tables` at once, with the files of `rows`. `resident`: `memprof
+    /// agent`, which looks less often on a quiet machine ([`QUIET_POLL`]).
     pub fn start(
         mut ring: HostEvents,
         mut stacks: DeferredStacks,
         rows: RowIndex,
         tables: Arc<Mutex<ModuleTables>>,
+        resident: bool,
     ) -> Reader {
         let (send, seen) = mpsc::channel();
         let (send_stacks, deferred) = mpsc::channel();
@@ -105,6 +115,7 @@ impl Reader {
                 &tables,
                 &mut drain_stacks,
                 &merged,
+                resident,
             );
         });
         Reader {
@@ -144,8 +155,10 @@ fn read_ring(
     tables: &Mutex<ModuleTables>,
     drain_stacks: &mut dyn FnMut(),
     merged: &AtomicU64,
+    resident: bool,
 ) {
     let mut queue = Queue::default();
+    let mut last_event = Instant::now();
     loop {
         // Set before the last read: events queued by then are read.
         let last = stopping.load(Ordering::Acquire);
@@ -155,6 +168,9 @@ fn read_ring(
             queue.read_held(true);
         }
         merged.store(queue.loads.merged, Ordering::Relaxed);
+        if !queue.items.is_empty() {
+            last_event = Instant::now();
+        }
         drain_stacks();
         while let Some((event, read, refused)) = queue.items.pop_front() {
             if event.op == host::TABLE {
@@ -177,7 +193,8 @@ fn read_ring(
         if last {
             return;
         }
-        ring.wait(POLL);
+        let quiet = resident && last_event.elapsed() >= QUIET_AFTER;
+        ring.wait(if quiet { QUIET_POLL } else { POLL });
     }
 }
 

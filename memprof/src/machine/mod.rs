@@ -254,6 +254,7 @@ impl Host {
             probes.deferred_stacks()?,
             Arc::clone(&files.rows),
             Arc::clone(&tables),
+            options.resident,
         );
         let mut host = Host {
             probes,

@@ -153,6 +153,14 @@ impl Selected {
     }
 }
 
+impl Selected {
+    /// The wait before the next step, at most `longest` (what the Boehm
+    /// GC programs' sessions need, else `longest`).
+    pub(crate) fn timeout_within(&self, longest: Duration) -> Duration {
+        self.own.timeout(longest)
+    }
+}
+
 impl Driven for Selected {
     fn timeout(&self) -> Duration {
         self.own.timeout(SELECTED_POLL)
