@@ -491,16 +491,7 @@ fn row_of(profile: &Profile, written: SystemTime) -> ProcessRow {
         .into_iter()
         .find(|i| i.pid == pid)
         .unwrap_or_default();
-    let mut live = [[0u64; 2]; 4];
-    for g in &profile.groups {
-        if let Some(k) = memprof_common::AllocKind::ALL
-            .iter()
-            .position(|k| k.name() == g.kind)
-        {
-            live[k][0] += g.live_count;
-            live[k][1] += g.live_bytes;
-        }
-    }
+    let live = profile.live_per_kind();
     let figures = Figures {
         pid,
         program: info.comm().to_string(),

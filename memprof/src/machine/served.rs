@@ -86,10 +86,7 @@ impl Host {
             // One pass over the groups (a merged profile holds 1,000 processes).
             let mut live: HashMap<(u32, u32), [[u64; 2]; 4]> = HashMap::new();
             for g in &profile.groups {
-                let Some(kind) = memprof_common::AllocKind::ALL
-                    .iter()
-                    .position(|k| k.name() == g.kind)
-                else {
+                let Some(kind) = crate::profile::kind_index(&g.kind) else {
                     continue;
                 };
                 let sum = &mut live.entry((g.pid, g.pid_reuse)).or_default()[kind];

@@ -108,6 +108,19 @@ impl ProcessInfo {
 }
 
 impl Profile {
+    /// Live blocks and bytes per allocation kind (in
+    /// [`memprof_common::AllocKind::ALL`]'s order), over every group.
+    pub fn live_per_kind(&self) -> [[u64; 2]; 4] {
+        let mut live = [[0u64; 2]; 4];
+        for g in &self.groups {
+            if let Some(k) = kind_index(&g.kind) {
+                live[k][0] += g.live_count;
+                live[k][1] += g.live_bytes;
+            }
+        }
+        live
+    }
+
     /// The processes of the session, the profiled target first (made from
     /// [`Profile::target`] for a profile that lists none).
     pub fn processes(&self) -> Vec<ProcessInfo> {
@@ -369,4 +382,11 @@ mod tests {
         let frames: Vec<Frame> = profile.frames(&profile.groups[0]).cloned().collect();
         assert_eq!(frames, kept);
     }
+}
+
+/// The place of the kind named `name` in [`memprof_common::AllocKind::ALL`].
+pub fn kind_index(name: &str) -> Option<usize> {
+    memprof_common::AllocKind::ALL
+        .iter()
+        .position(|k| k.name() == name)
 }

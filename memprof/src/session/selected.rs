@@ -106,16 +106,7 @@ impl Selected {
     pub(crate) fn ended(&self) -> Vec<(ProcessInfo, [[u64; 2]; 4])> {
         let mut ended = self.probes.ended();
         for profile in self.own.ended() {
-            let mut held = [[0; 2]; 4];
-            for g in &profile.groups {
-                if let Some(k) = memprof_common::AllocKind::ALL
-                    .iter()
-                    .position(|k| k.name() == g.kind)
-                {
-                    held[k][0] += g.live_count;
-                    held[k][1] += g.live_bytes;
-                }
-            }
+            let held = profile.live_per_kind();
             ended.push((profile.processes().swap_remove(0), held));
         }
         ended
