@@ -106,6 +106,21 @@ impl TypeNames {
         }
     }
 
+    /// What the first word `id` of a live object is, for an object the
+    /// collector gave `given` bytes (its size class, from a census): the
+    /// collector rounds a request up to a size class that fits its block
+    /// evenly, never to twice the request and a few granules more, so a
+    /// buffer whose data starts with the id of a class of known size is
+    /// told apart by its size (an 8-KiB I/O buffer starting with a 16-byte
+    /// class's id).
+    pub fn type_of_given(&self, id: u32, atomic: bool, given: u64) -> TypeOf<'_> {
+        let fits = |requested: u64| given >= requested && given <= 2 * requested + 64;
+        match self.sizes.get(&id) {
+            Some(sizes) if !sizes.iter().any(|&s| fits(s)) => TypeOf::NotAType,
+            _ => self.type_of(id, atomic),
+        }
+    }
+
     /// What the first word `id` of a live object is, in memory that is
     /// `atomic` or not: a type id the code stores only into the other
     /// kind of memory is a buffer's data that looks like one.
@@ -133,7 +148,7 @@ pub fn type_names(exe: &Module) -> TypeNames {
         mut calls,
         sizes,
     } = stores(exe, &allocators);
-    let sizes = sizes
+    let mut sizes: BTreeMap<u32, Vec<u64>> = sizes
         .into_iter()
         .filter_map(|(id, s)| Some((id, s?.into_iter().collect())))
         .collect();
@@ -158,6 +173,9 @@ pub fn type_names(exe: &Module) -> TypeNames {
             let id = u32::from_le_bytes(bytes.try_into().unwrap());
             names.insert(id, "String".into());
             *stored.entry(id).or_default() |= ATOMIC;
+            // A string's size is its text's: a literal's constant says
+            // nothing of the others.
+            sizes.remove(&id);
         }
     }
     TypeNames {
@@ -482,6 +500,29 @@ impl Held {
             {
                 read(insn.ip_rel_memory_address())
             }
+            // Debug builds compute an allocation's size in its argument
+            // register: `xor %eax,%eax; mov %eax,%edi; add $0x8,%rdi`.
+            OpKind::Register if insn.mnemonic() == Mnemonic::Xor && insn.op1_register() == to => {
+                Some(0)
+            }
+            OpKind::Register if insn.mnemonic() == Mnemonic::Mov && to.is_gpr() => {
+                let from = insn.op1_register();
+                let v = self.constants.get(&from.full_register()).copied();
+                if from.is_gpr64() {
+                    v
+                } else if from.is_gpr32() {
+                    v.map(|v| v & 0xffff_ffff)
+                } else {
+                    None
+                }
+            }
+            OpKind::Immediate8to64 | OpKind::Immediate32to64
+                if insn.mnemonic() == Mnemonic::Add && to.is_gpr64() =>
+            {
+                self.constants
+                    .get(&key)
+                    .map(|v| v.wrapping_add(insn.immediate(1)))
+            }
             _ => None,
         };
         if matches!(
@@ -677,5 +718,51 @@ mod tests {
         assert_eq!(names.type_of(180, true), TypeOf::Unnamed);
         assert_eq!(names.type_of(201, false), TypeOf::NotAType);
         assert_eq!(names.type_of(0, false), TypeOf::NotAType);
+    }
+
+    /// A census knows an object's size class, not its request: a class of
+    /// known size is believed in any class the collector rounds it up to,
+    /// not in a buffer many times its size whose data starts with its id.
+    #[test]
+    fn a_word_in_an_object_far_bigger_than_its_class_is_no_type_id() {
+        let names = TypeNames {
+            names: BTreeMap::from([(175, "Widget".to_string()), (176, "Buffer".to_string())]),
+            stored: BTreeMap::from([(175, ATOMIC), (176, ATOMIC)]),
+            sizes: BTreeMap::from([(175, vec![8]), (176, vec![1400])]),
+        };
+        assert_eq!(names.type_of_given(175, true, 16), TypeOf::Named("Widget"));
+        assert_eq!(names.type_of_given(175, true, 8208), TypeOf::NotAType);
+        assert_eq!(names.type_of_given(175, true, 0), TypeOf::NotAType);
+        // Two 1,400-byte objects per 4-KiB block: each is given 2,048.
+        assert_eq!(
+            names.type_of_given(176, true, 2048),
+            TypeOf::Named("Buffer")
+        );
+        // An id of unknown sizes is judged by its kind alone.
+        assert_eq!(names.type_of_given(170, true, 8208), TypeOf::Unnamed);
+    }
+
+    /// A debug build's `Widget.new` sizes its allocation in `%rdi` from a
+    /// zeroed register: the size is known (8), as `mov $8,%edi`'s is.
+    #[test]
+    fn a_debug_builds_computed_size_is_a_constant() {
+        let code = [
+            0x31, 0xc0, // xor %eax,%eax
+            0x89, 0xc7, // mov %eax,%edi
+            0x48, 0x83, 0xc7, 0x08, // add $0x8,%rdi
+        ];
+        let mut held = Held::default();
+        for insn in decode::function(&code, 0x1000) {
+            held.step(&insn, None, &|_| None);
+        }
+        assert_eq!(held.constants.get(&Register::RDI), Some(&8));
+        // Any other write forgets it.
+        let code = [0x48, 0x83, 0xc7, 0x08, 0x48, 0x01, 0xf7]; // add $8,%rdi; add %rsi,%rdi
+        let mut held = Held::default();
+        held.constants.insert(Register::RDI, 0);
+        for insn in decode::function(&code, 0x1000) {
+            held.step(&insn, None, &|_| None);
+        }
+        assert_eq!(held.constants.get(&Register::RDI), None);
     }
 }

@@ -308,8 +308,9 @@ fn census(
     names: &TypeNames,
     tracks: impl FnOnce(&[u64]) -> Vec<bool>,
 ) -> Result<Vec<CensusType>> {
-    let census =
-        copy.census(&|word, kind| names.type_of(word, is_atomic(kind)) != TypeOf::NotAType);
+    let census = copy.census(&|word, kind, size| {
+        names.type_of_given(word, is_atomic(kind), size) != TypeOf::NotAType
+    });
     let addrs: Vec<u64> = census.objects.iter().map(|o| o.start).collect();
     let seen = tracks(&addrs);
     if seen.len() != addrs.len() {

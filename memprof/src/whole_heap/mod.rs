@@ -266,8 +266,9 @@ fn judge(
 ) -> Result<HeapReport> {
     let pid = target.pid;
     let started = Instant::now();
-    let census =
-        copy.census(&|word, kind| names.type_of(word, report::is_atomic(kind)) != TypeOf::NotAType);
+    let census = copy.census(&|word, kind, size| {
+        names.type_of_given(word, report::is_atomic(kind), size) != TypeOf::NotAType
+    });
     let rss = rss::table(&snapshot, &gc_blocks(&copy, &census));
     let graph = (options.sizes || options.graph.is_some()).then(|| copy.graph(&census.objects));
     let retained = graph

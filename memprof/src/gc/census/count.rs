@@ -117,11 +117,12 @@ impl HeapCopy {
     }
 
     /// Judges every object of every block by its mark bit. `is_type(word,
-    /// kind)`: whether a live object's first 32-bit word is a type id.
+    /// kind, size)`: whether the first 32-bit word of a live object of
+    /// `size` bytes (its size class) is a type id.
     /// Live objects without one are named after the first typed object
     /// (in address order) with a word pointing into them ([`Word::HeldBy`]):
     /// an `Array(Foo)`'s buffer is held by the `Array(Foo)`.
-    pub fn census(&self, is_type: &dyn Fn(u32, u8) -> bool) -> Census {
+    pub fn census(&self, is_type: &dyn Fn(u32, u8, u64) -> bool) -> Census {
         let mut census = Census::default();
         let mut untyped = Untyped::default();
         for block in &self.blocks {
@@ -142,7 +143,7 @@ impl HeapCopy {
     fn count_block(
         &self,
         block: &HeapBlock,
-        is_type: &dyn Fn(u32, u8) -> bool,
+        is_type: &dyn Fn(u32, u8, u64) -> bool,
         census: &mut Census,
         untyped: &mut Untyped,
     ) {
@@ -184,7 +185,7 @@ impl HeapCopy {
             let word = bytes
                 .and_then(|b| b.get(..4))
                 .map(|w| u32::from_le_bytes(w.try_into().unwrap()))
-                .filter(|&w| is_type(w, kind));
+                .filter(|&w| is_type(w, kind, size));
             census.objects.push(LiveObject {
                 word: word.map_or(Word::Untyped, Word::Type),
                 ..object

@@ -54,7 +54,7 @@ mod doc_examples {
         let reader = HeapReader::new(std::sync::Arc::new(libgc))?;
         // With the collector of pid 1234 held at `GC_gc_no++`:
         let copy = reader.copy(1234, false)?; // false: large objects by their head only
-        let census = copy.census(&|word, _kind| (1..1000).contains(&word)); // type ids
+        let census = copy.census(&|word, _kind, _size| (1..1000).contains(&word)); // type ids
         println!(
             "{} live objects at collection {}",
             census.live_count(),

@@ -44,7 +44,7 @@ fn marked_objects_are_live_free_list_entries_are_not() {
         addr: 0x11000,
         state: BlockState::Free { bytes: 8192 },
     };
-    let census = copy(vec![block, free], vec![(0x10000, data)]).census(&|w, _| w < 1000);
+    let census = copy(vec![block, free], vec![(0x10000, data)]).census(&|w, _, _| w < 1000);
     let class = census.classes[&(NORMAL, 32)];
     assert_eq!(
         class.live,
@@ -116,7 +116,7 @@ fn a_buffer_is_named_after_the_typed_object_pointing_into_it() {
     ];
     let raw = vec![0xffu8; 16];
     let contents = vec![(0x10000, small), (0x20000, raw.clone()), (0x30000, raw)];
-    let census = copy(blocks, contents).census(&|w, _| w == 28);
+    let census = copy(blocks, contents).census(&|w, _, _| w == 28);
     assert_eq!(census.words[&(NORMAL, Word::Type(28))].count, 1);
     assert_eq!(
         census.words[&(NORMAL, Word::HeldBy(28))],
@@ -150,7 +150,7 @@ fn an_empty_buffer_is_live_a_free_list_entry_is_not() {
             marks: marks(&[0, 4, 6]),
         },
     };
-    let census = copy(vec![block], vec![(0x10000, data)]).census(&|w, _| w == 28);
+    let census = copy(vec![block], vec![(0x10000, data)]).census(&|w, _, _| w == 28);
     let class = census.classes[&(NORMAL, 32)];
     assert_eq!(
         class.live,
@@ -195,7 +195,7 @@ fn retained_bytes_count_each_reachable_byte_once() {
         },
     };
     let copy = copy(vec![block], vec![(0x10000, data)]);
-    let census = copy.census(&|w, _| (1..=3).contains(&w));
+    let census = copy.census(&|w, _, _| (1..=3).contains(&w));
     let retained = copy.retained(&census.objects, &copy.graph(&census.objects));
     // A reaches A, B, C; type 2 (B and D) reaches B, C, A, D; C reaches C, A, B.
     assert_eq!(retained, BTreeMap::from([(1, 96), (2, 128), (3, 96)]));
@@ -213,7 +213,7 @@ fn a_large_object_takes_whole_blocks() {
     };
     let mut head = vec![0u8; 16];
     head[0..4].copy_from_slice(&1u32.to_le_bytes());
-    let census = copy(vec![block], vec![(0x20000, head)]).census(&|w, _| w < 1000);
+    let census = copy(vec![block], vec![(0x20000, head)]).census(&|w, _, _| w < 1000);
     let class = census.classes[&(PTRFREE, 10000)];
     assert_eq!((class.live.count, class.block_bytes), (1, 12288));
     assert_eq!(census.words[&(PTRFREE, Word::Type(1))].bytes, 10000);
