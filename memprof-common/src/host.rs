@@ -74,6 +74,11 @@ pub const OOM: u8 = 7;
 /// is still named by its mappings' files).
 pub const PATH_BYTES: usize = 256;
 
+/// Bytes of a command line a [`NEW`] or [`PROGRAM`] event carries (its arguments,
+/// each NUL-terminated, as /proc/PID/cmdline gives them; a longer one is
+/// cut, and [`HostEvent::args_len`] says by how much).
+pub const ARGS_BYTES: usize = 256;
+
 /// A change to the processes of `attach --all` (the `HOST_EVENTS` ring).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -92,8 +97,16 @@ pub struct HostEvent {
     pub _pad: [u8; 7],
     /// [`MAPPING`] (and [`TABLE`]).
     pub mapping: MappedFile,
-    /// [`PROGRAM`]: NUL-terminated.
+    /// [`PROGRAM`]: NUL-terminated. [`NEW`]: its executable's, as
+    /// [`MAPPING`] carries a path.
     pub path: [u8; PATH_BYTES],
+    /// [`NEW`], [`PROGRAM`]: the bytes of its command line (`mm_struct`'s
+    /// `arg_start..arg_end`), of which the first [`ARGS_BYTES`] are in
+    /// `args`; 0 when they could not be read. A process gone before /proc
+    /// is read is still named by its whole command.
+    pub args_len: u32,
+    pub _pad2: u32,
+    pub args: [u8; ARGS_BYTES],
 }
 
 /// An executable file mapping, as the kernel's `vm_area_struct` says it.
@@ -155,6 +168,9 @@ pub struct KernelLayout {
     /// `task_struct.mm` and `mm_struct.exe_file` (`--exe`).
     pub task_mm: u32,
     pub mm_exe_file: u32,
+    /// `mm_struct.arg_start` and `arg_end`: the command line.
+    pub mm_arg_start: u32,
+    pub mm_arg_end: u32,
     /// A file's path, walked up as the kernel's `d_path` does: `file.f_path`'s
     /// `mnt` and `dentry`, `dentry.d_parent`, `dentry.d_name.name`,
     /// `vfsmount.mnt_root`, and `struct mount`'s `mnt`, `mnt_parent`,

@@ -11,7 +11,8 @@ use aya_ebpf::{
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task,
         bpf_get_current_task_btf, bpf_ktime_get_ns, bpf_probe_read_kernel,
-        bpf_probe_read_kernel_buf, bpf_probe_read_kernel_str_bytes, generated as gen,
+        bpf_probe_read_kernel_buf, bpf_probe_read_kernel_str_bytes, bpf_probe_read_user_buf,
+        generated as gen,
     },
     macros::map,
     maps::{Array, HashMap, PerCpuArray, Queue, RingBuf},
@@ -135,12 +136,7 @@ fn new_process(tgid: u32, forked: bool) -> Option<u32> {
     }
     match PROCESSES.insert(&tgid, &index, BPF_NOEXIST as u64) {
         Ok(()) => {
-            host_event(
-                host::NEW,
-                tgid,
-                index,
-                if forked { host::FORKED } else { 0 },
-            );
+            new_event(tgid, index, if forked { host::FORKED } else { 0 });
             Some(index)
         }
         // Another thread of the process added it meanwhile: the index
@@ -269,6 +265,24 @@ fn parent_table() -> u32 {
     PROCESS_MODULES.get(unsafe { *index }).copied().unwrap_or(0)
 }
 
+/// Tells userspace of process `tgid`'s new index ([`host::NEW`]), with
+/// the path of the program it runs now: a forked child gone (or
+/// `exec`ed) before userspace reads /proc is named by what it ran.
+#[inline(always)]
+fn new_event(tgid: u32, index: u32, exit_code: u32) {
+    if let Some(mut entry) = HOST_EVENTS.reserve::<HostEvent>(0) {
+        let event = unsafe { &mut *entry.as_mut_ptr() };
+        fill(event, host::NEW, tgid, index, exit_code);
+        let layout = KERNEL_LAYOUT.load();
+        let mm = read_at(unsafe { bpf_get_current_task() }, layout.task_mm);
+        let exe = read_at(mm, layout.mm_exe_file);
+        if exe != 0 {
+            path_of(exe, &mut event.path, &layout);
+        }
+        entry.submit(0);
+    }
+}
+
 /// Tells userspace of a change to process `tgid` (`index`).
 #[inline(always)]
 pub(crate) fn host_event(op: u8, tgid: u32, index: u32, exit_code: u32) {
@@ -293,8 +307,11 @@ fn fill(event: &mut HostEvent, op: u8, tgid: u32, index: u32, exit_code: u32) {
     event._pad = [0; 7];
     event.mapping = MappedFile::default();
     event.path[0] = 0;
+    event.args_len = 0;
+    event._pad2 = 0;
     if op == host::NEW || op == host::PROGRAM {
         event.ppid = parent_of(unsafe { bpf_get_current_task() }).map_or(0, |(_, ppid)| ppid);
+        command_line(event);
     }
 }
 
@@ -414,6 +431,28 @@ pub(crate) fn process_exec(bprm: u64) -> i32 {
         entry.submit(0);
     }
     0
+}
+
+/// The calling process's command line (as `exec` laid it out on its
+/// stack; a fork's is its parent's) into a [`host::NEW`] or
+/// [`host::PROGRAM`] event: a process gone in a millisecond is named by
+/// its arguments, not its path alone.
+#[inline(always)]
+fn command_line(event: &mut HostEvent) {
+    let layout = KERNEL_LAYOUT.load();
+    let mm = read_at(unsafe { bpf_get_current_task() }, layout.task_mm);
+    let start = read_at(mm, layout.mm_arg_start);
+    let bytes = read_at(mm, layout.mm_arg_end).saturating_sub(start);
+    event.args_len = bytes.min(u32::MAX as u64) as u32;
+    event._pad2 = 0;
+    let n = (bytes as usize).min(host::ARGS_BYTES);
+    let read = match event.args.get_mut(..n) {
+        Some(dest) if n > 0 => unsafe { bpf_probe_read_user_buf(start as *const u8, dest) }.is_ok(),
+        _ => false,
+    };
+    if !read {
+        event.args_len = 0;
+    }
 }
 
 /// The kernel's own module table for process `index` (the calling one),

@@ -73,6 +73,8 @@ pub(crate) static KERNEL_LAYOUT: Global<KernelLayout> = Global::new(KernelLayout
     bprm_filename: 0,
     task_mm: 0,
     mm_exe_file: 0,
+    mm_arg_start: 0,
+    mm_arg_end: 0,
     path_mnt: 0,
     path_dentry: 0,
     dentry_parent: 0,

@@ -383,6 +383,48 @@ fn both_programs_of_a_pipeline_are_followed() {
     assert_once_in_each(&json, "make_foo", &pids, MAKE_FOO);
 }
 
+/// A shell script's loop of short programs (`true`, gone in a
+/// millisecond, allocating nothing of its own): each is a fork of the
+/// shell (which allocates in it) that `exec`s. Each row names the program
+/// the pid became, with its arguments, its parent and exit; none is
+/// named after the shell's binary or the program's path alone (once,
+/// /proc was read after the `exec`, or after the exit).
+#[test]
+fn a_scripts_short_children_are_named_by_their_commands() {
+    let dir = TempDir::new("processes_short_children");
+    let (output, json) = run_script(
+        &dir,
+        "sleep 0.3; for i in $(seq 30); do /bin/true arg$i 'two words'; done",
+    );
+    let processes = json["processes"].as_array().expect("processes");
+    let summary = summary(processes);
+    // sh, sleep, seq's subshell (it `exec`s seq) and 30 `true`s.
+    assert_eq!(processes.len(), 33, "{summary:#?}\n{}", describe(&output));
+    let sh = uint(&processes[0], "/pid");
+    let trues: Vec<&Value> = processes
+        .iter()
+        .filter(|p| p["exe"] == "/usr/bin/true")
+        .collect();
+    assert_eq!(trues.len(), 30, "{summary:#?}");
+    for (i, p) in trues.iter().enumerate() {
+        let command: Vec<String> = serde_json::from_value(p["command"].clone()).unwrap();
+        let arg = format!("arg{}", i + 1);
+        assert_eq!(command, ["/bin/true", &arg, "two words"], "{summary:#?}");
+        assert_eq!(uint(p, "/ppid"), sh, "{p:#}");
+        assert_eq!(p["exit"]["code"], 0, "{p:#}");
+    }
+    let others: Vec<Vec<String>> = processes[1..]
+        .iter()
+        .filter(|p| p["exe"] != "/usr/bin/true")
+        .map(|p| serde_json::from_value(p["command"].clone()).unwrap())
+        .collect();
+    assert_eq!(
+        others,
+        [vec!["sleep", "0.3"], vec!["seq", "30"]],
+        "{summary:#?}"
+    );
+}
+
 /// A script that ends in `exec ./app` (a container's entrypoint): the
 /// command's own process becomes `app`, and is profiled as it from its
 /// `exec`, every probe its own; what the script started before stays

@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Result};
-use memprof_common::host;
+use memprof_common::{host, HostEvent};
 
 use crate::driver::profiles::{self, Header};
 use crate::driver::{Driven, Driver, Flow, Output, Profiling};
@@ -53,7 +53,7 @@ use deferred::Deferred;
 use events::{Reader, Seen};
 use files::Files;
 use notes::{Kind, Notes};
-use process::HostProcess;
+use process::{HostProcess, Told};
 
 pub use family::{Family, Loading};
 
@@ -408,7 +408,13 @@ impl Host {
                 } else {
                     start_s
                 };
-                let mut process = HostProcess::seen(e.tgid, e.index, e.ppid, &comm, start_s, read);
+                let told = Told {
+                    command: command_of(&e),
+                    cut: e.args_len as usize > host::ARGS_BYTES,
+                    exe: crate::text::lossy_path(&path_of_components(&e.path)),
+                };
+                let mut process =
+                    HostProcess::seen(e.tgid, e.index, e.ppid, &comm, start_s, read, told);
                 process.forked = e.exit_code == host::FORKED;
                 process.refused = refused;
                 process.seq = self.seen;
@@ -466,7 +472,7 @@ impl Host {
             }
             host::PROGRAM => {
                 if let Some(p) = self.processes.get_mut(&e.index).filter(|_| index_known) {
-                    p.program(&text_of(&e.path));
+                    p.program(&text_of(&e.path), &command_of(&e));
                 }
             }
             host::OOM => {
@@ -946,6 +952,27 @@ fn path_of_components(path: &[u8]) -> std::path::PathBuf {
     } else {
         out
     }
+}
+
+/// A [`host::NEW`] or [`host::PROGRAM`] event's command line, its
+/// arguments as the kernel read them then (the last one cut short ends
+/// in `…`); empty when it could not be read.
+fn command_of(e: &HostEvent) -> Vec<String> {
+    let n = (e.args_len as usize).min(host::ARGS_BYTES);
+    let mut args: Vec<String> = e.args[..n]
+        .split(|&b| b == 0)
+        .map(crate::text::lossy)
+        .collect();
+    // The area ends with its last argument's NUL.
+    if args.last().is_some_and(String::is_empty) {
+        args.pop();
+    }
+    if e.args_len as usize > host::ARGS_BYTES {
+        if let Some(last) = args.last_mut() {
+            last.push('…');
+        }
+    }
+    args
 }
 
 /// A NUL-terminated path an event carries, as text.

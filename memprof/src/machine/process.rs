@@ -52,11 +52,24 @@ pub struct HostProcess {
     pub oom_killed: bool,
 }
 
+/// What the kernel said of a process when it gave it its index (empty:
+/// not read).
+#[derive(Debug, Clone, Default)]
+pub struct Told {
+    /// Its command line then (a fork's is its parent's).
+    pub command: Vec<String>,
+    /// The command line was longer than the event carries.
+    pub cut: bool,
+    /// The path of the program it ran then.
+    pub exe: String,
+}
+
 impl HostProcess {
-    /// A process just seen (its first allocation followed): what /proc
-    /// still says of it; `comm` is the kernel's name for it then.
-    /// `now`: as read right after the kernel gave it its index (its
-    /// `exec`, or its first allocation followed).
+    /// A process just seen (its first allocation followed): what the
+    /// kernel `told` of it then, and what /proc still says of it; `comm`
+    /// is the kernel's name for it then. `now`: as read right after the
+    /// kernel gave it its index (its `exec`, or its first allocation
+    /// followed).
     pub fn seen(
         pid: u32,
         index: u32,
@@ -64,6 +77,7 @@ impl HostProcess {
         comm: &str,
         start_s: f64,
         now: Option<ReadNow>,
+        told: Told,
     ) -> HostProcess {
         let target = now.as_ref().and_then(|n| n.target.clone());
         let ns_pid = now.as_ref().and_then(|n| n.ns_pid);
@@ -71,6 +85,19 @@ impl HostProcess {
             Some(t) if !t.command.is_empty() => (t.command, crate::text::lossy_path(&t.exe)),
             Some(t) => (vec![comm.to_string()], crate::text::lossy_path(&t.exe)),
             None => (vec![comm.to_string()], String::new()),
+        };
+        // The kernel's, of the program the index is for: /proc may be
+        // read after the process is gone, or after a fork `exec`ed (a
+        // shell's child would be named after the program it became). A
+        // command line the event cut is taken whole from /proc.
+        let read_whole = target_read(&now) && told.cut;
+        let command = match told.command.is_empty() || read_whole {
+            true => command,
+            false => told.command,
+        };
+        let exe = match told.exe.is_empty() {
+            true => exe,
+            false => told.exe,
         };
         let mut process = HostProcess {
             pid,
@@ -116,13 +143,17 @@ impl HostProcess {
         self.unread = false;
     }
 
-    /// The program it `exec`ed, as given to `execve`: its executable and
-    /// command when /proc could not be read.
-    pub fn program(&mut self, path: &str) {
+    /// The program it `exec`ed, as given to `execve`, and its command
+    /// line as the kernel read it then: its executable and command when
+    /// /proc could not be read (it was gone first).
+    pub fn program(&mut self, path: &str, command: &[String]) {
         if self.exe.is_empty() && !path.is_empty() {
             self.exe = path.to_string();
             if self.command.len() <= 1 {
-                self.command = vec![path.to_string()];
+                self.command = match command.is_empty() {
+                    true => vec![path.to_string()],
+                    false => command.to_vec(),
+                };
             }
         }
     }
@@ -163,4 +194,11 @@ impl HostProcess {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default()
     }
+}
+
+/// Whether /proc gave the process's command line.
+fn target_read(now: &Option<ReadNow>) -> bool {
+    now.as_ref()
+        .and_then(|n| n.target.as_ref())
+        .is_some_and(|t| !t.command.is_empty())
 }

@@ -148,6 +148,8 @@ fn kernel_layout() -> Result<KernelLayout> {
         ("mount", &["mnt_mountpoint"]),
         ("task_struct", &["mm"]),
         ("mm_struct", &["exe_file"]),
+        ("mm_struct", &["arg_start"]),
+        ("mm_struct", &["arg_end"]),
     ])?;
     let o: Vec<u32> = o.into_iter().map(|o| o as u32).collect();
     Ok(KernelLayout {
@@ -171,6 +173,8 @@ fn kernel_layout() -> Result<KernelLayout> {
         mount_mountpoint: o[17],
         task_mm: o[18],
         mm_exe_file: o[19],
+        mm_arg_start: o[20],
+        mm_arg_end: o[21],
     })
 }
 

@@ -48,10 +48,16 @@ pub fn merge(profile: &mut Profile, followed: Vec<Profile>) {
                         q.profiled_from_s = Some(p.start_s);
                     }
                     q.ns_pid = q.ns_pid.or(p.ns_pid);
-                    q.command = p.command;
-                    q.exe = p.exe;
-                    q.end_s = p.end_s;
-                    q.exit = p.exit;
+                    // Its program before an `exec` (a shell's fork that
+                    // ran `true`): the row names the program it became,
+                    // as the tracer read it at the `exec`.
+                    let execed = p.end_s.is_some() && p.exit.is_none();
+                    if !execed || q.command.is_empty() {
+                        q.command = p.command;
+                        q.exe = p.exe;
+                        q.end_s = p.end_s;
+                        q.exit = p.exit;
+                    }
                     // A process followed before and after an `exec`
                     // has a profile for each program: both count.
                     q.counters = match (q.counters.take(), p.counters) {
