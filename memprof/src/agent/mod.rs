@@ -305,13 +305,8 @@ impl Agent {
                     .filter(|f| &f.program == comm)
                     .map(|f| f.pid)
                     .collect();
-                let mut profiles = Vec::new();
-                for pid in pids {
-                    // One that ended meanwhile is left out.
-                    if let Ok(profile) = self.followed.snapshot(pid) {
-                        profiles.push(profile);
-                    }
-                }
+                // One that ended meanwhile is left out.
+                let profiles = self.followed.snapshots(&pids);
                 profiles::merge(None, profiles).ok_or_else(|| {
                     anyhow::anyhow!("no running process of program {comm:?} is followed (GET /api/processes lists them)")
                 })

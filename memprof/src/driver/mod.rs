@@ -94,6 +94,14 @@ pub trait Profiling: Driven {
     /// A profile of process `pid` as it is now (without what only the end
     /// knows: exit, GC summary); the others run on, profiled.
     fn snapshot(&mut self, pid: u32) -> Result<Profile>;
+
+    /// Profiles of processes `pids` now, in their order; one that cannot
+    /// be taken (it ended meanwhile) is left out. What a scrape of all of
+    /// a program's processes merges: a mode that reads the kernel's tables
+    /// reads them once for all.
+    fn snapshots(&mut self, pids: &[u32]) -> Vec<Profile> {
+        pids.iter().filter_map(|&pid| self.snapshot(pid).ok()).collect()
+    }
 }
 
 /// What a process's metrics say of it, read without symbolizing (cheap

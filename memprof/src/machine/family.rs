@@ -174,6 +174,11 @@ impl Family {
         self.host.snapshot(pid)
     }
 
+    /// Profiles of followed processes `pids` now (see [`Profiling::snapshots`]).
+    pub fn snapshots(&mut self, pids: &[u32]) -> Vec<Profile> {
+        self.host.snapshots(pids)
+    }
+
     /// Recording stops; the profile of every process followed, the
     /// family's counters (losses included) in the first one's.
     pub fn finish(mut self) -> Result<Vec<Profile>> {

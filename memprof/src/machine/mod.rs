@@ -225,6 +225,33 @@ impl Profiling for Host {
         self.processes.insert(index, p);
         profile
     }
+
+    /// One reading of the kernel's tables for all of them (a reading
+    /// walks every process's entries: once per process, 500 of them took
+    /// 0.6 s).
+    fn snapshots(&mut self, pids: &[u32]) -> Vec<Profile> {
+        let indexes: Vec<u32> = pids
+            .iter()
+            .filter_map(|&pid| self.processes.values().find(|p| p.pid == pid))
+            .map(|p| p.index)
+            .collect();
+        let Ok(mut tables) = self
+            .probes
+            .read_processes(&indexes.iter().copied().collect())
+        else {
+            return Vec::new();
+        };
+        let mut profiles = Vec::new();
+        for index in indexes {
+            let Some(mut p) = self.processes.remove(&index) else {
+                continue;
+            };
+            let profile = self.profile_of(&mut p, tables.remove(&index).unwrap_or_default());
+            self.processes.insert(index, p);
+            profiles.extend(profile.ok());
+        }
+        profiles
+    }
 }
 
 impl Host {

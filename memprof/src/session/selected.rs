@@ -218,4 +218,15 @@ impl Profiling for Selected {
             false => self.probes.snapshot(pid),
         }
     }
+
+    /// Those with a session of their own one by one, the probes' in one
+    /// reading of the kernel's tables.
+    fn snapshots(&mut self, pids: &[u32]) -> Vec<Profile> {
+        let own = self.own.pids();
+        let (theirs, probed): (Vec<u32>, Vec<u32>) = pids.iter().partition(|p| own.contains(p));
+        let mut profiles: Vec<Profile> =
+            theirs.iter().filter_map(|&pid| self.own.snapshot(pid).ok()).collect();
+        profiles.extend(self.probes.snapshots(&probed));
+        profiles
+    }
 }
