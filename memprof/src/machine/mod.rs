@@ -66,8 +66,8 @@ pub fn file_key(path: &Path) -> Option<memprof_common::host::FileKey> {
 const POLL: Duration = Duration::from_millis(10);
 /// How often processes that ended are finalized.
 const FINALIZE_EVERY: Duration = Duration::from_millis(250);
-/// Processes symbolized with one [`SymbolCache`]: what it keeps of the
-/// files read is given back after that many.
+/// Processes that ended symbolized with one [`SymbolCache`]: what it
+/// keeps of the files read is given back after that many.
 const SYMBOLS_RENEWED_EVERY: u64 = 500;
 /// How often /proc is read for allocator files no event named (a static
 /// program started before its `exec` event was read).
@@ -126,7 +126,7 @@ struct Host {
     deferred: Deferred,
     /// What was read of the files to symbolize, shared by the processes.
     symbols: Symbols,
-    /// Processes symbolized so far.
+    /// Processes that ended symbolized so far.
     symbolized: u64,
     /// Indexes of processes that ended, to finalize.
     ended: Vec<u32>,
@@ -704,6 +704,14 @@ impl Host {
                 );
                 self.notes.note(Kind::Unread, line);
             }
+            // What blazesym read of the files serves the next processes,
+            // renewed now and then (it keeps every file it read). Counted
+            // at the ends, not the snapshots: a scrape of 500 processes
+            // would renew it, and read every file again, at each scrape.
+            self.symbolized += 1;
+            if self.symbolized.is_multiple_of(SYMBOLS_RENEWED_EVERY) {
+                self.symbols = Symbols(None);
+            }
             match self.profile_of(&mut p, tables) {
                 Ok(profile) => {
                     self.short_of_resources += profile.counters.short_of_resources;
@@ -823,12 +831,6 @@ impl Host {
             .of_process(tables)
             .with_finished(self.deferred.finished(p.index));
         let raw = groups::collect(&view, None)?;
-        // What blazesym read of the files serves the next processes,
-        // renewed now and then (it keeps every file it read).
-        self.symbolized += 1;
-        if self.symbolized.is_multiple_of(SYMBOLS_RENEWED_EVERY) {
-            self.symbols = Symbols(None);
-        }
         let (groups, stacks) = profiles::groups_of_with(
             p.pid,
             raw,

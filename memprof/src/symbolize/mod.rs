@@ -137,10 +137,12 @@ fn locate(
         );
     }
     let mut location_of: HashMap<u64, u32> = HashMap::with_capacity(total + unknown.len());
-    let bar = crate::progress::bar(if progress { total as u64 } else { 0 }, "symbolizing");
-    if !progress {
-        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
-    }
+    // No bar at all when not asked: the agent symbolizes 500 processes
+    // per scrape of a program's.
+    let bar = match progress {
+        true => crate::progress::bar(total as u64, "symbolizing"),
+        false => indicatif::ProgressBar::hidden(),
+    };
     for (module, addrs) in by_module {
         bar.set_message(format!("symbolizing {}", crate::allocators::short(&module)));
         // The file the target mapped, as the session opened it (never
