@@ -100,7 +100,9 @@ pub trait Profiling: Driven {
     /// a program's processes merges: a mode that reads the kernel's tables
     /// reads them once for all.
     fn snapshots(&mut self, pids: &[u32]) -> Vec<Profile> {
-        pids.iter().filter_map(|&pid| self.snapshot(pid).ok()).collect()
+        pids.iter()
+            .filter_map(|&pid| self.snapshot(pid).ok())
+            .collect()
     }
 }
 

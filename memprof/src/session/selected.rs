@@ -224,8 +224,10 @@ impl Profiling for Selected {
     fn snapshots(&mut self, pids: &[u32]) -> Vec<Profile> {
         let own = self.own.pids();
         let (theirs, probed): (Vec<u32>, Vec<u32>) = pids.iter().partition(|p| own.contains(p));
-        let mut profiles: Vec<Profile> =
-            theirs.iter().filter_map(|&pid| self.own.snapshot(pid).ok()).collect();
+        let mut profiles: Vec<Profile> = theirs
+            .iter()
+            .filter_map(|&pid| self.own.snapshot(pid).ok())
+            .collect();
         profiles.extend(self.probes.snapshots(&probed));
         profiles
     }
