@@ -275,6 +275,7 @@ fn new_event(tgid: u32, index: u32, exit_code: u32) {
         fill(event, host::NEW, tgid, index, exit_code);
         let layout = KERNEL_LAYOUT.load();
         let mm = read_at(unsafe { bpf_get_current_task() }, layout.task_mm);
+        command_line(event, mm, &layout);
         let exe = read_at(mm, layout.mm_exe_file);
         if exe != 0 {
             path_of(exe, &mut event.path, &layout);
@@ -311,7 +312,6 @@ fn fill(event: &mut HostEvent, op: u8, tgid: u32, index: u32, exit_code: u32) {
     event._pad2 = 0;
     if op == host::NEW || op == host::PROGRAM {
         event.ppid = parent_of(unsafe { bpf_get_current_task() }).map_or(0, |(_, ppid)| ppid);
-        command_line(event);
     }
 }
 
@@ -434,17 +434,14 @@ pub(crate) fn process_exec(bprm: u64) -> i32 {
 }
 
 /// The calling process's command line (as `exec` laid it out on its
-/// stack; a fork's is its parent's) into a [`host::NEW`] or
-/// [`host::PROGRAM`] event: a process gone in a millisecond is named by
-/// its arguments, not its path alone.
+/// stack, in `mm`; a fork's is its parent's) into a [`host::NEW`] event
+/// (an `exec`'s comes before its [`host::PROGRAM`]): a process gone in a
+/// millisecond is named by its arguments, not its path alone.
 #[inline(always)]
-fn command_line(event: &mut HostEvent) {
-    let layout = KERNEL_LAYOUT.load();
-    let mm = read_at(unsafe { bpf_get_current_task() }, layout.task_mm);
+fn command_line(event: &mut HostEvent, mm: u64, layout: &KernelLayout) {
     let start = read_at(mm, layout.mm_arg_start);
     let bytes = read_at(mm, layout.mm_arg_end).saturating_sub(start);
     event.args_len = bytes.min(u32::MAX as u64) as u32;
-    event._pad2 = 0;
     let n = (bytes as usize).min(host::ARGS_BYTES);
     let read = match event.args.get_mut(..n) {
         Some(dest) if n > 0 => unsafe { bpf_probe_read_user_buf(start as *const u8, dest) }.is_ok(),

@@ -54,22 +54,6 @@ pub fn configure() {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::mi_option;
-
-    /// The option numbers name the options they mean: their defaults.
-    #[test]
-    fn mimalloc_options_are_the_ones_meant() {
-        // SAFETY: reads only.
-        let get = |o| unsafe { libmimalloc_sys::mi_option_get(o) };
-        assert_eq!(get(mi_option::ARENA_EAGER_COMMIT), 2);
-        // (`configure` runs in the binary's `main` only.)
-        assert_eq!(get(mi_option::PURGE_DELAY), 1000);
-        assert_eq!(get(mi_option::ALLOW_THP), 1);
-    }
-}
-
 /// A second heap, for a thread that must never wait for another's lock
 /// (`attach --all`'s event reader: the main loop allocates a lot while
 /// finalizing a process, and a reader stalled milliseconds misses a
@@ -88,5 +72,21 @@ pub fn trim() {
     unsafe {
         libmimalloc_sys::mi_collect(true);
         libc::malloc_trim(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mi_option;
+
+    /// The option numbers name the options they mean: their defaults.
+    #[test]
+    fn mimalloc_options_are_the_ones_meant() {
+        // SAFETY: reads only.
+        let get = |o| unsafe { libmimalloc_sys::mi_option_get(o) };
+        assert_eq!(get(mi_option::ARENA_EAGER_COMMIT), 2);
+        // (`configure` runs in the binary's `main` only.)
+        assert_eq!(get(mi_option::PURGE_DELAY), 1000);
+        assert_eq!(get(mi_option::ALLOW_THP), 1);
     }
 }

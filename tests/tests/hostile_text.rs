@@ -286,7 +286,7 @@ fn attach_comm_finds_it_by_its_hostile_name() {
     let during = Counts::of(group_at(&json, "libc", "make_during"));
     // Whole rounds of 300 x 80 bytes.
     assert!(
-        during.live_count > 0 && during.live_count % 300 == 0,
+        during.live_count > 0 && during.live_count.is_multiple_of(300),
         "{}",
         list_groups(&json)
     );

@@ -427,7 +427,6 @@ impl Host {
                 }
             }
             host::NEW => {
-                let comm = comm_of(&e.comm);
                 let start_s = self.since(e.time_ns);
                 // Running before memprof: from then on (as `attach`).
                 let start_s = if self.initial.contains(&e.tgid) {
@@ -436,12 +435,12 @@ impl Host {
                     start_s
                 };
                 let told = Told {
+                    comm: comm_of(&e.comm),
                     command: command_of(&e),
                     cut: e.args_len as usize > host::ARGS_BYTES,
                     exe: crate::text::lossy_path(&path_of_components(&e.path)),
                 };
-                let mut process =
-                    HostProcess::seen(e.tgid, e.index, e.ppid, &comm, start_s, read, told);
+                let mut process = HostProcess::seen(e.tgid, e.index, e.ppid, start_s, read, told);
                 process.forked = e.exit_code == host::FORKED;
                 process.refused = refused;
                 process.seq = self.seen;
@@ -499,7 +498,7 @@ impl Host {
             }
             host::PROGRAM => {
                 if let Some(p) = self.processes.get_mut(&e.index).filter(|_| index_known) {
-                    p.program(&text_of(&e.path), &command_of(&e));
+                    p.program(&text_of(&e.path));
                 }
             }
             host::OOM => {
@@ -983,7 +982,7 @@ fn path_of_components(path: &[u8]) -> std::path::PathBuf {
     }
 }
 
-/// A [`host::NEW`] or [`host::PROGRAM`] event's command line, its
+/// A [`host::NEW`] event's command line, its
 /// arguments as the kernel read them then (the last one cut short ends
 /// in `…`); empty when it could not be read.
 fn command_of(e: &HostEvent) -> Vec<String> {

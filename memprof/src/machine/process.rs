@@ -56,6 +56,8 @@ pub struct HostProcess {
 /// not read).
 #[derive(Debug, Clone, Default)]
 pub struct Told {
+    /// The kernel's name for it then.
+    pub comm: String,
     /// Its command line then (a fork's is its parent's).
     pub command: Vec<String>,
     /// The command line was longer than the event carries.
@@ -66,15 +68,13 @@ pub struct Told {
 
 impl HostProcess {
     /// A process just seen (its first allocation followed): what the
-    /// kernel `told` of it then, and what /proc still says of it; `comm`
-    /// is the kernel's name for it then. `now`: as read right after the
+    /// kernel `told` of it then, and what /proc still says of it. `now`: as read right after the
     /// kernel gave it its index (its `exec`, or its first allocation
     /// followed).
     pub fn seen(
         pid: u32,
         index: u32,
         ppid: u32,
-        comm: &str,
         start_s: f64,
         now: Option<ReadNow>,
         told: Told,
@@ -83,8 +83,8 @@ impl HostProcess {
         let ns_pid = now.as_ref().and_then(|n| n.ns_pid);
         let (command, exe) = match target {
             Some(t) if !t.command.is_empty() => (t.command, crate::text::lossy_path(&t.exe)),
-            Some(t) => (vec![comm.to_string()], crate::text::lossy_path(&t.exe)),
-            None => (vec![comm.to_string()], String::new()),
+            Some(t) => (vec![told.comm.clone()], crate::text::lossy_path(&t.exe)),
+            None => (vec![told.comm.clone()], String::new()),
         };
         // The kernel's, of the program the index is for: /proc may be
         // read after the process is gone, or after a fork `exec`ed (a
@@ -143,17 +143,13 @@ impl HostProcess {
         self.unread = false;
     }
 
-    /// The program it `exec`ed, as given to `execve`, and its command
-    /// line as the kernel read it then: its executable and command when
-    /// /proc could not be read (it was gone first).
-    pub fn program(&mut self, path: &str, command: &[String]) {
+    /// The program it `exec`ed, as given to `execve`: its executable
+    /// when neither the kernel's `NEW` event nor /proc named it.
+    pub fn program(&mut self, path: &str) {
         if self.exe.is_empty() && !path.is_empty() {
             self.exe = path.to_string();
             if self.command.len() <= 1 {
-                self.command = match command.is_empty() {
-                    true => vec![path.to_string()],
-                    false => command.to_vec(),
-                };
+                self.command = vec![path.to_string()];
             }
         }
     }

@@ -349,6 +349,13 @@ pub struct Frame {
     pub offset: Option<u64>,
 }
 
+/// The place of the kind named `name` in [`memprof_common::AllocKind::ALL`].
+pub fn kind_index(name: &str) -> Option<usize> {
+    memprof_common::AllocKind::ALL
+        .iter()
+        .position(|k| k.name() == name)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -382,11 +389,4 @@ mod tests {
         let frames: Vec<Frame> = profile.frames(&profile.groups[0]).cloned().collect();
         assert_eq!(frames, kept);
     }
-}
-
-/// The place of the kind named `name` in [`memprof_common::AllocKind::ALL`].
-pub fn kind_index(name: &str) -> Option<usize> {
-    memprof_common::AllocKind::ALL
-        .iter()
-        .position(|k| k.name() == name)
 }
