@@ -458,9 +458,62 @@ fn a_process_that_ended_is_served_with_its_exit() {
         ),
         (600, 28_800, 1_000, 48_000)
     );
+    // Its timeline ends with its figures as it ended.
+    let samples = json["timeline"]["samples"].as_array().unwrap();
+    let end = samples.last().unwrap();
+    assert_eq!(
+        end["live"]["libc"],
+        serde_json::json!([600, 28_800]),
+        "{end}"
+    );
+    assert_eq!(end["t_s"], json["processes"][0]["end_s"], "{end}");
     // Any format of `memprof report`: markdown names the site.
     let markdown = agent.get_text(&format!("/api/profile?pid={pid}&format=markdown"));
     assert!(markdown.contains("make_foo"), "{markdown}");
+
+    // And `memprof report`'s filters, by their names.
+    let groups = |query: &str| -> Vec<Value> {
+        let text = agent.get_text(&format!("/api/profile?pid={pid}&{query}"));
+        let json: Value = serde_json::from_str(&text).unwrap();
+        json["groups"].as_array().unwrap().clone()
+    };
+    let kept = groups("function=^make_foo$");
+    assert!(!kept.is_empty());
+    assert_eq!(
+        kept.iter()
+            .filter(|g| !g["frames"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|f| f["function"] == "make_foo"))
+            .count(),
+        0
+    );
+    let json: Value = serde_json::json!({ "groups": kept });
+    let counts = Counts::of(group_at(&json, "libc", "make_foo"));
+    assert_eq!((counts.live_count, counts.live_bytes), (600, 28_800));
+    assert_eq!(groups("function=^no_such_function$").len(), 0);
+    assert_eq!(groups("kind=mmap&function=^make_foo$").len(), 0);
+    let tsv = agent.get_text(&format!(
+        "/api/profile?pid={pid}&format=tsv&top=1&min_bytes=0"
+    ));
+    // The number of rows, then the one row: make_foo's.
+    let lines: Vec<&str> = tsv.lines().collect();
+    assert_eq!(lines.len(), 2, "{tsv}");
+    assert_eq!(lines[0], "1");
+    assert!(lines[1].starts_with("600\t28800\t"), "{tsv}");
+    for (query, said) in [
+        ("top=x", "invalid value 'x' for '--top <N>'"),
+        ("output=/tmp/x", "output: not a parameter of a profile"),
+        ("leaked=maybe", "leaked=maybe: true or false"),
+        ("function=(", "--function"),
+    ] {
+        let (status, body) = agent.get(&format!("/api/profile?pid={pid}&{query}"));
+        let body = String::from_utf8_lossy(&body);
+        assert_eq!(status, 400, "{query}: {body}");
+        assert!(body.contains(said), "{query}: {body}");
+        assert_eq!(body.trim_end().lines().count(), 1, "{query}: {body}");
+    }
     agent.stop();
 }
 
@@ -738,12 +791,44 @@ fn the_page_lists_the_process_and_a_click_shows_its_profile() {
     assert!(row.contains("class=\"chosen\""), "{row}");
     assert!(row.contains("<td>grow</td>"), "{row}");
     assert!(row.contains("<td class=\"n\">16,000</td>"), "{row}");
-    let src = format!("src=\"/api/profile?pid={pid}&amp;format=html\"");
-    assert!(dom.contains(&src), "no iframe {src} in:\n{dom}");
-    // What the frame shows: grow's profile, its flamegraph naming grow().
-    let profile = agent.get_text(&format!("/api/profile?pid={pid}&format=html"));
-    assert!(profile.contains("<svg"), "no flamegraph");
-    assert!(profile.contains("grow.c:"), "grow's site not in its page");
+    // Its profile, drawn by the page from /api/profile?format=json.
+    assert!(
+        dom.contains(&format!(
+            "<h2 id=\"title\">pid {pid}: {}</h2>",
+            fixture::GROW
+        )),
+        "no title of pid {pid} in:\n{dom}"
+    );
+    assert!(
+        dom.contains("16,000 bytes live in 250 blocks; 16,000 bytes allocated"),
+        "no summary in:\n{dom}"
+    );
+    // The flamegraph: grow() holds all of it.
+    let grow_frame = dom
+        .split("<div class=\"f")
+        .find(|f| f.contains(">grow</div>"))
+        .unwrap_or_else(|| panic!("no grow frame in the flamegraph:\n{dom}"));
+    assert!(
+        grow_frame.contains("16,000 live bytes (100.00 %)"),
+        "{grow_frame}"
+    );
+    // The top stacks: grow's, with its file and line.
+    let stacks = &dom[dom.find("id=\"stacks\"").unwrap()..];
+    let body = &stacks[stacks.find("<tbody>").unwrap()..];
+    let first = &body[..body.find("</tr>").unwrap()];
+    assert!(
+        first.contains("<td>libc</td><td></td><td class=\"n\">16,000</td><td class=\"n\">250</td><td class=\"n\">16,000</td>"),
+        "{first}"
+    );
+    assert!(first.contains("<code>grow (grow.c:"), "{first}");
+    // The timeline: libc's line, and the scale's top is grow's bytes.
+    let timeline = &dom[dom.find("id=\"timeline\"").unwrap()..dom.find("id=\"flamebar\"").unwrap()];
+    assert!(timeline.contains(">libc</text>"), "{timeline}");
+    assert!(timeline.contains(">16,000 B</text>"), "{timeline}");
+    assert!(
+        dom.contains("No live Boehm GC objects"),
+        "no types table in:\n{dom}"
+    );
 
     // And what a person sees: the page's title and grow's row, by OCR.
     let ocr = Command::new("tesseract")

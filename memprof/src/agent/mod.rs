@@ -17,10 +17,12 @@
 //! | [`delta`] | what was allocated between two profiles (`?seconds=N`) |
 //! | [`client`] | `memprof report --agent`, `memprof top --agent`: what the agent serves, asked |
 //! | [`dir`] | `--dir`: each process's profile kept on disk, read again at the start |
+//! | [`history`] | each process's live memory over time: its profile's timeline |
 //! | [`page`] | the page at `/` |
 pub mod client;
 pub mod delta;
 pub mod dir;
+pub mod history;
 pub mod metrics;
 pub mod page;
 pub mod serve;
@@ -133,6 +135,7 @@ pub fn run(
         metrics_top: serve.metrics_top,
         started,
         dir: snapshots,
+        history: history::History::default(),
     };
     if let Some(dir) = &agent.dir {
         let counts = dir.counts();
@@ -176,6 +179,7 @@ struct Agent {
     started: SystemTime,
     /// `--dir`: snapshots kept on disk.
     dir: Option<dir::Snapshots>,
+    history: history::History,
 }
 
 /// Requests answered per step at most (the processes' events come first).
@@ -195,6 +199,16 @@ impl Driven for Agent {
 
     fn step(&mut self) -> Result<Flow> {
         self.followed.step()?;
+        if self.history.due() {
+            let running = self.followed.figures().unwrap_or_default();
+            let kept = self
+                .followed
+                .ended()
+                .iter()
+                .map(|(info, _)| info.pid)
+                .collect();
+            self.history.sample(&running, &kept);
+        }
         for _ in 0..ANSWERS_PER_STEP {
             let Ok(request) = self.requests.try_recv() else {
                 break;
@@ -286,10 +300,14 @@ impl Agent {
     fn profile(&mut self, which: &Which) -> Result<Profile> {
         match which {
             Which::Pid(pid) => {
-                if self.followed.pids().contains(pid) {
-                    return self.followed.snapshot(*pid);
-                }
-                if let Some(profile) = self.followed.ended_profile(*pid) {
+                // Followed (running, or ended and kept): with its
+                // timeline. One from `--dir` is served as written.
+                let followed = match self.followed.pids().contains(pid) {
+                    true => Some(self.followed.snapshot(*pid)?),
+                    false => self.followed.ended_profile(*pid),
+                };
+                if let Some(mut profile) = followed {
+                    self.history.timeline_of(*pid, &mut profile);
                     return Ok(profile);
                 }
                 match self.dir.as_ref().and_then(|d| d.profile(*pid)) {

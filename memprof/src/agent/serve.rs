@@ -9,7 +9,7 @@
 //! | `/metrics` | Prometheus's text format ([`super::metrics`]) |
 //! | `/debug/pprof/heap?pid=N` or `?comm=NAME` (`&seconds=S`) | gzipped pprof, as Go's heap profile |
 //! | `/api/processes` | JSON: the processes followed and those ended kept |
-//! | `/api/profile?pid=N` or `?comm=NAME` (`&format=F`) | one profile in any format of `memprof report` |
+//! | `/api/profile?pid=N` or `?comm=NAME` (`&format=F`, and `memprof report`'s filters: `&function=RE&top=N&leaked`…) | one profile in any format of `memprof report`, filtered as `report` filters |
 //! | `/` | the page ([`super::page`]) |
 //!
 //! The socket is root's alone (mode 0600), or its group's too (`--group`,
@@ -429,8 +429,23 @@ async fn profile(
         Format::Pprof => "application/octet-stream",
         _ => "text/plain; charset=utf-8",
     };
+    // The rest of the query: `memprof report`'s filters and options.
+    let rest = query
+        .iter()
+        .filter(|(k, _)| !matches!(k.as_str(), "pid" | "comm" | "format"))
+        .map(|(k, v)| (k.as_str(), v.as_str()));
+    let args = match crate::commands::report::args_of_query(rest, format) {
+        Ok(args) => args,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &format!("{e:#}")),
+    };
     match asking.profile(which).await {
-        Ok(profile) => rendered(&profile, format, content_type),
+        Ok(profile) => {
+            let mut out = Vec::new();
+            match crate::commands::report::write_one(&args, profile, &mut out) {
+                Ok(()) => ([(header::CONTENT_TYPE, content_type)], out).into_response(),
+                Err(e) => error(StatusCode::BAD_REQUEST, &format!("{e:#}")),
+            }
+        }
         Err(response) => response,
     }
 }

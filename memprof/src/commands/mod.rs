@@ -3,7 +3,7 @@
 //! for the profiling sessions', [`report`] for `memprof report`), then the
 //! long-running modes go through one [`Driver`].
 mod flags;
-mod report;
+pub(crate) mod report;
 
 use std::io::Write;
 use std::time::Duration;

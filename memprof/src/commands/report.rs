@@ -13,7 +13,20 @@ use crate::report::{self, diff, filter, Format};
 pub(super) fn report(args: &ReportArgs) -> Result<()> {
     filter::check_sizes(args.size_min, args.size_max)?;
     let filter = filter_of(args)?;
-    let mut options = report::Options {
+    let mut options = options_of(args);
+    check_format(args)?;
+    let mut loaded = load(args, &filter)?;
+    let leak_table = leaks(args, &mut loaded, &mut options);
+    match write(args, &loaded, leak_table, &options) {
+        // `memprof report … | head` is done, not failed.
+        Err(e) if is_broken_pipe(&e) => Ok(()),
+        other => other,
+    }
+}
+
+/// What the command line asks the writers to show.
+fn options_of(args: &ReportArgs) -> report::Options {
+    report::Options {
         min_bytes: args.min_bytes,
         depth: args.depth,
         skip: args.skip,
@@ -24,23 +37,105 @@ pub(super) fn report(args: &ReportArgs) -> Result<()> {
         inverted: args.inverted,
         filters: describe_filters(args),
         keep_order: false,
-    };
-    check_format(args)?;
-    let mut loaded = load(args, &filter)?;
-    // --leaks: its own table in markdown; for the other formats (and
-    // both profiles of --diff), only the leaking stacks, ranked by growth.
+    }
+}
+
+/// --leaks: its own table in markdown (whether it is); for the other
+/// formats (and both profiles of --diff), only the leaking stacks,
+/// ranked by growth.
+fn leaks(args: &ReportArgs, loaded: &mut [Profile], options: &mut report::Options) -> bool {
     let leak_table = args.leaks && args.format == Format::Markdown && args.diff.is_none();
     if args.leaks && !leak_table {
-        for profile in &mut loaded {
+        for profile in loaded.iter_mut() {
             *profile = report::leaks::leaking(std::mem::take(profile));
         }
         options.keep_order = true;
         options.min_bytes.get_or_insert(0);
     }
-    match write(args, &loaded, leak_table, &options) {
-        // `memprof report … | head` is done, not failed.
-        Err(e) if is_broken_pipe(&e) => Ok(()),
-        other => other,
+    leak_table
+}
+
+/// `memprof report`'s flags that a query may give (`memprof agent`'s
+/// `/api/profile?pid=N&function=make_foo&top=10&leaked`): all but those
+/// naming files and processes.
+pub(crate) const QUERY_FLAGS: [&str; 18] = [
+    "min-bytes",
+    "depth",
+    "skip",
+    "top",
+    "skip-runtime",
+    "count",
+    "total",
+    "inverted",
+    "kind",
+    "function",
+    "source",
+    "exclude-function",
+    "size-min",
+    "size-max",
+    "leaked",
+    "temporary",
+    "temporary-ms",
+    "leaks",
+];
+
+/// A query's parameters (`name=value`, `_` or `-` alike; a flag without a
+/// value, or `=true`, set; `=false` not) read as `memprof report`'s flags,
+/// for a profile in `format`; the error names the parameter.
+pub(crate) fn args_of_query<'a>(
+    query: impl IntoIterator<Item = (&'a str, &'a str)>,
+    format: Format,
+) -> Result<ReportArgs> {
+    #[derive(clap::Parser)]
+    #[command(name = "report", no_binary_name = true)]
+    struct Asked {
+        #[command(flatten)]
+        args: ReportArgs,
+    }
+    let mut argv: Vec<String> = vec!["--agent".into()];
+    for (name, value) in query {
+        let flag = name.replace('_', "-");
+        if !QUERY_FLAGS.contains(&flag.as_str()) {
+            bail!(
+                "{name}: not a parameter of a profile (pid or comm, format, and memprof report's {})",
+                QUERY_FLAGS.join(", ")
+            );
+        }
+        let switch = matches!(
+            flag.as_str(),
+            "total" | "inverted" | "leaked" | "temporary" | "leaks"
+        );
+        match (switch, value) {
+            (true, "" | "true" | "1") => argv.push(format!("--{flag}")),
+            (true, "false" | "0") => {}
+            (true, _) => bail!("{name}={value}: true or false"),
+            (false, _) => argv.push(format!("--{flag}={value}")),
+        }
+    }
+    let asked = <Asked as clap::Parser>::try_parse_from(&argv).map_err(|e| {
+        // clap's first line, without its "error: " and usage.
+        let text = e.to_string();
+        let line = text.lines().next().unwrap_or_default();
+        anyhow::anyhow!("{}", line.trim_start_matches("error: "))
+    })?;
+    let mut args = asked.args;
+    args.format = format;
+    filter::check_sizes(args.size_min, args.size_max)?;
+    Ok(args)
+}
+
+/// One profile (of the process the agent was asked for), filtered and
+/// written as `args` ask (the agent's `/api/profile`).
+pub(crate) fn write_one(args: &ReportArgs, profile: Profile, out: &mut dyn Write) -> Result<()> {
+    let filter = filter_of(args)?;
+    let mut options = options_of(args);
+    let mut loaded = [match filter.is_empty() {
+        true => profile,
+        false => filter.apply(profile),
+    }];
+    match leaks(args, &mut loaded, &mut options) {
+        true => report::leaks::write(&loaded[0], &options, out),
+        false => report::render(&loaded[0], args.format, &options, out),
     }
 }
 
