@@ -1302,3 +1302,81 @@ fn a_dir_others_could_write_to_is_refused() {
     );
     assert!(!dir.join("agent.sock").exists());
 }
+
+/// `memprof_files{state=…}` of a `/metrics` text: (parsed, unwind_rows).
+fn files_held(text: &str) -> (u64, u64) {
+    let value = |state: &str| {
+        let prefix = format!("memprof_files{{state=\"{state}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix)?.parse().ok())
+            .unwrap_or_else(|| panic!("no memprof_files{{state=\"{state}\"}} in:\n{text}"))
+    };
+    (value("parsed"), value("unwind_rows"))
+}
+
+/// A machine runs ever new files (a build's every binary): what the
+/// agent parsed of a program's files, and their unwind rows, are let go
+/// once no process followed maps them. The build that kept every file
+/// it had parsed grew by the file's symbols and mapping per new binary,
+/// for ever (a headless Chromium left the agent 100 MB bigger).
+#[test]
+fn the_files_of_programs_that_ended_are_let_go() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = TempDir::new("agent-files");
+    // Five copies of one program: five files, one program name.
+    let copies: Vec<std::path::PathBuf> = (0..5)
+        .map(|i| {
+            let sub = dir.join(&format!("copy{i}"));
+            std::fs::create_dir(&sub).unwrap();
+            let path = sub.join("fresh_binary");
+            std::fs::copy(fixture::BASIC, &path).unwrap();
+            path
+        })
+        .collect();
+    let agent = Agent::start(&dir, &["--comm", "fresh_binary"]);
+    for copy in &copies {
+        assert!(Command::new(copy).status().unwrap().success());
+    }
+    poll("the five copies listed ended", || {
+        let text = agent.get_text("/api/processes");
+        let rows: Value = serde_json::from_str(&text).unwrap();
+        let ended = rows
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["comm"] == "fresh_binary" && r["running"] == false)
+            .count();
+        if ended == 5 {
+            Ok(())
+        } else {
+            Err(text)
+        }
+    });
+    // Within the 10 s they are kept: each copy's file is held, and the
+    // libraries they mapped (libc, the dynamic linker).
+    let during = files_held(&agent.get_text("/metrics"));
+    eprintln!("files held with the copies ended: {during:?}");
+    // Then nothing: no process followed maps any file.
+    let after = poll("the files let go", || {
+        let held = files_held(&agent.get_text("/metrics"));
+        if held == (0, 0) {
+            Ok(held)
+        } else {
+            Err(format!("{held:?}"))
+        }
+    });
+    assert_eq!(after, (0, 0));
+    // The profiles of the ended copies stay, named.
+    let text = agent.get_text("/api/processes");
+    let rows: Value = serde_json::from_str(&text).unwrap();
+    let pid = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["comm"] == "fresh_binary")
+        .unwrap()["pid"]
+        .clone();
+    let markdown = agent.get_text(&format!("/api/profile?pid={pid}&format=markdown"));
+    assert!(markdown.contains("make_foo"), "{markdown}");
+    agent.stop();
+}

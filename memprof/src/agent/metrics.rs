@@ -27,6 +27,8 @@ pub struct Machine<'a> {
     pub top: usize,
     /// `--dir`: its snapshots.
     pub dir: Option<super::dir::DirCounts>,
+    /// Files held parsed, and files with unwind rows in the kernel's table.
+    pub files: (usize, usize),
 }
 
 /// The whole exposition.
@@ -197,6 +199,15 @@ pub fn render(machine: &Machine<'_>) -> String {
         "memprof_gc_sessions_missed_total {}",
         machine.counters.gc_sessions_missed
     );
+    family(
+        &mut out,
+        "memprof_files",
+        "gauge",
+        "Files of the processes followed the agent holds: parsed (symbols, sections), and with unwind rows in the kernel's table; each let go 10 s after no process followed maps it.",
+    );
+    let (parsed, rows) = machine.files;
+    let _ = writeln!(out, "memprof_files{{state=\"parsed\"}} {parsed}");
+    let _ = writeln!(out, "memprof_files{{state=\"unwind_rows\"}} {rows}");
     if let Some(dir) = machine.dir {
         for (name, kind, help, value) in [
             (
@@ -333,6 +344,7 @@ mod tests {
             ended_kept: 4,
             top: 1,
             dir: None,
+            files: (0, 0),
         });
         assert!(text.contains(
             "memprof_process_live_bytes{pid=\"2\",comm=\"big\",exe=\"/usr/bin/big\",kind=\"libc\"} 5000\n"

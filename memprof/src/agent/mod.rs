@@ -253,6 +253,7 @@ impl Agent {
             ended_kept: ended,
             top: self.metrics_top,
             dir: self.dir.as_ref().map(dir::Snapshots::counts),
+            files: self.followed.files_held(),
         }))
     }
 

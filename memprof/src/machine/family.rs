@@ -141,6 +141,17 @@ impl Family {
         self.host.files.probed()
     }
 
+    /// Files held parsed, and files with unwind rows.
+    pub fn files_held(&self) -> (usize, usize) {
+        let rows = self
+            .host
+            .files
+            .rows
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        (self.host.files.parsed(), rows.with_rows())
+    }
+
     /// The processes followed now: pid and index (a process that `exec`s
     /// gets a new index).
     pub fn members(&self) -> Vec<(u32, u32)> {

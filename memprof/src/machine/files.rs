@@ -105,6 +105,16 @@ impl Unwinding {
         }
     }
 
+    /// Files with rows in the kernel's table.
+    pub fn with_rows(&self) -> usize {
+        self.files.len()
+    }
+
+    /// Whether file `id` has rows in the kernel's table.
+    pub fn has_rows(&self, id: &FileId) -> bool {
+        self.files.contains_key(id)
+    }
+
     /// Of the files with rows, those no process of `in_use` maps: no
     /// longer named to the kernel after [`UNUSED_UNNAMED`], their rows
     /// let go after [`UNUSED_LET_GO`] (the files refused room are tried
@@ -585,6 +595,18 @@ impl Files {
                     .join(", ")
             ),
         }
+    }
+
+    /// Files held parsed.
+    pub fn parsed(&self) -> usize {
+        self.entries.values().filter(|e| e.module.is_some()).count()
+    }
+
+    /// The files parsed that `keep` does not keep, let go (their
+    /// symbols, sections and mapping: a file mapped again is parsed
+    /// again; its probes stay, and it is not examined again).
+    pub fn let_go_modules(&mut self, keep: impl Fn(&FileId) -> bool) {
+        self.entries.retain(|id, _| keep(id));
     }
 
     /// The file `id`, parsed, if memprof has seen it: examined, or with

@@ -363,7 +363,7 @@ impl Host {
     }
 
     /// The rows of files no process followed maps any more let go
-    /// (`files::Unwinding::let_go_unused`).
+    /// (`files::Unwinding::let_go_unused`), and the files parsed.
     fn let_go_unused_rows(&mut self) {
         let in_use: HashSet<&files::FileId> = self
             .processes
@@ -374,8 +374,13 @@ impl Host {
             })
             .map(|m| &m.file_id)
             .collect();
-        let mut rows = self.files.rows.lock().unwrap_or_else(|e| e.into_inner());
+        let rows = Arc::clone(&self.files.rows);
+        let mut rows = rows.lock().unwrap_or_else(|e| e.into_inner());
         rows.let_go_unused(&in_use, Instant::now());
+        // The parsed files go with their rows (or at once, without rows):
+        // a machine runs ever new files, a build's every binary.
+        self.files
+            .let_go_modules(|id| in_use.contains(id) || rows.has_rows(id));
     }
 
     /// The files' events (an allocator probed late), to the notes.

@@ -72,6 +72,11 @@ impl Selected {
         self.probes.files_probed()
     }
 
+    /// Files held parsed, and files with unwind rows.
+    pub(crate) fn files_held(&self) -> (usize, usize) {
+        self.probes.files_held()
+    }
+
     /// Whether process `pid`'s program allocates with the Boehm GC (read
     /// once per executable).
     fn uses_gc(&mut self, pid: u32) -> bool {
