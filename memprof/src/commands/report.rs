@@ -305,3 +305,67 @@ fn is_broken_pipe(err: &anyhow::Error) -> bool {
                 .is_some_and(|e| e.io_error_kind() == Some(BrokenPipe))
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn asked(query: &[(&str, &str)]) -> Result<ReportArgs> {
+        args_of_query(query.iter().copied(), Format::Json)
+    }
+
+    /// A query's parameters are `report`'s flags of the same names.
+    #[test]
+    fn a_query_reads_as_reports_flags() {
+        let args = asked(&[
+            ("function", "^make_foo$"),
+            ("min_bytes", "0"),
+            ("top", "3"),
+            ("leaked", ""),
+            ("total", "false"),
+            ("skip-runtime", "false"),
+            ("kind", "libc,gc"),
+        ])
+        .unwrap();
+        assert_eq!(args.function.as_deref(), Some("^make_foo$"));
+        assert_eq!((args.min_bytes, args.top), (Some(0), Some(3)));
+        assert!(args.leaked && !args.total && !args.skip_runtime);
+        assert_eq!(args.kind, ["libc,gc"]);
+        assert_eq!(args.format, Format::Json);
+        let filter = filter_of(&args).unwrap();
+        assert_eq!(filter.kinds, ["libc", "gc"]);
+        // None: everything, as `report` shows it.
+        let args = asked(&[]).unwrap();
+        assert!(filter_of(&args).unwrap().is_empty() && args.skip_runtime);
+    }
+
+    /// Files, processes and unknown names are no parameters; a bad value
+    /// says which; one line each.
+    #[test]
+    fn a_query_outside_reports_filters_is_refused_by_name() {
+        for (query, said) in [
+            (
+                ("output", "/etc/passwd"),
+                "output: not a parameter of a profile",
+            ),
+            (("diff", "a"), "diff: not a parameter"),
+            (("file", "x"), "file: not a parameter"),
+            (("agent", "/tmp/s"), "agent: not a parameter"),
+            (("pid", "1"), "pid: not a parameter"),
+            (("top", "x"), "invalid value 'x' for '--top <N>'"),
+            (("leaked", "maybe"), "leaked=maybe: true or false"),
+            (("size-min", "9"), ""),
+        ] {
+            match asked(&[query]) {
+                Ok(_) => assert!(said.is_empty(), "{query:?} taken"),
+                Err(e) => {
+                    let text = format!("{e:#}");
+                    assert!(!said.is_empty() && text.contains(said), "{query:?}: {text}");
+                    assert_eq!(text.lines().count(), 1, "{text}");
+                }
+            }
+        }
+        let e = asked(&[("size_min", "9"), ("size_max", "2")]).unwrap_err();
+        assert!(format!("{e:#}").contains("--size-min"), "{e:#}");
+    }
+}
