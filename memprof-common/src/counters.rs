@@ -125,6 +125,9 @@ counters! {
         /// `--gc-sampling refill`: free-list refills recorded, each a sample
         /// standing for the objects of the list (counted in `allocs`).
         pub refills: u64,
+        /// `--gc-refill-every K`: free-list refills not followed (K - 1 in
+        /// K, at random): not a loss, each followed one stands for K lists.
+        pub refills_skipped: u64,
         /// GC objects the kernel's table of objects to judge
         /// ([`globals::GC_VERDICTS`](crate::globals::GC_VERDICTS)) had no room for: never judged, they
         /// count as live until freed or their address is reused.

@@ -6,6 +6,7 @@ use memprof_common::{PendingCall, Refill};
 
 use crate::counters::bump;
 use crate::record::record;
+use crate::settings::GC_REFILL;
 
 /// How a free-list refill is weighed (`--gc-sampling refill`,
 /// [`Refill`]): written by userspace once attached.
@@ -61,7 +62,8 @@ pub(crate) fn bytes_allocd() -> u64 {
 /// The objects a refill handed out, its list's head at `head` (see
 /// [`Refill`]): the rise of `GC_bytes_allocd` over `lb` (after a
 /// collection inside the call, what was allocated since), at most the
-/// objects from the head's block start to the head; at least 1.
+/// objects from the head's block start to the head; at least 1. Times K
+/// when one refill in K is followed (`--gc-refill-every`).
 #[inline(never)]
 fn refill_objects(lb: u64, before: u64, head: u64) -> u16 {
     let lb = lb.max(1);
@@ -81,7 +83,8 @@ fn refill_objects(lb: u64, before: u64, head: u64) -> u16 {
             n = n.min(allocd / lb);
         }
     }
-    n.clamp(1, u16::MAX as u64) as u16
+    let every = u64::from(GC_REFILL.load().max(1));
+    (n.max(1) * every).min(u16::MAX as u64) as u16
 }
 
 /// The return of a refill (`call`, in the thread's `slot`): the new list's

@@ -26,8 +26,18 @@ static SAMPLE_DISTANCES: Array<u64> = Array::with_max_entries(SAMPLE_QUANTILES, 
 /// nothing.
 #[inline(always)]
 pub(crate) fn draw(kind: u8, size: u64, op: u8, arg_ptr: u64) -> Option<u8> {
-    let drawn = SAMPLING.load() == 1 && !(GC_REFILL.load() == 1 && is_gc(kind));
-    if !drawn || sampled(size) {
+    let refill_every = GC_REFILL.load();
+    if refill_every != 0 && is_gc(kind) {
+        // GC allocations are sampled at refills, not by bytes: one refill
+        // in K at random (`--gc-refill-every`), the others cost only the
+        // entry probe's trap.
+        if op == op::REFILL && refill_every > 1 && refill_skipped(refill_every) {
+            bump(|c| &mut c.refills_skipped);
+            return None;
+        }
+        return Some(0);
+    }
+    if SAMPLING.load() != 1 || sampled(size) {
         return Some(0);
     }
     bump(|c| &mut c.unsampled_allocs);
@@ -36,6 +46,14 @@ pub(crate) fn draw(kind: u8, size: u64, op: u8, arg_ptr: u64) -> Option<u8> {
         && known_process()
             .is_some_and(|index| LIVE.get_ptr(&host::live_key(arg_ptr, index)).is_some());
     tracked.then_some(1)
+}
+
+/// `--gc-refill-every K`: whether this refill is one of the K - 1 in K
+/// not followed (each followed one stands for K lists, `refill_objects`).
+#[inline(always)]
+fn refill_skipped(every: u32) -> bool {
+    let draw = unsafe { bpf_get_prandom_u32() };
+    draw % every != 0
 }
 
 /// Sampling (`--sample-bytes N`): whether an allocation of `size` bytes

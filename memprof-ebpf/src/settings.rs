@@ -19,8 +19,9 @@ pub(crate) static UNWIND_DWARF: Global<u32> = Global::new(0);
 /// 1: sample allocations (`--sample-bytes`), 0: follow every one.
 #[unsafe(no_mangle)]
 pub(crate) static SAMPLING: Global<u32> = Global::new(0);
-/// 1: GC allocations are sampled at refills (`--gc-sampling refill`):
-/// the GC calls probed are not drawn by `SAMPLING`.
+/// K > 0: GC allocations are sampled at refills (`--gc-sampling
+/// refill`), one refill in K followed (`--gc-refill-every`): the GC
+/// calls probed are not drawn by `SAMPLING`. 0: off.
 #[unsafe(no_mangle)]
 pub(crate) static GC_REFILL: Global<u32> = Global::new(0);
 /// 1: userspace keeps the copy of the GC objects: GC allocations and

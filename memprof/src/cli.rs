@@ -415,6 +415,14 @@ pub struct SessionArgs {
     /// unwinding]
     #[arg(long, value_enum, value_name = "HOW")]
     pub gc_sampling: Option<GcSampling>,
+    /// With --gc-sampling refill: follow one refill in K, drawn at random,
+    /// each standing for K lists (reports scale by it and say so). The
+    /// others cost only the probe's trap (about 1 µs), not the stack,
+    /// the return probe and the verdict: the price of refill sampling on
+    /// a program that allocates all the time (a web server) falls by
+    /// about K. 1 follows every refill. [default: 1; 16 for agent]
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..=255))]
+    pub gc_refill_every: Option<u32>,
     /// How dead Boehm GC objects are found. marks: after every collection,
     /// read the collector's own mark bits (memprof traces the target with
     /// ptrace and holds the collecting thread, world already stopped, while

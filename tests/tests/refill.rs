@@ -13,16 +13,22 @@ use memprof_tests::*;
 
 /// `memprof run --gc-sampling refill` of `exe`: its JSON report.
 fn run_refill(dir: &TempDir, exe: &str) -> Value {
+    run_refill_with(dir, exe, &[])
+}
+
+/// `memprof run --gc-sampling refill` with `extra` flags.
+fn run_refill_with(dir: &TempDir, exe: &str, extra: &[&str]) -> Value {
     let profile = dir.join("refill.mprof");
-    run_ok([
+    let mut args = vec![
         OsStr::new("run"),
         OsStr::new("--gc-sampling"),
         OsStr::new("refill"),
         OsStr::new("-o"),
         profile.as_os_str(),
-        OsStr::new("--"),
-        OsStr::new(exe),
-    ]);
+    ];
+    args.extend(extra.iter().map(OsStr::new));
+    args.extend([OsStr::new("--"), OsStr::new(exe)]);
+    run_ok(args);
     let json = report_json(&profile);
     assert_eq!(json["gc_sampling"], "refill", "{json:#}");
     assert_eq!(uint(&json, "/lost_events"), 0, "{json:#}");
@@ -150,7 +156,7 @@ fn three_sites_estimated_within_bounds() {
     let markdown = report(&dir.join("refill.mprof"), "markdown", &[]);
     assert!(
         markdown.contains(&format!(
-            "(--gc-sampling refill): {} refills",
+            "(--gc-sampling refill): {} refills followed, each the allocation that ran its thread's list out, standing for the list's objects;",
             thousands(refills)
         )),
         "{markdown}"
@@ -174,6 +180,71 @@ fn three_sites_estimated_within_bounds() {
         comments.contains(&format!("(--gc-sampling refill, {refills} refills)")),
         "{comments}"
     );
+}
+
+/// `--gc-refill-every 8` (the agent's cheap way): one refill in 8 is
+/// followed, drawn at random, and stands for 8 lists. Every refill still
+/// traps, so all are counted, followed or not, as many as when each is
+/// followed; about one in 8 is followed (within 4.5 standard deviations
+/// of the binomial draw). Each site's estimate is the K = 1 bound widened
+/// by 4.5 standard deviations of its own draw (a site of R refills has
+/// about R/8 followed). What the lists do not serve is untouched: the
+/// array's buffer is still exactly one object with the collector's size.
+#[test]
+fn one_refill_in_k_followed_stands_for_k_lists() {
+    const K: f64 = 8.0;
+    let dir = TempDir::new("refill-every");
+    let json = run_refill_with(&dir, REFILL_SITES_DEBUG, &["--gc-refill-every", "8"]);
+    assert_eq!(json["gc_refill_every"], 8, "{json:#}");
+    let followed = uint(&json, "/counters/refills");
+    let skipped = uint(&json, "/counters/refills_skipped");
+    let seen = followed + skipped;
+    within("refills seen", seen, 3_125 + 941 + 2_353, 0.10);
+    let expected = seen as f64 / K;
+    let sd = (seen as f64 * (1.0 / K) * (1.0 - 1.0 / K)).sqrt();
+    assert!(
+        (followed as f64 - expected).abs() <= 4.5 * sd,
+        "{followed} of {seen} refills followed, {expected:.0} expected (sd {sd:.1})"
+    );
+    for (kind, function, caller, objects, size, kept) in SITES {
+        // A list is one 4 KiB block of the object's size class (the
+        // object and libgc's extra byte, in 16-byte granules).
+        let per_list = 4096 / (size + 1).div_ceil(16) / 16;
+        let refills = (objects / per_list) as f64;
+        let bound = 0.10 + 4.5 * ((K - 1.0) / refills).sqrt();
+        let g = site(&json, kind, function, caller);
+        within(
+            &format!("1 in 8: {function} allocated"),
+            uint(g, "/total_count"),
+            objects,
+            bound,
+        );
+        if kept {
+            within(
+                &format!("1 in 8: {function} live"),
+                uint(g, "/live_count"),
+                objects,
+                bound + 0.05,
+            );
+        }
+    }
+    let buffer = site(&json, "gc", "Array(Kept)#initialize", "Array(Kept).new");
+    assert_eq!(
+        (
+            uint(buffer, "/total_count"),
+            uint(buffer, "/total_bytes"),
+            uint(buffer, "/live_count"),
+            uint(buffer, "/marked_bytes"),
+        ),
+        (1, 80_000 * 8, 1, 640_016)
+    );
+    let markdown = report(&dir.join("refill.mprof"), "markdown", &[]);
+    let said = format!(
+        "(--gc-sampling refill, one in 8 followed at random (--gc-refill-every)): {} refills followed, each the allocation that ran its thread's list out, standing for the objects of 8 lists ({} refills not followed);",
+        thousands(followed),
+        thousands(skipped)
+    );
+    assert!(markdown.contains(&said), "no {said:?} in\n{markdown}");
 }
 
 #[test]
@@ -224,6 +295,9 @@ fn refill_without_what_it_needs_is_one_clear_error() {
         let output = run(args);
         assert_one_line_error(&output, words);
     }
+    // Thinning what is not sampled at refills would change nothing.
+    let output = run(["run", "--gc-refill-every", "8", "--", "/bin/true"]);
+    assert_one_line_error(&output, &["--gc-refill-every", "add --gc-sampling refill"]);
 }
 
 /// `--gc-sampling refill --sample-bytes N`: GC allocations at the refills,

@@ -11,6 +11,10 @@ use crate::probes::ProbeOptions;
 
 /// `attach --comm/--exe`'s `--sample-bytes` when none is given.
 const SELECTION_SAMPLE_BYTES: u64 = 524_288;
+/// `memprof agent`'s `--gc-refill-every` when none is given: a web
+/// server refills its lists ~10,000 times a second; following each one
+/// (stack, return probe, verdict) cost it ~5 % of its requests.
+const AGENT_REFILL_EVERY: u32 = 16;
 
 /// `--max-live` unless given: the live table is preallocated (~130 MB of
 /// kernel memory at the full size, per process profiled), and sampling by
@@ -51,6 +55,7 @@ pub(super) fn for_all(args: &SessionArgs, mut options: SessionOptions) -> Sessio
 pub(super) fn for_agent(args: &SessionArgs, options: SessionOptions) -> SessionOptions {
     let mut options = for_selection(args, options);
     options.resident = true;
+    options.probes.gc_refill_every = args.gc_refill_every.unwrap_or(AGENT_REFILL_EVERY);
     if args.max_live.is_none() && options.probes.sample_bytes > 0 {
         options.probes.max_live = HOST_SAMPLED_MAX_LIVE;
     }
@@ -80,6 +85,15 @@ pub(super) fn selection_gc_sampling(args: &SessionArgs, options: &mut SessionOpt
     }
 }
 
+/// The mode's options, refused if `--gc-refill-every` is given where the
+/// GC allocations are not sampled at refills (it would change nothing).
+pub(super) fn refills_checked(args: &SessionArgs, options: SessionOptions) -> Result<SessionOptions> {
+    if args.gc_refill_every.is_some() && options.gc_sampling != GcSampling::Refill {
+        bail!("--gc-refill-every thins the samples of --gc-sampling refill, and GC allocations are not sampled at refills here: add --gc-sampling refill");
+    }
+    Ok(options)
+}
+
 /// The options every session mode starts from.
 pub(super) fn session_options(
     args: &SessionArgs,
@@ -98,6 +112,7 @@ pub(super) fn session_options(
             sample_bytes: args.sample_bytes.unwrap_or(0),
             // Set by the plan, which knows whether the target's libgc allows it.
             gc_refill: false,
+            gc_refill_every: args.gc_refill_every.unwrap_or(1),
             host: false,
             family_root: 0,
             selecting: false,

@@ -49,6 +49,7 @@ fn long_running(driver: &Driver, command: Command) -> Result<i32> {
                 follow: !no_follow,
                 ..session_options(&session, None)?
             };
+            let options = flags::refills_checked(&session, options)?;
             drive::run(driver, &command, &options)
         }
         Command::Attach {
@@ -62,10 +63,16 @@ fn long_running(driver: &Driver, command: Command) -> Result<i32> {
             let duration = seconds("--duration", duration)?;
             let options = session_options(&session, duration)?;
             match (all, pid) {
-                (true, _) => crate::machine::attach_all(driver, &flags::for_all(&session, options)),
-                (false, Some(pid)) => drive::attach(driver, pid, &options),
+                (true, _) => {
+                    let options = flags::refills_checked(&session, flags::for_all(&session, options))?;
+                    crate::machine::attach_all(driver, &options)
+                }
+                (false, Some(pid)) => {
+                    drive::attach(driver, pid, &flags::refills_checked(&session, options)?)
+                }
                 (false, None) => {
                     let options = flags::for_selection(&session, options);
+                    let options = flags::refills_checked(&session, options)?;
                     drive::attach_matching(driver, &Selection::new(comm, exe)?, &options)
                 }
             }
@@ -134,6 +141,7 @@ fn long_running(driver: &Driver, command: Command) -> Result<i32> {
             }
             let duration = seconds("--duration", duration)?;
             let options = flags::for_agent(&session, session_options(&session, duration)?);
+            let options = flags::refills_checked(&session, options)?;
             let selection = match comm.is_empty() && exe.is_empty() {
                 true => None,
                 false => Some(Selection::new(comm, exe)?),
@@ -184,6 +192,7 @@ fn top(
     // The sessions print nothing of their own; the table is the view.
     options.live = Default::default();
     selection_gc_sampling(session, &mut options);
+    let options = flags::refills_checked(session, options)?;
     let selection = Selection::new(comm, exe)?.with_pids(pid)?;
     drive::top(driver, &selection, &options, refresh, count)
 }

@@ -169,6 +169,7 @@ fn part_of(profile: &Profile, info: &ProcessInfo) -> Profile {
         unwind: profile.unwind.clone(),
         sample_bytes: profile.sample_bytes,
         gc_sampling: profile.gc_sampling.clone(),
+        gc_refill_every: profile.gc_refill_every,
         ..Profile::default()
     };
     part.compact_stacks();

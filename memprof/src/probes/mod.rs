@@ -60,6 +60,9 @@ pub struct ProbeOptions {
     /// GC allocations are sampled at refills (`--gc-sampling refill`):
     /// `sample_bytes` samples the other allocators only.
     pub gc_refill: bool,
+    /// With `gc_refill`: one refill in this many is followed, standing
+    /// for as many lists (`--gc-refill-every`; 0 and 1: every one).
+    pub gc_refill_every: u32,
     /// `attach --all`: the probes sit on files for every process, with
     /// state per process ([`memprof_common::host`]).
     pub host: bool,
@@ -91,6 +94,7 @@ impl ProbeOptions {
             keep_recursion: false,
             sample_bytes: 0,
             gc_refill: false,
+            gc_refill_every: 1,
             host: false,
             family_root: 0,
             selecting: false,
@@ -156,7 +160,11 @@ impl Probes {
         };
         let fold_recursion = u32::from(!options.keep_recursion);
         let sampling = u32::from(options.sample_bytes > 0);
-        let gc_refill = u32::from(options.gc_refill);
+        // The kernel's one setting: 0 off, else one refill in K followed.
+        let gc_refill = match options.gc_refill {
+            true => options.gc_refill_every.max(1),
+            false => 0,
+        };
         let dwarf = u32::from(unwind_tables.is_some() || options.host);
         let host = host::Sizes::new(options.host)?;
         let gc_verdicts = options.gc_copy && options.gc_verdicts;

@@ -375,6 +375,7 @@ fn report_counters(kernel: KernelCounters) -> Counters {
         predictions_checked,
         predictions_wrong,
         refills,
+        refills_skipped,
         processes_not_followed,
         // Reported in the GC summary (`Probes::collections_not_held`,
         // `Probes::gc_events_lost`, `Probes::kernel_verdicts`), not here.
@@ -412,6 +413,7 @@ fn report_counters(kernel: KernelCounters) -> Counters {
         predictions_checked,
         predictions_wrong,
         refills,
+        refills_skipped,
         processes_not_followed,
         stacks_not_finished: deferred_lost,
         // Userspace's: `attach --all` adds it.
@@ -457,6 +459,7 @@ mod tests {
             c.predictions_checked,
             c.predictions_wrong,
             c.refills,
+            c.refills_skipped,
             c.processes_not_followed,
         ];
         assert_eq!(
@@ -485,6 +488,7 @@ mod tests {
                 kernel.predictions_checked,
                 kernel.predictions_wrong,
                 kernel.refills,
+                kernel.refills_skipped,
                 kernel.processes_not_followed,
             ]
         );

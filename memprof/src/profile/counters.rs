@@ -90,6 +90,10 @@ pub struct Counters {
     /// docs/how-it-works.md, "Sampling at the collector's refills"). Included in `allocs`.
     #[serde(default)]
     pub refills: u64,
+    /// `--gc-refill-every K`: refills not followed (K - 1 in K, at
+    /// random): not a loss, each followed one stands for K lists.
+    #[serde(default)]
+    pub refills_skipped: u64,
     /// `attach --all`: allocations of processes memprof had no room for
     /// (its process table full): not followed.
     #[serde(default)]

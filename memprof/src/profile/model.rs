@@ -30,6 +30,11 @@ pub struct Profile {
     /// every GC allocation was followed (or sampled by bytes).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub gc_sampling: String,
+    /// With `refill`: one refill in this many was followed, drawn at
+    /// random (`--gc-refill-every`), each standing for as many lists.
+    /// 0 (older profiles) or 1: every refill.
+    #[serde(default, skip_serializing_if = "every_refill")]
+    pub gc_refill_every: u32,
     pub counters: Counters,
     pub probes: Vec<ProbeInfo>,
     pub groups: Vec<Group>,
@@ -107,7 +112,20 @@ impl ProcessInfo {
     }
 }
 
+fn every_refill(every: &u32) -> bool {
+    *every <= 1
+}
+
 impl Profile {
+    /// How the refills were followed, for the reports: "" when every one
+    /// was, else ", one in K followed at random (--gc-refill-every)".
+    pub fn refills_thinned(&self) -> String {
+        match self.gc_refill_every {
+            0 | 1 => String::new(),
+            k => format!(", one in {k} followed at random (--gc-refill-every)"),
+        }
+    }
+
     /// Live blocks and bytes per allocation kind (in
     /// [`memprof_common::AllocKind::ALL`]'s order), over every group.
     pub fn live_per_kind(&self) -> [[u64; 2]; 4] {

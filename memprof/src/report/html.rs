@@ -212,8 +212,9 @@ fn summary(profile: &Profile, options: &Options, out: &mut dyn Write) -> Result<
         rows.push((
             "GC sampled",
             format!(
-                "at the collector's free-list refills (--gc-sampling refill, {} refills): GC counts and bytes are estimates",
-                thousands(c.refills)
+                "at the collector's free-list refills (--gc-sampling refill, {} refills{}): GC counts and bytes are estimates",
+                thousands(c.refills),
+                profile.refills_thinned()
             ),
         ));
     }

@@ -203,6 +203,7 @@ fn top(profile: &Profile) -> Map<String, Value> {
         "duration_s": profile.duration_s,
         "sample_bytes": profile.sample_bytes,
         "gc_sampling": if profile.gc_sampling.is_empty() { "exact" } else { profile.gc_sampling.as_str() },
+        "gc_refill_every": profile.gc_refill_every.max(1),
         "unwind": profile.unwind,
         "gc": profile.gc,
         "census": profile.census,

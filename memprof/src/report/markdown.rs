@@ -216,8 +216,13 @@ fn sampling(profile: &Profile, out: &mut dyn Write) -> Result<()> {
             .sum();
         writeln!(
             out,
-            "GC allocations sampled at the collector's free-list refills (--gc-sampling refill): {} refills, each the allocation that ran its thread's list out, standing for the list's objects; with the GC allocations the lists did not serve (exact), they stand for {} GC objects. GC counts and bytes are estimates: a stack with k samples is within about ±2/√k of its figure (95%), if its allocations are not in step with the lists' length. GC_free of an object served by a list is a free of an unknown block.",
+            "GC allocations sampled at the collector's free-list refills (--gc-sampling refill{}): {} refills followed, each the allocation that ran its thread's list out, standing for {}; with the GC allocations the lists did not serve (exact), they stand for {} GC objects. GC counts and bytes are estimates: a stack with k samples is within about ±2/√k of its figure (95%), if its allocations are not in step with the lists' length. GC_free of an object served by a list is a free of an unknown block.",
+            profile.refills_thinned(),
             thousands(c.refills),
+            match profile.gc_refill_every {
+                0 | 1 => "the list's objects".to_string(),
+                k => format!("the objects of {k} lists ({} refills not followed)", thousands(c.refills_skipped)),
+            },
             thousands(gc_objects)
         )?;
         writeln!(out)?;

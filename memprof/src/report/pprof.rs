@@ -304,8 +304,9 @@ fn comments(b: &mut Builder, profile: &Profile) -> Vec<i64> {
     }
     if profile.gc_sampling == "refill" {
         comment.push(b.string(&format!(
-            "GC allocations sampled at the collector's free-list refills (--gc-sampling refill, {} refills); GC counts and bytes are estimates",
-            profile.counters.refills
+            "GC allocations sampled at the collector's free-list refills (--gc-sampling refill, {} refills{}); GC counts and bytes are estimates",
+            profile.counters.refills,
+            profile.refills_thinned()
         )));
     }
     comment

@@ -575,6 +575,10 @@ impl Session {
                 plan::PlannedGcSampling::Refill { .. } => "refill".to_string(),
                 _ => String::new(),
             },
+            gc_refill_every: match self.plan.gc_sampling {
+                plan::PlannedGcSampling::Refill { .. } => self.options.probes.gc_refill_every,
+                _ => 0,
+            },
             probes: self
                 .plan
                 .probes
