@@ -201,12 +201,7 @@ impl Driven for Agent {
         self.followed.step()?;
         if self.history.due() {
             let running = self.followed.figures().unwrap_or_default();
-            let kept = self
-                .followed
-                .ended()
-                .iter()
-                .map(|(info, _)| info.pid)
-                .collect();
+            let kept = self.followed.ended_pids().into_iter().collect();
             self.history.sample(&running, &kept);
         }
         for _ in 0..ANSWERS_PER_STEP {

@@ -116,6 +116,12 @@ impl Family {
         self.host.exit_of(pid)
     }
 
+    /// The pids of the processes that ended, kept: [`Self::ended`]
+    /// without their figures (no pass over the groups, nothing cloned).
+    pub fn ended_pids(&self) -> Vec<u32> {
+        self.host.ended_pids()
+    }
+
     /// How many processes that ended are kept.
     pub fn ended_count(&self) -> usize {
         self.host.ended_count()

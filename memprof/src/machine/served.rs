@@ -106,6 +106,16 @@ impl Host {
         ended
     }
 
+    /// The pids of the processes that ended, kept (no pass over the
+    /// groups, nothing cloned: the agent's history asks every 5 s).
+    pub(crate) fn ended_pids(&self) -> Vec<u32> {
+        let kept = self.merged.iter().chain(&self.done);
+        kept.flat_map(|p| &p.processes)
+            .filter(|p| p.end_s.is_some())
+            .map(|p| p.pid)
+            .collect()
+    }
+
     /// How many processes that ended are kept.
     pub(crate) fn ended_count(&self) -> usize {
         self.merged

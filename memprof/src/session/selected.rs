@@ -117,6 +117,13 @@ impl Selected {
         ended
     }
 
+    /// The pids of the processes that ended, kept (as [`Self::ended`]).
+    pub(crate) fn ended_pids(&self) -> Vec<u32> {
+        let mut pids = self.probes.ended_pids();
+        pids.extend(self.own.ended().iter().map(|p| p.target.pid));
+        pids
+    }
+
     /// How many processes that ended are kept.
     pub(crate) fn ended_count(&self) -> usize {
         self.probes.ended_count() + self.own.ended().len()
