@@ -24,6 +24,10 @@ use crate::unwind::Tables;
 /// meanwhile). Its pages are resident twice in memprof's RSS (the kernel
 /// maps the data twice, for records that wrap).
 const GC_EVENTS_BYTES: u32 = 4 << 20;
+/// The ring when one refill in K > 1 is followed (`--gc-refill-every`,
+/// the agent's way): K times fewer events; a program followed for days
+/// would otherwise keep 8 MB of its ring resident in memprof.
+const THINNED_GC_EVENTS_BYTES: u32 = 1 << 20;
 
 /// The options a plan depends on.
 pub struct Choice {
@@ -182,7 +186,12 @@ impl Plan {
             PlannedGcSampling::ByBytes if probes.sample_bytes == 0 => {
                 probes.sample_bytes = REFILL_FALLBACK_SAMPLE_BYTES
             }
-            PlannedGcSampling::Refill { .. } => probes.gc_refill = true,
+            PlannedGcSampling::Refill { .. } => {
+                probes.gc_refill = true;
+                if probes.gc_refill_every > 1 && probes.gc_events_bytes > 0 {
+                    probes.gc_events_bytes = THINNED_GC_EVENTS_BYTES;
+                }
+            }
             _ => {}
         }
         probes

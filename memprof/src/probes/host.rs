@@ -36,8 +36,10 @@ const HOST_PROCESSES: u32 = 1 << 15;
 /// starts a program and ends sends ~20).
 const HOST_EVENTS_BYTES: u32 = 1 << 22;
 /// The ring of stacks the kernel could not finish (`DEFERRED_STACKS`):
-/// 8 MiB, ~650 copies waiting (each is sent once per stack).
-const DEFERRED_BYTES: u32 = 1 << 23;
+/// 4 MiB, ~325 copies waiting (each is sent once per stack, and read
+/// within the millisecond). Its pages end up resident twice in memprof
+/// (the kernel maps the data twice): at 8 MiB, 16 MB of the agent's RSS.
+const DEFERRED_BYTES: u32 = 1 << 22;
 /// Stack keys remembered as sent (`DEFERRED_SENT`, least recently used
 /// forgotten).
 const DEFERRED_KEYS: u32 = 1 << 14;
