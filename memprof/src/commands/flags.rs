@@ -87,7 +87,10 @@ pub(super) fn selection_gc_sampling(args: &SessionArgs, options: &mut SessionOpt
 
 /// The mode's options, refused if `--gc-refill-every` is given where the
 /// GC allocations are not sampled at refills (it would change nothing).
-pub(super) fn refills_checked(args: &SessionArgs, options: SessionOptions) -> Result<SessionOptions> {
+pub(super) fn refills_checked(
+    args: &SessionArgs,
+    options: SessionOptions,
+) -> Result<SessionOptions> {
     if args.gc_refill_every.is_some() && options.gc_sampling != GcSampling::Refill {
         bail!("--gc-refill-every thins the samples of --gc-sampling refill, and GC allocations are not sampled at refills here: add --gc-sampling refill");
     }

@@ -64,7 +64,8 @@ fn long_running(driver: &Driver, command: Command) -> Result<i32> {
             let options = session_options(&session, duration)?;
             match (all, pid) {
                 (true, _) => {
-                    let options = flags::refills_checked(&session, flags::for_all(&session, options))?;
+                    let options =
+                        flags::refills_checked(&session, flags::for_all(&session, options))?;
                     crate::machine::attach_all(driver, &options)
                 }
                 (false, Some(pid)) => {
