@@ -4,6 +4,7 @@
 //! program that allocates with the Boehm GC gets a session of its own
 //! besides (its collections held, its mark bits read), as under `run`.
 use std::collections::{HashMap, HashSet};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
@@ -13,7 +14,7 @@ use super::select::{Selection, RESCAN};
 use super::Session;
 use crate::driver::{Driven, Figures, Flow, Profiling};
 use crate::machine::Family;
-use crate::options::SessionOptions;
+use crate::options::{GcSampling, SessionOptions};
 use crate::profile::{Counters, ProcessInfo, Profile};
 
 /// The longest wait for the selected processes' events.
@@ -37,6 +38,11 @@ pub(crate) struct Selected {
     probes: Family,
     /// The Boehm GC programs among them: a session each.
     own: Followed,
+    /// Their sessions being started, a thread each: a start takes ~0.4 s
+    /// (the programs' verification, the program's files read), while
+    /// the other sessions' held collections and the requests wait on
+    /// the driver's steps.
+    starting: Vec<(u32, JoinHandle<Result<Session>>)>,
     /// The processes (pid, index) looked at for the Boehm GC (those gone
     /// are forgotten at each scan of /proc).
     checked: HashSet<(u32, u32)>,
@@ -61,6 +67,7 @@ impl Selected {
             last_scan: None,
             probes,
             own: Followed::default(),
+            starting: Vec::new(),
             checked: HashSet::new(),
             uses_gc: HashMap::new(),
             sessions_evicted: 0,
@@ -149,7 +156,8 @@ impl Selected {
 
     /// The end: every process let go (it runs on, untraced); the
     /// profiles of all those followed.
-    pub(crate) fn finish(self) -> Result<Vec<Profile>> {
+    pub(crate) fn finish(mut self) -> Result<Vec<Profile>> {
+        self.take_started(true);
         let mut profiles = self.own.finish();
         profiles.extend(self.probes.finish()?);
         Ok(profiles)
@@ -161,6 +169,31 @@ impl Selected {
     /// GC programs' sessions need, else `longest`).
     pub(crate) fn timeout_within(&self, longest: Duration) -> Duration {
         self.own.timeout(longest)
+    }
+}
+
+impl Selected {
+    /// Whether the Boehm GC programs' sessions trace their processes:
+    /// unless the kernel judges their refill samples (no census is taken
+    /// of a followed process, so nothing else holds its collections).
+    fn traces(&self) -> bool {
+        self.options.gc_sampling != GcSampling::Refill || self.options.gc_verdicts.is_some()
+    }
+
+    /// The sessions whose start is over (`all`: waited for), followed.
+    fn take_started(&mut self, all: bool) {
+        let mut i = 0;
+        while i < self.starting.len() {
+            if !all && !self.starting[i].1.is_finished() {
+                i += 1;
+                continue;
+            }
+            let (pid, start) = self.starting.swap_remove(i);
+            let session = start
+                .join()
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("starting its session failed")));
+            self.own.started(pid, session);
+        }
     }
 }
 
@@ -197,14 +230,26 @@ impl Driven for Selected {
             {
                 continue;
             }
+            if self.starting.iter().any(|(p, _)| *p == pid) {
+                continue;
+            }
             match self.probes.leave_out(pid) {
-                Ok(()) => {
+                // A session that traces its process (to hold collections)
+                // must be started by the thread that steps it: ptrace
+                // belongs to a thread.
+                Ok(()) if self.traces() => {
                     let session = Session::attach_followed(pid, &self.options);
                     self.own.started(pid, session);
+                }
+                Ok(()) => {
+                    let options = self.options.clone();
+                    let start = std::thread::spawn(move || Session::attach_followed(pid, &options));
+                    self.starting.push((pid, start));
                 }
                 Err(e) => eprintln!("memprof: pid {pid} followed without its collections: {e:#}"),
             }
         }
+        self.take_started(false);
         self.own.step(&self.options);
         let probes = &self.probes;
         self.own.learn_exits(|pid| probes.exit_of(pid));
