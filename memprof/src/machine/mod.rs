@@ -69,6 +69,10 @@ const FINALIZE_EVERY: Duration = Duration::from_millis(250);
 /// Processes that ended symbolized with one [`SymbolCache`]: what it
 /// keeps of the files read is given back after that many.
 const SYMBOLS_RENEWED_EVERY: u64 = 500;
+/// Files parsed were let go (no process maps them): the symbolizer's
+/// cache, which may still hold them (a build's rustc libraries, 100s of
+/// MB), is renewed, at most this often.
+const SYMBOLS_RENEWED_AFTER_LET_GO: Duration = Duration::from_secs(60);
 /// How often /proc is read for allocator files no event named (a static
 /// program started before its `exec` event was read).
 const RESCAN: Duration = Duration::from_secs(2);
@@ -128,6 +132,9 @@ struct Host {
     symbols: Symbols,
     /// Processes that ended symbolized so far.
     symbolized: u64,
+    /// When the symbolizer's cache was last renewed because files were
+    /// let go ([`SYMBOLS_RENEWED_AFTER_LET_GO`]).
+    symbols_renewed: Instant,
     /// Indexes of processes that ended, to finalize.
     ended: Vec<u32>,
     /// The finalized processes' profiles.
@@ -294,6 +301,7 @@ impl Host {
             deferred: Deferred::default(),
             symbols: Symbols(None),
             symbolized: 0,
+            symbols_renewed: Instant::now(),
             ended: Vec::new(),
             done: Vec::new(),
             merged: None,
@@ -379,8 +387,17 @@ impl Host {
         rows.let_go_unused(&in_use, Instant::now());
         // The parsed files go with their rows (or at once, without rows):
         // a machine runs ever new files, a build's every binary.
+        let parsed = self.files.parsed();
         self.files
             .let_go_modules(|id| in_use.contains(id) || rows.has_rows(id));
+        // Else a machine quiet after a build keeps what blazesym read of
+        // the build's files until 500 more processes end.
+        if self.files.parsed() < parsed
+            && self.symbols_renewed.elapsed() >= SYMBOLS_RENEWED_AFTER_LET_GO
+        {
+            self.symbols_renewed = Instant::now();
+            self.symbols = Symbols(None);
+        }
     }
 
     /// The files' events (an allocator probed late), to the notes.
