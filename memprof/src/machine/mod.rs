@@ -74,15 +74,23 @@ const SYMBOLS_RENEWED_EVERY: u64 = 500;
 /// MB), is renewed, at most this often.
 const SYMBOLS_RENEWED_AFTER_LET_GO: Duration = Duration::from_secs(60);
 /// How often /proc is read for allocator files no event named (a static
-/// program started before its `exec` event was read).
+/// program started before its `exec` event was read): each time, the
+/// maps of the processes new since the last reading and of one pid in
+/// [`RESCAN_SLICES`] (a pid used again between two readings), so every
+/// process's within 30 s. Every process's each time cost 3 % of a core
+/// with 500 running, and held the driver (a scrape) for 70 ms.
 const RESCAN: Duration = Duration::from_secs(2);
+const RESCAN_SLICES: u32 = 15;
 /// What is kept of ended processes is bounded (a session of days sees
 /// millions): `attach --all` and `--comm/--exe` merge their profiles
 /// into one every [`MERGE_EVERY`] (their stacks are then shared), and
-/// keep the [`KEEP_ENDED`] that ended last; older ones are let go, the
-/// oldest first, and counted (`processes_evicted`, `evicted_allocs`).
+/// keep the [`KEEP_ENDED`] that ended last, within [`KEEP_ENDED_BYTES`]
+/// (their groups and stacks, as [`Profile::estimated_bytes`] counts
+/// them); older ones are let go, the oldest first, and counted
+/// (`processes_evicted`, `evicted_allocs`).
 const MERGE_EVERY: usize = 256;
 const KEEP_ENDED: usize = 1_000;
+const KEEP_ENDED_BYTES: usize = 48 << 20;
 /// Processes the OOM killer chose, remembered for their sessions' ends.
 const OOM_KEPT: usize = 64;
 /// Exits of processes left out, remembered for their sessions' ends
@@ -153,6 +161,9 @@ struct Host {
     initial: HashSet<u32>,
     last_finalize: Instant,
     last_scan: Instant,
+    /// Readings of /proc so far ([`RESCAN`]), and the pids the last one saw.
+    scans: u32,
+    scanned: HashSet<u32>,
     /// Which processes are followed.
     scope: Scope,
     /// Allocations of processes memprof was short of a resource for
@@ -311,6 +322,8 @@ impl Host {
             initial: HashSet::new(),
             last_finalize: Instant::now(),
             last_scan: Instant::now(),
+            scans: 0,
+            scanned: HashSet::new(),
             scope,
             left_out: HashSet::new(),
             notes: Notes::new(options.verbose),
@@ -596,9 +609,21 @@ impl Host {
         }
     }
 
-    /// Reads /proc for processes whose files memprof has not examined;
-    /// returns the processes.
+    /// Reads /proc for processes whose files memprof has not examined
+    /// (all at first, then those new since the last reading and a slice
+    /// of the others, [`RESCAN`]); returns the processes.
     fn rescan(&mut self) -> HashSet<u32> {
+        self.scanned = self.scan();
+        self.scans += 1;
+        match self.scope {
+            Scope::Family(_) => HashSet::new(),
+            _ => self.scanned.clone(),
+        }
+    }
+
+    /// [`Self::rescan`]: reads the maps of the processes chosen (see
+    /// [`Self::read_now`]); returns the processes chosen.
+    fn scan(&mut self) -> HashSet<u32> {
         let chosen = match &self.scope {
             Scope::All => None,
             // The command's files.
@@ -617,13 +642,11 @@ impl Host {
             );
             pids.sort_unstable();
             pids.dedup();
-            for &pid in &pids {
+            let due: Vec<u32> = pids.iter().copied().filter(|&p| self.read_now(p)).collect();
+            for pid in due {
                 self.files.examine_pid(&mut self.probes, pid);
             }
-            return match self.scope {
-                Scope::Selected(_) => pids.into_iter().collect(),
-                _ => HashSet::new(),
-            };
+            return pids.into_iter().collect();
         }
         let Ok(dir) = std::fs::read_dir("/proc") else {
             return HashSet::new();
@@ -633,10 +656,19 @@ impl Host {
             .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
             .filter(|&pid| pid != me)
             .collect();
-        for &pid in &pids {
+        let due: Vec<u32> = pids.iter().copied().filter(|&p| self.read_now(p)).collect();
+        for pid in due {
             self.files.examine_pid(&mut self.probes, pid);
         }
         pids.into_iter().collect()
+    }
+
+    /// Whether this reading of /proc reads `pid`'s maps: at the first,
+    /// when new since the last, and in its turn.
+    fn read_now(&self, pid: u32) -> bool {
+        self.scans == 0
+            || !self.scanned.contains(&pid)
+            || pid % RESCAN_SLICES == self.scans % RESCAN_SLICES
     }
 
     /// Finalizes the processes that ended: their tables out of the
@@ -758,8 +790,8 @@ impl Host {
     }
 
     /// The profiles of the processes finalized merged into one; beyond
-    /// [`KEEP_ENDED`] ended processes, the oldest let go. Not under
-    /// `run` (its family's profiles go to the command's).
+    /// [`KEEP_ENDED`] ended processes or [`KEEP_ENDED_BYTES`], the oldest
+    /// let go. Not under `run` (its family's profiles go to the command's).
     fn merge_done(&mut self) {
         if matches!(self.scope, Scope::Family(_)) {
             return;
@@ -768,39 +800,77 @@ impl Host {
         let Some(mut merged) = profiles::merge(self.merged.take(), done) else {
             return;
         };
-        let ended = merged
-            .processes
-            .iter()
-            .filter(|p| p.end_s.is_some())
-            .count();
-        if ended > KEEP_ENDED {
-            // Those that ended first.
+        let ends = |merged: &Profile| {
             let mut ends: Vec<f64> = merged.processes.iter().filter_map(|p| p.end_s).collect();
             ends.sort_by(f64::total_cmp);
-            let last_evicted = ends[ended - KEEP_ENDED - 1];
-            let evict =
-                |p: &crate::profile::ProcessInfo| p.end_s.is_some_and(|e| e <= last_evicted);
-            let gone: HashSet<(u32, u32)> = merged
+            ends
+        };
+        let by_count = ends(&merged);
+        if by_count.len() > KEEP_ENDED {
+            self.evict_ended(&mut merged, by_count[by_count.len() - KEEP_ENDED - 1]);
+        }
+        // By bytes: the oldest whose groups are the excess's share of all
+        // (stacks go with their groups), a few times over since stacks
+        // are shared; the one that ended last is kept.
+        for _ in 0..4 {
+            let bytes = merged.estimated_bytes();
+            let ends = ends(&merged);
+            if bytes <= KEEP_ENDED_BYTES || ends.len() < 2 {
+                break;
+            }
+            let excess = (bytes - KEEP_ENDED_BYTES) as f64 / bytes as f64;
+            let wanted = (excess * merged.groups.len() as f64).ceil() as usize;
+            let mut groups: HashMap<(u32, u32), usize> = HashMap::new();
+            for g in &merged.groups {
+                *groups.entry((g.pid, g.pid_reuse)).or_default() += 1;
+            }
+            let mut ended: Vec<(f64, usize)> = merged
                 .processes
                 .iter()
-                .filter(|&p| evict(p))
-                .map(|p| (p.pid, p.pid_reuse))
+                .filter_map(|p| Some((p.end_s?, groups.get(&(p.pid, p.pid_reuse)).copied()?)))
                 .collect();
-            self.evicted.0 += gone.len() as u64;
-            self.evicted.1 += merged
-                .processes
-                .iter()
-                .filter(|&p| evict(p))
-                .filter_map(|p| p.counters.as_ref())
-                .map(|c| c.allocs)
-                .sum::<u64>();
-            merged.processes.retain(|p| !evict(p));
-            merged
-                .groups
-                .retain(|g| !gone.contains(&(g.pid, g.pid_reuse)));
-            merged.compact_stacks();
+            ended.sort_by(|a, b| a.0.total_cmp(&b.0));
+            ended.pop();
+            let mut taken = 0;
+            let mut last = None;
+            for (end, n) in ended {
+                taken += n;
+                last = Some(end);
+                if taken >= wanted {
+                    break;
+                }
+            }
+            match last {
+                Some(last) => self.evict_ended(&mut merged, last),
+                None => break,
+            }
         }
         self.merged = Some(merged);
+    }
+
+    /// Lets go of the processes of `merged` that ended at `last_evicted`
+    /// or before, counted.
+    fn evict_ended(&mut self, merged: &mut Profile, last_evicted: f64) {
+        let evict = |p: &crate::profile::ProcessInfo| p.end_s.is_some_and(|e| e <= last_evicted);
+        let gone: HashSet<(u32, u32)> = merged
+            .processes
+            .iter()
+            .filter(|&p| evict(p))
+            .map(|p| (p.pid, p.pid_reuse))
+            .collect();
+        self.evicted.0 += gone.len() as u64;
+        self.evicted.1 += merged
+            .processes
+            .iter()
+            .filter(|&p| evict(p))
+            .filter_map(|p| p.counters.as_ref())
+            .map(|c| c.allocs)
+            .sum::<u64>();
+        merged.processes.retain(|p| !evict(p));
+        merged
+            .groups
+            .retain(|g| !gone.contains(&(g.pid, g.pid_reuse)));
+        merged.compact_stacks();
     }
 
     /// The profile of process `p`, from its tables.

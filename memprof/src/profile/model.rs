@@ -186,6 +186,23 @@ impl Profile {
         self.groups.push(group);
     }
 
+    /// About what the groups and stacks hold in memory, in bytes (their
+    /// structs and text; not the allocator's own overhead): what a
+    /// session's kept profiles are bounded by.
+    pub fn estimated_bytes(&self) -> usize {
+        let groups: usize = self
+            .groups
+            .iter()
+            .map(|g| {
+                std::mem::size_of::<Group>()
+                    + g.kind.capacity()
+                    + g.type_name.as_ref().map_or(0, String::capacity)
+                    + g.gc_history.capacity() * 16
+            })
+            .sum();
+        groups + self.stacks.estimated_bytes()
+    }
+
     /// The stack table made again from the groups: the stacks of groups
     /// let go are dropped (each process's own, its addresses being its
     /// own: `attach --all` kept ~40 KB a process after letting it go).
@@ -365,6 +382,17 @@ pub struct Frame {
     /// The same address as an offset in the module's file (stable across runs).
     #[serde(default)]
     pub offset: Option<u64>,
+}
+
+impl Frame {
+    /// Its struct and text, in bytes.
+    pub fn estimated_bytes(&self) -> usize {
+        std::mem::size_of::<Frame>()
+            + self.function.capacity()
+            + self.raw_name.capacity()
+            + self.file.as_ref().map_or(0, String::capacity)
+            + self.module.capacity()
+    }
 }
 
 /// The place of the kind named `name` in [`memprof_common::AllocKind::ALL`].

@@ -67,6 +67,22 @@ impl PartialEq for Stacks {
 }
 
 impl Stacks {
+    /// About what the table holds in memory, in bytes (its index counted
+    /// at two words and a half per entry).
+    pub fn estimated_bytes(&self) -> usize {
+        let frames: usize = self
+            .locations
+            .iter()
+            .flat_map(|l| &l.frames)
+            .map(Frame::estimated_bytes)
+            .sum();
+        let entries = self.locations.len() + self.nodes.len();
+        frames
+            + self.locations.len() * std::mem::size_of::<Location>()
+            + self.nodes.len() * 8
+            + entries * 20
+    }
+
     /// The location table, each distinct location once.
     pub fn locations(&self) -> &[Location] {
         &self.locations
