@@ -9,13 +9,18 @@
 pub const INDEX_SHIFT: u32 = 47;
 /// Indexes a session can give (the ones above are counted, not followed).
 pub const MAX_INDEX: u32 = 1 << (64 - INDEX_SHIFT);
-/// The index of a process memprof does not follow (memprof itself, a
-/// process with a session of its own): so until it exits.
+/// The index of a process memprof does not follow (memprof itself): so
+/// until it exits, unseen.
 pub const IGNORED: u32 = u32::MAX;
 /// The index of a process outside `run`'s family or `attach
 /// --comm/--exe`'s selection: looked at again at its `exec`, forgotten
 /// at its exit.
 pub const UNSELECTED: u32 = u32::MAX - 1;
+/// The index of a process given a session of its own (a Boehm GC
+/// program): not followed here, through its `exec`s too; its exit and
+/// an OOM kill are told (untraced, its session learns them only so).
+/// The lowest of the indexes that are not a process's.
+pub const SESSION: u32 = u32::MAX - 2;
 /// Names and executables `attach --comm/--exe` can select.
 pub const SELECT_MAX: u32 = 16;
 
@@ -48,7 +53,8 @@ pub const NEW: u8 = 0;
 /// with its parent's module table and maps what its parent maps.
 pub const FORKED: u32 = 1;
 /// The process exited (its main thread did): `exit_code` is the
-/// kernel's (`wait` status); `index` [`UNSELECTED`] for one left out.
+/// kernel's (`wait` status); `index` [`UNSELECTED`] or [`SESSION`] for
+/// one left out.
 pub const EXIT: u8 = 1;
 /// The dynamic linker changed the process's libraries.
 pub const LIBRARIES: u8 = 2;
@@ -66,7 +72,7 @@ pub const TABLE: u8 = 5;
 /// to `execve`), after [`EXEC`] for its old index: its new index.
 pub const PROGRAM: u8 = 6;
 /// The kernel's OOM killer chose the process (`index`: its index, or
-/// [`UNSELECTED`] for one left out to a session of its own); its
+/// [`SESSION`] for one left out to a session of its own); its
 /// [`EXIT`] follows.
 pub const OOM: u8 = 7;
 

@@ -96,7 +96,7 @@ pub(crate) fn this_process() -> Option<ProcessState> {
         Some(index) => unsafe { *index },
         None => new_process(tgid, true)?,
     };
-    if index >= host::UNSELECTED {
+    if index >= host::SESSION {
         return None;
     }
     let mut modules = PROCESS_MODULES.get(index).copied().unwrap_or(0);
@@ -334,7 +334,7 @@ pub(crate) fn caller() -> Caller {
     }
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     match PROCESSES.get_ptr(&tgid) {
-        Some(index) if unsafe { *index } >= host::UNSELECTED => Caller::LeftOut,
+        Some(index) if unsafe { *index } >= host::SESSION => Caller::LeftOut,
         Some(index) => Caller::Followed(unsafe { *index }),
         // Under `run`'s family or a selection, a process outside it has
         // no entry until it allocates: not one to count.
@@ -409,7 +409,8 @@ pub(crate) fn process_exec(bprm: u64) -> i32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     if let Some(index) = PROCESSES.get_ptr(&tgid) {
         let index = unsafe { *index };
-        if index == host::IGNORED {
+        // A session's process stays its session's.
+        if index == host::IGNORED || index == host::SESSION {
             return 0;
         }
         // A process left out is looked at again as the program it is now.

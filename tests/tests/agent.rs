@@ -859,6 +859,42 @@ fn status_field(pid: i32, field: &str) -> String {
         .unwrap_or_default()
 }
 
+/// The agent's defaults: a Crystal program's session does not trace it
+/// (refills judged by the kernel), so its exit is known only from the
+/// kernel's: served with it, not as unknown.
+#[test]
+fn a_crystal_program_untraced_is_served_with_its_exit() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = TempDir::new("agent-crystal-exit");
+    let agent = Agent::start(&dir, &[]);
+    let mut child = ChildGuard(
+        Command::new(fixture::crystal::IDLE_HEAP_DEBUG)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = child.pid();
+    let stdin = child.0.stdin.take().unwrap();
+    Lines::new("idle_heap_debug stdout", child.0.stdout.take().unwrap()).wait_for("ready", TIMEOUT);
+    agent.wait_for_row("its session", |r| {
+        r["pid"] == pid && r["collections"].is_u64()
+    });
+    assert_eq!(status_field(pid, "TracerPid"), "0");
+    drop(stdin);
+    assert!(child.wait_timeout(TIMEOUT).success());
+    // Its session may end before the kernel's word is read: the row
+    // is then served as ended, how not known yet, for a moment.
+    let row = agent.wait_for_row("it, ended, with how", |r| {
+        r["pid"] == pid
+            && r["running"] == false
+            && (r["exit"]["code"].is_i64() || r["exit"]["signal"].is_i64())
+    });
+    assert_eq!(row["exit"]["code"], 0, "{row}");
+    assert_eq!(row["comm"], "idle_heap_debug", "{row}");
+    agent.stop();
+}
+
 #[test]
 fn a_crystal_program_gets_its_session_and_its_classes() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());

@@ -326,7 +326,7 @@ fn publish(
     tables: &Mutex<ModuleTables>,
     between: &mut dyn FnMut(),
 ) {
-    if event.index == host::IGNORED || !matches!(event.op, host::NEW | host::LIBRARIES) {
+    if event.index >= host::SESSION || !matches!(event.op, host::NEW | host::LIBRARIES) {
         return;
     }
     // With the rows known now first (the usual case: the program ran

@@ -453,7 +453,7 @@ impl Host {
             refused,
         }: Seen,
     ) {
-        let index_known = e.index != host::IGNORED;
+        let index_known = e.index < host::SESSION;
         match e.op {
             host::NEW if self.left_out.contains(&e.tgid) => {
                 if let Err(err) = self.drop_indexes(HashSet::from([e.index])) {
@@ -553,7 +553,7 @@ impl Host {
                 );
                 self.notes.note(Kind::OomKilled, line);
             }
-            host::EXIT if e.index == host::UNSELECTED => {
+            host::EXIT if matches!(e.index, host::UNSELECTED | host::SESSION) => {
                 // Left out: a session's process, or one not selected.
                 let exit = ExitInfo {
                     oom_killed: self.oom_killed.contains(&e.tgid),
@@ -688,7 +688,7 @@ impl Host {
     /// own): not here any more, and what was recorded of it here is
     /// dropped (its session's profile says from when it is profiled).
     fn leave_out(&mut self, pid: u32) -> Result<()> {
-        self.probes.leave_out(pid)?;
+        self.probes.leave_out(pid, host::SESSION)?;
         self.left_out.insert(pid);
         let indexes: HashSet<u32> = self
             .processes

@@ -365,7 +365,7 @@ impl Probes {
     /// and `exec`s are watched.
     pub(super) fn start_host(&mut self, sizes: Sizes) -> Result<()> {
         self.host_rows = sizes.rows;
-        self.leave_out(std::process::id())?;
+        self.leave_out(std::process::id(), host::IGNORED)?;
         let mut free: Queue<&mut MapData, u32> =
             Queue::try_from(self.map_mut(maps::FREE_SEGMENTS)?)?;
         for segment in KERNEL_SEGMENTS {
@@ -402,12 +402,13 @@ impl Probes {
         Ok(())
     }
 
-    /// Process `pid` is not followed: memprof itself, or (`run`) one a
-    /// session of its own follows.
-    pub fn leave_out(&mut self, pid: u32) -> Result<()> {
+    /// Process `pid` is not followed: memprof itself (`host::IGNORED`),
+    /// or one a session of its own follows (`host::SESSION`: its exit is
+    /// told).
+    pub fn leave_out(&mut self, pid: u32, index: u32) -> Result<()> {
         let mut processes: BpfHashMap<&mut MapData, u32, u32> =
             BpfHashMap::try_from(self.map_mut(maps::PROCESSES)?)?;
-        processes.insert(pid, host::IGNORED, 0)?;
+        processes.insert(pid, index, 0)?;
         Ok(())
     }
 
