@@ -859,6 +859,41 @@ fn status_field(pid: i32, field: &str) -> String {
         .unwrap_or_default()
 }
 
+/// `idle_heap_debug` (an idle Crystal program: built its data,
+/// collected, waits on its stdin) started, ready, and seen by `agent`
+/// with its session (collections counted: a process without one has none).
+struct IdleCrystal {
+    child: ChildGuard,
+    pid: i32,
+    stdin: std::process::ChildStdin,
+    stdout: Lines,
+}
+
+impl IdleCrystal {
+    fn start(agent: &Agent) -> IdleCrystal {
+        let mut child = ChildGuard(
+            Command::new(fixture::crystal::IDLE_HEAP_DEBUG)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+        let pid = child.pid();
+        let stdin = child.0.stdin.take().unwrap();
+        let mut stdout = Lines::new("idle_heap_debug stdout", child.0.stdout.take().unwrap());
+        stdout.wait_for("ready", TIMEOUT);
+        agent.wait_for_row("idle_heap_debug's session", |r| {
+            r["pid"] == pid && r["collections"].is_u64()
+        });
+        IdleCrystal {
+            child,
+            pid,
+            stdin,
+            stdout,
+        }
+    }
+}
+
 /// The agent's defaults: a Crystal program's session does not trace it
 /// (refills judged by the kernel), so its exit is known only from the
 /// kernel's: served with it, not as unknown.
@@ -867,19 +902,12 @@ fn a_crystal_program_untraced_is_served_with_its_exit() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let dir = TempDir::new("agent-crystal-exit");
     let agent = Agent::start(&dir, &[]);
-    let mut child = ChildGuard(
-        Command::new(fixture::crystal::IDLE_HEAP_DEBUG)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let pid = child.pid();
-    let stdin = child.0.stdin.take().unwrap();
-    Lines::new("idle_heap_debug stdout", child.0.stdout.take().unwrap()).wait_for("ready", TIMEOUT);
-    agent.wait_for_row("its session", |r| {
-        r["pid"] == pid && r["collections"].is_u64()
-    });
+    let IdleCrystal {
+        mut child,
+        pid,
+        stdin,
+        ..
+    } = IdleCrystal::start(&agent);
     assert_eq!(status_field(pid, "TracerPid"), "0");
     drop(stdin);
     assert!(child.wait_timeout(TIMEOUT).success());
@@ -900,22 +928,13 @@ fn a_crystal_program_gets_its_session_and_its_classes() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let dir = TempDir::new("agent-crystal");
     let agent = Agent::start(&dir, &["--gc-sampling", "exact"]);
-    // An idle Crystal program: built its data, collected, waits.
-    let mut child = ChildGuard(
-        Command::new(fixture::crystal::IDLE_HEAP_DEBUG)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let pid = child.pid();
-    let mut stdin = child.0.stdin.take().unwrap();
-    let mut stdout = Lines::new("idle_heap stdout", child.0.stdout.take().unwrap());
-    stdout.wait_for("ready", TIMEOUT);
-    // Its session: collections counted (a process without one has none).
-    agent.wait_for_row("idle_heap's session", |r| {
-        r["pid"] == pid && r["collections"].is_u64()
-    });
+    // Kept to the end: let go, it is killed.
+    let IdleCrystal {
+        child: _child,
+        pid,
+        mut stdin,
+        mut stdout,
+    } = IdleCrystal::start(&agent);
     writeln!(stdin, "more 5000").unwrap();
     stdout.wait_for("allocated", TIMEOUT);
 
@@ -950,19 +969,12 @@ fn a_crystal_program_gets_its_session_and_its_classes() {
 
     // Another that ends while followed: served with its exit, which its
     // session (not tracing it) learns from the kernel.
-    let mut other = ChildGuard(
-        Command::new(fixture::crystal::IDLE_HEAP_DEBUG)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let other_pid = other.pid();
-    let other_stdin = other.0.stdin.take().unwrap();
-    Lines::new("other stdout", other.0.stdout.take().unwrap()).wait_for("ready", TIMEOUT);
-    agent.wait_for_row("the other's session", |r| {
-        r["pid"] == other_pid && r["collections"].is_u64()
-    });
+    let IdleCrystal {
+        child: mut other,
+        pid: other_pid,
+        stdin: other_stdin,
+        ..
+    } = IdleCrystal::start(&agent);
     drop(other_stdin);
     assert!(other.wait_timeout(TIMEOUT).success());
     let row = agent.wait_for_row("the other, ended with its exit", |r| {
