@@ -139,6 +139,9 @@ pub fn assert_exact_basic(json: &Value, pid: u32, name: &str, exe: &str) {
     assert_eq!(p["comm"], name, "{p:#}");
     assert_eq!(p["exe"], exe, "{p:#}");
     assert_eq!(p["exit"]["code"], 0, "{p:#}");
+    // Its own counters: every call, each free too.
+    assert_eq!(p["counters"]["allocs"], 1000, "{p:#}");
+    assert_eq!(p["counters"]["frees"], 400, "{p:#}");
     for g in groups(json)
         .iter()
         .filter(|g| uint(g, "/pid") == u64::from(pid))

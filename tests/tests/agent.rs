@@ -905,10 +905,19 @@ fn a_crystal_program_untraced_is_served_with_its_exit() {
     let IdleCrystal {
         mut child,
         pid,
-        stdin,
-        ..
+        mut stdin,
+        mut stdout,
     } = IdleCrystal::start(&agent);
     assert_eq!(status_field(pid, "TracerPid"), "0");
+    // Two collections while followed (it made none since its session
+    // began: it waits, idle): counted running, and kept once it ended.
+    for _ in 0..2 {
+        writeln!(stdin, "collect").unwrap();
+        stdout.wait_for("collected", TIMEOUT);
+    }
+    agent.wait_for_row("its two collections", |r| {
+        r["pid"] == pid && r["collections"] == 2
+    });
     drop(stdin);
     assert!(child.wait_timeout(TIMEOUT).success());
     // Its session may end before the kernel's word is read: the row
@@ -920,6 +929,7 @@ fn a_crystal_program_untraced_is_served_with_its_exit() {
     });
     assert_eq!(row["exit"]["code"], 0, "{row}");
     assert_eq!(row["comm"], "idle_heap_debug", "{row}");
+    assert_eq!(row["collections"], 2, "{row}");
     agent.stop();
 }
 

@@ -273,7 +273,7 @@ impl Snapshots {
         let ended: HashSet<(u32, u64)> = followed
             .ended()
             .iter()
-            .map(|(info, _)| (info.pid, info.end_s.unwrap_or(0.0).to_bits()))
+            .map(|e| (e.info.pid, e.info.end_s.unwrap_or(0.0).to_bits()))
             .collect();
         // What is remembered stays bounded: the ended processes kept, the
         // running ones.

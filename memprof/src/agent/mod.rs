@@ -264,14 +264,16 @@ impl Agent {
             .started
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64());
-        for (info, held) in self.followed.ended() {
+        for ended in self.followed.ended() {
+            let info = ended.info;
             let comm = info.comm().to_string();
             let figures = Figures {
                 pid: info.pid,
                 program: comm,
                 exe: info.exe.clone(),
-                live: held,
+                live: ended.held,
                 allocations: info.counters.as_ref().map_or(0, |c| c.allocs),
+                collections: ended.collections,
                 ..Figures::default()
             };
             rows.push(ProcessRow {

@@ -880,6 +880,12 @@ impl Host {
         tables: crate::probes::Prefetched,
     ) -> Result<Profile> {
         let recorded: u64 = tables.sites.iter().map(|(_, t)| t.count).sum();
+        // Its blocks freed (those found dead by address reuse were not).
+        let freed: u64 = tables
+            .sites
+            .iter()
+            .map(|(_, t)| t.died.saturating_sub(t.reused))
+            .sum();
         // Files it mapped that another process's reading opened since.
         for m in std::mem::take(&mut p.unknown) {
             match self.files.module_by_id(&m.file_id) {
@@ -932,6 +938,7 @@ impl Host {
         let short = p.short_of_resources();
         let counters = Counters {
             allocs: recorded,
+            frees: freed,
             short_of_resources: if short { recorded } else { 0 },
             ..Counters::default()
         };

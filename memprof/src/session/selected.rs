@@ -29,6 +29,16 @@ const RESCAN_ALL: Duration = Duration::from_secs(2);
 const KEEP_ENDED_SESSIONS: usize = 200;
 
 /// The processes selected (`None`: every process), followed.
+/// A process that ended, as kept.
+pub(crate) struct Ended {
+    pub info: ProcessInfo,
+    /// What it held live when it ended: blocks and bytes per kind (by
+    /// [`memprof_common::AllocKind`]'s number).
+    pub held: [[u64; 2]; 4],
+    /// A Boehm GC program's: the collections its session saw.
+    pub collections: Option<u64>,
+}
+
 pub(crate) struct Selected {
     selection: Option<Selection>,
     options: SessionOptions,
@@ -112,14 +122,28 @@ impl Selected {
         Ok(figures)
     }
 
-    /// The processes that ended, as kept, oldest first, with what each
-    /// held live per kind (by [`memprof_common::AllocKind`]'s number)
-    /// when it ended.
-    pub(crate) fn ended(&self) -> Vec<(ProcessInfo, [[u64; 2]; 4])> {
-        let mut ended = self.probes.ended();
+    /// The processes that ended, as kept: the machine's, oldest first,
+    /// then the Boehm GC programs' sessions'.
+    pub(crate) fn ended(&self) -> Vec<Ended> {
+        let mut ended: Vec<Ended> = self
+            .probes
+            .ended()
+            .into_iter()
+            .map(|(info, held)| Ended {
+                info,
+                held,
+                collections: None,
+            })
+            .collect();
         for profile in self.own.ended() {
-            let held = profile.live_per_kind();
-            ended.push((profile.processes().swap_remove(0), held));
+            ended.push(Ended {
+                held: profile.live_per_kind(),
+                collections: profile
+                    .gc
+                    .as_ref()
+                    .map(|g| g.collections + g.collections_not_judged),
+                info: profile.processes().swap_remove(0),
+            });
         }
         ended
     }
