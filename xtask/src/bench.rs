@@ -211,7 +211,7 @@ struct Binary {
     mark: &'static str,
 }
 
-pub fn bench(baseline: Option<PathBuf>, agent_only: bool) -> Result<()> {
+pub fn bench(baseline: Option<PathBuf>, agent_only: bool, http_only: bool) -> Result<()> {
     setup()?;
     let mut binaries = vec![Binary {
         path: build_memprof()?,
@@ -233,6 +233,9 @@ pub fn bench(baseline: Option<PathBuf>, agent_only: bool) -> Result<()> {
         return agent::agent_bounds(&binaries);
     }
     let profile = target_dir().join("bench/bench.mprof");
+    if http_only {
+        return http_throughput(&binaries, &profile);
+    }
     let workloads = workloads()?;
     for workload in &workloads {
         per_operation(workload, &binaries, &profile)?;
@@ -245,23 +248,36 @@ pub fn bench(baseline: Option<PathBuf>, agent_only: bool) -> Result<()> {
     Ok(())
 }
 
-/// Seconds of each `wrk` run, and the rounds: each round runs `wrk`
-/// untraced, then attached. On these 2-core machines one run of `wrk`
-/// varies by ±15 % from the next (untraced alike), so the ways alternate
-/// and the median of the rounds' ratios counts, not one run of each.
+/// Seconds of each `wrk` run, and the rounds. On these 2-core machines one
+/// run of `wrk` varies by ±15 % from the next (untraced alike), so:
+/// every traced run stands between two untraced ones and is compared with
+/// their mean (a drift of the server's own speed cancels); each round runs
+/// the ways in another order (no way is always the one after a start or a
+/// stop); and the median of the ratios counts, not one run of each.
 const WRK_SECONDS: u32 = 4;
-const WRK_ROUNDS: usize = 7;
+const WRK_ROUNDS: usize = 15;
 
-/// One round's requests/s: untraced, then each binary's `attach`,
-/// `attach --all` and `agent`.
-type Round = Vec<f64>;
+/// A traced run of `wrk`: its requests/s, and its ratio to the mean of
+/// the untraced runs either side of it.
+type Run = (f64, f64);
+
+/// One way memprof runs beside the server: its row's name, its arguments.
+struct WrkWay {
+    name: String,
+    memprof: PathBuf,
+    args: Vec<String>,
+    /// `attach`'s: written to the bench's profile; `None`: the agent.
+    writes: bool,
+    ready: &'static str,
+}
 
 /// crystal-samples' http_server (port 8080) under `wrk` on 127.0.0.1:
 /// requests per second untraced, while `memprof attach` profiles it with
 /// `--gc-sampling refill`, while `memprof attach --all` profiles the
 /// whole machine (its defaults: the cost to a program nobody asked about),
-/// and while `memprof agent` runs with its defaults (GC included),
-/// memprof's own start and end excluded, in alternating rounds.
+/// and while `memprof agent` runs with its defaults (GC included, `wrk`
+/// started once the server's own session is up), memprof's own start and
+/// end excluded.
 fn http_throughput(binaries: &[Binary], profile: &Path) -> Result<()> {
     let server = target_dir().join("bench/http_server");
     if !server.exists() {
@@ -277,69 +293,76 @@ fn http_throughput(binaries: &[Binary], profile: &Path) -> Result<()> {
         .stdout(std::process::Stdio::null())
         .spawn()
         .with_context(|| format!("cannot start {}", server.display()))?;
-    let pid = child.id().to_string();
-    let result = (|| -> Result<Vec<Round>> {
+    let pid = child.id();
+    let socket = profile.with_extension("sock");
+    let mut ways = Vec::new();
+    for b in binaries {
+        let attach = format!("attach --pid {pid} --gc-sampling refill --census off");
+        ways.push(WrkWay {
+            name: format!("memprof attach --gc-sampling refill{}", b.mark),
+            memprof: b.path.clone(),
+            args: attach.split(' ').map(String::from).collect(),
+            writes: true,
+            ready: "attached to pid",
+        });
+        ways.push(WrkWay {
+            name: format!("memprof attach --all (the machine){}", b.mark),
+            memprof: b.path.clone(),
+            args: vec!["attach".into(), "--all".into()],
+            writes: true,
+            ready: "profiling every process",
+        });
+        ways.push(WrkWay {
+            name: format!("memprof agent (defaults, GC included){}", b.mark),
+            memprof: b.path.clone(),
+            args: vec![
+                "agent".into(),
+                "--socket".into(),
+                socket.display().to_string(),
+            ],
+            writes: false,
+            ready: "serving on",
+        });
+    }
+    let result = (|| -> Result<(Vec<f64>, Vec<Vec<Run>>)> {
         wait_for_port(8080)?;
-        let mut rounds = Vec::new();
-        for _ in 0..WRK_ROUNDS {
-            let mut round = vec![wrk()?];
-            for binary in binaries {
-                let attach = [
-                    "attach",
-                    "--pid",
-                    &pid,
-                    "--gc-sampling",
-                    "refill",
-                    "--census",
-                    "off",
-                ];
-                round.push(wrk_while(
-                    &binary.path,
-                    &attach,
-                    Some(profile),
-                    "attached to pid",
-                )?);
-                let all = ["attach", "--all"];
-                round.push(wrk_while(
-                    &binary.path,
-                    &all,
-                    Some(profile),
-                    "profiling every process",
-                )?);
-                // The agent's defaults; wrk starts once the server has
-                // its session (found in /proc within 2 s, attached ~0.5 s).
-                let socket = profile.with_extension("sock");
-                let agent = ["agent", "--socket", socket.to_str().unwrap_or_default()];
-                round.push(wrk_while(&binary.path, &agent, None, "serving on")?);
+        let mut untraced = vec![wrk()?];
+        let mut runs = vec![Vec::new(); ways.len()];
+        for round in 0..WRK_ROUNDS {
+            for k in 0..ways.len() {
+                let i = (round + k) % ways.len();
+                let way = &ways[i];
+                let traced = wrk_while(way, pid, profile, &socket)?;
+                let before = *untraced.last().expect("one untraced run");
+                let after = wrk()?;
+                untraced.push(after);
+                runs[i].push((traced, traced / ((before + after) / 2.0)));
             }
-            rounds.push(round);
         }
-        Ok(rounds)
+        Ok((untraced, runs))
     })();
     let _ = child.kill();
     let _ = child.wait();
-    let rounds = result?;
-    let untraced = median(rounds.iter().map(|r| r[0]).collect());
-    println!("\nbench: crystal-samples' http_server under wrk -t2 -c20 -d{WRK_SECONDS}s on 127.0.0.1, {WRK_ROUNDS} alternating rounds (medians)");
-    println!("| way                                            | requests/s | vs untraced (median of rounds; range) |");
-    println!("|------------------------------------------------|-----------:|--------------------------------------:|");
-    println!("| untraced                                       | {untraced:>10.0} |                               100.0 % |");
-    let ways = binaries.iter().flat_map(|b| {
-        [
-            format!("memprof attach --gc-sampling refill{}", b.mark),
-            format!("memprof attach --all (the machine){}", b.mark),
-            format!("memprof agent (defaults, GC included){}", b.mark),
-        ]
-    });
-    for (i, way) in ways.enumerate() {
-        let of = |r: &Round| r[i + 1];
-        let traced = median(rounds.iter().map(of).collect());
-        let ratios: Vec<f64> = rounds.iter().map(|r| of(r) / r[0]).collect();
+    let (untraced, runs) = result?;
+    println!(
+        "\nbench: crystal-samples' http_server under wrk -t2 -c20 -d{WRK_SECONDS}s on 127.0.0.1, {WRK_ROUNDS} rounds; each traced run against the untraced runs either side of it ({} untraced runs)",
+        untraced.len()
+    );
+    println!("| way                                            | requests/s (median) | vs untraced (median of runs; range) |");
+    println!("|------------------------------------------------|--------------------:|------------------------------------:|");
+    println!(
+        "| untraced                                       | {:>19.0} |                             100.0 % |",
+        median(untraced)
+    );
+    for (way, runs) in ways.iter().zip(runs) {
+        let traced = median(runs.iter().map(|r| r.0).collect());
+        let ratios: Vec<f64> = runs.iter().map(|r| r.1).collect();
         let (low, high) = ratios
             .iter()
             .fold((f64::MAX, 0.0f64), |(l, h), &x| (l.min(x), h.max(x)));
         println!(
-            "| {way:<46} | {traced:>10.0} | {:>13.1} % ({:.0}–{:.0} %) |",
+            "| {:<46} | {traced:>19.0} | {:>11.1} % ({:.0}–{:.0} %) |",
+            way.name,
             median(ratios) * 100.0,
             low * 100.0,
             high * 100.0
@@ -348,22 +371,23 @@ fn http_throughput(binaries: &[Binary], profile: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The requests/s of one run of `wrk` while memprof runs with `args`
-/// (from when it prints `ready` until it is stopped with SIGINT).
-fn wrk_while(memprof: &Path, args: &[&str], profile: Option<&Path>, ready: &str) -> Result<f64> {
-    let mut command = Command::new(memprof);
-    command.args(args);
-    if let Some(profile) = profile {
+/// The requests/s of one run of `wrk` while memprof runs `way` (from
+/// when it is ready until it is stopped with SIGINT).
+fn wrk_while(way: &WrkWay, server: u32, profile: &Path, socket: &Path) -> Result<f64> {
+    let mut command = Command::new(&way.memprof);
+    command.args(&way.args);
+    if way.writes {
         command.arg("-o").arg(profile);
     }
     let mut session = command
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()?;
-    let started = wait_for_line(session.stderr.take().context("no stderr")?, ready);
-    // The agent: the server's own session is attached meanwhile.
-    if profile.is_none() {
-        std::thread::sleep(Duration::from_secs(3));
+    let mut started = wait_for_line(session.stderr.take().context("no stderr")?, way.ready);
+    // The agent: the server's own session is attached meanwhile (found
+    // in /proc, then ~0.5 s); wrk starts once it is up.
+    if !way.writes && started.is_ok() {
+        started = agent::wait_for_session(socket, server);
     }
     let traced = started.and_then(|_| wrk());
     send_signal(session.id(), 2); // SIGINT: memprof ends its session
@@ -371,7 +395,7 @@ fn wrk_while(memprof: &Path, args: &[&str], profile: Option<&Path>, ready: &str)
     ensure!(
         status.success(),
         "memprof {} failed ({status})",
-        args.join(" ")
+        way.args.join(" ")
     );
     traced
 }

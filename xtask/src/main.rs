@@ -7,7 +7,8 @@
 //! cargo xtask demo      # setup, build, profile demo/demo.c and print the report
 //! cargo xtask bench     # setup, build, time bench_loop untraced and under memprof
 //!                       #   (--baseline OLD_MEMPROF: the same ways with an earlier build too;
-//!                       #    --agent-only: memprof agent's idle CPU, scrapes and RSS under churn)
+//!                       #    --agent-only: memprof agent's idle CPU, scrapes and RSS under churn;
+//!                       #    --http-only: crystal-samples' http_server under wrk, beside each way)
 //! cargo xtask fixtures  # compile the C test fixtures into target/fixtures
 //! ```
 //!
@@ -52,6 +53,10 @@ enum Task {
         /// processes, RSS under churn; MEMPROF_BENCH_CHURN_S sets the churn's length).
         #[arg(long)]
         agent_only: bool,
+        /// Only crystal-samples' http_server under `wrk`: untraced, and
+        /// beside each way memprof runs (`attach`, `attach --all`, `agent`).
+        #[arg(long, conflicts_with = "agent_only")]
+        http_only: bool,
     },
     /// Compile the C test fixtures into target/fixtures.
     Fixtures,
@@ -96,7 +101,8 @@ fn task(task: Task) -> Result<()> {
         Task::Bench {
             baseline,
             agent_only,
-        } => bench::bench(baseline, agent_only),
+            http_only,
+        } => bench::bench(baseline, agent_only, http_only),
         Task::Fixtures => {
             let built = fixtures::compile_all(&fixtures_src(), &target_dir().join("fixtures"))
                 .map_err(anyhow::Error::msg)?;

@@ -74,22 +74,7 @@ impl Agent {
 
     /// The body of `GET path`, and how long it took.
     fn get(&self, path: &str) -> Result<(Vec<u8>, Duration)> {
-        let start = Instant::now();
-        let mut stream = UnixStream::connect(&self.socket)?;
-        write!(stream, "GET {path} HTTP/1.0\r\nHost: agent\r\n\r\n")?;
-        let mut response = Vec::new();
-        stream.read_to_end(&mut response)?;
-        let took = start.elapsed();
-        ensure!(
-            response.starts_with(b"HTTP/1.0 200") || response.starts_with(b"HTTP/1.1 200"),
-            "GET {path}: {}",
-            String::from_utf8_lossy(&response[..response.len().min(200)])
-        );
-        let body = response
-            .windows(4)
-            .position(|w| w == b"\r\n\r\n")
-            .map_or(Vec::new(), |at| response[at + 4..].to_vec());
-        Ok((body, took))
+        get(&self.socket, path)
     }
 
     /// Running processes of program `comm` the agent lists.
@@ -102,6 +87,51 @@ impl Agent {
             .iter()
             .filter(|r| r["comm"] == comm && r["running"] == true)
             .count())
+    }
+}
+
+/// The body of `GET path` from the agent on `socket`, and how long it took.
+fn get(socket: &Path, path: &str) -> Result<(Vec<u8>, Duration)> {
+    let start = Instant::now();
+    let mut stream = UnixStream::connect(socket)?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: agent\r\n\r\n")?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response)?;
+    let took = start.elapsed();
+    ensure!(
+        response.starts_with(b"HTTP/1.0 200") || response.starts_with(b"HTTP/1.1 200"),
+        "GET {path}: {}",
+        String::from_utf8_lossy(&response[..response.len().min(200)])
+    );
+    let body = response
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map_or(Vec::new(), |at| response[at + 4..].to_vec());
+    Ok((body, took))
+}
+
+/// Waits (at most 30 s) until the agent on `socket` lists process `pid`
+/// with its collections (a Boehm GC program's own session is up), then
+/// a second more (its start's last work).
+pub(super) fn wait_for_session(socket: &Path, pid: u32) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (body, _) = get(socket, "/api/processes")?;
+        let rows: serde_json::Value = serde_json::from_slice(&body)?;
+        let up = rows
+            .as_array()
+            .context("/api/processes: not a list")?
+            .iter()
+            .any(|r| r["pid"] == pid && r["collections"].is_u64());
+        if up {
+            std::thread::sleep(Duration::from_secs(1));
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the agent gave pid {pid} no session of its own within 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 
