@@ -28,7 +28,6 @@ const RESCAN_ALL: Duration = Duration::from_secs(2);
 /// (the oldest let go, counted).
 const KEEP_ENDED_SESSIONS: usize = 200;
 
-/// The processes selected (`None`: every process), followed.
 /// A process that ended, as kept.
 pub(crate) struct Ended {
     pub info: ProcessInfo,
@@ -39,6 +38,7 @@ pub(crate) struct Ended {
     pub collections: Option<u64>,
 }
 
+/// The processes selected (`None`: every process), followed.
 pub(crate) struct Selected {
     selection: Option<Selection>,
     options: SessionOptions,
