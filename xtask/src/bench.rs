@@ -248,18 +248,25 @@ pub fn bench(baseline: Option<PathBuf>, agent_only: bool, http_only: bool) -> Re
     Ok(())
 }
 
-/// Seconds of each `wrk` run, and the rounds. On these 2-core machines one
-/// run of `wrk` varies by ±15 % from the next (untraced alike), so:
-/// every traced run stands between two untraced ones and is compared with
-/// their mean (a drift of the server's own speed cancels); each round runs
-/// the ways in another order (no way is always the one after a start or a
-/// stop); and the median of the ratios counts, not one run of each.
+/// Seconds of each `wrk` run. On these 2-core virtual machines one run
+/// of `wrk` varies by ±8 % from the next, untraced alike, whether it
+/// lasts 2 s or 8 s and whether the server and `wrk` are pinned to cores
+/// (the host's noise, not the run's length), so: every traced run stands
+/// between two untraced ones and is compared with their mean; each round
+/// runs the ways in another order (no way is always the one after a start
+/// or a stop); and the median of many such ratios counts, with the 95 %
+/// interval of that median (order statistics), not one run of each.
 const WRK_SECONDS: u32 = 4;
-const WRK_ROUNDS: usize = 15;
+/// Rounds of `memprof agent`, the bound: the median of 40 ratios
+/// is good to about ±1.5 % here...
+const AGENT_ROUNDS: usize = 40;
+/// ...and of each `attach` row, kept for comparison.
+const ATTACH_ROUNDS: usize = 10;
 
-/// A traced run of `wrk`: its requests/s, and its ratio to the mean of
-/// the untraced runs either side of it.
-type Run = (f64, f64);
+/// A traced run of `wrk`: its requests/s, its ratio to the mean of the
+/// untraced runs either side of it, and memprof's CPU meanwhile (% of a
+/// core).
+type Run = (f64, f64, f64);
 
 /// One way memprof runs beside the server: its row's name, its arguments.
 struct WrkWay {
@@ -269,6 +276,7 @@ struct WrkWay {
     /// `attach`'s: written to the bench's profile; `None`: the agent.
     writes: bool,
     ready: &'static str,
+    rounds: usize,
 }
 
 /// crystal-samples' http_server (port 8080) under `wrk` on 127.0.0.1:
@@ -304,6 +312,7 @@ fn http_throughput(binaries: &[Binary], profile: &Path) -> Result<()> {
             args: attach.split(' ').map(String::from).collect(),
             writes: true,
             ready: "attached to pid",
+            rounds: ATTACH_ROUNDS,
         });
         ways.push(WrkWay {
             name: format!("memprof attach --all (the machine){}", b.mark),
@@ -311,6 +320,7 @@ fn http_throughput(binaries: &[Binary], profile: &Path) -> Result<()> {
             args: vec!["attach".into(), "--all".into()],
             writes: true,
             ready: "profiling every process",
+            rounds: ATTACH_ROUNDS,
         });
         ways.push(WrkWay {
             name: format!("memprof agent (defaults, GC included){}", b.mark),
@@ -322,21 +332,30 @@ fn http_throughput(binaries: &[Binary], profile: &Path) -> Result<()> {
             ],
             writes: false,
             ready: "serving on",
+            rounds: AGENT_ROUNDS,
         });
     }
+    let total: usize = ways.iter().map(|w| w.rounds).sum();
+    println!(
+        "bench: http_server under wrk: {total} traced runs, each between two untraced ones (~{} min)",
+        total * (2 * WRK_SECONDS as usize + 5) / 60
+    );
     let result = (|| -> Result<(Vec<f64>, Vec<Vec<Run>>)> {
         wait_for_port(8080)?;
         let mut untraced = vec![wrk()?];
         let mut runs = vec![Vec::new(); ways.len()];
-        for round in 0..WRK_ROUNDS {
-            for k in 0..ways.len() {
-                let i = (round + k) % ways.len();
-                let way = &ways[i];
-                let traced = wrk_while(way, pid, profile, &socket)?;
+        let most = ways.iter().map(|w| w.rounds).max().unwrap_or(0);
+        for round in 0..most {
+            let active: Vec<usize> = (0..ways.len())
+                .filter(|&i| ways[i].rounds > round)
+                .collect();
+            for k in 0..active.len() {
+                let i = active[(round + k) % active.len()];
+                let (traced, cpu) = wrk_while(&ways[i], pid, profile, &socket)?;
                 let before = *untraced.last().expect("one untraced run");
                 let after = wrk()?;
                 untraced.push(after);
-                runs[i].push((traced, traced / ((before + after) / 2.0)));
+                runs[i].push((traced, traced / ((before + after) / 2.0), cpu));
             }
         }
         Ok((untraced, runs))
@@ -345,35 +364,53 @@ fn http_throughput(binaries: &[Binary], profile: &Path) -> Result<()> {
     let _ = child.wait();
     let (untraced, runs) = result?;
     println!(
-        "\nbench: crystal-samples' http_server under wrk -t2 -c20 -d{WRK_SECONDS}s on 127.0.0.1, {WRK_ROUNDS} rounds; each traced run against the untraced runs either side of it ({} untraced runs)",
+        "\nbench: crystal-samples' http_server under wrk -t2 -c20 -d{WRK_SECONDS}s on 127.0.0.1; each traced run against the untraced runs either side of it ({} untraced runs)",
         untraced.len()
     );
-    println!("| way                                            | requests/s (median) | vs untraced (median of runs; range) |");
-    println!("|------------------------------------------------|--------------------:|------------------------------------:|");
+    println!("| way                                            | runs | requests/s (median) | vs untraced: median of runs (95 % interval of the median) | memprof's CPU (% of a core) |");
+    println!("|------------------------------------------------|-----:|--------------------:|-----------------------------------------------------------:|----------------------------:|");
     println!(
-        "| untraced                                       | {:>19.0} |                             100.0 % |",
-        median(untraced)
+        "| untraced                                       | {:>4} | {:>19.0} | {:>58} | {:>27} |",
+        untraced.len(),
+        median(untraced),
+        "100.0 %",
+        "–"
     );
     for (way, runs) in ways.iter().zip(runs) {
         let traced = median(runs.iter().map(|r| r.0).collect());
         let ratios: Vec<f64> = runs.iter().map(|r| r.1).collect();
-        let (low, high) = ratios
-            .iter()
-            .fold((f64::MAX, 0.0f64), |(l, h), &x| (l.min(x), h.max(x)));
+        let (low, high) = median_interval(ratios.clone());
+        let cpu = median(runs.iter().map(|r| r.2).collect());
         println!(
-            "| {:<46} | {traced:>19.0} | {:>11.1} % ({:.0}–{:.0} %) |",
+            "| {:<46} | {:>4} | {traced:>19.0} | {:>58} | {cpu:>27.1} |",
             way.name,
-            median(ratios) * 100.0,
-            low * 100.0,
-            high * 100.0
+            runs.len(),
+            format!(
+                "{:.1} % ({:.1}–{:.1} %)",
+                median(ratios) * 100.0,
+                low * 100.0,
+                high * 100.0
+            ),
         );
     }
     Ok(())
 }
 
+/// The 95 % interval of the median of `values`, by order statistics
+/// (the ranks n/2 ∓ 0.98·√n: no assumption on the runs' distribution).
+fn median_interval(mut values: Vec<f64>) -> (f64, f64) {
+    values.sort_by(f64::total_cmp);
+    let n = values.len() as f64;
+    let half = 0.98 * n.sqrt();
+    let low = ((n / 2.0 - half).floor().max(1.0) as usize) - 1;
+    let high = ((n / 2.0 + half).ceil() as usize).min(values.len() - 1);
+    (values[low], values[high])
+}
+
 /// The requests/s of one run of `wrk` while memprof runs `way` (from
-/// when it is ready until it is stopped with SIGINT).
-fn wrk_while(way: &WrkWay, server: u32, profile: &Path, socket: &Path) -> Result<f64> {
+/// when it is ready until it is stopped with SIGINT), and memprof's CPU
+/// during that run (% of a core).
+fn wrk_while(way: &WrkWay, server: u32, profile: &Path, socket: &Path) -> Result<(f64, f64)> {
     let mut command = Command::new(&way.memprof);
     command.args(&way.args);
     if way.writes {
@@ -389,7 +426,15 @@ fn wrk_while(way: &WrkWay, server: u32, profile: &Path, socket: &Path) -> Result
     if !way.writes && started.is_ok() {
         started = agent::wait_for_session(socket, server);
     }
-    let traced = started.and_then(|_| wrk());
+    let traced = started.and_then(|_| {
+        let before = cpu_ticks(session.id())?;
+        let started = Instant::now();
+        let rate = wrk()?;
+        let ticks = cpu_ticks(session.id())? - before;
+        // SAFETY: sysconf reads a constant.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        Ok((rate, ticks as f64 / hz / started.elapsed().as_secs_f64() * 100.0))
+    });
     send_signal(session.id(), 2); // SIGINT: memprof ends its session
     let status = session.wait()?;
     ensure!(
@@ -398,6 +443,15 @@ fn wrk_while(way: &WrkWay, server: u32, profile: &Path, socket: &Path) -> Result
         way.args.join(" ")
     );
     traced
+}
+
+/// Process `pid`'s CPU time so far, in clock ticks (user and system).
+pub(crate) fn cpu_ticks(pid: u32) -> Result<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // After the command's closing parenthesis: fields 3 on.
+    let rest = stat.rsplit_once(')').context("bad stat")?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Ok(f[11].parse::<u64>()? + f[12].parse::<u64>()?)
 }
 
 /// The requests/s of one run of `wrk` against port 8080.

@@ -55,11 +55,7 @@ impl Agent {
 
     /// utime + stime, in clock ticks.
     fn cpu_ticks(&self) -> Result<u64> {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))?;
-        // After the command's closing parenthesis: fields 3 on.
-        let rest = stat.rsplit_once(')').context("bad stat")?.1;
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        Ok(f[11].parse::<u64>()? + f[12].parse::<u64>()?)
+        super::cpu_ticks(self.child.id())
     }
 
     /// VmRSS, in KiB.
