@@ -129,6 +129,10 @@ pub mod fixture {
         /// `more N` on stdin allocates N more without collecting.
         pub const IDLE_HEAP_DEBUG: &str = env!("FIXTURE_CR_IDLE_HEAP_DEBUG");
         pub const IDLE_HEAP_STATIC: &str = env!("FIXTURE_CR_IDLE_HEAP_STATIC");
+        /// `fixtures/crystal/short_lived.cr` (`short_lived [WAIT_S]`): waits
+        /// 0.3 s, makes 2,000 Record objects (kept), says `made 2000`,
+        /// exits (debug build).
+        pub const SHORT_LIVED_DEBUG: &str = env!("FIXTURE_CR_SHORT_LIVED_DEBUG");
         /// `fixtures/crystal/classes.cr` (`classes [wait]`): keeps 12,345
         /// Widget (the compiler's `new`), 1,000 Gadget, 55 Holder, 77
         /// Array(Gadget) and 1 Hash(String, Gadget).

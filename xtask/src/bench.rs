@@ -433,7 +433,10 @@ fn wrk_while(way: &WrkWay, server: u32, profile: &Path, socket: &Path) -> Result
         let ticks = cpu_ticks(session.id())? - before;
         // SAFETY: sysconf reads a constant.
         let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-        Ok((rate, ticks as f64 / hz / started.elapsed().as_secs_f64() * 100.0))
+        Ok((
+            rate,
+            ticks as f64 / hz / started.elapsed().as_secs_f64() * 100.0,
+        ))
     });
     send_signal(session.id(), 2); // SIGINT: memprof ends its session
     let status = session.wait()?;

@@ -27,6 +27,7 @@ mod batch;
 mod gc_hold;
 mod host;
 mod multi;
+mod spare;
 mod unwind_tables;
 mod view;
 
@@ -138,9 +139,28 @@ pub struct Probes {
     /// kernel ([`ProbeOptions::gc_copy`], [`ProbeOptions::gc_verdicts`]).
     gc_copy: bool,
     gc_verdicts: bool,
+    /// The settings and unwind-row room it was loaded with (a spare's).
+    loaded_as: (ProbeOptions, Option<usize>),
 }
 
 impl Probes {
+    /// Loads (verifies) the programs `names` now, not at their first
+    /// attach; one the kernel refuses is left for that attach to report.
+    fn prepare(&mut self, names: &[&str]) {
+        for name in names {
+            let _ = self.programs.get(name);
+        }
+    }
+
+    /// A followed session's probes, just loaded: a spare like them is
+    /// loaded in the background for the next session with their settings
+    /// ([`spare`]).
+    pub fn prepare_spare(&self) {
+        let (options, rows) = self.loaded_as.clone();
+        let key = spare::LoadKey::of_sized(&options, rows);
+        spare::prepare_like(key, options);
+    }
+
     /// Sampling's mean distance (`--sample-bytes`, or its stand-in for
     /// refill sampling), 0 without.
     pub fn sample_bytes(&self) -> u64 {
@@ -151,10 +171,24 @@ impl Probes {
     /// With `unwind_tables`, stacks are unwound in the kernel with those CFI
     /// rows; without, by frame pointers.
     pub fn load(options: &ProbeOptions, unwind_tables: Option<&Tables>) -> Result<Probes> {
-        let rows = unwind_tables.map_or(1, |t| t.rows.len().max(1)) as u32;
+        let key = spare::LoadKey::of(options, unwind_tables);
+        let mut probes = match spare::take(&key) {
+            Some(probes) => probes,
+            None => Probes::load_sized(options, unwind_tables.map(|t| t.rows.len()))?,
+        };
+        if let Some(tables) = unwind_tables {
+            probes.write_unwind_rows(tables)?;
+        }
+        Ok(probes)
+    }
+
+    /// [`Self::load`] with room for `rows` unwind rows (`None`: frame
+    /// pointers), the rows not written yet.
+    fn load_sized(options: &ProbeOptions, unwind_rows: Option<usize>) -> Result<Probes> {
+        let rows = unwind_rows.map_or(1, |n| n.max(1)) as u32;
         // Only the stack table of the chosen unwinder gets its full size
         // (the frame-pointer one is preallocated: ~1 KiB an entry).
-        let (fp_stacks, dwarf_stacks) = match unwind_tables {
+        let (fp_stacks, dwarf_stacks) = match unwind_rows {
             Some(_) => (1, options.max_stacks),
             None => (options.max_stacks, 1),
         };
@@ -165,7 +199,7 @@ impl Probes {
             true => options.gc_refill_every.max(1),
             false => 0,
         };
-        let dwarf = u32::from(unwind_tables.is_some() || options.host);
+        let dwarf = u32::from(unwind_rows.is_some() || options.host);
         let host = host::Sizes::new(options.host)?;
         let gc_verdicts = options.gc_copy && options.gc_verdicts;
         let rows = if options.host { host.rows } else { rows };
@@ -221,8 +255,9 @@ impl Probes {
             modules: ModuleTable::default(),
             sample_bytes: options.sample_bytes,
             gc_refill: options.gc_refill,
-            dwarf: unwind_tables.is_some() || options.host,
+            dwarf: unwind_rows.is_some() || options.host,
             host_rows: 0,
+            loaded_as: (options.clone(), unwind_rows),
             gc_copy: options.gc_copy,
             gc_verdicts,
         };
@@ -233,9 +268,6 @@ impl Probes {
             probes.watch_thread_exits()?;
         }
         probes.set_enabled(true)?;
-        if let Some(tables) = unwind_tables {
-            probes.write_unwind_rows(tables)?;
-        }
         if options.host {
             probes.start_host(host)?;
         }
