@@ -4,7 +4,8 @@
 //! (Debian's Crystal) or in the executable itself (Crystal release builds link
 //! libgc statically, with `-rdynamic`, so the symbols survive `strip`).
 //!
-//! `GC_realloc` calls `GC_malloc_kind`/`GC_free` and may tail-jump to
+//! `GC_realloc` (probed unless sampling at refills: [`BOEHM_REFILL`])
+//! calls `GC_malloc_kind`/`GC_free` and may tail-jump to
 //! `GC_malloc`: the kernel counts a call made inside another allocator call
 //! once (the outer one), and `GC_malloc_kind` itself is never probed.
 //! A realloc'd block keeps the kind of the block it replaces.
@@ -19,12 +20,11 @@ use super::alloc_fn::{AllocFn, ArgReg::*};
 use AllocKind::{Gc, GcAtomic};
 
 /// A table of Boehm functions: `entries`, then what every mode probes
-/// (`GC_realloc`, the rarer variants, `GC_free`).
+/// (the rarer variants, `GC_free`).
 macro_rules! boehm_table {
     ($($entry:expr),* $(,)?) => {
         &[
             $($entry,)*
-            AllocFn::alloc("GC_realloc", l::REALLOC, Gc, &[Rdi, Rsi], true),
             AllocFn::alloc("GC_malloc_uncollectable", l::SIZE, Gc, &[Rdi], true),
             AllocFn::alloc("GC_malloc_ignore_off_page", l::SIZE, Gc, &[Rdi], true),
             AllocFn::alloc(
@@ -47,7 +47,8 @@ macro_rules! boehm_table {
     };
 }
 
-/// Every allocation: the thread-local fast path's entry points.
+/// Every allocation: the thread-local fast path's entry points, and
+/// `GC_realloc`.
 pub static BOEHM: &[AllocFn] = boehm_table![
     AllocFn::alloc("GC_malloc", l::GC_THREAD_LOCAL, Gc, &[Rdi], false),
     AllocFn::alloc(
@@ -57,6 +58,7 @@ pub static BOEHM: &[AllocFn] = boehm_table![
         &[Rdi],
         true,
     ),
+    AllocFn::alloc("GC_realloc", l::REALLOC, Gc, &[Rdi, Rsi], true),
 ];
 
 /// `--gc-sampling refill` ([`crate::refill`]): the thread-local fast path
@@ -64,7 +66,11 @@ pub static BOEHM: &[AllocFn] = boehm_table![
 /// is. `GC_malloc_kind` refills a thread's free list with
 /// `GC_generic_malloc_many` (a sample standing for the list) and hands
 /// every other request (a thread's first few of a size, large objects) to
-/// `GC_malloc_kind_global` (exact).
+/// `GC_malloc_kind_global` (exact). `GC_realloc` is not probed: the block
+/// it moves to comes from `GC_malloc_kind` like any other (sampled the
+/// same way), and the old one goes through `GC_free`. Probed, every call
+/// paid its stack and return: a Crystal program building strings
+/// (`String::Builder#to_s` trims with it) ran 45× slower.
 pub static BOEHM_REFILL: &[AllocFn] = boehm_table![
     AllocFn::alloc(
         "GC_malloc_kind_global",
