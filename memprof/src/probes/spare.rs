@@ -46,9 +46,11 @@ impl LoadKey {
     }
 }
 
-/// The spare: its load's thread (its result kept there once done).
-enum Spare {
-    Loading(LoadKey, JoinHandle<Result<Probes>>),
+/// The spare: the settings it is loaded for, and its load's thread (the
+/// load kept there once done).
+struct Spare {
+    key: LoadKey,
+    loading: JoinHandle<Result<Probes>>,
 }
 
 static SPARE: Mutex<Option<Spare>> = Mutex::new(None);
@@ -58,15 +60,17 @@ fn spare() -> std::sync::MutexGuard<'static, Option<Spare>> {
 }
 
 /// The spare loaded for `key`, if there is one (waited for if it is
-/// still loading: it is further along than a load started now).
+/// still loading, the lock let go meanwhile: it is further along than a
+/// load started now).
 pub(super) fn take(key: &LoadKey) -> Option<Probes> {
-    let mut held = spare();
-    let matches = matches!(held.as_ref(), Some(Spare::Loading(k, _)) if k == key);
-    if !matches {
-        return None;
-    }
-    let Spare::Loading(_, loading) = held.take()?;
-    loading.join().ok()?.ok()
+    let spare = {
+        let mut held = spare();
+        if held.as_ref().is_none_or(|s| s.key != *key) {
+            return None;
+        }
+        held.take()?
+    };
+    spare.loading.join().ok()?.ok()
 }
 
 /// The programs a followed session attaches (with uprobe sessions, Linux
@@ -84,9 +88,9 @@ const SESSION_PROGRAMS: [&str; 4] = [
 pub(super) fn prepare_like(key: LoadKey, options: ProbeOptions) {
     let mut held = spare();
     match held.as_ref() {
-        Some(Spare::Loading(k, _)) if *k == key => return,
+        Some(spare) if spare.key == key => return,
         // A spare still loading for other settings is let finish first.
-        Some(Spare::Loading(_, loading)) if !loading.is_finished() => return,
+        Some(spare) if !spare.loading.is_finished() => return,
         _ => {}
     }
     let rows = key.rows;
@@ -95,5 +99,5 @@ pub(super) fn prepare_like(key: LoadKey, options: ProbeOptions) {
         probes.prepare(&SESSION_PROGRAMS);
         Ok(probes)
     });
-    *held = Some(Spare::Loading(key, loading));
+    *held = Some(Spare { key, loading });
 }
