@@ -12,9 +12,9 @@
 //!
 //! One spare at a time, for the settings of the last session loaded (it
 //! holds the kernel memory of a session's maps, ~90 MB with the agent's
-//! defaults); only for processes found running (`agent`, `attach
-//! --comm/--exe`): `run` holds the processes it starts until their
-//! probes are attached.
+//! defaults); only for sessions attached to a process already running
+//! (`agent`, `attach --comm/--exe`, and `run`'s forked workers that never
+//! `exec`): a process `run` holds after its `exec` waits for its probes.
 use std::sync::Mutex;
 use std::thread::JoinHandle;
 

@@ -388,9 +388,10 @@ impl Session {
         (probe_options.gc_copy, probe_options.gc_verdicts) = gc.kernel_copy();
         let mut probes = Probes::load(&probe_options, plan.tables.as_ref())?;
         if options.followed && mode == Mode::Attach {
-            // A process found running (`agent`, `attach --comm/--exe`):
-            // the next one like it is not held while its session starts
-            // either, so a spare is loaded for it meanwhile.
+            // A process found running (`agent`, `attach --comm/--exe`,
+            // `run`'s forked workers): the next one like it is not held
+            // while its session starts either, so a spare is loaded for
+            // it meanwhile.
             probes.prepare_spare();
         }
         plan.loaded();
