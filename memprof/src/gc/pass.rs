@@ -186,14 +186,7 @@ impl Judge {
         started: Instant,
         typed: bool,
     ) -> Result<Marks> {
-        let bias = match self.bias {
-            Some(b) => b,
-            None => {
-                let b = self.module.load_bias(self.pid)?;
-                self.bias = Some(b);
-                b
-            }
-        };
+        let bias = self.bias()?;
         let mut pages = PageCache::new(&self.mem);
         let gc_no = self.read_gc_no(bias, &mut pages)?;
         let mut read = |a: u64, buf: &mut [u8]| pages.read(a, buf);
@@ -287,6 +280,17 @@ impl Judge {
     }
 
     /// `GC_gc_no` ([`EndOfMark::read_gc_no`]).
+    /// The collector's module's load bias, read from the maps once
+    /// found (the timeline asks for the heap's size ten times a second).
+    fn bias(&mut self) -> Result<u64> {
+        if let Some(b) = self.bias {
+            return Ok(b);
+        }
+        let b = self.module.load_bias(self.pid)?;
+        self.bias = Some(b);
+        Ok(b)
+    }
+
     fn read_gc_no(&self, bias: u64, pages: &mut PageCache) -> Result<u64> {
         self.end
             .read_gc_no(bias, &mut |a, buf| pages.read(a, buf))
@@ -296,11 +300,9 @@ impl Judge {
     /// The collector's heap size, free and unmapped bytes now (`None` if
     /// its layout was not derivable or the memory is gone).
     pub fn heap_stats(&mut self) -> Option<HeapStats> {
+        self.heap_stats.as_ref()?;
+        let bias = self.bias().ok()?;
         let layout = self.heap_stats.as_ref()?;
-        let bias = match self.bias {
-            Some(b) => b,
-            None => self.module.load_bias(self.pid).ok()?,
-        };
         let mem = &self.mem;
         layout
             .read(bias, &mut |a, buf| mem.read_exact_at(buf, a))
