@@ -125,6 +125,14 @@ pub struct PendingCall {
     /// one ([`crate::GcEvent::typed`]). Kept across the thread's calls.
     pub last_gc: u64,
     pub last_gc_epoch: u64,
+    /// The thread's last `malloc`-family call that sampling skipped and
+    /// that may map memory itself (a large block; any block in a thread,
+    /// whose arena grows by `mmap`): its entry `sp` and return address.
+    /// An `mmap` entering below that `sp` while the return address is
+    /// still there is made inside it: its bytes are that call's, which
+    /// was drawn already (0: none).
+    pub skipped_sp: u64,
+    pub skipped_ret: u64,
 }
 
 /// A clock read and what it is valid for: the jiffy (4 ms at HZ=250) and

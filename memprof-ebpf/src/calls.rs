@@ -124,17 +124,27 @@ fn enter(ctx: &ProbeContext, call: Entry, session: bool, predictable: bool) -> u
     // one draws too, which costs no accuracy: the draws are memoryless,
     // so an outer call is followed with the same probability, and a
     // nested one is never recorded (below).
-    let Some(unsampled) = draw(call.kind, call.size, call.op, call.arg_ptr) else {
-        return SKIP_RETURN;
-    };
-    let Some(process) = this_process() else {
-        return SKIP_RETURN;
-    };
     let thread = bpf_get_current_pid_tgid();
     // Entry probes sit where %rsp and %rbp still have their entry values
     // (userspace guarantees it), so the return address is at the top of
     // the stack and the caller's frame is intact.
     let sp = unsafe { (*ctx.regs).rsp };
+    let Some(unsampled) = draw(call.kind, call.size, call.op, call.arg_ptr) else {
+        if call.kind == AllocKind::Libc as u8 && may_map(&call, thread) {
+            note_skipped(thread, sp);
+        }
+        return SKIP_RETURN;
+    };
+    // glibc's malloc maps large blocks and threads' arenas itself: an
+    // `mmap` inside a call sampling skipped is that call's, not one more
+    // draw (it would be counted twice, once at the malloc's odds).
+    if call.kind == AllocKind::Mmap as u8 && inside_skipped(thread, sp) {
+        bump(|c| &mut c.unsampled_allocs);
+        return SKIP_RETURN;
+    }
+    let Some(process) = this_process() else {
+        return SKIP_RETURN;
+    };
     // From here on `slot` is a valid pointer on every path: the verifier
     // walks the unwinder with one state for it, not two (null or not).
     let Some(slot) = thread_slot(thread, sp, session) else {
@@ -170,6 +180,60 @@ fn enter(ctx: &ProbeContext, call: Entry, session: bool, predictable: bool) -> u
         predict_call(slot, call.kind, call.size)
     } else {
         RUN_RETURN
+    }
+}
+
+/// Requests at least this big may get a block of their own from `mmap`
+/// (glibc's threshold starts at 128 KiB and only grows, unless the
+/// program lowers it with `mallopt`).
+const DIRECT_MAP_MIN: u64 = 64 << 10;
+
+/// Whether a `malloc`-family call may call `mmap` itself: a large
+/// request, or any request of a thread other than the main one (its
+/// arena grows by mapping a new heap; the main arena grows by `brk`).
+#[inline(always)]
+fn may_map(call: &Entry, thread: u64) -> bool {
+    call.size >= DIRECT_MAP_MIN || (thread >> 32) != (thread & 0xffff_ffff)
+}
+
+/// Remembers a `malloc`-family call that sampling skipped, entering at
+/// `sp`, in the thread's slot (see [`PendingCall::skipped_sp`]).
+#[inline(never)]
+fn note_skipped(thread: u64, sp: u64) {
+    let Ok(ret) = (unsafe { bpf_probe_read_user(sp as *const u64) }) else {
+        return;
+    };
+    let slot = match PENDING.get_ptr_mut(&thread) {
+        Some(slot) => slot,
+        None => match new_slot(thread) {
+            Some(slot) => slot,
+            None => return,
+        },
+    };
+    unsafe {
+        (*slot).skipped_sp = sp;
+        (*slot).skipped_ret = ret;
+    }
+}
+
+/// Whether a call entering at `sp` is made inside the thread's last
+/// skipped call: below its entry, whose return slot still holds its
+/// return address, or the kernel's return trampoline (a return probe of
+/// another session on the same function put it there: it starts its
+/// page). A stale slot holding a value that starts a page would hide an
+/// `mmap` of the caller's own: rare, and never a call's return address.
+#[inline(never)]
+fn inside_skipped(thread: u64, sp: u64) -> bool {
+    let Some(slot) = PENDING.get_ptr(&thread) else {
+        return false;
+    };
+    let (skipped_sp, ret) = unsafe { ((*slot).skipped_sp, (*slot).skipped_ret) };
+    if skipped_sp == 0 || sp >= skipped_sp {
+        return false;
+    }
+    match unsafe { bpf_probe_read_user(skipped_sp as *const u64) } {
+        Ok(there) => there == ret || (there != 0 && there & 0xfff == 0),
+        Err(_) => false,
     }
 }
 
@@ -267,6 +331,8 @@ fn new_slot(thread: u64) -> Option<*mut PendingCall> {
         allocd_before: u64::MAX,
         last_gc: 0,
         last_gc_epoch: 0,
+        skipped_sp: 0,
+        skipped_ret: 0,
     };
     let _ = PENDING.insert(&thread, &idle, BPF_NOEXIST as u64);
     PENDING.get_ptr_mut(&thread)

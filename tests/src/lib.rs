@@ -76,6 +76,9 @@ pub mod fixture {
     /// malloc, realloc to grow, half freed: sampled reallocs
     /// (`fixtures/c/sampled_realloc.c`).
     pub const SAMPLED_REALLOC: &str = env!("FIXTURE_SAMPLED_REALLOC");
+    /// Large blocks and threads' arenas, which glibc's malloc maps itself;
+    /// the only mmap blocks are 4 thread stacks (`fixtures/c/sampled_mmaps.c`).
+    pub const SAMPLED_MMAPS: &str = env!("FIXTURE_SAMPLED_MMAPS");
     /// `fixtures/c/gc_verdicts.c` (`gc_verdicts OUT [SLEEP]`) linked with libgc.so.
     pub const GC_VERDICTS: &str = env!("FIXTURE_GC_VERDICTS");
     /// The same source with libgc.a linked in.
