@@ -25,6 +25,15 @@ fn within_5_percent(what: &str, estimate: u64, truth: u64) {
 /// `memprof run --heap libc --sample-bytes 4096` of `exe`, profile in
 /// `dir`: the profile's path and memprof's output.
 fn run_sampled(dir: &TempDir, exe: &str) -> (std::path::PathBuf, std::process::Output) {
+    run_sampled_at(dir, exe, "4096")
+}
+
+/// `memprof run --heap libc --sample-bytes BYTES` of `exe`.
+fn run_sampled_at(
+    dir: &TempDir,
+    exe: &str,
+    bytes: &str,
+) -> (std::path::PathBuf, std::process::Output) {
     let profile = dir.join("sampled.mprof");
     let output = run_ok([
         OsStr::new("run"),
@@ -33,11 +42,21 @@ fn run_sampled(dir: &TempDir, exe: &str) -> (std::path::PathBuf, std::process::O
         OsStr::new("--heap"),
         OsStr::new("libc"),
         OsStr::new("--sample-bytes"),
-        OsStr::new("4096"),
+        OsStr::new(bytes),
         OsStr::new("--"),
         OsStr::new(exe),
     ]);
     (profile, output)
+}
+
+/// The functions of a group's stack, innermost first.
+fn functions(group: &Value) -> Vec<&str> {
+    group["frames"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|f| f["function"].as_str().unwrap_or("?"))
+        .collect()
 }
 
 #[test]
@@ -62,12 +81,7 @@ fn sampled_estimates_are_within_5_percent_per_stack() {
         let group = groups(&json)
             .iter()
             .find(|g| {
-                let frames: Vec<&str> = g["frames"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|f| f["function"].as_str().unwrap_or("?"))
-                    .collect();
+                let frames = functions(g);
                 frames.first() == Some(&function)
                     || (frames.first() == Some(&"churn") && frames.get(1) == Some(&function))
             })
@@ -132,28 +146,9 @@ fn unsampled_reallocs_release_sampled_blocks() {
 #[test]
 fn mmaps_inside_unsampled_mallocs_are_not_drawn_again() {
     let dir = TempDir::new("sampled_mmaps");
-    let profile = dir.join("sampled.mprof");
-    run_ok([
-        OsStr::new("run"),
-        OsStr::new("-o"),
-        profile.as_os_str(),
-        OsStr::new("--heap"),
-        OsStr::new("libc"),
-        OsStr::new("--sample-bytes"),
-        OsStr::new("524288"),
-        OsStr::new("--"),
-        OsStr::new(fixture::SAMPLED_MMAPS),
-    ]);
+    let (profile, _) = run_sampled_at(&dir, fixture::SAMPLED_MMAPS, "524288");
     let json = report_json(&profile);
     assert_eq!(uint(&json, "/lost_events"), 0);
-    let functions = |g: &Value| -> Vec<String> {
-        g["frames"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|f| f["function"].as_str().unwrap_or("?").to_string())
-            .collect()
-    };
     let mmaps: Vec<&Value> = groups(&json)
         .iter()
         .filter(|g| g["kind"] == "mmap")
@@ -161,7 +156,7 @@ fn mmaps_inside_unsampled_mallocs_are_not_drawn_again() {
     for g in &mmaps {
         let frames = functions(g);
         assert!(
-            frames.iter().any(|f| f == "pthread_create") && !frames.iter().any(|f| f == "malloc"),
+            frames.contains(&"pthread_create") && !frames.contains(&"malloc"),
             "an mmap block not of a thread stack: {frames:?}\n{}",
             list_groups(&json)
         );
@@ -174,7 +169,7 @@ fn mmaps_inside_unsampled_mallocs_are_not_drawn_again() {
     // (one standard deviation: 4 %).
     let big = groups(&json)
         .iter()
-        .find(|g| g["kind"] == "libc" && functions(g).first().map(String::as_str) == Some("big"))
+        .find(|g| g["kind"] == "libc" && functions(g).first() == Some(&"big"))
         .map(Counts::of)
         .unwrap_or_else(|| panic!("no group for big:\n{}", list_groups(&json)));
     let error = (big.live_bytes as f64 - 100.0 * 1048576.0).abs() / (100.0 * 1048576.0);
