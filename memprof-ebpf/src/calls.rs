@@ -119,16 +119,17 @@ fn enter(ctx: &ProbeContext, call: Entry, session: bool, predictable: bool) -> u
     if !enabled() {
         return SKIP_RETURN;
     }
-    // Sampling draws first: a call it skips needs no slot lookup (with
-    // a session, its whole cost is this). A call nested in a followed
-    // one draws too, which costs no accuracy: the draws are memoryless,
-    // so an outer call is followed with the same probability, and a
-    // nested one is never recorded (below).
     let thread = bpf_get_current_pid_tgid();
     // Entry probes sit where %rsp and %rbp still have their entry values
     // (userspace guarantees it), so the return address is at the top of
     // the stack and the caller's frame is intact.
     let sp = unsafe { (*ctx.regs).rsp };
+    // Sampling draws first: a call it skips needs no slot lookup (with
+    // a session, its whole cost is this, or one slot write when it may
+    // map memory itself). A call nested in a followed one draws too,
+    // which costs no accuracy: the draws are memoryless, so an outer
+    // call is followed with the same probability, and a nested one is
+    // never recorded (below).
     let Some(unsampled) = draw(call.kind, call.size, call.op, call.arg_ptr) else {
         if call.kind == AllocKind::Libc as u8 && may_map(&call, thread) {
             note_skipped(thread, sp);

@@ -279,7 +279,6 @@ impl Judge {
         Ok(())
     }
 
-    /// `GC_gc_no` ([`EndOfMark::read_gc_no`]).
     /// The collector's module's load bias, read from the maps once
     /// found (the timeline asks for the heap's size ten times a second).
     fn bias(&mut self) -> Result<u64> {
@@ -291,6 +290,7 @@ impl Judge {
         Ok(b)
     }
 
+    /// `GC_gc_no` ([`EndOfMark::read_gc_no`]).
     fn read_gc_no(&self, bias: u64, pages: &mut PageCache) -> Result<u64> {
         self.end
             .read_gc_no(bias, &mut |a, buf| pages.read(a, buf))
