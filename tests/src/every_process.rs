@@ -2,6 +2,7 @@
 //! memprof and stopping it, running a short program to its end, and
 //! reading one process out of the profile.
 
+use crate::functions;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
@@ -53,16 +54,6 @@ pub fn run_to_end(program: &str, args: &[&str]) -> u32 {
     let pid = child.id();
     assert!(child.wait().unwrap().success(), "{program} {args:?} failed");
     pid
-}
-
-/// A group's frames, by function name, innermost first.
-pub fn functions(g: &Value) -> Vec<&str> {
-    g["frames"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f["function"].as_str().unwrap_or("?"))
-        .collect()
 }
 
 /// The profile's entries for pid `pid` (one per process the kernel gave

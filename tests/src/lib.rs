@@ -404,22 +404,27 @@ pub fn groups(json: &Value) -> &[Value] {
         .unwrap_or_else(|| panic!("report has no groups array: {json:#}"))
 }
 
+/// The functions of a group's stack, innermost first ("?" where unnamed).
+pub fn functions(group: &Value) -> Vec<&str> {
+    group["frames"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|f| f["function"].as_str().unwrap_or("?"))
+        .collect()
+}
+
 /// One line per group: kind, counts and the innermost frames, for failure messages.
 pub fn list_groups(json: &Value) -> String {
     let mut list = String::new();
     for g in groups(json) {
-        let frames: Vec<&str> = g["frames"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .take(4)
-            .map(|f| f["function"].as_str().unwrap_or("?"))
-            .collect();
+        let frames = functions(g);
+        let innermost = &frames[..frames.len().min(4)];
         list += &format!(
             "  {} {:?} <- {}\n",
             g["kind"],
             Counts::of(g),
-            frames.join(" <- ")
+            innermost.join(" <- ")
         );
     }
     list

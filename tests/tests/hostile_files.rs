@@ -516,12 +516,7 @@ fn assert_whole(json: &serde_json::Value, pid: u64, what: &str) {
         .into_iter()
         .find(|g| uint(g, "/pid") == pid)
         .unwrap();
-    let frames: Vec<&str> = group["frames"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f["function"].as_str().unwrap_or("?"))
-        .collect();
+    let frames = functions(group);
     assert_eq!(group["truncated"], false, "{what}: {frames:?}");
     assert_eq!(frames.last(), Some(&"_start"), "{what}: {frames:?}");
 }

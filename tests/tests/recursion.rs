@@ -41,15 +41,6 @@ fn assert_all_recorded(json: &Value) {
     assert_eq!(live, NODES * NODE_SIZE, "every node is live at the end");
 }
 
-fn functions(group: &Value) -> Vec<&str> {
-    group["frames"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|f| f["function"].as_str().unwrap_or("?"))
-        .collect()
-}
-
 #[test]
 fn recursion_is_folded_into_one_stack_that_reaches_main() {
     let dir = TempDir::new("recursion-folded");

@@ -49,16 +49,6 @@ fn run_sampled_at(
     (profile, output)
 }
 
-/// The functions of a group's stack, innermost first.
-fn functions(group: &Value) -> Vec<&str> {
-    group["frames"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|f| f["function"].as_str().unwrap_or("?"))
-        .collect()
-}
-
 #[test]
 fn sampled_estimates_are_within_5_percent_per_stack() {
     let dir = TempDir::new("sampling");
