@@ -17,12 +17,13 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, PerCpuArray, Queue, RingBuf},
 };
-use memprof_common::host::{FileKey, KernelLayout, KnownFile, MappedFile};
+use memprof_common::host::{FileKey, KnownFile, MappedFile};
 use memprof_common::{errno, host, module_table, programs, HostEvent, ModuleRange};
 
 use crate::counters::{bump, enabled};
+use crate::layout;
 use crate::settings::{
-    FAMILY_ROOT, HOST, HOST_STARTED_NS, KERNEL_LAYOUT, SELECTING, TASK_EXIT_CODE, TASK_REAL_PARENT,
+    FAMILY_ROOT, HOST, HOST_STARTED_NS, SELECTING, TASK_EXIT_CODE, TASK_REAL_PARENT,
     TASK_START_TIME, TASK_TGID, UNWIND_DWARF,
 };
 use crate::unwind::{MODULE_RANGES, MODULE_TABLE};
@@ -212,17 +213,16 @@ fn selected() -> bool {
             _ => {}
         }
     }
-    let layout = KERNEL_LAYOUT.load();
-    let mm = read_at(unsafe { bpf_get_current_task() }, layout.task_mm);
-    let file = read_at(mm, layout.mm_exe_file);
+    let mm = read_at(unsafe { bpf_get_current_task() }, layout!(task_mm));
+    let file = read_at(mm, layout!(mm_exe_file));
     if file == 0 {
         return false;
     }
-    let inode = read_at(file, layout.file_inode);
+    let inode = read_at(file, layout!(file_inode));
     let key = FileKey {
-        dev: read_at(read_at(inode, layout.inode_sb), layout.sb_dev) as u32,
+        dev: read_at(read_at(inode, layout!(inode_sb)), layout!(sb_dev)) as u32,
         _pad: 0,
-        ino: read_at(inode, layout.inode_ino),
+        ino: read_at(inode, layout!(inode_ino)),
     };
     unsafe { SELECTED_EXES.get(&key) }.is_some()
 }
@@ -273,12 +273,11 @@ fn new_event(tgid: u32, index: u32, exit_code: u32) {
     if let Some(mut entry) = HOST_EVENTS.reserve::<HostEvent>(0) {
         let event = unsafe { &mut *entry.as_mut_ptr() };
         fill(event, host::NEW, tgid, index, exit_code);
-        let layout = KERNEL_LAYOUT.load();
-        let mm = read_at(unsafe { bpf_get_current_task() }, layout.task_mm);
-        command_line(event, mm, &layout);
-        let exe = read_at(mm, layout.mm_exe_file);
+        let mm = read_at(unsafe { bpf_get_current_task() }, layout!(task_mm));
+        command_line(event, mm);
+        let exe = read_at(mm, layout!(mm_exe_file));
         if exe != 0 {
-            path_of(exe, &mut event.path, &layout);
+            path_of(exe, &mut event.path);
         }
         entry.submit(0);
     }
@@ -425,7 +424,7 @@ pub(crate) fn process_exec(bprm: u64) -> i32 {
     if let Some(mut entry) = HOST_EVENTS.reserve::<HostEvent>(0) {
         let event = unsafe { &mut *entry.as_mut_ptr() };
         fill(event, host::PROGRAM, tgid, index, 0);
-        let at = (bprm as *const u8).wrapping_add(KERNEL_LAYOUT.load().bprm_filename as usize);
+        let at = (bprm as *const u8).wrapping_add(layout!(bprm_filename) as usize);
         if let Ok(name) = unsafe { bpf_probe_read_kernel(at as *const u64) } {
             let _ = unsafe { bpf_probe_read_kernel_str_bytes(name as *const u8, &mut event.path) };
         }
@@ -439,9 +438,9 @@ pub(crate) fn process_exec(bprm: u64) -> i32 {
 /// (an `exec`'s comes before its [`host::PROGRAM`]): a process gone in a
 /// millisecond is named by its arguments, not its path alone.
 #[inline(always)]
-fn command_line(event: &mut HostEvent, mm: u64, layout: &KernelLayout) {
-    let start = read_at(mm, layout.mm_arg_start);
-    let bytes = read_at(mm, layout.mm_arg_end).saturating_sub(start);
+fn command_line(event: &mut HostEvent, mm: u64) {
+    let start = read_at(mm, layout!(mm_arg_start));
+    let bytes = read_at(mm, layout!(mm_arg_end)).saturating_sub(start);
     event.args_len = bytes.min(u32::MAX as u64) as u32;
     let n = (bytes as usize).min(host::ARGS_BYTES);
     let read = match event.args.get_mut(..n) {
@@ -531,29 +530,28 @@ pub(crate) struct TableBuild {
 /// One mapping of [`build_table`]'s walk.
 #[inline(never)]
 fn visit(vma: u64, index: u32, tgid: u32, build: *mut TableBuild) {
-    let layout = KERNEL_LAYOUT.load();
     let read = |base: u64, offset: u32| -> u64 {
         let at = (base as *const u8).wrapping_add(offset as usize);
         unsafe { bpf_probe_read_kernel(at as *const u64) }.unwrap_or(0)
     };
-    if read(vma, layout.vma_flags) & host::VM_EXEC == 0 {
+    if read(vma, layout!(vma_flags)) & host::VM_EXEC == 0 {
         return;
     }
-    let file = read(vma, layout.vma_file);
+    let file = read(vma, layout!(vma_file));
     if file == 0 {
         return;
     }
-    let inode = read(file, layout.file_inode);
-    let sb = read(inode, layout.inode_sb);
+    let inode = read(file, layout!(file_inode));
+    let sb = read(inode, layout!(inode_sb));
     let key = FileKey {
-        dev: read(sb, layout.sb_dev) as u32,
+        dev: read(sb, layout!(sb_dev)) as u32,
         _pad: 0,
-        ino: read(inode, layout.inode_ino),
+        ino: read(inode, layout!(inode_ino)),
     };
     let mapped = MappedFile {
-        start: read(vma, layout.vma_start),
-        end: read(vma, layout.vma_end),
-        pgoff: read(vma, layout.vma_pgoff),
+        start: read(vma, layout!(vma_start)),
+        end: read(vma, layout!(vma_end)),
+        pgoff: read(vma, layout!(vma_pgoff)),
         file: key,
     };
     let known = unsafe { KNOWN_FILES.get(&key) }.copied();
@@ -563,7 +561,7 @@ fn visit(vma: u64, index: u32, tgid: u32, build: *mut TableBuild) {
         event.mapping = mapped;
         if known.is_none() {
             // Named for userspace, which may not read the process in time.
-            path_of(file, &mut event.path, &layout);
+            path_of(file, &mut event.path);
         }
         entry.submit(0);
     }
@@ -602,16 +600,16 @@ fn visit(vma: u64, index: u32, tgid: u32, build: *mut TableBuild) {
 /// `bpf_loop` call: the verifier checks a step once, not once per
 /// component.
 #[inline(always)]
-fn path_of(file: u64, path: &mut [u8; host::PATH_BYTES], layout: &KernelLayout) {
+fn path_of(file: u64, path: &mut [u8; host::PATH_BYTES]) {
     let Some(walk) = PATH_WALK.get_ptr_mut(0) else {
         return;
     };
-    let vfsmount = read_at(file, layout.path_mnt);
+    let vfsmount = read_at(file, layout!(path_mnt));
     unsafe {
         *walk = PathWalk {
             vfsmount,
-            dentry: read_at(file, layout.path_dentry),
-            mount: vfsmount.wrapping_sub(u64::from(layout.mount_mnt)),
+            dentry: read_at(file, layout!(path_dentry)),
+            mount: vfsmount.wrapping_sub(u64::from(layout!(mount_mnt))),
             at: 0,
             path: [0; host::PATH_BYTES],
         };
@@ -648,26 +646,25 @@ extern "C" fn path_step(_index: u64, _ctx: *mut core::ffi::c_void) -> i64 {
         return 1;
     };
     let walk = unsafe { &mut *walk };
-    let layout = KERNEL_LAYOUT.load();
     if walk.dentry == 0 {
         return 1;
     }
-    if walk.dentry == read_at(walk.vfsmount, layout.vfsmount_root) {
+    if walk.dentry == read_at(walk.vfsmount, layout!(vfsmount_root)) {
         // The root of its mount: on to where it is mounted.
-        let parent = read_at(walk.mount, layout.mount_parent);
+        let parent = read_at(walk.mount, layout!(mount_parent));
         if parent == walk.mount || parent == 0 {
             return 1;
         }
-        walk.dentry = read_at(walk.mount, layout.mount_mountpoint);
+        walk.dentry = read_at(walk.mount, layout!(mount_mountpoint));
         walk.mount = parent;
-        walk.vfsmount = parent.wrapping_add(u64::from(layout.mount_mnt));
+        walk.vfsmount = parent.wrapping_add(u64::from(layout!(mount_mnt)));
         return 0;
     }
-    let parent = read_at(walk.dentry, layout.dentry_parent);
+    let parent = read_at(walk.dentry, layout!(dentry_parent));
     if parent == walk.dentry {
         return 1;
     }
-    let name = read_at(walk.dentry, layout.dentry_name);
+    let name = read_at(walk.dentry, layout!(dentry_name));
     let at = walk.at as usize;
     let Some(dest) = walk.path.get_mut(at..at + host::PATH_COMPONENT) else {
         return 1;

@@ -59,7 +59,7 @@ pub(crate) static TASK_START_TIME: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 pub(crate) static HOST_STARTED_NS: Global<u64> = Global::new(0);
 /// Offsets in the kernel's memory-map structures (`attach --all`'s
-/// tables built in the kernel).
+/// tables built in the kernel). Read a field at a time ([`layout!`]).
 #[unsafe(no_mangle)]
 pub(crate) static KERNEL_LAYOUT: Global<KernelLayout> = Global::new(KernelLayout {
     vma_start: 0,
@@ -85,3 +85,18 @@ pub(crate) static KERNEL_LAYOUT: Global<KernelLayout> = Global::new(KernelLayout
     mount_parent: 0,
     mount_mountpoint: 0,
 });
+
+/// One field of [`KERNEL_LAYOUT`], read where it is: `load()` would copy
+/// all 88 bytes onto the stack, whose 512 bytes a whole call chain shares.
+#[macro_export]
+macro_rules! layout {
+    ($field:ident) => {{
+        #[allow(unused_unsafe)]
+        let value = unsafe {
+            let all = core::ptr::addr_of!($crate::settings::KERNEL_LAYOUT)
+                as *const memprof_common::host::KernelLayout;
+            core::ptr::read_volatile(core::ptr::addr_of!((*all).$field))
+        };
+        value
+    }};
+}

@@ -181,7 +181,7 @@ const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 /// every path through a recursive function is one stack, its innermost
 /// occurrence, and the walk goes on to the callers (up to `MAX_STEPS`
 /// frames walked, `MAX_FRAMES` kept).
-#[inline(always)]
+#[inline(never)]
 pub(crate) fn dwarf_unwind(ctx: &ProbeContext, packed: u32) -> (u64, Option<u64>) {
     let regs = unsafe { &*ctx.regs };
     let Some(scratch) = SCRATCH.get_ptr_mut(0) else {
@@ -421,19 +421,32 @@ fn shortened(stack: &mut DwarfStack) -> Option<u64> {
 fn cached_row(cache: &mut RowCache, pc: u64, packed: u32) -> Option<(UnwindRow, u64)> {
     let slot = ((pc ^ (pc >> 12)) as usize) & (ROW_CACHE_SLOTS as usize - 1);
     let entry = &mut cache.rows[slot];
-    if entry.pc != pc || entry.packed != packed as u64 {
-        // `count` is a mask, not min(): the searches stay prunable.
-        let modules = module_table::count(packed);
-        let table = module_table::first_slot(packed);
-        let (row, func) = find_row(pc, table, modules)?;
-        *entry = CachedRow {
-            pc,
-            rule: rule_of(&row),
-            func,
-            packed: packed as u64,
-        };
+    if (entry.pc != pc || entry.packed != packed as u64) && !fill_entry(entry, pc, packed) {
+        return None;
     }
     Some((row_of(entry.rule), entry.func))
+}
+
+/// Fills the cache entry `entry` with the row of `pc` in module table
+/// `packed`; false when there is none. A function of its own: the two
+/// unrolled binary searches keep many values live across map lookups,
+/// and their spills, inlined, would be on the frame of every function
+/// that walks a stack (the 512-byte limit is per call chain).
+#[inline(never)]
+fn fill_entry(entry: &mut CachedRow, pc: u64, packed: u32) -> bool {
+    // `count` is a mask, not min(): the searches stay prunable.
+    let modules = module_table::count(packed);
+    let table = module_table::first_slot(packed);
+    let Some((row, func)) = find_row(pc, table, modules) else {
+        return false;
+    };
+    *entry = CachedRow {
+        pc,
+        rule: rule_of(&row),
+        func,
+        packed: packed as u64,
+    };
+    true
 }
 
 /// The CFI row covering `pc` and the function it belongs to (its start,
