@@ -24,6 +24,9 @@ pub const STACKS: &str = "STACKS";
 
 // calls: the calls in flight.
 pub const PENDING: &str = "PENDING";
+/// Per CPU, a thread's idle slot before it goes into `PENDING` (not on
+/// the 512-byte BPF stack).
+pub const IDLE_SLOT: &str = "IDLE_SLOT";
 
 // sampling.
 /// `SAMPLE_QUANTILES` distances between sample points, bytes.
@@ -123,7 +126,7 @@ pub const SIGNAL_ON_DLOPEN: &str = "SIGNAL_ON_DLOPEN";
 pub const DLOPEN_SIGNALLED: &str = "DLOPEN_SIGNALLED";
 
 /// Every map of the eBPF object.
-pub const ALL: [&str; 42] = [
+pub const ALL: [&str; 43] = [
     ENABLED,
     COUNTERS,
     LIVE,
@@ -132,6 +135,7 @@ pub const ALL: [&str; 42] = [
     OVERFLOW_TOTALS,
     STACKS,
     PENDING,
+    IDLE_SLOT,
     SAMPLE_DISTANCES,
     SAMPLE_COUNTDOWN,
     PREDICT,

@@ -18,7 +18,7 @@ use aya_ebpf::{
     bindings::{pt_regs, BPF_F_USER_STACK, BPF_NOEXIST},
     helpers::{bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_probe_read_user},
     macros::map,
-    maps::HashMap,
+    maps::{HashMap, PerCpuArray},
     programs::{tracing::StackIdContext, ProbeContext, RetProbeContext},
     EbpfContext,
 };
@@ -300,44 +300,52 @@ fn call_site(ctx: &ProbeContext, sp: u64, unsampled: u8, modules: u32) -> (u64, 
 }
 
 /// Adds `thread`'s slot to `PENDING`, idle; `None` if the table is full.
-/// Its own function: the idle slot's copy is not on the unwinder's stack.
+/// The idle slot is written in this CPU's `IDLE_SLOT`, not on the stack,
+/// whose 512 bytes the whole call chain shares.
 #[inline(never)]
 fn new_slot(thread: u64) -> Option<*mut PendingCall> {
-    let idle = PendingCall {
-        site: AllocSite {
-            caller: 0,
-            stack_id: NO_STACK,
-            kind: 0,
-            _pad: [0; 3],
-            process: 0,
-        },
-        size: 0,
-        arg_ptr: 0,
-        nested: 0,
-        op: 0,
-        unsampled: 0,
-        active: 0,
-        _pad: 0,
-        sp: 0,
-        clock: ThreadClock {
-            ns: 0,
-            jiffies: 0,
-            epoch: 0,
-        },
-        gc_key: 0,
-        tcache: 0,
-        found_epoch: 0,
-        predicted: 0,
-        refill_lb: 0,
-        allocd_before: u64::MAX,
-        last_gc: 0,
-        last_gc_epoch: 0,
-        skipped_sp: 0,
-        skipped_ret: 0,
-    };
-    let _ = PENDING.insert(&thread, &idle, BPF_NOEXIST as u64);
+    let idle = IDLE_SLOT.get_ptr_mut(0)?;
+    unsafe {
+        *idle = PendingCall {
+            site: AllocSite {
+                caller: 0,
+                stack_id: NO_STACK,
+                kind: 0,
+                _pad: [0; 3],
+                process: 0,
+            },
+            size: 0,
+            arg_ptr: 0,
+            nested: 0,
+            op: 0,
+            unsampled: 0,
+            active: 0,
+            _pad: 0,
+            sp: 0,
+            clock: ThreadClock {
+                ns: 0,
+                jiffies: 0,
+                epoch: 0,
+            },
+            gc_key: 0,
+            tcache: 0,
+            found_epoch: 0,
+            predicted: 0,
+            refill_lb: 0,
+            allocd_before: u64::MAX,
+            last_gc: 0,
+            last_gc_epoch: 0,
+            skipped_sp: 0,
+            skipped_ret: 0,
+        };
+        let _ = PENDING.insert(&thread, &*idle, BPF_NOEXIST as u64);
+    }
     PENDING.get_ptr_mut(&thread)
 }
+
+/// Where [`new_slot`] writes a thread's idle slot before adding it.
+#[map]
+static IDLE_SLOT: PerCpuArray<PendingCall> = PerCpuArray::with_max_entries(1, 0);
 
 /// Whether the pending call `call` is over although its return probe
 /// never ran, seen from a new call (or free) entering at `sp`. Stacks
@@ -370,8 +378,9 @@ pub(crate) fn alloc_session(ctx: *mut core::ffi::c_void) -> u32 {
     }
 }
 
-// The two halves as functions of their own: each gets its own
-// 512-byte stack frame (together, inlined, they overflow one).
+// The two halves as functions of their own, side by side in the call
+// graph: the chain's 512 bytes of stack hold one of them at a time
+// (inlined, their frames would add up).
 #[inline(never)]
 fn session_entry(regs: *mut pt_regs) -> u32 {
     alloc_entry(&ProbeContext::new(regs as *mut core::ffi::c_void), true)
