@@ -27,12 +27,26 @@ pub fn run_cli(cli: Cli) -> Result<i32> {
             heap,
         } => probes(pid, probe_at_entry, heap),
         command => {
+            if session_args(&command).is_some_and(|session| session.verbose) {
+                eprintln!("memprof: {}", crate::probes::kernel().summary());
+            }
             // The long-running modes: Ctrl-C, SIGTERM and SIGCHLD are the
             // driver's from here until the profile is written.
             crate::driver::preflight::raise_open_files_limit();
             let driver = Driver::new()?;
             long_running(&driver, command)
         }
+    }
+}
+
+/// The profiling options of `command`, if it takes them.
+fn session_args(command: &Command) -> Option<&SessionArgs> {
+    match command {
+        Command::Run { session, .. }
+        | Command::Attach { session, .. }
+        | Command::Top { session, .. }
+        | Command::Agent { session, .. } => Some(session),
+        Command::Report(_) | Command::Probes { .. } | Command::Heap { .. } => None,
     }
 }
 
@@ -220,10 +234,12 @@ fn top_agent(
     crate::top::from_agent(driver, socket, &filter, (refresh, count, duration))
 }
 
-/// `memprof probes --pid N`: where the probes would go, and why.
+/// `memprof probes --pid N`: where the probes would go, and why; first,
+/// what the kernel offers them.
 fn probes(pid: u32, probe_at_entry: bool, heap: Heap) -> Result<i32> {
     let plan = crate::plan::plan_for_pid(pid, probe_at_entry, heap)?;
     let mut out = std::io::stdout().lock();
+    writeln!(out, "{}\n", crate::probes::kernel().summary())?;
     writeln!(
         out,
         "{:<16} {:<28} {:>8}  why",

@@ -377,6 +377,7 @@ impl Host {
         let mut counters = self.probes.peek()?.counters()?;
         counters.stacks_not_finished += self.deferred.dropped;
         counters.short_of_resources += self.short_of_resources;
+        counters.tables_from_proc += self.tables_from_proc();
         (counters.processes_evicted, counters.evicted_allocs) = self.evicted;
         self.take_file_notes();
         self.notes.say();
@@ -584,6 +585,13 @@ impl Host {
             }
             _ => {}
         }
+    }
+
+    /// Processes whose first module table came from /proc, the kernel
+    /// building none ([`ModuleTables::tables_from_proc`]).
+    fn tables_from_proc(&self) -> u64 {
+        let tables = self.tables.lock().unwrap_or_else(|e| e.into_inner());
+        tables.tables_from_proc()
     }
 
     /// Gives process `index` the module table of its mappings last read,

@@ -2,7 +2,8 @@
 //!
 //! Each program is loaded once and attached with one multi-uprobe link per
 //! file (`multi.rs`) to every function of that file that shares its
-//! argument layout; each offset's cookie tells the program which
+//! argument layout, or, on a kernel without them, one perf event per
+//! function (`classic.rs`); each offset's cookie tells the program which
 //! [`memprof_common::AllocKind`] it is counting and how to read the
 //! arguments. Every probe is scoped to the target's pid, and its link is
 //! kept in [`Probes`] until it is dropped.
@@ -14,7 +15,7 @@ use aya::programs::RawTracePoint;
 use memprof_common::programs;
 
 use super::multi::{self, Attach};
-use super::{permission_hint, Probes};
+use super::{classic, kernel, permission_hint, Link, Probes};
 use crate::modules::{Module, ModuleCache};
 use crate::placement::Planned;
 
@@ -47,14 +48,15 @@ impl Probes {
         // `GC_malloc_atomic`, glibc's `malloc`): its entry skips the return
         // of most calls. Else the pair: following every call, it is
         // cheaper (1.63× against 1.72×: the session's return goes through
-        // the kernel's per-consumer bookkeeping).
-        self.predict = self.predict && !self.empty && self.session_available();
+        // the kernel's per-consumer bookkeeping). Without sessions (Linux
+        // < 6.13), the pair, and no result read at the entry.
+        let sessions = kernel().uprobe_session;
+        self.predict = self.predict && !self.empty && sessions;
         // With a predicted allocator, every allocating function gets the
         // session: one program to load and verify, not three (`memprof
         // run -- /bin/true`: 0.59 s against 0.79 s), for a return that
         // costs a little more on the functions not predicted.
-        let session =
-            !self.empty && (self.sample_bytes > 0 || self.predict) && self.session_available();
+        let session = !self.empty && (self.sample_bytes > 0 || self.predict) && sessions;
         let mut links: BTreeMap<(Attach, &'static str, PathBuf), LinkPlan> = BTreeMap::new();
         for planned in plan {
             let f = &planned.func;
@@ -62,18 +64,18 @@ impl Probes {
             let cookie = memprof_common::cookie::new(f.func.kind, f.func.layout);
             let offset = f.file_offset + planned.placement.offset;
             let probes = match (f.func.exit_program, self.empty) {
-                (None, false) => vec![(Attach::Multi, f.func.entry_program)],
-                (None, true) => vec![(Attach::Multi, programs::EMPTY)],
+                (None, false) => vec![(Attach::Entry, f.func.entry_program)],
+                (None, true) => vec![(Attach::Entry, programs::EMPTY)],
                 (Some(_), true) => vec![
                     (Attach::Return, programs::EMPTY_RET),
-                    (Attach::Multi, programs::EMPTY),
+                    (Attach::Entry, programs::EMPTY),
                 ],
                 (Some(_), false) if session && f.func.entry_program == programs::ALLOC_ENTER => {
                     vec![(Attach::Session, programs::ALLOC_SESSION)]
                 }
                 (Some(exit), false) => vec![
                     (Attach::Return, exit),
-                    (Attach::Multi, f.func.entry_program),
+                    (Attach::Entry, f.func.entry_program),
                 ],
             };
             for (how, program) in probes {
@@ -97,23 +99,6 @@ impl Probes {
             self.attached += count;
         }
         Ok(())
-    }
-
-    /// Whether the session program loads (Linux 6.13 and later), tried
-    /// once. Without it, each allocating function gets the pair of
-    /// programs, and every call pays for its return probe.
-    fn session_available(&mut self) -> bool {
-        *self.session.get_or_insert_with(|| {
-            match self.programs.get(programs::ALLOC_SESSION) {
-                Ok(_) => true,
-                Err(e) => {
-                    eprintln!(
-                        "memprof: note: no uprobe sessions here ({e:#}): every allocation's return is probed"
-                    );
-                    false
-                }
-            }
-        })
     }
 
     /// Attaches the program that removes an exiting thread's slot of the
@@ -167,12 +152,13 @@ impl Probes {
             &module.fd_path(),
             &[(offset, cookie)],
             pid,
-            Attach::Multi,
+            Attach::Entry,
         )
         .with_context(|| format!("attaching to {what} in {}", module.path().display()))
     }
 
-    /// One multi-uprobe link of `program` at `probes` of `file`.
+    /// `program` at `probes` of `file`: one multi-uprobe link, or where
+    /// the kernel has none, a classic uprobe each.
     fn link(
         &mut self,
         program: &'static str,
@@ -185,9 +171,14 @@ impl Probes {
             .programs
             .get(program)
             .map_err(|e| permission_hint(e, &format!("loading program {program}")))?;
-        let link = multi::attach(fd, file, probes, pid, how)
-            .map_err(|e| permission_hint(e, "attaching a uprobe"))?;
-        self.links.push((program, link));
+        let attached = if kernel().multi_uprobe {
+            multi::attach(fd, file, probes, pid, how).map(|link| vec![Link(vec![link])])
+        } else {
+            debug_assert!(how != Attach::Session, "a session without multi-uprobes");
+            classic::attach(fd, file, probes, pid, how == Attach::Return)
+        };
+        let links = attached.map_err(|e| permission_hint(e, "attaching a uprobe"))?;
+        self.links.extend(links);
         Ok(())
     }
 }

@@ -234,6 +234,13 @@ pub struct ModuleTables {
     ranges: MapData,
     /// `PROCESS_MODULES`.
     modules: MapData,
+    /// `PROCESS_MODULES` to read, while the kernel builds no table of its
+    /// own (no task-VMA iterator, Linux < 6.7): the processes whose
+    /// first table is userspace's are counted ([`Self::tables_from_proc`]).
+    kernel_built: Option<aya::maps::Array<MapData, u32>>,
+    /// Processes whose first module table came from /proc, with
+    /// `kernel_built`.
+    tables_from_proc: u64,
     /// The kernel's free segments (`FREE_SEGMENTS`).
     kernel_free: Queue<MapData, u32>,
     /// Userspace's segments no process uses, the oldest first.
@@ -261,6 +268,9 @@ impl ModuleTables {
         let Some(segment) = self.free.pop_front() else {
             return Ok(false);
         };
+        if !self.by_index.contains_key(&index) {
+            self.count_first_table(index);
+        }
         self.generation = self.generation.wrapping_add(1);
         let packed = module_table::pack(ranges.len() as u32, segment, self.generation);
         super::batch::fill_at(&self.ranges, module_table::slot(segment, 0), ranges)?;
@@ -273,6 +283,26 @@ impl ModuleTables {
             self.give_back(old);
         }
         Ok(true)
+    }
+
+    /// Process `index` gets its first table from userspace: counted when
+    /// the kernel, without the task-VMA iterator, left it none (a forked
+    /// process may have its parent's).
+    fn count_first_table(&mut self, index: u32) {
+        let Some(kernel_built) = &self.kernel_built else {
+            return;
+        };
+        let packed = kernel_built.get(&index, 0).unwrap_or(0);
+        if module_table::count(packed) == 0 {
+            self.tables_from_proc += 1;
+        }
+    }
+
+    /// Processes whose first module table came from memprof's reading of
+    /// /proc, the kernel having no task-VMA iterator to build it (0 on a
+    /// kernel with one).
+    pub fn tables_from_proc(&self) -> u64 {
+        self.tables_from_proc
     }
 
     /// The kernel gave process `index` the table `new` in place of `old`
@@ -464,9 +494,17 @@ impl Probes {
 
     /// The processes' module tables, for any thread.
     pub fn module_tables(&self) -> Result<ModuleTables> {
+        let kernel_built = match super::kernel().task_vma_iter {
+            true => None,
+            false => Some(aya::maps::Array::try_from(aya::maps::Map::from_map_data(
+                self.dup_map(maps::PROCESS_MODULES)?,
+            )?)?),
+        };
         Ok(ModuleTables {
             ranges: self.dup_map(maps::MODULE_RANGES)?,
             modules: self.dup_map(maps::PROCESS_MODULES)?,
+            kernel_built,
+            tables_from_proc: 0,
             kernel_free: Queue::try_from(aya::maps::Map::from_map_data(
                 self.dup_map(maps::FREE_SEGMENTS)?,
             )?)?,

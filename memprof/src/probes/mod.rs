@@ -8,7 +8,10 @@
 //! | part | what it does |
 //! |---|---|
 //! | this module | loads the object with the map sizes and load-time settings of [`ProbeOptions`], flips the switches the kernel reads while running, stops recording |
+//! | `kernel` | what the running kernel offers (multi-uprobes, uprobe sessions, the task-VMA iterator), found once; every fallback is chosen from it |
 //! | `attach` | attaches programs to functions of the target, scoped to its pid |
+//! | `multi`, `classic` | loads the uprobe programs; links them with multi-uprobe links, or one perf event per probe where the kernel lacks those |
+//! | `verifier` | why the verifier refused a program, in one short block |
 //! | `unwind_tables` | writes the CFI rows and the module ranges the kernel unwinder searches |
 //! | `gc_hold` | the protocols with a traced target: holding a collector for the mark-bit pass, stopping the main thread after `dlopen` |
 //! | `view` | a read-only view of the kernel's tables, in userspace types ([`Site`], [`LiveBlock`]) |
@@ -24,15 +27,19 @@ use crate::unwind::Tables;
 
 mod attach;
 mod batch;
+mod classic;
 mod gc_hold;
 mod host;
+mod kernel;
 mod multi;
 mod spare;
 mod unwind_tables;
+mod verifier;
 mod view;
 
 pub use gc_hold::{GcChange, GcEvents};
 pub use host::{monotonic_ns, DeferredStacks, HostEvents, ModuleTables, Prefetched, RowTable};
+pub use kernel::kernel;
 pub use view::{HeapMaps, LiveBlock, RecordedStack, Site};
 
 use unwind_tables::ModuleTable;
@@ -111,11 +118,8 @@ pub struct Probes {
     empty: bool,
     /// The programs, loaded on first use.
     programs: multi::Programs,
-    /// Whether the session program loads (see `Probes::attach`); None:
-    /// not tried yet.
-    session: Option<bool>,
-    /// Every link: (program name, link). A link holds many probes.
-    links: Vec<(&'static str, std::os::fd::OwnedFd)>,
+    /// Every link. A multi-uprobe link holds many probes.
+    links: Vec<Link>,
     /// How many probes (entry + return) are attached.
     pub attached: usize,
     /// GC objects allocated and freed (see [`memprof_common::GcEvent`]),
@@ -248,7 +252,6 @@ impl Probes {
             gc_events: Some(GcEvents::new(take_map(&mut ebpf, maps::GC_EVENTS)?)?),
             ebpf,
             empty: options.empty,
-            session: None,
             links: Vec::new(),
             attached: 0,
             predict: false,
@@ -340,7 +343,9 @@ impl Probes {
     /// kernel's grace periods; closed on a thread each, the waits overlap
     /// (`run -- /bin/true`: 0.53 s instead of 0.70 s closing its links in
     /// turn), while the caller goes on; [`Detaching::wait`] joins them. No
-    /// probe is left in the target after that.
+    /// probe is left in the target after that. (A classic uprobe's
+    /// detach, ~0.1 s, waits for the one before it in the kernel: on a
+    /// thread each they at least leave the caller alone.)
     pub fn detach(mut self) -> Detaching {
         let links = std::mem::take(&mut self.links);
         Detaching(std::thread::spawn(move || {
@@ -358,6 +363,11 @@ impl Probes {
         Detaching(std::thread::spawn(move || close(links)))
     }
 }
+
+/// One link's descriptors, closed together (closing them detaches its
+/// probes): a multi-uprobe link, or a classic uprobe's BPF link and perf
+/// event, in the order they are closed.
+pub(super) struct Link(#[allow(dead_code)] Vec<std::os::fd::OwnedFd>);
 
 /// The data of a map of any type memprof's object has (aya's `Map` is one
 /// variant per type, each holding the same `MapData`).

@@ -1,4 +1,5 @@
-//! Programs loaded for multi-uprobe links, and the links.
+//! The uprobe programs, loaded for the links the kernel has, and the
+//! multi-uprobe links.
 //!
 //! A uprobe attached through a perf event costs the kernel ~0.1 s to
 //! detach, and the detaches are serialized (`event_mutex`): 20–35 probes
@@ -9,7 +10,10 @@
 //! attach type is fixed at load) nor creates such links, so both are raw
 //! `bpf(2)` calls here, on the instructions aya's own object parser
 //! (`aya-obj`, the crate aya loads with) relocates against the maps aya
-//! created.
+//! created. On a kernel without them (Linux < 6.6, [`super::kernel`]) the
+//! same programs are loaded for perf events instead (expected attach
+//! type 0) and attached by `classic.rs`. A program the verifier refuses
+//! is explained by `verifier.rs`.
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -23,6 +27,8 @@ use aya_obj::generated::{
     BPF_IMM, BPF_LD, BPF_PSEUDO_FUNC,
 };
 use memprof_common::programs;
+
+use super::kernel::{kernel, KfuncLink};
 
 /// The eBPF object's programs, relocated once, loaded on first use.
 pub(super) struct Programs {
@@ -123,68 +129,89 @@ impl Programs {
             record_size: function.func_info_rec_size as u32,
         });
         let mut instructions = function.instructions.clone();
-        let linked = link_kfuncs(&mut instructions)?;
-        let fd = if name == programs::ALLOC_SESSION {
-            if linked == 0 {
-                bail!("no bpf_session_is_return call to link in program {name}");
-            }
-            load(name, &instructions, Attach::Session, btf.as_ref())?
-        } else {
-            load(name, &instructions, Attach::Multi, btf.as_ref())?
-        };
+        link_kfuncs(&mut instructions, |placeholder| kernel().kfunc(placeholder))?;
+        let fd = load(
+            name,
+            &instructions,
+            expected_attach_type(name)?,
+            btf.as_ref(),
+        )?;
         let raw = fd.as_raw_fd();
         self.loaded.insert(name.to_string(), fd);
         Ok(raw)
     }
 }
 
-/// How a program is attached: decides the expected attach type it is
-/// loaded with, and its links'.
+/// The attach type program `name` is loaded for: the session program's
+/// own; else multi-uprobe links where the kernel has them, or perf
+/// events (0, classic uprobes).
+fn expected_attach_type(name: &str) -> Result<u32> {
+    if name == programs::ALLOC_SESSION {
+        if !kernel().uprobe_session {
+            bail!("program {name} needs uprobe sessions (Linux 6.13), which this kernel lacks");
+        }
+        return Ok(BPF_TRACE_UPROBE_SESSION);
+    }
+    Ok(match kernel().multi_uprobe {
+        true => bpf_attach_type::BPF_TRACE_UPROBE_MULTI as u32,
+        false => 0,
+    })
+}
+
+/// Where a probe fires.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, PartialOrd, Ord)]
 pub(super) enum Attach {
     /// At returns (first in this order: see `Probes::attach`).
     Return,
     /// At entries and, where the entry asks, at the returns of the same
-    /// calls (`BPF_TRACE_UPROBE_SESSION`, Linux 6.13).
+    /// calls (`BPF_TRACE_UPROBE_SESSION`, Linux 6.13; never chosen
+    /// without [`super::KernelFeatures::uprobe_session`]).
     Session,
-    /// At function entries (`BPF_TRACE_UPROBE_MULTI`).
-    Multi,
+    /// At function entries.
+    Entry,
 }
 
 /// `BPF_TRACE_UPROBE_SESSION`: newer than aya-obj's bindings.
-const BPF_TRACE_UPROBE_SESSION: u32 = 57;
+pub(super) const BPF_TRACE_UPROBE_SESSION: u32 = 57;
 
 /// Rewrites the placeholder helper calls of kfuncs
 /// ([`programs::KFUNCS`]: `bpf_session_is_return()`, the task-VMA
-/// iterator) into calls of the kfuncs, by the running kernel's BTF ids.
+/// iterator) as `link` says: into calls of the kfuncs, by the running
+/// kernel's BTF ids, or, for a kfunc the kernel lacks and the program can
+/// do without, into `r0 = value` (see [`super::KernelFeatures::kfunc`]).
 /// Returns how many calls were rewritten.
-fn link_kfuncs(instructions: &mut [bpf_insn]) -> Result<usize> {
+fn link_kfuncs(
+    instructions: &mut [bpf_insn],
+    link: impl Fn(u32) -> Option<KfuncLink>,
+) -> Result<usize> {
     const BPF_CALL: u8 = 0x85; // BPF_JMP | BPF_CALL
+    const BPF_MOV64_IMM: u8 = 0xb7; // BPF_ALU64 | BPF_MOV | BPF_K
     const BPF_PSEUDO_KFUNC_CALL: u8 = 2;
-    let is_placeholder = |insn: &bpf_insn| {
-        insn.code == BPF_CALL
-            && insn.src_reg() == 0
-            && programs::KFUNCS.iter().any(|(n, _)| insn.imm as u32 == *n)
-    };
-    if !instructions.iter().any(is_placeholder) {
-        return Ok(0);
-    }
-    let btf = aya_obj::btf::Btf::from_sys_fs().context("reading the kernel's BTF")?;
     let mut patched = 0;
     for insn in instructions.iter_mut() {
-        if !is_placeholder(insn) {
+        let placeholder = insn.imm as u32;
+        let Some(&(_, name)) = programs::KFUNCS.iter().find(|(n, _)| *n == placeholder) else {
+            continue;
+        };
+        if insn.code != BPF_CALL || insn.src_reg() != 0 {
             continue;
         }
-        let name = programs::KFUNCS
-            .iter()
-            .find(|(n, _)| insn.imm as u32 == *n)
-            .map(|(_, name)| *name)
-            .unwrap_or_default();
-        let id = btf
-            .id_by_type_name_kind(name, aya_obj::btf::BtfKind::Func)
-            .with_context(|| format!("the kernel has no kfunc {name}"))?;
-        insn.set_src_reg(BPF_PSEUDO_KFUNC_CALL);
-        insn.imm = id as i32;
+        match link(placeholder) {
+            Some(KfuncLink::Call(id)) => {
+                insn.set_src_reg(BPF_PSEUDO_KFUNC_CALL);
+                insn.imm = id as i32;
+            }
+            // The call's other effect, r1-r5 clobbered, the compiled code
+            // already assumes: it reads none of them after.
+            Some(KfuncLink::Returns(value)) => {
+                insn.code = BPF_MOV64_IMM;
+                insn.set_dst_reg(0);
+                insn.set_src_reg(0);
+                insn.off = 0;
+                insn.imm = value;
+            }
+            None => bail!("the kernel has no kfunc {name}"),
+        }
         patched += 1;
     }
     Ok(patched)
@@ -195,7 +222,8 @@ fn map_fd(map: &Map) -> Option<RawFd> {
     Some(super::map_data(map)?.fd().as_fd().as_raw_fd())
 }
 
-fn bpf(cmd: bpf_cmd, attr: &mut bpf_attr) -> std::io::Result<OwnedFd> {
+/// The `bpf(2)` call `cmd`, for commands that return a new descriptor.
+pub(super) fn bpf(cmd: bpf_cmd, attr: &mut bpf_attr) -> std::io::Result<OwnedFd> {
     // SAFETY: `attr` is a zero-initialised `bpf_attr` whose pointers point
     // at memory alive for the call.
     let r = unsafe {
@@ -213,8 +241,6 @@ fn bpf(cmd: bpf_cmd, attr: &mut bpf_attr) -> std::io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(r as RawFd) })
 }
 
-/// Loads one program for multi-uprobe links. A verifier rejection keeps
-/// the end of the verifier's log in the error.
 /// A program's functions as its BTF describes them ([`load`]).
 struct FuncInfo {
     btf: RawFd,
@@ -231,24 +257,22 @@ fn passes_callback(instructions: &[bpf_insn]) -> bool {
     })
 }
 
+/// Loads one uprobe program with `expected_attach_type`. A refusal by the
+/// verifier says why (`verifier.rs`).
 fn load(
     name: &str,
     instructions: &[bpf_insn],
-    how: Attach,
+    expected_attach_type: u32,
     funcs: Option<&FuncInfo>,
 ) -> Result<OwnedFd> {
     let license = c"GPL";
     let prog_name = CString::new(name.chars().take(15).collect::<String>())?;
-    let mut log = vec![0u8; 1 << 20];
-    let mut attempt = |log_level: u32| {
+    let attempt = |log_level: u32, log: &mut [u8]| {
         // SAFETY: plain data; all-zero is the kernel's "unset".
         let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
         let u = unsafe { &mut attr.__bindgen_anon_3 };
         u.prog_type = bpf_prog_type::BPF_PROG_TYPE_KPROBE as u32;
-        u.expected_attach_type = match how {
-            Attach::Session => BPF_TRACE_UPROBE_SESSION,
-            Attach::Multi | Attach::Return => bpf_attach_type::BPF_TRACE_UPROBE_MULTI as u32,
-        };
+        u.expected_attach_type = expected_attach_type;
         u.insn_cnt = instructions.len() as u32;
         u.insns = instructions.as_ptr() as u64;
         u.license = license.as_ptr() as u64;
@@ -270,7 +294,8 @@ fn load(
     };
     // For memprof's developers: how hard the verifier worked (log level 4: statistics).
     let stats = std::env::var_os("MEMPROF_VERIFIER_STATS").is_some();
-    match attempt(if stats { 4 } else { 0 }) {
+    let mut log = vec![0u8; if stats { 1 << 16 } else { 0 }];
+    match attempt(if stats { 4 } else { 0 }, &mut log) {
         Ok(fd) => {
             if stats {
                 let text = String::from_utf8_lossy(&log);
@@ -280,16 +305,7 @@ fn load(
             Ok(fd)
         }
         Err(first) if first.raw_os_error() == Some(libc::EPERM) => Err(first.into()),
-        Err(first) => {
-            // Again with the log, to say why.
-            let _ = attempt(1);
-            let text = String::from_utf8_lossy(&log);
-            let text = text.trim_end_matches('\0');
-            let tail: Vec<&str> = text.lines().rev().take(12).collect();
-            let tail: Vec<&str> = tail.into_iter().rev().collect();
-            Err(anyhow!("{first}; verifier log ends:\n{}", tail.join("\n")))
-                .with_context(|| format!("loading program {name}"))
-        }
+        Err(first) => super::verifier::explain_refusal(name, first, attempt),
     }
 }
 
@@ -316,7 +332,7 @@ pub(super) fn attach(
     link.__bindgen_anon_1.prog_fd = program as u32;
     link.attach_type = match how {
         Attach::Session => BPF_TRACE_UPROBE_SESSION,
-        Attach::Multi | Attach::Return => bpf_attach_type::BPF_TRACE_UPROBE_MULTI as u32,
+        Attach::Entry | Attach::Return => bpf_attach_type::BPF_TRACE_UPROBE_MULTI as u32,
     };
     let multi = unsafe { &mut link.__bindgen_anon_3.uprobe_multi };
     multi.path = path.as_ptr() as u64;

@@ -73,14 +73,21 @@ pub(super) fn take(key: &LoadKey) -> Option<Probes> {
     spare.loading.join().ok()?.ok()
 }
 
-/// The programs a followed session attaches (with uprobe sessions, Linux
-/// 6.13 on): verified in the spare.
-const SESSION_PROGRAMS: [&str; 4] = [
-    programs::ALLOC_SESSION,
-    programs::FREE_ENTER,
-    programs::MUNMAP_ENTER,
-    programs::GC_COLLECTION,
-];
+/// The programs a followed session attaches: verified in the spare.
+/// The allocations' session program where the kernel has uprobe
+/// sessions (Linux 6.13), else the entry and return pair.
+fn session_programs() -> Vec<&'static str> {
+    let allocations: &[&str] = match super::kernel().uprobe_session {
+        true => &[programs::ALLOC_SESSION],
+        false => &[programs::ALLOC_ENTER, programs::ALLOC_EXIT],
+    };
+    let others = [
+        programs::FREE_ENTER,
+        programs::MUNMAP_ENTER,
+        programs::GC_COLLECTION,
+    ];
+    allocations.iter().copied().chain(others).collect()
+}
 
 /// After a followed session's probes were loaded for `key`: a spare with
 /// the same settings is loaded in the background, unless one is held or
@@ -96,7 +103,7 @@ pub(super) fn prepare_like(key: LoadKey, options: ProbeOptions) {
     let rows = key.rows;
     let loading = std::thread::spawn(move || {
         let mut probes = Probes::load_sized(&options, rows)?;
-        probes.prepare(&SESSION_PROGRAMS);
+        probes.prepare(&session_programs());
         Ok(probes)
     });
     *held = Some(Spare { key, loading });

@@ -385,7 +385,10 @@ fn report_counters(kernel: KernelCounters) -> Counters {
         gc_unjudged: _,
         gc_verdicts_failed: _,
         // Not a loss: such a process waits for userspace's table, and a
-        // stack cut short meanwhile is counted in `truncated_stacks`.
+        // stack cut short meanwhile is counted in `truncated_stacks`. (It
+        // counts attempts, each library load again: on a kernel without
+        // the task-VMA iterator, every one. Userspace counts those
+        // processes instead: `ModuleTables::tables_from_proc`.)
         tables_not_built: _,
         deferred_lost,
     } = kernel;
@@ -418,6 +421,7 @@ fn report_counters(kernel: KernelCounters) -> Counters {
         stacks_not_finished: deferred_lost,
         // Userspace's: `attach --all` adds it.
         short_of_resources: 0,
+        tables_from_proc: 0,
         processes_evicted: 0,
         evicted_allocs: 0,
         gc_sessions_missed: 0,

@@ -103,6 +103,12 @@ pub struct Counters {
     /// or keep it): they stay cut there (and count in `truncated_stacks`).
     #[serde(default)]
     pub stacks_not_finished: u64,
+    /// `attach --all` on a kernel without the task-VMA iterator (Linux <
+    /// 6.7): processes whose first module table came from memprof's
+    /// reading of /proc, the kernel building none of its own: their
+    /// first stacks, before it, may stop at the allocator's caller.
+    #[serde(default)]
+    pub tables_from_proc: u64,
     /// `attach --all`: allocations of processes memprof was refused one
     /// of their files, or the reading of their mappings, for want of a
     /// resource (descriptors, memory): counted, but their frames may be

@@ -135,6 +135,12 @@ pub fn other_losses(profile: &Profile) -> String {
             thousands(c.gc_sessions_missed)
         );
     }
+    if c.tables_from_proc > 0 {
+        line += &format!(
+            "; processes whose first stacks waited for /proc (kernel has no task-VMA iterator): {}",
+            thousands(c.tables_from_proc)
+        );
+    }
     if c.stacks_not_finished > 0 {
         line += &format!(
             "; stacks cut at a file not read in time and not finished (no room for their copy): {}",

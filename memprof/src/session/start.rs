@@ -308,7 +308,7 @@ impl Session {
         let pid = self.pid();
         for (predictor, module) in predictors {
             if !self.probes.predict {
-                return; // no uprobe sessions here (said once)
+                return; // no uprobe sessions here (`--verbose` says so)
             }
             let which = predictor.which();
             let started = self
