@@ -27,8 +27,10 @@ pub fn run_cli(cli: Cli) -> Result<i32> {
             heap,
         } => probes(pid, probe_at_entry, heap),
         command => {
+            // What the kernel offers, found before anything is loaded.
+            let kernel = crate::probes::kernel();
             if session_args(&command).is_some_and(|session| session.verbose) {
-                eprintln!("memprof: {}", crate::probes::kernel().summary());
+                eprintln!("memprof: {}", kernel.summary());
             }
             // The long-running modes: Ctrl-C, SIGTERM and SIGCHLD are the
             // driver's from here until the profile is written.
