@@ -28,6 +28,8 @@ mod gc_hold;
 mod host;
 mod multi;
 mod spare;
+#[cfg(test)]
+mod stack_budget;
 mod unwind_tables;
 mod view;
 
