@@ -3,7 +3,8 @@
 //! ```text
 //! cargo xtask setup     # install what a fresh Debian 12 machine lacks (idempotent)
 //! cargo xtask build     # cargo build --release -p memprof
-//! cargo xtask test      # setup, build, then the integration tests (as root)
+//! cargo xtask test      # setup, build, the tests (as root), then the smoke set in Debian's
+//!                       #   6.1 and 6.12 kernels under QEMU (--long: the long runs too)
 //! cargo xtask demo      # setup, build, profile demo/demo.c and print the report
 //! cargo xtask bench     # setup, build, time bench_loop untraced and under memprof
 //!                       #   (--baseline OLD_MEMPROF: the same ways with an earlier build too;
@@ -18,6 +19,8 @@ mod bench;
 mod demo;
 #[path = "../../tests/fixtures/compile.rs"]
 mod fixtures;
+mod kernels;
+mod matrix;
 mod setup;
 
 use anyhow::{bail, ensure, Context, Result};
@@ -39,8 +42,19 @@ enum Task {
     Setup,
     /// Build the memprof binary (target/release/memprof).
     Build,
-    /// Set up, build, and run all tests (needs root: the tests load eBPF programs).
-    Test,
+    /// Set up, build, run the tests on this kernel, then the smoke set in
+    /// each of Debian's kernels under QEMU (needs root: the tests load eBPF
+    /// programs). About 20 minutes on 2 cores.
+    Test {
+        /// Also the long runs (the ten-minute soak, the 2,000-process
+        /// storms): about 15 minutes more.
+        #[arg(long)]
+        long: bool,
+        /// Only the tests on this kernel, no kernel matrix (for a quick
+        /// check while developing; CI runs the matrix).
+        #[arg(long)]
+        no_matrix: bool,
+    },
     /// Set up, build, profile the demo program and print its report.
     Demo,
     /// Set up, build, and compare the cost of a malloc/free pair untraced and traced.
@@ -96,7 +110,7 @@ fn task(task: Task) -> Result<()> {
     match task {
         Task::Setup => setup::setup(),
         Task::Build => build_memprof().map(drop),
-        Task::Test => test(),
+        Task::Test { long, no_matrix } => test(long, !no_matrix),
         Task::Demo => demo::demo(),
         Task::Bench {
             baseline,
@@ -115,26 +129,37 @@ fn task(task: Task) -> Result<()> {
 }
 
 /// Runs the tests: they attach real uprobes, hence the root check up front.
-fn test() -> Result<()> {
+/// `long`: the long runs too; `matrix`: then the smoke set in each kernel.
+fn test(long: bool, matrix: bool) -> Result<()> {
     ensure!(
         is_root()?,
         "cargo xtask test must run as root: the integration tests load eBPF programs and attach uprobes"
     );
     setup::setup()?;
     let memprof = build_memprof()?;
-    run(cargo()
-        .args([
-            "test",
-            "--release",
-            "--workspace",
-            "--exclude",
-            "memprof-ebpf",
-            // Run every test binary even if one fails: CI shows all failures.
-            "--no-fail-fast",
-            "--",
-            "--test-threads=2",
-        ])
-        .env("MEMPROF_BIN", &memprof))
+    let mut tests = cargo();
+    tests.args([
+        "test",
+        "--release",
+        "--workspace",
+        "--exclude",
+        "memprof-ebpf",
+        // Run every test binary even if one fails: CI shows all failures.
+        "--no-fail-fast",
+    ]);
+    if long {
+        tests.args(["--features", "memprof-tests/long"]);
+    }
+    let here = run(tests
+        .args(["--", "--test-threads=2"])
+        .env("MEMPROF_BIN", &memprof));
+    // The matrix runs even when a test failed here: CI shows both.
+    let kernels = if matrix {
+        matrix::run(&memprof, long)
+    } else {
+        Ok(())
+    };
+    here.and(kernels)
 }
 
 /// The workspace root (the parent of this crate).
