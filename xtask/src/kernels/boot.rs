@@ -87,7 +87,8 @@ pub struct BootOutput {
     pub timed_out: bool,
     /// The command's standard output.
     pub stdout: String,
-    /// The command's standard error, then vng's and QEMU's messages.
+    /// The command's standard error, mixed with the kernel's errors and
+    /// warnings (a panic's among them) and vng's and QEMU's messages.
     pub stderr: String,
     /// From starting vng to QEMU's exit, boot included.
     pub elapsed: Duration,
@@ -160,6 +161,11 @@ fn boot_with(
         ])
         .arg("--qemu")
         .arg(qemu.join("usr/bin/qemu-system-x86_64"))
+        // --verbose sends the kernel's console to stderr, where vng would
+        // send it to /dev/null; loglevel=4 (after vng's 7) keeps errors and
+        // warnings only: panics, oopses and WARNs show, not the boot's
+        // chatter (some 20 lines print before the loglevel applies).
+        .args(["--verbose", "--append=loglevel=4"])
         .arg(format!(
             "--append=modprobe.blacklist={}",
             UNUSED_MODULES.join(",")
