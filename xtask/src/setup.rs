@@ -71,13 +71,19 @@ pub(crate) fn apt_install(packages: &[&str]) -> Result<()> {
     run(apt_get().args(["install", "-y"]).args(packages))
 }
 
+static APT_UPDATED: AtomicBool = AtomicBool::new(false);
+
 /// `apt-get update`, at most once per run.
 pub(crate) fn apt_update_once() -> Result<()> {
-    static UPDATED: AtomicBool = AtomicBool::new(false);
-    if !UPDATED.swap(true, Ordering::SeqCst) {
+    if !APT_UPDATED.swap(true, Ordering::SeqCst) {
         run(apt_get().arg("update"))?;
     }
     Ok(())
+}
+
+/// Whether this run updated apt's lists already.
+pub(crate) fn apt_updated() -> bool {
+    APT_UPDATED.load(Ordering::SeqCst)
 }
 
 pub(crate) fn apt_get() -> Command {

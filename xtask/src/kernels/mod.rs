@@ -9,12 +9,15 @@
 //! Nothing here is installed system-wide but the apt libraries QEMU needs:
 //!
 //! ```text
-//! target/virtme-ng/             python venv holding virtme-ng (bin/vng)
-//! target/qemu/                  bookworm's qemu-system-x86, extracted, not installed
-//! target/kernels/6.1/           linux-image-6.1.0-N-amd64-unsigned, extracted:
+//! target/virtme-ng/      32 MB  python venv holding virtme-ng (bin/vng)
+//! target/qemu/           63 MB  bookworm's qemu-system-x86, extracted, not installed
+//! target/kernels/6.1/   405 MB  linux-image-6.1.0-N-amd64-unsigned, extracted:
 //!     boot/vmlinuz-6.1.0-N-amd64, lib/modules/6.1.0-N-amd64/ (with depmod's files)
-//! target/kernels/6.12/          linux-image-6.12.N+deb12-amd64-unsigned, the same way
+//! target/kernels/6.12/  120 MB  linux-image-6.12.N+deb12-amd64-unsigned, the same way
 //! ```
+//!
+//! N is the newest build apt knows when setup runs: a newer one replaces
+//! the one there (Debian drops old builds from its archive).
 //!
 //! Why extracted: bookworm's qemu-system-x86 conflicts with the backported
 //! qemu-utils a machine may have, and a kernel package installed on the
@@ -22,7 +25,9 @@
 //! the `-cloud-amd64` ones have no 9p. Their 9p and virtio drivers are
 //! modules; vng finds them itself next to the kernel image (it looks for
 //! `lib/modules/VERSION` in the folders above the image) and puts the ones
-//! it needs in its initramfs, loading the 6.12 series' `.ko.xz` as they are.
+//! it needs in its initramfs, loading the 6.12 series' `.ko.xz` as they are
+//! (busybox's insmod first offers each to the kernel undecompressed, hence
+//! six harmless "Invalid ELF header magic: != ELF" lines on the console).
 //!
 //! See [`boot`] for running a command in a guest, and `cargo xtask vm`.
 
@@ -31,7 +36,9 @@ mod boot;
 #[allow(unused_imports)] // `boot` and `BootOutput` are for the test runner
 pub use boot::{boot, vm, BootOutput};
 
-use crate::setup::{apt_get, apt_install, apt_packages, apt_update_once, dpkg_installed};
+use crate::setup::{
+    apt_get, apt_install, apt_packages, apt_update_once, apt_updated, dpkg_installed,
+};
 use crate::{output, run, target_dir};
 use anyhow::{bail, ensure, Context, Result};
 use std::path::{Path, PathBuf};
@@ -167,6 +174,7 @@ fn virtme_ng() -> Result<()> {
 /// bookworm's qemu-system-x86, extracted into target/qemu, and the apt
 /// packages it depends on.
 fn qemu() -> Result<()> {
+    let depends = qemu_depends()?;
     let binary = qemu_dir().join("usr/bin/qemu-system-x86_64");
     if binary.exists() {
         println!("setup: qemu-system-x86 (extracted) ... already there");
@@ -178,7 +186,6 @@ fn qemu() -> Result<()> {
         let debs = download(QEMU_DEBS, &target_dir().join("qemu.debs"))?;
         extract(&debs, &qemu_dir(), |_| Ok(()))?;
     }
-    let depends = qemu_depends()?;
     let mut missing = Vec::new();
     for package in &depends {
         if !dpkg_installed(package)? {
@@ -209,62 +216,79 @@ fn qemu() -> Result<()> {
 }
 
 /// The apt packages qemu-system-x86 depends on, less the qemu ones
-/// extracted here, from the `Depends` field apt knows.
+/// extracted here, from the `Depends` field apt knows (after one `apt-get
+/// update` if it knows no qemu-system-x86: a fresh machine's lists are empty).
 fn qemu_depends() -> Result<Vec<String>> {
-    let out = output(Command::new("apt-cache").args([
-        "depends",
-        "--no-recommends",
-        "--no-suggests",
-        "--no-conflicts",
-        "--no-breaks",
-        "--no-replaces",
-        "--no-enhances",
-        "qemu-system-x86",
-    ]))?;
-    ensure!(
-        out.status.success(),
-        "apt-cache depends qemu-system-x86 failed: {}",
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
-    // "  Depends: libaio1"; "<name>" is a virtual package, "|" marks an alternative (all are installed).
-    let mut depends: Vec<String> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|line| line.trim().trim_start_matches('|').strip_prefix("Depends:"))
-        .map(|package| package.trim().to_string())
-        .filter(|package| !package.starts_with("qemu-") && !package.starts_with('<'))
-        .collect();
-    depends.sort();
-    depends.dedup();
-    ensure!(
-        !depends.is_empty(),
-        "apt-cache knows no dependencies of qemu-system-x86"
-    );
-    Ok(depends)
+    loop {
+        let out = output(Command::new("apt-cache").args([
+            "depends",
+            "--no-recommends",
+            "--no-suggests",
+            "--no-conflicts",
+            "--no-breaks",
+            "--no-replaces",
+            "--no-enhances",
+            "qemu-system-x86",
+        ]))?;
+        // "  Depends: libaio1"; "<name>" is a virtual package, "|" marks an
+        // alternative (all are installed).
+        let mut depends: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|line| line.trim().trim_start_matches('|').strip_prefix("Depends:"))
+            .map(|package| package.trim().to_string())
+            .filter(|package| !package.starts_with("qemu-") && !package.starts_with('<'))
+            .collect();
+        depends.sort();
+        depends.dedup();
+        if out.status.success() && !depends.is_empty() {
+            return Ok(depends);
+        }
+        if apt_updated() {
+            bail!(
+                "apt knows no dependencies of qemu-system-x86 (Debian bookworm must be in apt's sources): {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        apt_update_once()?;
+    }
 }
 
 /// The newest build of a series in apt, extracted into target/kernels/NAME
 /// (replacing an older one), with depmod's module lists that the package
 /// leaves to its postinst.
 fn kernel(series: &Series) -> Result<()> {
-    let package = newest_package(series)?;
-    let version = package
-        .strip_prefix("linux-image-")
-        .and_then(|v| v.strip_suffix("-unsigned"))
-        .expect("the series' package names start and end so")
-        .to_string();
     let dir = kernels_dir().join(series.name);
-    if installed(series.name, &dir)?.is_some_and(|k| k.version == version) {
-        println!("setup: kernel {version} ... already there");
-        return Ok(());
+    let current = installed(series.name, &dir)?;
+    let mut package = newest_package(series)?;
+    // apt's lists may be older than the kernel already here: keep it.
+    if let Some(kernel) = &current {
+        if series.build(&series.package(&kernel.version)) >= series.build(&package) {
+            println!("setup: kernel {} ... already there", kernel.version);
+            return Ok(());
+        }
     }
-    println!(
-        "setup: kernel {version} ... downloading into {}",
-        dir.display()
-    );
-    let debs = download(
-        &[package.as_str()],
-        &kernels_dir().join(format!("{}.debs", series.name)),
-    )?;
+    let debs_dir = kernels_dir().join(format!("{}.debs", series.name));
+    let announce = |package: &str| {
+        let version = series.version(package);
+        println!(
+            "setup: kernel {version} ... installing into {}",
+            dir.display()
+        );
+    };
+    announce(&package);
+    let debs = match download(&[package.as_str()], &debs_dir) {
+        Ok(debs) => debs,
+        // Stale lists name a build the archive has dropped: update, retry.
+        Err(e) if !apt_updated() => {
+            eprintln!("setup: {e:#}; updating apt's lists");
+            apt_update_once()?;
+            package = newest_package(series)?;
+            announce(&package);
+            download(&[package.as_str()], &debs_dir)?
+        }
+        Err(e) => return Err(e),
+    };
+    let version = series.version(&package);
     extract(&debs, &dir, |root| {
         run(Command::new("depmod").arg("-b").arg(root).arg(&version))
     })?;
@@ -276,32 +300,52 @@ fn kernel(series: &Series) -> Result<()> {
     Ok(())
 }
 
+impl Series {
+    /// N in a package name of this series.
+    fn build(&self, package: &str) -> Option<u32> {
+        package
+            .strip_prefix(self.prefix)?
+            .strip_suffix(self.suffix)?
+            .parse()
+            .ok()
+    }
+
+    /// The package of a kernel version ("6.1.0-57-amd64").
+    fn package(&self, version: &str) -> String {
+        format!("linux-image-{version}-unsigned")
+    }
+
+    /// The kernel version (`uname -r`) of a package of this series.
+    fn version(&self, package: &str) -> String {
+        package
+            .strip_prefix("linux-image-")
+            .and_then(|v| v.strip_suffix("-unsigned"))
+            .expect("the series' package names start and end so")
+            .to_string()
+    }
+}
+
 /// The newest `{prefix}N{suffix}` package apt knows (after one `apt-get
 /// update` if it knows none: a fresh machine's package lists are empty).
 fn newest_package(series: &Series) -> Result<String> {
-    for attempt in 0..2 {
-        if attempt == 1 {
-            apt_update_once()?;
-        }
+    loop {
         let out = output(Command::new("apt-cache").args(["pkgnames", series.prefix]))?;
         let newest = String::from_utf8_lossy(&out.stdout)
             .lines()
-            .filter_map(|name| {
-                let n = name
-                    .strip_prefix(series.prefix)?
-                    .strip_suffix(series.suffix)?;
-                Some((n.parse::<u32>().ok()?, name.to_string()))
-            })
+            .filter_map(|name| Some((series.build(name)?, name.to_string())))
             .max();
         if let Some((_, name)) = newest {
             return Ok(name);
         }
+        if apt_updated() {
+            bail!(
+                "apt knows no package {}N{}: Debian bookworm (and its security suite, for 6.12) must be in apt's sources",
+                series.prefix,
+                series.suffix
+            );
+        }
+        apt_update_once()?;
     }
-    bail!(
-        "apt knows no package {}N{}: Debian bookworm (and its security suite, for 6.12) must be in apt's sources",
-        series.prefix,
-        series.suffix
-    )
 }
 
 /// The kernel extracted in `dir`, if complete: one `boot/vmlinuz-VERSION`
