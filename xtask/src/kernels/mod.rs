@@ -17,7 +17,7 @@
 //! ```
 //!
 //! N is the newest build apt knows when setup runs: a newer one replaces
-//! the one there (Debian drops old builds from its archive).
+//! the one there.
 //!
 //! Why extracted: bookworm's qemu-system-x86 conflicts with the backported
 //! qemu-utils a machine may have, and a kernel package installed on the
