@@ -11,6 +11,7 @@
 //!                       #    --agent-only: memprof agent's idle CPU, scrapes and RSS under churn;
 //!                       #    --http-only: crystal-samples' http_server under wrk, beside each way)
 //! cargo xtask fixtures  # compile the C test fixtures into target/fixtures
+//! cargo xtask vm 6.12 -- uname -r   # (hidden) run a command in a Debian kernel under QEMU
 //! ```
 //!
 //! Every command runs from the workspace root, whatever the current directory.
@@ -74,6 +75,22 @@ enum Task {
     },
     /// Compile the C test fixtures into target/fixtures.
     Fixtures,
+    /// Boot a Debian kernel set up by `setup` (6.1 or 6.12) under QEMU and
+    /// run a shell command in it as root, the host's root read-only.
+    #[command(hide = true)]
+    Vm {
+        /// The kernel series: 6.1 or 6.12.
+        kernel: String,
+        /// The one host folder the guest can write (default target/vm-rwdir).
+        #[arg(long)]
+        rwdir: Option<PathBuf>,
+        /// Kill the VM after this many seconds, boot included.
+        #[arg(long, default_value_t = 600)]
+        timeout: u64,
+        /// The command line, after `--`.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -125,6 +142,17 @@ fn task(task: Task) -> Result<()> {
             }
             Ok(())
         }
+        Task::Vm {
+            kernel,
+            rwdir,
+            timeout,
+            command,
+        } => kernels::vm(
+            &kernel,
+            &command.join(" "),
+            rwdir,
+            std::time::Duration::from_secs(timeout),
+        ),
     }
 }
 
