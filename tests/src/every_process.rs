@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 
 use serde_json::Value;
 
-use crate::{groups, memprof, report_json, uint, ChildGuard, Counts, Lines, MAKE_FOO, TIMEOUT};
+use crate::{groups, memprof, report_json, timeout, uint, ChildGuard, Counts, Lines, MAKE_FOO};
 
 /// Starts `memprof attach --all -o PROFILE EXTRA...` and waits until its
 /// probes are live; returns it, its stderr and the line it said then.
@@ -22,7 +22,7 @@ pub fn start_all(profile: &Path, extra: &[&str]) -> (ChildGuard, Lines, String) 
         .expect("cannot start memprof attach --all");
     let mut memprof = ChildGuard(child);
     let mut stderr = Lines::new("memprof stderr", memprof.0.stderr.take().unwrap());
-    let said = stderr.wait_for("profiling every process", TIMEOUT);
+    let said = stderr.wait_for("profiling every process", timeout());
     (memprof, stderr, said)
 }
 
@@ -38,7 +38,7 @@ pub fn stop_with_stderr(
     profile: &Path,
 ) -> (Value, String) {
     memprof.signal(libc::SIGINT);
-    let status = memprof.wait_timeout(TIMEOUT);
+    let status = memprof.wait_timeout(timeout());
     let said = stderr.all().join("\n");
     assert!(status.success(), "memprof: {status}\n{said}");
     (report_json(profile), said)

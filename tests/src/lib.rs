@@ -218,8 +218,17 @@ pub fn thousands(n: u64) -> String {
     out
 }
 
-/// How long any single wait in a test may take before it counts as a hang.
-pub const TIMEOUT: Duration = Duration::from_secs(30);
+/// How long any single wait in a test may take before it counts as a hang:
+/// 30 s, times `MEMPROF_TEST_SLOWER` where the machine is that many times
+/// slower (the kernel matrix sets 10: its kernels run emulated).
+pub fn timeout() -> Duration {
+    let slower = std::env::var("MEMPROF_TEST_SLOWER")
+        .ok()
+        .and_then(|s| s.parse::<u32>().ok())
+        .unwrap_or(1)
+        .max(1);
+    Duration::from_secs(30) * slower
+}
 
 /// The memprof binary under test.
 pub fn memprof_bin() -> PathBuf {
@@ -323,7 +332,7 @@ pub fn spawn_attach(
 /// [`spawn_attach`], then waits until memprof says its probes are live.
 pub fn attach(pid: impl std::fmt::Display, profile: &Path, extra: &[&str]) -> (ChildGuard, Lines) {
     let (memprof, mut stderr) = spawn_attach(pid, profile, extra);
-    stderr.wait_for("attached", TIMEOUT);
+    stderr.wait_for("attached", timeout());
     (memprof, stderr)
 }
 
@@ -594,7 +603,7 @@ impl Lines {
     /// Every line read so far plus what is still to come, until the pipe
     /// closes (call after the process exited).
     pub fn all(&mut self) -> Vec<String> {
-        while let Ok(line) = self.rx.recv_timeout(TIMEOUT) {
+        while let Ok(line) = self.rx.recv_timeout(timeout()) {
             self.seen.push(line);
         }
         self.seen.clone()

@@ -59,7 +59,7 @@ impl Agent {
                 .expect("cannot start memprof agent"),
         );
         let mut stderr = Lines::new("memprof agent stderr", child.0.stderr.take().unwrap());
-        stderr.wait_for("serving on", TIMEOUT);
+        stderr.wait_for("serving on", timeout());
         Agent {
             child,
             stderr,
@@ -116,7 +116,7 @@ impl Agent {
     /// SIGTERM: it exits 0, its socket gone.
     fn stop(mut self) -> Vec<String> {
         self.child.signal(libc::SIGTERM);
-        let status = self.child.wait_timeout(TIMEOUT);
+        let status = self.child.wait_timeout(timeout());
         let lines = self.stderr.all();
         assert!(status.success(), "agent: {status}\n{}", lines.join("\n"));
         assert!(!self.socket.exists(), "the socket is left behind");
@@ -159,7 +159,7 @@ impl Grow {
         );
         let stdin = child.0.stdin.take().unwrap();
         let mut stdout = Lines::new("grow stdout", child.0.stdout.take().unwrap());
-        stdout.wait_for("ready", TIMEOUT);
+        stdout.wait_for("ready", timeout());
         Grow {
             child,
             stdin,
@@ -177,14 +177,14 @@ impl Grow {
         writeln!(self.stdin, "go").unwrap();
         self.steps += 1;
         self.stdout
-            .wait_for(&format!("grown {}", self.steps), TIMEOUT);
+            .wait_for(&format!("grown {}", self.steps), timeout());
     }
 }
 
-/// Polls `what` until it gives `Some`, or panics after [`TIMEOUT`] with
+/// Polls `what` until it gives `Some`, or panics after [`timeout()`] with
 /// the last thing seen.
 fn poll<T>(what: &str, mut f: impl FnMut() -> Result<T, String>) -> T {
-    let deadline = Instant::now() + TIMEOUT;
+    let deadline = Instant::now() + timeout();
     loop {
         match f() {
             Ok(v) => return v,
@@ -684,9 +684,9 @@ fn a_process_the_oom_killer_ends_is_served_marked_so() {
     let pid = child.pid();
     let mut stdin = child.0.stdin.take().unwrap();
     let mut stdout = Lines::new("oom_grower stdout", child.0.stdout.take().unwrap());
-    stdout.wait_for("ready", TIMEOUT);
+    stdout.wait_for("ready", timeout());
     writeln!(stdin, "go").unwrap();
-    let status = child.wait_timeout(TIMEOUT);
+    let status = child.wait_timeout(timeout());
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(status.signal(), Some(libc::SIGKILL), "{status}");
     let lines = stdout.all();
@@ -881,7 +881,7 @@ impl IdleCrystal {
         let pid = child.pid();
         let stdin = child.0.stdin.take().unwrap();
         let mut stdout = Lines::new("idle_heap_debug stdout", child.0.stdout.take().unwrap());
-        stdout.wait_for("ready", TIMEOUT);
+        stdout.wait_for("ready", timeout());
         agent.wait_for_row("idle_heap_debug's session", |r| {
             r["pid"] == pid && r["collections"].is_u64()
         });
@@ -913,13 +913,13 @@ fn a_crystal_program_untraced_is_served_with_its_exit() {
     // began: it waits, idle): counted running, and kept once it ended.
     for _ in 0..2 {
         writeln!(stdin, "collect").unwrap();
-        stdout.wait_for("collected", TIMEOUT);
+        stdout.wait_for("collected", timeout());
     }
     agent.wait_for_row("its two collections", |r| {
         r["pid"] == pid && r["collections"] == 2
     });
     drop(stdin);
-    assert!(child.wait_timeout(TIMEOUT).success());
+    assert!(child.wait_timeout(timeout()).success());
     // Its session may end before the kernel's word is read: the row
     // is then served as ended, how not known yet, for a moment.
     let row = agent.wait_for_row("it, ended, with how", |r| {
@@ -946,7 +946,7 @@ fn a_crystal_program_gets_its_session_and_its_classes() {
         mut stdout,
     } = IdleCrystal::start(&agent);
     writeln!(stdin, "more 5000").unwrap();
-    stdout.wait_for("allocated", TIMEOUT);
+    stdout.wait_for("allocated", timeout());
 
     // Its profile names the class, with the exact count.
     let extra = poll("5,000 Extra objects in its profile", || {
@@ -986,7 +986,7 @@ fn a_crystal_program_gets_its_session_and_its_classes() {
         ..
     } = IdleCrystal::start(&agent);
     drop(other_stdin);
-    assert!(other.wait_timeout(TIMEOUT).success());
+    assert!(other.wait_timeout(timeout()).success());
     let row = agent.wait_for_row("the other, ended with its exit", |r| {
         r["pid"] == other_pid && r["running"] == false && r["exit"]["code"] == 0
     });
@@ -996,7 +996,7 @@ fn a_crystal_program_gets_its_session_and_its_classes() {
     agent.stop();
     assert_eq!(status_field(pid, "TracerPid"), "0");
     writeln!(stdin, "collect").unwrap();
-    stdout.wait_for("collected", TIMEOUT);
+    stdout.wait_for("collected", timeout());
 }
 
 /// A Crystal command-line tool that lives 0.3 s, run again every few
@@ -1214,7 +1214,7 @@ fn a_restarted_agent_serves_the_processes_its_dir_kept() {
     let file = wait_for_snapshot(&snaps, pid, 500);
     // The process ends (killed): its last profile, with its exit, is written.
     grow.child.signal(libc::SIGKILL);
-    grow.child.wait_timeout(TIMEOUT);
+    grow.child.wait_timeout(timeout());
     agent.wait_for_row("grow, ended", |r| r["pid"] == pid && r["running"] == false);
     let metrics = agent.get_text("/metrics");
     assert_eq!(
@@ -1234,7 +1234,7 @@ fn a_restarted_agent_serves_the_processes_its_dir_kept() {
     let mut again = Agent::start(&dir, &args);
     again
         .stderr
-        .wait_for("1 snapshot of processes seen before", TIMEOUT);
+        .wait_for("1 snapshot of processes seen before", timeout());
     let row = again.wait_for_row("grow, from the dir", |r| r["pid"] == pid);
     assert_eq!(row["running"], false, "{row}");
     assert_eq!(row["comm"], "grow", "{row}");

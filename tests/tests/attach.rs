@@ -20,19 +20,19 @@ fn start(exe: &str) -> (ChildGuard, Lines) {
         .unwrap_or_else(|e| panic!("cannot start {exe}: {e}"));
     let mut target = ChildGuard(child);
     let mut stdout = Lines::new("attach_target stdout", target.0.stdout.take().unwrap());
-    stdout.wait_for("ready", TIMEOUT);
+    stdout.wait_for("ready", timeout());
     (target, stdout)
 }
 
 /// Has the target allocate at make_during once, and waits until it is done.
 fn poke(target: &ChildGuard, stdout: &mut Lines) {
     target.signal(libc::SIGUSR1);
-    stdout.wait_for("done", TIMEOUT);
+    stdout.wait_for("done", timeout());
 }
 
 /// Waits for memprof to end and asserts it exited 0.
 fn assert_clean_exit(memprof: &mut ChildGuard, stderr: &mut Lines) {
-    let status = memprof.wait_timeout(TIMEOUT);
+    let status = memprof.wait_timeout(timeout());
     assert!(
         status.success(),
         "memprof attach ended with {status}; stderr:\n{}",

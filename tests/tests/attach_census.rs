@@ -85,28 +85,28 @@ fn attach_and_stop(
     let mut target = ChildGuard(child);
     let mut stdin = target.0.stdin.take().unwrap();
     let mut stdout = Lines::new("attach_census stdout", target.0.stdout.take().unwrap());
-    let [early_id, early_bytes] = numbers(&stdout.wait_for("ready ", TIMEOUT))[..] else {
+    let [early_id, early_bytes] = numbers(&stdout.wait_for("ready ", timeout()))[..] else {
         panic!("bad ready line")
     };
 
     let (mut memprof, mut stderr) = attach(target.pid(), profile, extra);
     say(&mut stdin, "go");
-    let [late_id, late_bytes] = numbers(&stdout.wait_for("made ", TIMEOUT))[..] else {
+    let [late_id, late_bytes] = numbers(&stdout.wait_for("made ", timeout()))[..] else {
         panic!("bad made line")
     };
-    let [last] = numbers(&stdout.wait_for("collected ", TIMEOUT))[..] else {
+    let [last] = numbers(&stdout.wait_for("collected ", timeout()))[..] else {
         panic!("bad collected line")
     };
     memprof.signal(libc::SIGINT);
-    stderr.wait_for("for the end census", TIMEOUT);
+    stderr.wait_for("for the end census", timeout());
     let end = at_end.then(|| {
         say(&mut stdin, "collect");
-        let [end] = numbers(&stdout.wait_for("collected ", TIMEOUT))[..] else {
+        let [end] = numbers(&stdout.wait_for("collected ", timeout()))[..] else {
             panic!("bad collected line")
         };
         end
     });
-    let status = memprof.wait_timeout(TIMEOUT);
+    let status = memprof.wait_timeout(timeout());
     let stderr = stderr.all();
     assert!(
         status.success(),

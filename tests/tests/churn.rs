@@ -90,7 +90,7 @@ fn a_library_churner_blinds_no_one() {
     assert!(churning.is_running(), "the churner stopped early");
     churning.signal(libc::SIGUSR1);
     assert!(
-        churning.wait_timeout(TIMEOUT).success(),
+        churning.wait_timeout(timeout()).success(),
         "the churner failed"
     );
     let churner_pid = churning.pid() as u32;

@@ -23,13 +23,13 @@ fn libc_path() -> PathBuf {
 /// Has the target (host pid `pid`) allocate at make_during once.
 fn poke(pid: u32, stdout: &mut Lines) {
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGUSR1) }, 0);
-    stdout.wait_for("done", TIMEOUT);
+    stdout.wait_for("done", timeout());
 }
 
 /// Waits for memprof to end by itself, asserts it exited 0, and returns
 /// the profile as JSON.
 fn finish(memprof: &mut ChildGuard, stderr: &mut Lines, profile: &Path) -> Value {
-    let status = memprof.wait_timeout(TIMEOUT);
+    let status = memprof.wait_timeout(timeout());
     assert!(
         status.success(),
         "memprof attach ended with {status}; stderr:\n{}",
@@ -109,7 +109,7 @@ fn start_in_namespaces(dir: &TempDir) -> (ChildGuard, Lines, u32) {
         .expect("cannot start unshare");
     let mut unshare = ChildGuard(child);
     let mut stdout = Lines::new("attach_target stdout", unshare.0.stdout.take().unwrap());
-    stdout.wait_for("ready", TIMEOUT);
+    stdout.wait_for("ready", timeout());
     // The target: unshare's child, pid 1 of its own namespace.
     let pid = only_child(unshare.pid() as u32);
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -172,7 +172,7 @@ fn attach_to_a_program_replaced_on_disk_since_it_started() {
     .unwrap_or_else(|e| panic!("cannot start {}: {e}", app.display()));
     let mut target = ChildGuard(child);
     let mut stdout = Lines::new("attach_target stdout", target.0.stdout.take().unwrap());
-    stdout.wait_for("ready", TIMEOUT);
+    stdout.wait_for("ready", timeout());
     // Another program at the same path now (its maps say "(deleted)").
     std::fs::remove_file(&app).unwrap();
     std::fs::copy(fixture::BASIC, &app).unwrap();

@@ -50,7 +50,7 @@ fn start_all_limited(profile: &std::path::Path, limit: (u64, u64)) -> (ChildGuar
         .expect("cannot start memprof attach --all");
     let mut memprof = ChildGuard(child);
     let mut stderr = Lines::new("memprof stderr", memprof.0.stderr.take().unwrap());
-    stderr.wait_for("profiling every process", TIMEOUT);
+    stderr.wait_for("profiling every process", timeout());
     (memprof, stderr)
 }
 
@@ -112,6 +112,9 @@ fn exact_basic(json: &Value, pid: u32, name: &str) -> bool {
 /// events: 0" for a process unnamed). The build that opened each file
 /// per process held 19,327 descriptors after such a storm, and under a
 /// limit of 1,024 got 807 of 2,000 processes wrong, silently.
+///
+/// A long run: `--long`.
+#[cfg(feature = "long")]
 #[test]
 fn a_storm_under_a_low_descriptor_limit_is_exact_or_counted() {
     let _one = one_at_a_time();

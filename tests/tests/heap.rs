@@ -43,7 +43,10 @@ const CLASSES: [(&str, u64, &str); 3] = [
 /// The dropped Authors collection `collection` still marked, as the
 /// fixture says after it (count, bytes).
 fn dropped_marked(stdout: &mut Lines, collection: u64) -> (u64, u64) {
-    let line = stdout.wait_for(&format!("collection {collection} dropped_marked "), TIMEOUT);
+    let line = stdout.wait_for(
+        &format!("collection {collection} dropped_marked "),
+        timeout(),
+    );
     let n: Vec<u64> = line
         .split_whitespace()
         .skip(3)
@@ -59,7 +62,7 @@ fn start(exe: &str) -> (ChildGuard, Ready, Lines) {
         .unwrap_or_else(|e| panic!("cannot start {exe}: {e}"));
     let mut target = ChildGuard(child);
     let mut stdout = Lines::new("heap_census stdout", target.0.stdout.take().unwrap());
-    let line = stdout.wait_for("ready", TIMEOUT);
+    let line = stdout.wait_for("ready", timeout());
     let n: Vec<u64> = line
         .split_whitespace()
         .skip(1)
@@ -349,7 +352,7 @@ fn heap_graph_of_memprofs_documentation_example() {
         .unwrap();
     let mut target = ChildGuard(child);
     let mut stdout = Lines::new("object_graph stdout", target.0.stdout.take().unwrap());
-    stdout.wait_for("ready", TIMEOUT);
+    stdout.wait_for("ready", timeout());
     let pid = target.pid().to_string();
     let out = run_ok([
         "heap",
@@ -429,7 +432,7 @@ fn heap_graph_root_in_a_fiber_stack() {
         .spawn()
         .unwrap();
     let mut target = ChildGuard(child);
-    Lines::new("object_graph stdout", target.0.stdout.take().unwrap()).wait_for("ready", TIMEOUT);
+    Lines::new("object_graph stdout", target.0.stdout.take().unwrap()).wait_for("ready", timeout());
     let pid = target.pid().to_string();
     let out = run_ok(["heap", "--pid", &pid, "-f", "json", "--graph", "Lonely"]);
     let json: Value = serde_json::from_slice(&out.stdout).expect("JSON");
@@ -500,7 +503,7 @@ fn heap_of_a_program_without_gc_is_one_line() {
         .spawn()
         .unwrap();
     let mut target = ChildGuard(child);
-    Lines::new("attach_target", target.0.stdout.take().unwrap()).wait_for("ready", TIMEOUT);
+    Lines::new("attach_target", target.0.stdout.take().unwrap()).wait_for("ready", timeout());
     let out = run(["heap", "--pid", &target.pid().to_string()]);
     assert_one_line_error(&out, &["has no Boehm GC heap", "GC_malloc"]);
     assert!(target.is_running());
@@ -521,7 +524,7 @@ fn heap_of_a_c_program_between_collections() {
         .unwrap();
     let mut target = ChildGuard(child);
     let mut stdout = Lines::new("gc_attach_target", target.0.stdout.take().unwrap());
-    stdout.wait_for("ready", TIMEOUT);
+    stdout.wait_for("ready", timeout());
     let pid = target.pid();
     let started = Instant::now();
     let out = run_ok([
@@ -545,7 +548,7 @@ fn heap_of_a_c_program_between_collections() {
     assert!(target.is_running());
     assert_eq!(tracer_of(pid), 0);
     target.signal(libc::SIGUSR1);
-    stdout.wait_for("done", TIMEOUT);
+    stdout.wait_for("done", timeout());
 }
 
 #[test]
@@ -569,7 +572,7 @@ fn start_idle(exe: &str) -> (ChildGuard, ChildStdin, Lines, [(u64, u64, u64); 3]
     let mut target = ChildGuard(child);
     let stdin = target.0.stdin.take().unwrap();
     let mut stdout = Lines::new("idle_heap stdout", target.0.stdout.take().unwrap());
-    let line = stdout.wait_for("ready", TIMEOUT);
+    let line = stdout.wait_for("ready", timeout());
     let n: Vec<u64> = line
         .split_whitespace()
         .skip(1)
@@ -648,7 +651,7 @@ fn idle_census_is_exact(exe: &str) {
     assert!(target.is_running());
     assert_eq!(tracer_of(pid), 0);
     say(&mut stdin, "more 10");
-    stdout.wait_for("allocated ", TIMEOUT);
+    stdout.wait_for("allocated ", timeout());
     // The markdown says it too.
     let md = String::from_utf8(run_ok(["heap", "--pid", &pid.to_string(), "--wait", "0"]).stdout)
         .unwrap();
@@ -687,7 +690,7 @@ fn heap_wait_0_never_waits_and_says_what_it_could_not_classify() {
     let (mut target, mut stdin, mut stdout, kept) = start_idle(fixture::crystal::IDLE_HEAP_DEBUG);
     let pid = target.pid();
     say(&mut stdin, "more 30000");
-    let line = stdout.wait_for("allocated ", TIMEOUT);
+    let line = stdout.wait_for("allocated ", timeout());
     let allocated: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
     assert!(allocated > 256 << 10, "{line}");
     let started = Instant::now();
@@ -770,7 +773,7 @@ fn heap_waits_for_a_collection_when_much_was_allocated_since() {
     let (mut target, mut stdin, mut stdout, kept) = start_idle(fixture::crystal::IDLE_HEAP_DEBUG);
     let pid = target.pid();
     say(&mut stdin, "more 30000");
-    stdout.wait_for("allocated ", TIMEOUT);
+    stdout.wait_for("allocated ", timeout());
     let pid_arg = pid.to_string();
     let mut heap = memprof([
         "heap", "--pid", &pid_arg, "--wait", "20", "--format", "json",
@@ -786,13 +789,13 @@ fn heap_waits_for_a_collection_when_much_was_allocated_since() {
         text
     });
     let mut stderr = Lines::new("memprof heap stderr", heap.stderr.take().unwrap());
-    let waiting = stderr.wait_for("waiting up to 20 s for its next collection", TIMEOUT);
+    let waiting = stderr.wait_for("waiting up to 20 s for its next collection", timeout());
     assert!(
         waiting.starts_with(&format!("memprof: pid {pid} allocated ")),
         "{waiting}"
     );
     say(&mut stdin, "collect");
-    let line = stdout.wait_for("collected ", TIMEOUT);
+    let line = stdout.wait_for("collected ", timeout());
     let n: Vec<u64> = line
         .split_whitespace()
         .skip(1)
@@ -832,7 +835,7 @@ fn heap_of_a_program_never_at_rest() {
         .spawn()
         .unwrap();
     let mut target = ChildGuard(child);
-    Lines::new("busy_loop", target.0.stdout.take().unwrap()).wait_for("ready", TIMEOUT);
+    Lines::new("busy_loop", target.0.stdout.take().unwrap()).wait_for("ready", timeout());
     let pid = target.pid();
     let out = run(["heap", "--pid", &pid.to_string(), "--wait", "0"]);
     assert_one_line_error(

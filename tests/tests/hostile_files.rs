@@ -104,7 +104,7 @@ fn profile_while(dir: &TempDir, selection: &[&str], between: impl FnOnce()) -> S
         .unwrap();
     let mut memprof = ChildGuard(child);
     let mut stderr = Lines::new("memprof attach", memprof.0.stderr.take().unwrap());
-    stderr.wait_for("profiling every process", TIMEOUT);
+    stderr.wait_for("profiling every process", timeout());
     between();
     // Its events read (the fixtures ended before this).
     std::thread::sleep(Duration::from_millis(500));
@@ -495,14 +495,14 @@ impl Holder {
             .spawn()
             .unwrap();
         let mut out = Lines::new("holder", child.stdout.take().unwrap());
-        out.wait_for("ready", TIMEOUT);
+        out.wait_for("ready", timeout());
         Holder(ChildGuard(child))
     }
 
     /// Its stdin closed: it ends; its pid.
     fn end(mut self) -> u64 {
         drop(self.0 .0.stdin.take());
-        let status = self.0.wait_timeout(TIMEOUT);
+        let status = self.0.wait_timeout(timeout());
         assert!(status.success(), "holder: {status}");
         self.0.pid() as u64
     }

@@ -58,7 +58,7 @@ fn start_as_nobody(exe: &Path) -> (ChildGuard, Lines) {
             .expect("cannot run setpriv"),
     );
     let mut said = Lines::new("target stdout", child.0.stdout.take().unwrap());
-    said.wait_for("ready", TIMEOUT);
+    said.wait_for("ready", timeout());
     (child, said)
 }
 
@@ -76,7 +76,7 @@ fn spawn_logged(args: &[&std::ffi::OsStr], log: &Path) -> ChildGuard {
 
 /// Waits until `log` has `needle`.
 fn wait_in(log: &Path, needle: &str) {
-    let deadline = Instant::now() + TIMEOUT;
+    let deadline = Instant::now() + timeout();
     loop {
         let text = std::fs::read(log).unwrap_or_default();
         if String::from_utf8_lossy(&text).contains(needle) {
@@ -164,9 +164,9 @@ fn attach_pid_profiles_it_and_every_report_shows_its_names_escaped() {
     );
     wait_in(&log, "attached");
     target.signal(libc::SIGUSR1);
-    said.wait_for("done", TIMEOUT);
+    said.wait_for("done", timeout());
     attach.signal(libc::SIGINT);
-    let status = attach.wait_timeout(TIMEOUT);
+    let status = attach.wait_timeout(timeout());
     let stderr = std::fs::read(&log).unwrap();
     assert!(
         status.success(),
@@ -270,11 +270,11 @@ fn attach_comm_finds_it_by_its_hostile_name() {
     // process are not seen, the others whole.
     for _ in 0..6 {
         target.signal(libc::SIGUSR1);
-        said.wait_for("done", TIMEOUT);
+        said.wait_for("done", timeout());
         std::thread::sleep(Duration::from_millis(300));
     }
     attach.signal(libc::SIGINT);
-    let status = attach.wait_timeout(TIMEOUT);
+    let status = attach.wait_timeout(timeout());
     let stderr = std::fs::read(&log).unwrap();
     assert!(
         status.success(),
@@ -327,7 +327,7 @@ fn top_shows_the_name_escaped_and_the_title_stays() {
     ]);
     assert!(made.status.success(), "{}", describe(&made));
     // Until the row is drawn.
-    let deadline = Instant::now() + TIMEOUT;
+    let deadline = Instant::now() + timeout();
     let row_start = format!("{:>8}  ", target.pid());
     let screen = loop {
         let shown = tmux(&["capture-pane", "-p", "-t", &session]);
@@ -371,7 +371,7 @@ fn heap_reads_it_and_its_tables_stay_whole() {
             .expect("cannot run setpriv"),
     );
     let mut said = Lines::new("heap_census stdout", target.0.stdout.take().unwrap());
-    let ready = said.wait_for("ready", TIMEOUT);
+    let ready = said.wait_for("ready", timeout());
     // `ready` then 17 numbers; the 6th is the bytes of the 300 Notes.
     let note_bytes: u64 = ready.split_whitespace().nth(6).unwrap().parse().unwrap();
     let pid = target.pid().to_string();

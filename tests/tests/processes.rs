@@ -290,7 +290,7 @@ fn attach_by_program_name_takes_running_and_new_processes() {
         let stderr = Lines::new("attach --comm", guard.0.stderr.take().unwrap());
         (guard, stderr)
     };
-    stderr.wait_for("profiling every process of --comm delayed", TIMEOUT);
+    stderr.wait_for("profiling every process of --comm delayed", timeout());
     // One started while memprof watches.
     let late = start();
     let status = memprof.wait_timeout(Duration::from_secs(60));
@@ -490,7 +490,7 @@ fn attach_by_executable_takes_a_static_program_started_later() {
     .unwrap();
     let mut memprof = ChildGuard(child);
     let mut stderr = Lines::new("attach --exe", memprof.0.stderr.take().unwrap());
-    stderr.wait_for("profiling every process of --exe", TIMEOUT);
+    stderr.wait_for("profiling every process of --exe", timeout());
     let child = std::process::Command::new(exe)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
@@ -499,14 +499,14 @@ fn attach_by_executable_takes_a_static_program_started_later() {
     let mut target = ChildGuard(child);
     let mut stdin = target.0.stdin.take().unwrap();
     let mut stdout = Lines::new("attach_census stdout", target.0.stdout.take().unwrap());
-    stdout.wait_for("ready ", TIMEOUT);
-    stderr.wait_for(&format!("following pid {}", target.pid()), TIMEOUT);
+    stdout.wait_for("ready ", timeout());
+    stderr.wait_for(&format!("following pid {}", target.pid()), timeout());
     // 2,500 Late objects, kept; then a collection.
     writeln!(stdin, "go").unwrap();
     stdin.flush().unwrap();
-    stdout.wait_for("collected ", TIMEOUT);
+    stdout.wait_for("collected ", timeout());
     memprof.signal(libc::SIGINT);
-    let status = memprof.wait_timeout(TIMEOUT);
+    let status = memprof.wait_timeout(timeout());
     assert!(status.success(), "{:#?}", stderr.all());
     let json = report_json(&profile);
     assert_late_kept(&json, &mut target);
@@ -560,7 +560,7 @@ fn attach_by_name_takes_a_crystal_program_running_before() {
     let mut target = ChildGuard(child);
     let mut stdin = target.0.stdin.take().unwrap();
     let mut stdout = Lines::new("attach_census stdout", target.0.stdout.take().unwrap());
-    stdout.wait_for("ready ", TIMEOUT);
+    stdout.wait_for("ready ", timeout());
     let child = memprof([
         "attach",
         "--comm",
@@ -580,13 +580,13 @@ fn attach_by_name_takes_a_crystal_program_running_before() {
     .unwrap();
     let mut memprof = ChildGuard(child);
     let mut stderr = Lines::new("attach --comm", memprof.0.stderr.take().unwrap());
-    stderr.wait_for(&format!("following pid {}", target.pid()), TIMEOUT);
+    stderr.wait_for(&format!("following pid {}", target.pid()), timeout());
     // 2,500 Late objects, kept; then a collection.
     writeln!(stdin, "go").unwrap();
     stdin.flush().unwrap();
-    stdout.wait_for("collected ", TIMEOUT);
+    stdout.wait_for("collected ", timeout());
     memprof.signal(libc::SIGINT);
-    let status = memprof.wait_timeout(TIMEOUT);
+    let status = memprof.wait_timeout(timeout());
     assert!(status.success(), "{:#?}", stderr.all());
     let json = report_json(&profile);
     assert_late_kept(&json, &mut target);

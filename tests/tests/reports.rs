@@ -361,7 +361,7 @@ impl Grow {
             .expect("cannot start grow");
         let mut child = ChildGuard(child);
         let mut stdout = Lines::new("grow stdout", child.0.stdout.take().unwrap());
-        stdout.wait_for("ready", TIMEOUT);
+        stdout.wait_for("ready", timeout());
         Grow {
             child,
             stdout,
@@ -376,15 +376,15 @@ impl Grow {
         stdin.flush().unwrap();
         self.steps += 1;
         self.stdout
-            .wait_for(&format!("grown {}", self.steps), TIMEOUT);
+            .wait_for(&format!("grown {}", self.steps), timeout());
     }
 }
 
 /// Waits for the snapshot after the next one memprof writes (the next one
 /// may have started reading before the last step ended); returns its path.
 fn settled_snapshot(stderr: &mut Lines) -> PathBuf {
-    stderr.wait_for("snapshot written to", TIMEOUT);
-    let line = stderr.wait_for("snapshot written to", TIMEOUT);
+    stderr.wait_for("snapshot written to", timeout());
+    let line = stderr.wait_for("snapshot written to", timeout());
     PathBuf::from(line.rsplit("snapshot written to ").next().unwrap())
 }
 
@@ -413,12 +413,12 @@ fn snapshots_diff_shows_exactly_the_growth() {
     .expect("cannot start memprof attach");
     let mut memprof = ChildGuard(child);
     let mut stderr = Lines::new("memprof attach stderr", memprof.0.stderr.take().unwrap());
-    stderr.wait_for("attached", TIMEOUT);
+    stderr.wait_for("attached", timeout());
 
     grow.step();
     let first = settled_snapshot(&mut stderr);
     // The table reprinted by --interval shows the first step.
-    stderr.wait_for("|             250 |                16,000 |", TIMEOUT);
+    stderr.wait_for("|             250 |                16,000 |", timeout());
     grow.step();
     let second = settled_snapshot(&mut stderr);
     assert_ne!(first, second);
@@ -433,7 +433,7 @@ fn snapshots_diff_shows_exactly_the_growth() {
         first.display()
     );
     memprof.signal(libc::SIGINT);
-    let status = memprof.wait_timeout(TIMEOUT);
+    let status = memprof.wait_timeout(timeout());
     assert!(
         status.success(),
         "memprof attach: {status}\n{}",
@@ -633,7 +633,7 @@ fn timeline_samples_come_from_the_kernels_per_kind_totals() {
     .expect("cannot start memprof attach");
     let mut memprof = ChildGuard(child);
     let mut stderr = Lines::new("memprof attach stderr", memprof.0.stderr.take().unwrap());
-    stderr.wait_for("attached", TIMEOUT);
+    stderr.wait_for("attached", timeout());
     // 45 steps: 11,250 live blocks; every sample is exact (the kernel's
     // per-kind totals, never a walk of the live table).
     for _ in 0..45 {
@@ -641,7 +641,7 @@ fn timeline_samples_come_from_the_kernels_per_kind_totals() {
     }
     std::thread::sleep(std::time::Duration::from_millis(300));
     memprof.signal(libc::SIGINT);
-    let status = memprof.wait_timeout(TIMEOUT);
+    let status = memprof.wait_timeout(timeout());
     assert!(
         status.success(),
         "memprof attach: {status}\n{}",

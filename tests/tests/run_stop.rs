@@ -55,7 +55,7 @@ fn stop_once(dir: &TempDir, i: usize) {
             .expect("spawn memprof"),
     );
     let mut stderr = Lines::new("memprof stderr", memprof.0.stderr.take().unwrap());
-    let line = stderr.wait_for("memprof: profiling", TIMEOUT);
+    let line = stderr.wait_for("memprof: profiling", timeout());
     let pid: i32 = line
         .split("(pid ")
         .nth(1)
@@ -66,7 +66,7 @@ fn stop_once(dir: &TempDir, i: usize) {
     // A moment into the loop: 50 to 450 ms, spread over the runs.
     std::thread::sleep(Duration::from_millis(50 + (i as u64 * 137) % 400));
     memprof.signal(signal);
-    let status = memprof.wait_timeout(TIMEOUT);
+    let status = memprof.wait_timeout(timeout());
     assert_eq!(
         command.exit(),
         None,

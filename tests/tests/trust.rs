@@ -96,7 +96,7 @@ fn planted_interpreter_is_never_executed() {
         .expect("cannot start the app as nobody");
     let mut target = ChildGuard(child);
     let mut stdout = Lines::new("app stdout", target.0.stdout.take().unwrap());
-    stdout.wait_for("ready", TIMEOUT);
+    stdout.wait_for("ready", timeout());
 
     // The owner swaps their interpreter for a script.
     let marker = dir.join("marker");
@@ -116,10 +116,10 @@ fn planted_interpreter_is_never_executed() {
     let profile = dir.join("app.mprof");
     let (mut memprof, mut stderr) = attach(&pid, &profile, &[]);
     target.signal(libc::SIGUSR1);
-    stdout.wait_for("done", TIMEOUT);
+    stdout.wait_for("done", timeout());
     memprof.signal(libc::SIGINT);
     assert!(
-        memprof.wait_timeout(TIMEOUT).success(),
+        memprof.wait_timeout(timeout()).success(),
         "{:?}",
         stderr.all()
     );
@@ -453,7 +453,7 @@ fn signals_at_any_moment() {
             .unwrap();
         let mut target = ChildGuard(child);
         let mut stdout = Lines::new("attach_target stdout", target.0.stdout.take().unwrap());
-        stdout.wait_for("ready", TIMEOUT);
+        stdout.wait_for("ready", timeout());
         let profile = dir.join(&format!("p{i}.mprof"));
         let pid = target.pid().to_string();
         let (mut memprof, stderr) = spawn_attach(&pid, &profile, &[]);
@@ -464,7 +464,7 @@ fn signals_at_any_moment() {
         }
         std::thread::sleep(Duration::from_millis(delay_ms));
         memprof.signal(signal);
-        let status = memprof.wait_timeout(TIMEOUT);
+        let status = memprof.wait_timeout(timeout());
         let what = format!("signal {signal} after {delay_ms} ms");
         if signal == libc::SIGKILL {
             assert!(!profile.exists(), "{what}: a file was left");
@@ -497,13 +497,13 @@ fn signals_at_any_moment() {
         assert!(status.contains("TracerPid:\t0\n"), "{what}: still traced");
         assert!(target.is_running(), "{what}: the target died");
         target.signal(libc::SIGUSR1);
-        stdout.wait_for("done", TIMEOUT);
+        stdout.wait_for("done", timeout());
     }
 }
 
 /// Waits until process `pid` blocks `signal` (its `SigBlk` mask).
 fn wait_blocked(pid: i32, signal: i32) {
-    let deadline = std::time::Instant::now() + TIMEOUT;
+    let deadline = std::time::Instant::now() + timeout();
     loop {
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
         let blocked = status

@@ -3,13 +3,15 @@
 //! ```text
 //! cargo xtask setup     # install what a fresh Debian 12 machine lacks (idempotent)
 //! cargo xtask build     # cargo build --release -p memprof
-//! cargo xtask test      # setup, build, then the integration tests (as root)
+//! cargo xtask test      # setup, build, the tests (as root), then the smoke set in Debian's
+//!                       #   6.1 and 6.12 kernels under QEMU (--long: the long runs too)
 //! cargo xtask demo      # setup, build, profile demo/demo.c and print the report
 //! cargo xtask bench     # setup, build, time bench_loop untraced and under memprof
 //!                       #   (--baseline OLD_MEMPROF: the same ways with an earlier build too;
 //!                       #    --agent-only: memprof agent's idle CPU, scrapes and RSS under churn;
 //!                       #    --http-only: crystal-samples' http_server under wrk, beside each way)
 //! cargo xtask fixtures  # compile the C test fixtures into target/fixtures
+//! cargo xtask vm 6.12 -- uname -r   # (hidden) run a command in a Debian kernel under QEMU
 //! ```
 //!
 //! Every command runs from the workspace root, whatever the current directory.
@@ -18,6 +20,8 @@ mod bench;
 mod demo;
 #[path = "../../tests/fixtures/compile.rs"]
 mod fixtures;
+mod kernels;
+mod matrix;
 mod setup;
 
 use anyhow::{bail, ensure, Context, Result};
@@ -39,8 +43,19 @@ enum Task {
     Setup,
     /// Build the memprof binary (target/release/memprof).
     Build,
-    /// Set up, build, and run all tests (needs root: the tests load eBPF programs).
-    Test,
+    /// Set up, build, run the tests on this kernel, then the smoke set in
+    /// each of Debian's kernels under QEMU (needs root: the tests load eBPF
+    /// programs). About 20 minutes on 2 cores.
+    Test {
+        /// Also the long runs (the ten-minute soak, the 2,000-process
+        /// storms): about 15 minutes more.
+        #[arg(long)]
+        long: bool,
+        /// Only the tests on this kernel, no kernel matrix (for a quick
+        /// check while developing; CI runs the matrix).
+        #[arg(long)]
+        no_matrix: bool,
+    },
     /// Set up, build, profile the demo program and print its report.
     Demo,
     /// Set up, build, and compare the cost of a malloc/free pair untraced and traced.
@@ -60,6 +75,22 @@ enum Task {
     },
     /// Compile the C test fixtures into target/fixtures.
     Fixtures,
+    /// Boot a Debian kernel set up by `setup` (6.1 or 6.12) under QEMU and
+    /// run a shell command in it as root, the host's root read-only.
+    #[command(hide = true)]
+    Vm {
+        /// The kernel series: 6.1 or 6.12.
+        kernel: String,
+        /// The one host folder the guest can write (default target/vm-rwdir).
+        #[arg(long)]
+        rwdir: Option<PathBuf>,
+        /// Kill the VM after this many seconds, boot included.
+        #[arg(long, default_value_t = 600)]
+        timeout: u64,
+        /// The command line, after `--`.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -96,7 +127,7 @@ fn task(task: Task) -> Result<()> {
     match task {
         Task::Setup => setup::setup(),
         Task::Build => build_memprof().map(drop),
-        Task::Test => test(),
+        Task::Test { long, no_matrix } => test(long, !no_matrix),
         Task::Demo => demo::demo(),
         Task::Bench {
             baseline,
@@ -111,30 +142,52 @@ fn task(task: Task) -> Result<()> {
             }
             Ok(())
         }
+        Task::Vm {
+            kernel,
+            rwdir,
+            timeout,
+            command,
+        } => kernels::vm(
+            &kernel,
+            &command.join(" "),
+            rwdir,
+            std::time::Duration::from_secs(timeout),
+        ),
     }
 }
 
 /// Runs the tests: they attach real uprobes, hence the root check up front.
-fn test() -> Result<()> {
+/// `long`: the long runs too; `matrix`: then the smoke set in each kernel.
+fn test(long: bool, matrix: bool) -> Result<()> {
     ensure!(
         is_root()?,
         "cargo xtask test must run as root: the integration tests load eBPF programs and attach uprobes"
     );
     setup::setup()?;
     let memprof = build_memprof()?;
-    run(cargo()
-        .args([
-            "test",
-            "--release",
-            "--workspace",
-            "--exclude",
-            "memprof-ebpf",
-            // Run every test binary even if one fails: CI shows all failures.
-            "--no-fail-fast",
-            "--",
-            "--test-threads=2",
-        ])
-        .env("MEMPROF_BIN", &memprof))
+    let mut tests = cargo();
+    tests.args([
+        "test",
+        "--release",
+        "--workspace",
+        "--exclude",
+        "memprof-ebpf",
+        // Run every test binary even if one fails: CI shows all failures.
+        "--no-fail-fast",
+    ]);
+    if long {
+        tests.args(["--features", "memprof-tests/long"]);
+    }
+    let here = run(tests
+        .args(["--", "--test-threads=2"])
+        .env("MEMPROF_BIN", &memprof));
+    // The matrix runs even when a test failed here: CI shows both.
+    let kernels = if matrix {
+        matrix::run(&memprof, long)
+    } else {
+        Ok(())
+    };
+    here.and(kernels)
 }
 
 /// The workspace root (the parent of this crate).

@@ -10,6 +10,7 @@
 use crate::{output, run};
 use anyhow::{Context, Result};
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Debian packages: Crystal and Boehm GC (Crystal targets and fixtures),
 /// Crystal sample programs (real workloads), Go (`go tool pprof` reads the
@@ -40,16 +41,16 @@ const APT_PACKAGES: &[&str] = &[
 const BPF_LINKER_VERSION: &str = "0.10.4";
 
 pub fn setup() -> Result<()> {
-    apt_packages()?;
+    apt_packages(APT_PACKAGES)?;
     rust_src()?;
-    bpf_linker()
+    bpf_linker()?;
+    crate::kernels::setup()
 }
 
-/// Installs the missing apt packages, with one `apt-get update` first (a fresh
-/// machine has empty package lists) and only if something is missing.
-fn apt_packages() -> Result<()> {
+/// Installs the missing apt packages, one line per package.
+pub(crate) fn apt_packages(packages: &[&str]) -> Result<()> {
     let mut missing = Vec::new();
-    for package in APT_PACKAGES {
+    for package in packages {
         if dpkg_installed(package)? {
             println!("setup: {package} ... already installed");
         } else {
@@ -57,20 +58,41 @@ fn apt_packages() -> Result<()> {
             missing.push(*package);
         }
     }
-    if missing.is_empty() {
-        return Ok(());
-    }
-    run(apt_get().arg("update"))?;
-    run(apt_get().args(["install", "-y"]).args(&missing))
+    apt_install(&missing)
 }
 
-fn apt_get() -> Command {
+/// Installs these apt packages, if any, after one `apt-get update` (a fresh
+/// machine has empty package lists).
+pub(crate) fn apt_install(packages: &[&str]) -> Result<()> {
+    if packages.is_empty() {
+        return Ok(());
+    }
+    apt_update_once()?;
+    run(apt_get().args(["install", "-y"]).args(packages))
+}
+
+static APT_UPDATED: AtomicBool = AtomicBool::new(false);
+
+/// `apt-get update`, at most once per run.
+pub(crate) fn apt_update_once() -> Result<()> {
+    if !APT_UPDATED.swap(true, Ordering::SeqCst) {
+        run(apt_get().arg("update"))?;
+    }
+    Ok(())
+}
+
+/// Whether this run updated apt's lists already.
+pub(crate) fn apt_updated() -> bool {
+    APT_UPDATED.load(Ordering::SeqCst)
+}
+
+pub(crate) fn apt_get() -> Command {
     let mut command = Command::new("apt-get");
     command.env("DEBIAN_FRONTEND", "noninteractive");
     command
 }
 
-fn dpkg_installed(package: &str) -> Result<bool> {
+pub(crate) fn dpkg_installed(package: &str) -> Result<bool> {
     let mut query = Command::new("dpkg-query");
     query.args(["-W", "-f=${Status}", package]);
     let out = output(&mut query).context("setup expects a Debian system (dpkg-query)")?;

@@ -33,6 +33,8 @@ mod host;
 mod kernel;
 mod multi;
 mod spare;
+#[cfg(test)]
+mod stack_budget;
 mod unwind_tables;
 mod verifier;
 mod view;
