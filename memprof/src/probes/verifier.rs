@@ -9,10 +9,15 @@
 //! buffer written to a file for whoever needs the whole walk:
 //!
 //! ```text
-//! loading program alloc_enter: the kernel's verifier refused it: combined
-//! stack size of 2 calls is 640. Too large (processed 12345 insns, stack
-//! depth 456+168); whole log: /tmp/memprof-verifier-alloc_enter-4242.log
+//! loading program alloc_session: the kernel's verifier refused it: combined
+//! stack size of 3 calls is 640. Too large (processed 253370 insns, stack depth
+//! 0+464+16+0+0+0+0+168+248+8+0+0+408+8); whole log:
+//! /tmp/memprof-verifier-alloc_session-30895.log
 //! ```
+//!
+//! (At level 1 the verifier keeps only the path that failed: for a
+//! refusal after every path was walked, like this one, the file holds the
+//! message alone.)
 use std::io::Write;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::OpenOptionsExt;
@@ -65,9 +70,8 @@ pub(super) fn explain_refusal(
         // memory): the errno says it.
         None => format!("the kernel refused it: {first}"),
     };
-    Err(anyhow!(
-        "loading program {name}: {why}{figures}; {whole_log}"
-    ))
+    // The caller's context names the program ("loading program NAME").
+    Err(anyhow!("{why}{figures}; {whole_log}"))
 }
 
 /// The text of a log buffer the kernel filled.
@@ -227,7 +231,7 @@ mod tests {
         assert_eq!(calls, [LOG_STATS, LOG_INSTRUCTIONS]);
         let text = format!("{err:#}");
         assert!(
-            text.starts_with("loading program unit_test_prog: the kernel's verifier refused it: R1 invalid mem access 'scalar' (processed 3 insns, stack depth 8); whole log: "),
+            text.starts_with("the kernel's verifier refused it: R1 invalid mem access 'scalar' (processed 3 insns, stack depth 8); whole log: "),
             "{text}"
         );
         assert!(!text.contains('\n'), "{text}");
