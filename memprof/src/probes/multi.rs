@@ -347,3 +347,56 @@ pub(super) fn attach(
     multi.pid = pid;
     Ok(bpf(bpf_cmd::BPF_LINK_CREATE, &mut attr)?)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A helper call of number `imm`.
+    fn call(imm: u32) -> bpf_insn {
+        // SAFETY: plain data.
+        let mut insn: bpf_insn = unsafe { std::mem::zeroed() };
+        insn.code = 0x85;
+        insn.imm = imm as i32;
+        insn
+    }
+
+    #[test]
+    fn kfunc_calls_are_linked_or_stubbed() {
+        let mut instructions = [
+            call(programs::SESSION_IS_RETURN),
+            call(programs::ITER_TASK_VMA_NEW),
+            call(programs::ITER_TASK_VMA_NEXT),
+            call(1), // bpf_map_lookup_elem: left alone
+        ];
+        let linked = link_kfuncs(&mut instructions, |placeholder| match placeholder {
+            programs::SESSION_IS_RETURN => Some(KfuncLink::Call(77)),
+            programs::ITER_TASK_VMA_NEW => Some(KfuncLink::Returns(-38)),
+            _ => Some(KfuncLink::Returns(0)),
+        })
+        .unwrap();
+        assert_eq!(linked, 3);
+        let [session, new, next, helper] = instructions;
+        assert_eq!(
+            (session.code, session.src_reg(), session.imm),
+            (0x85, 2, 77)
+        );
+        // `r0 = -38`, `r0 = 0`: mov64 with an immediate, into r0.
+        assert_eq!(
+            (new.code, new.dst_reg(), new.src_reg(), new.imm),
+            (0xb7, 0, 0, -38)
+        );
+        assert_eq!((next.code, next.dst_reg(), next.imm), (0xb7, 0, 0));
+        assert_eq!((helper.code, helper.src_reg(), helper.imm), (0x85, 0, 1));
+    }
+
+    #[test]
+    fn a_missing_kfunc_the_program_needs_is_an_error() {
+        let mut instructions = [call(programs::SESSION_IS_RETURN)];
+        let err = link_kfuncs(&mut instructions, |_| None).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "the kernel has no kfunc bpf_session_is_return"
+        );
+    }
+}
