@@ -91,6 +91,10 @@ enum Task {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
+    /// Build memprof and the tests, then run only the kernel matrix (the
+    /// smoke set in each of Debian's kernels under QEMU).
+    #[command(hide = true)]
+    Matrix,
 }
 
 fn main() -> ExitCode {
@@ -141,6 +145,11 @@ fn task(task: Task) -> Result<()> {
                 println!("fixtures: built {}", exe.display());
             }
             Ok(())
+        }
+        Task::Matrix => {
+            setup::setup()?;
+            let memprof = build_memprof()?;
+            matrix::run(&memprof, false)
         }
         Task::Vm {
             kernel,

@@ -105,10 +105,7 @@ pub fn run(memprof: &Path, long: bool) -> Result<()> {
         passed += p;
         failed.extend(f.into_iter().map(|case| format!("{}: {case}", kernel.name)));
     }
-    println!(
-        "kernel matrix: {passed} passed, {} failed",
-        failed.len()
-    );
+    println!("kernel matrix: {passed} passed, {} failed", failed.len());
     if !failed.is_empty() {
         bail!("in the kernel matrix: {}", failed.join("; "));
     }
@@ -216,9 +213,21 @@ fn run_in(
         println!(
             "kernel matrix: {} did not finish ({}); the VM's last words:",
             kernel.version,
-            if out.timed_out { "timed out" } else { "the VM failed" }
+            if out.timed_out {
+                "timed out"
+            } else {
+                "the VM failed"
+            }
         );
-        for line in out.stderr.lines().rev().take(20).collect::<Vec<_>>().into_iter().rev() {
+        for line in out
+            .stderr
+            .lines()
+            .rev()
+            .take(20)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+        {
             println!("      | {line}");
         }
     }
