@@ -1,7 +1,8 @@
 //! `cargo xtask <command>`: memprof's developer tasks.
 //!
 //! ```text
-//! cargo xtask setup     # install what a fresh Debian 12 machine lacks (idempotent)
+//! cargo xtask setup     # install what a fresh Debian 12 machine lacks (idempotent),
+//!                       #   Debian kernels and QEMU for `vm` included
 //! cargo xtask build     # cargo build --release -p memprof
 //! cargo xtask test      # setup, build, the tests (as root), then the smoke set in Debian's
 //!                       #   6.1 and 6.12 kernels under QEMU (--long: the long runs too)
@@ -39,7 +40,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Install the apt packages, the nightly rust-src component and bpf-linker, if missing.
+    /// Install the apt packages, the nightly rust-src component, bpf-linker, and
+    /// virtme-ng, QEMU and the Debian 6.1 and 6.12 kernels (into target/), if missing.
     Setup,
     /// Build the memprof binary (target/release/memprof).
     Build,
@@ -91,6 +93,10 @@ enum Task {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
+    /// Build memprof and the tests, then run only the kernel matrix (the
+    /// smoke set in each of Debian's kernels under QEMU).
+    #[command(hide = true)]
+    Matrix,
 }
 
 fn main() -> ExitCode {
@@ -141,6 +147,11 @@ fn task(task: Task) -> Result<()> {
                 println!("fixtures: built {}", exe.display());
             }
             Ok(())
+        }
+        Task::Matrix => {
+            setup::setup()?;
+            let memprof = build_memprof()?;
+            matrix::run(&memprof, false)
         }
         Task::Vm {
             kernel,

@@ -6,6 +6,9 @@
 //! setup: crystal ... already installed
 //! setup: rust-src (nightly) ... installing
 //! ```
+//!
+//! The last steps (kernels/mod.rs) bring virtme-ng, QEMU and Debian's 6.1
+//! and 6.12 kernels into target/, to run tests on those kernels.
 
 use crate::{output, run};
 use anyhow::{Context, Result};
