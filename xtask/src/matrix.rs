@@ -73,9 +73,9 @@ const SMOKE: &[Case] = &[
         test: "the_growing_process_ranks_first",
     },
     Case {
-        what: "heap: a census of an idle Crystal program",
+        what: "heap: a census of a Crystal program's whole heap, by class",
         binary: "heap",
-        test: "heap_of_an_idle_program_debug",
+        test: "heap_census_debug",
     },
     Case {
         what: "agent: Prometheus scrapes /metrics",
