@@ -363,6 +363,14 @@ pub fn report_json(profile: &Path) -> Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("report is not JSON ({e}):\n{text}"))
 }
 
+/// Whether the memprof under test has uprobe sessions here (Linux 6.13,
+/// and not turned off by `MEMPROF_KERNEL_FEATURES`): without them every
+/// allocation's return is probed and no result is read at the entry.
+pub fn uprobe_sessions() -> bool {
+    let output = run_ok(["probes", "--kernel"]);
+    String::from_utf8_lossy(&output.stdout).contains("uprobe sessions yes")
+}
+
 /// The result-prediction counters of a profile (`predict.rs`): none
 /// wrong, at least the 4,096 checks made before trusting, and returns
 /// `(predicted, predictions_checked)` for the caller's own bounds.
