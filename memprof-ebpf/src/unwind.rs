@@ -4,7 +4,7 @@
 //! through `MODULE_RANGES`), and stores each distinct stack once in
 //! `DWARF_STACKS`, keyed by a hash of its frames.
 use aya_ebpf::{
-    bindings::{pt_regs, BPF_F_NO_PREALLOC, BPF_NOEXIST},
+    bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
     helpers::{bpf_probe_read_user, generated as gen},
     macros::map,
     maps::{Array, HashMap, PerCpuArray},
@@ -97,6 +97,8 @@ struct Scratch {
     spill: [u64; MAX_STEPS - MAX_FRAMES],
     /// The copy of the target's stack [`Window`] reads from.
     window: [u64; WINDOW_WORDS],
+    /// The walk in progress.
+    walk: Walk,
     /// Where the walk stopped for want of a row: the frame's return
     /// address, CFA and `%rbp` (`stop_pc` 0: it stopped otherwise).
     stop_pc: u64,
@@ -181,6 +183,9 @@ const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 /// every path through a recursive function is one stack, its innermost
 /// occurrence, and the walk goes on to the callers (up to `MAX_STEPS`
 /// frames walked, `MAX_FRAMES` kept).
+///
+/// A function of its own: its frame is beside the entry's other work in
+/// the call chain's 512 bytes of stack, not added to it.
 #[inline(never)]
 pub(crate) fn dwarf_unwind(ctx: &ProbeContext, packed: u32) -> (u64, Option<u64>) {
     let regs = unsafe { &*ctx.regs };
@@ -188,131 +193,180 @@ pub(crate) fn dwarf_unwind(ctx: &ProbeContext, packed: u32) -> (u64, Option<u64>
         let caller = unsafe { bpf_probe_read_user(regs.rsp as *const u64) }.unwrap_or(0);
         return (caller, None);
     };
-    let scratch = unsafe { &mut *scratch };
-    let Some(cache) = ROW_CACHE.get_ptr_mut(0) else {
-        let caller = unsafe { bpf_probe_read_user(regs.rsp as *const u64) }.unwrap_or(0);
-        return (caller, None);
-    };
-    let cache = unsafe { &mut *cache };
     // At entry the CFA is %rsp + 8 and the return address, the
     // caller, is at %rsp. The stack is read a window at a time.
-    let mut window = Window { start: 0, end: 0 };
-    let caller = window.word(&mut scratch.window, regs.rsp).unwrap_or(0);
-    (
-        caller,
-        unwind_from(scratch, cache, &mut window, regs, caller, packed),
-    )
+    let caller = {
+        let scratch = unsafe { &mut *scratch };
+        let mut window = Window { start: 0, end: 0 };
+        let caller = window.word(&mut scratch.window, regs.rsp).unwrap_or(0);
+        scratch.walk = Walk {
+            pc: caller,
+            sp: regs.rsp + 8,
+            bp: regs.rbp,
+            hash: FNV_OFFSET,
+            len: 0,
+            truncated: 1,
+            folded: 0,
+            recent: [u64::MAX; FOLD_WINDOW],
+            packed: packed as u64,
+            window_start: window.start,
+            window_end: window.end,
+        };
+        scratch.stop_pc = 0;
+        caller
+    };
+    if caller == 0 {
+        return (0, None); // unreadable
+    }
+    (caller, Some(unwind_from(scratch)))
 }
 
-/// [`dwarf_unwind`] from the caller's frame (`caller`: its pc).
+/// [`dwarf_unwind`] from the caller's frame, set up in `scratch.walk`.
 #[inline(always)]
-fn unwind_from(
-    scratch: &mut Scratch,
-    cache: &mut RowCache,
-    window: &mut Window,
-    regs: &pt_regs,
-    caller: u64,
-    packed: u32,
-) -> Option<u64> {
-    if caller == 0 {
-        return None; // unreadable
-    }
-    let (mut hash, truncated, folded) = walk(scratch, cache, window, regs, caller, packed);
-    if truncated == 1 {
+fn unwind_from(scratch: *mut Scratch) -> u64 {
+    // One step per `bpf_loop` call: the verifier checks a step once,
+    // not once per frame (a loop of `MAX_STEPS` inline was more than
+    // Linux 6.1's million instructions to verify).
+    unsafe {
+        gen::bpf_loop(
+            MAX_STEPS as u32,
+            walk_step as *mut _,
+            core::ptr::null_mut(),
+            0,
+        )
+    };
+    // The step wrote through its own pointer: read it again.
+    let scratch = unsafe { &mut *core::hint::black_box(scratch) };
+    let walk = unsafe { core::ptr::read_volatile(&scratch.walk) };
+    scratch.stack.len = walk.len as u32;
+    scratch.stack.truncated = walk.truncated as u32;
+    scratch.stack.folded = walk.folded as u32;
+    let mut hash = walk.hash;
+    if walk.truncated == 1 {
         bump(|c| &mut c.truncated_stacks);
         hash ^= 1; // same frames, but a truncated stack is another stack
     }
-    if folded == 1 {
+    if walk.folded == 1 {
         bump(|c| &mut c.folded_stacks);
         hash ^= 2; // and so is a folded one
     }
     let key = store(scratch, hash);
-    if HOST.load() == 1 && truncated == 1 && scratch.stop_pc != 0 {
+    if HOST.load() == 1 && walk.truncated == 1 && scratch.stop_pc != 0 {
         crate::deferred::send(key, scratch.stop_pc, scratch.stop_sp, scratch.stop_bp);
     }
-    Some(key)
+    key
 }
 
-/// Walks the stack from the caller's frame (`pc`, not 0) into
-/// `scratch.stack`; returns the hash of the frames kept, and whether the
-/// walk stopped before the outermost frame (`truncated`) or left frames
-/// out (`folded`), 0 or 1 each.
+/// A walk between two of its steps (in `Scratch`: a `bpf_loop` step
+/// keeps nothing in registers).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Walk {
+    /// The frame to step from: its pc (0: the stack ended), CFA, `%rbp`.
+    pc: u64,
+    sp: u64,
+    bp: u64,
+    /// The hash of the frames kept so far, and how many.
+    hash: u64,
+    len: u64,
+    /// 1 until the walk reaches the outermost frame.
+    truncated: u64,
+    /// 1 once a frame was folded.
+    folded: u64,
+    /// Functions of the last kept frames, newest first (none: MAX, no
+    /// function's address).
+    recent: [u64; FOLD_WINDOW],
+    /// The module table searched.
+    packed: u64,
+    /// The part of the target's stack in `Scratch::window` ([`Window`]).
+    window_start: u64,
+    window_end: u64,
+}
+
+/// One step of the walk (a `bpf_loop` callback): the frame in
+/// `scratch.walk` kept (or folded) and its caller's found; 1 when the
+/// walk is over.
+extern "C" fn walk_step(_index: u64, _ctx: *mut core::ffi::c_void) -> i64 {
+    let (Some(scratch), Some(cache)) = (SCRATCH.get_ptr_mut(0), ROW_CACHE.get_ptr_mut(0)) else {
+        return 1;
+    };
+    step(unsafe { &mut *scratch }, unsafe { &mut *cache })
+}
+
+/// [`walk_step`]: 0 to go on, 1 when the walk is over.
 #[inline(always)]
-fn walk(
-    scratch: &mut Scratch,
-    cache: &mut RowCache,
-    window: &mut Window,
-    regs: &pt_regs,
-    mut pc: u64,
-    packed: u32,
-) -> (u64, u32, u32) {
-    let mut sp = regs.rsp + 8;
-    let mut bp = regs.rbp;
-    let fold = u64::from(FOLD_RECURSION.load()) & 1;
+fn step(scratch: &mut Scratch, cache: &mut RowCache) -> i64 {
+    let Walk {
+        pc,
+        sp,
+        bp,
+        hash,
+        len,
+        recent,
+        packed,
+        ..
+    } = scratch.walk;
+    if pc == 0 {
+        scratch.walk.truncated = 0;
+        return 1;
+    }
+    let len = len as usize;
+    // A return address points after the call: look up the call itself.
+    let Some((row, func)) = cached_row(cache, pc - 1, packed as u32) else {
+        // No rule for it: the last frame.
+        scratch.stop_pc = pc;
+        scratch.stop_sp = sp;
+        scratch.stop_bp = bp;
+        if len < MAX_FRAMES {
+            *scratch.frame(len) = pc;
+            scratch.walk.len = len as u64 + 1;
+            scratch.walk.hash = (hash ^ pc).wrapping_mul(FNV_PRIME);
+        }
+        return 1;
+    };
     // Whether a frame is kept or folded is computed, not branched on
-    // (`select`): a branch per frame whose sides differ in what they
-    // keep would double the paths the verifier walks at every frame.
-    let mut hash = FNV_OFFSET;
-    let mut len: usize = 0;
-    let mut truncated: u32 = 1;
-    let mut folded: u64 = 0;
-    // Functions of the last kept frames, newest first (none: MAX, no
-    // function's address).
-    let mut recent: [u64; FOLD_WINDOW] = [u64::MAX; FOLD_WINDOW];
-    scratch.stop_pc = 0;
-    for _ in 0..MAX_STEPS {
-        if pc == 0 {
-            truncated = 0;
-            break;
+    // (`select`): fewer paths for the verifier to walk.
+    let fold = u64::from(FOLD_RECURSION.load()) & 1;
+    let new = differ(func, recent[0])
+        & differ(func, recent[1])
+        & differ(func, recent[2])
+        & differ(func, recent[3]);
+    let keep = new | (fold ^ 1);
+    if keep & (len as u64 >> MAX_FRAMES.trailing_zeros()) != 0 {
+        return 1; // MAX_FRAMES kept, another to keep: truncated
+    }
+    // Written either way; a folded frame's slot is the next frame's.
+    *scratch.frame(len) = pc;
+    scratch.walk.len = len as u64 + keep;
+    scratch.walk.folded |= keep ^ 1;
+    scratch.walk.hash = select(keep, (hash ^ pc).wrapping_mul(FNV_PRIME), hash);
+    scratch.walk.recent = [
+        select(keep, func, recent[0]),
+        select(keep, recent[0], recent[1]),
+        select(keep, recent[1], recent[2]),
+        select(keep, recent[2], recent[3]),
+    ];
+    let mut window = Window {
+        start: scratch.walk.window_start,
+        end: scratch.walk.window_end,
+    };
+    let caller = caller_frame(&row, sp, bp, &mut window, &mut scratch.window);
+    scratch.walk.window_start = window.start;
+    scratch.walk.window_end = window.end;
+    match caller {
+        Ok((sp, bp, pc)) => {
+            scratch.walk.sp = sp;
+            scratch.walk.bp = bp;
+            scratch.walk.pc = pc;
+            0
         }
-        // A return address points after the call: look up the call itself.
-        let Some((row, func)) = cached_row(cache, pc - 1, packed) else {
-            // No rule for it: the last frame.
-            scratch.stop_pc = pc;
-            scratch.stop_sp = sp;
-            scratch.stop_bp = bp;
-            if len < MAX_FRAMES {
-                *scratch.frame(len) = pc;
-                len += 1;
-                hash = (hash ^ pc).wrapping_mul(FNV_PRIME);
+        Err(outermost) => {
+            if outermost {
+                scratch.walk.truncated = 0;
             }
-            break;
-        };
-        let new = differ(func, recent[0])
-            & differ(func, recent[1])
-            & differ(func, recent[2])
-            & differ(func, recent[3]);
-        let keep = new | (fold ^ 1);
-        let fold_it = keep ^ 1;
-        if keep & (len as u64 >> MAX_FRAMES.trailing_zeros()) != 0 {
-            break; // MAX_FRAMES kept, another to keep: truncated
-        }
-        // Written either way; a folded frame's slot is the next frame's.
-        *scratch.frame(len) = pc;
-        len += keep as usize;
-        folded |= fold_it;
-        hash = select(keep, (hash ^ pc).wrapping_mul(FNV_PRIME), hash);
-        recent = [
-            select(keep, func, recent[0]),
-            select(keep, recent[0], recent[1]),
-            select(keep, recent[1], recent[2]),
-            select(keep, recent[2], recent[3]),
-        ];
-        match caller_frame(&row, sp, bp, window, &mut scratch.window) {
-            Ok(caller) => (sp, bp, pc) = caller,
-            Err(outermost) => {
-                if outermost {
-                    truncated = 0;
-                }
-                break;
-            }
+            1
         }
     }
-    let folded = folded as u32;
-    scratch.stack.len = len as u32;
-    scratch.stack.truncated = truncated;
-    scratch.stack.folded = folded;
-    (hash, truncated, folded)
 }
 
 /// The caller's `(sp, bp, pc)` of the frame whose CFI row is `row`, from

@@ -222,12 +222,18 @@ pub fn thousands(n: u64) -> String {
 /// 30 s, times `MEMPROF_TEST_SLOWER` where the machine is that many times
 /// slower (the kernel matrix sets 10: its kernels run emulated).
 pub fn timeout() -> Duration {
-    let slower = std::env::var("MEMPROF_TEST_SLOWER")
+    Duration::from_secs(30) * slower()
+}
+
+/// How many times slower than this machine the tests' machine is
+/// (`MEMPROF_TEST_SLOWER`, 1 if unset): what a fixture waits for memprof
+/// is stretched by it.
+pub fn slower() -> u32 {
+    std::env::var("MEMPROF_TEST_SLOWER")
         .ok()
         .and_then(|s| s.parse::<u32>().ok())
         .unwrap_or(1)
-        .max(1);
-    Duration::from_secs(30) * slower
+        .max(1)
 }
 
 /// The memprof binary under test.
@@ -363,26 +369,23 @@ pub fn report_json(profile: &Path) -> Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("report is not JSON ({e}):\n{text}"))
 }
 
-/// Whether the memprof under test has uprobe sessions here (Linux 6.13,
-/// and not turned off by `MEMPROF_KERNEL_FEATURES`): without them every
-/// allocation's return is probed and no result is read at the entry.
-pub fn uprobe_sessions() -> bool {
-    let output = run_ok(["probes", "--kernel"]);
-    String::from_utf8_lossy(&output.stdout).contains("uprobe sessions yes")
-}
-
-/// The result-prediction counters of a profile (`predict.rs`): none
-/// wrong, at least the 4,096 checks made before trusting, and returns
-/// `(predicted, predictions_checked)` for the caller's own bounds. `None`
-/// where memprof has no uprobe sessions ([`uprobe_sessions`]): then no
-/// result is read at the entry, and none is predicted.
+/// The result-prediction counters of a profile (`predict.rs`). On a
+/// kernel with uprobe sessions (the profile's `kernel`): none wrong, at
+/// least the 4,096 checks made before trusting, and `Some((predicted,
+/// predictions_checked))` for the caller's own bounds. Without them
+/// (Linux 6.12 and before) no result is read at an entry: both 0, `None`.
 pub fn assert_predictions_right(json: &Value) -> Option<(u64, u64)> {
     let counter = |name: &str| uint(json, &format!("/counters/{name}"));
-    if !uprobe_sessions() {
-        assert_eq!(counter("predicted"), 0, "{:#}", json["counters"]);
+    assert_eq!(counter("predictions_wrong"), 0, "{:#}", json["counters"]);
+    if json["kernel"]["uprobe_session"] != true {
+        assert_eq!(
+            (counter("predicted"), counter("predictions_checked")),
+            (0, 0),
+            "{:#}",
+            json["kernel"]
+        );
         return None;
     }
-    assert_eq!(counter("predictions_wrong"), 0, "{:#}", json["counters"]);
     let checked = counter("predictions_checked");
     assert!(checked >= 4_096, "{:#}", json["counters"]);
     Some((counter("predicted"), checked))

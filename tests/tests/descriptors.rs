@@ -70,6 +70,7 @@ fn hard_limit() -> (u64, u64) {
 }
 
 /// Descriptors process `pid` holds now.
+#[cfg(feature = "long")]
 fn descriptors(pid: i32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
         .expect("memprof's descriptors")
@@ -86,6 +87,7 @@ fn groups_of(json: &Value, pid: u32, reuse: u64) -> Vec<&Value> {
 
 /// Whether run `pid` of `basic` (named `name`) is in the profile as
 /// itself with its exact counts at make_foo and whole, named stacks.
+#[cfg(feature = "long")]
 fn exact_basic(json: &Value, pid: u32, name: &str) -> bool {
     let mine = groups_of(json, pid, 0);
     let entries = processes(json, pid);

@@ -220,7 +220,7 @@ fn verdicts_with(name: &str, fixture: &str, options: &[&str]) {
     // entry of GC_malloc, their result read from the thread's free list
     // (every build here: shared, static and stripped libgc), after the
     // first 4,096 predictions matched their returns; none wrong, and every
-    // verdict above exact with them.
+    // verdict above exact with them (on a kernel with uprobe sessions).
     if let Some((predicted, _)) = assert_predictions_right(&json) {
         assert!(predicted >= 100_000, "{:#}", json["counters"]);
     }

@@ -262,9 +262,12 @@ fn processes_in_a_new_pid_namespace_are_followed_with_both_pids() {
 fn attach_by_program_name_takes_running_and_new_processes() {
     let dir = TempDir::new("processes_comm");
     let profile = dir.join("delayed.mprof");
+    // Its allocations come after memprof attached, on a slower machine too.
+    let wait = (4 * slower()).to_string();
     let start = || {
         ChildGuard(
             std::process::Command::new(fixture::DELAYED)
+                .arg(&wait)
                 .spawn()
                 .unwrap(),
         )
@@ -276,7 +279,7 @@ fn attach_by_program_name_takes_running_and_new_processes() {
             "--comm",
             "delayed",
             "--duration",
-            "8",
+            &(8 * slower()).to_string(),
             "--sample-bytes",
             "0",
             "-o",
@@ -293,7 +296,7 @@ fn attach_by_program_name_takes_running_and_new_processes() {
     stderr.wait_for("profiling every process of --comm delayed", timeout());
     // One started while memprof watches.
     let late = start();
-    let status = memprof.wait_timeout(Duration::from_secs(60));
+    let status = memprof.wait_timeout(Duration::from_secs(60) * slower());
     assert!(status.success(), "{:#?}", stderr.all());
     let json = report_json(&profile);
     let processes = json["processes"].as_array().expect("processes");

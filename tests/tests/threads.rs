@@ -24,8 +24,7 @@ fn threads_lose_nothing() {
     );
     assert_eq!(uint(&json, "/lost_events"), 0);
     // Every malloc after a free (4 × 98,999) finds its chunk in the
-    // thread's tcache: each predicted, then recorded or checked (with
-    // uprobe sessions: without, every result is read at the return).
+    // thread's tcache: each predicted, then recorded or checked.
     if let Some((predicted, checked)) = assert_predictions_right(&json) {
         assert!(predicted + checked >= 4 * 98_999, "{:#}", json["counters"]);
     }

@@ -73,9 +73,9 @@ const SMOKE: &[Case] = &[
         test: "the_growing_process_ranks_first",
     },
     Case {
-        what: "heap: a census of an idle Crystal program",
+        what: "heap: a census of a Crystal program's whole heap, by class",
         binary: "heap",
-        test: "heap_of_an_idle_program_debug",
+        test: "heap_census_debug",
     },
     Case {
         what: "agent: Prometheus scrapes /metrics",
@@ -247,7 +247,7 @@ fn guest_script(
     let mut script = format!(
         "export MEMPROF_BIN={memprof} TMPDIR=/tmp MEMPROF_TEST_SLOWER=10\n\
          cd /tmp\n\
-         {memprof} probes --kernel > {out}/features 2>&1\n",
+         {memprof} probes --pid $$ 2>&1 | head -1 > {out}/features\n",
         memprof = quote(memprof),
     );
     for (i, case) in SMOKE.iter().enumerate() {

@@ -25,6 +25,7 @@ pub struct Header {
 pub fn header(h: Header) -> Profile {
     Profile {
         memprof_version: env!("CARGO_PKG_VERSION").to_string(),
+        kernel: Some(crate::probes::kernel().info()),
         mode: h.mode.to_string(),
         target: h.target,
         start_unix_s: unix_s(h.started),

@@ -173,6 +173,7 @@ fn part_of(profile: &Profile, info: &ProcessInfo) -> Profile {
         },
         probes: profile.probes.clone(),
         memprof_version: profile.memprof_version.clone(),
+        kernel: profile.kernel.clone(),
         mode: profile.mode.clone(),
         start_unix_s: profile.start_unix_s,
         duration_s: info.end_s.unwrap_or(profile.duration_s),

@@ -173,6 +173,16 @@ impl KernelFeatures {
         }
     }
 
+    /// What a profile records of it.
+    pub fn info(&self) -> crate::profile::KernelInfo {
+        crate::profile::KernelInfo {
+            release: self.release.clone(),
+            multi_uprobe: self.multi_uprobe,
+            uprobe_session: self.uprobe_session,
+            task_vma_iter: self.task_vma_iter,
+        }
+    }
+
     /// One line: the kernel, and what each feature's absence costs.
     pub fn summary(&self) -> String {
         let yes_no = |on: bool| if on { "yes" } else { "no" };

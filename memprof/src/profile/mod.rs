@@ -96,6 +96,8 @@ pub use counters::Counters;
 pub use error::{Corruption, ProfileError, ProfileErrorKind};
 pub use format::{load, parse, save, write, MAGIC, OLDEST_READ, VERSION};
 pub use lifetimes::{Lifetimes, LIFETIME_BOUNDS_NS};
-pub use model::{kind_index, ExitInfo, Frame, Group, ProbeInfo, ProcessInfo, Profile, TargetInfo};
+pub use model::{
+    kind_index, ExitInfo, Frame, Group, KernelInfo, ProbeInfo, ProcessInfo, Profile, TargetInfo,
+};
 pub use stacks::{Location, Stacks};
 pub use timeline::{Sample, Timeline};

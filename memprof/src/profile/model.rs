@@ -9,6 +9,11 @@ use super::{Censuses, Counters, GcSummary, Lifetimes, Stacks, Timeline};
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Profile {
     pub memprof_version: String,
+    /// The kernel the session ran on, and which of the features memprof
+    /// prefers it had (a fallback was used for each one it lacked).
+    /// Absent in profiles from before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<KernelInfo>,
     /// `run` or `attach`.
     pub mode: String,
     pub target: TargetInfo,
@@ -213,6 +218,22 @@ impl Profile {
             group.stack = self.stacks.intern(frames);
         }
     }
+}
+
+/// The kernel a session ran on: its release and what it offered memprof's
+/// probes (docs/troubleshooting.md says what each missing one costs).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KernelInfo {
+    /// `uname -r`.
+    pub release: String,
+    /// Multi-uprobe links (Linux 6.6); without: a perf event per probe.
+    pub multi_uprobe: bool,
+    /// Uprobe sessions (Linux 6.13); without: every allocation's return
+    /// probed, no result read at an allocator's entry.
+    pub uprobe_session: bool,
+    /// The task-VMA iterator (Linux 6.7); without: a new process's first
+    /// unwind table waits for /proc (`attach --all`, `run`'s children).
+    pub task_vma_iter: bool,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

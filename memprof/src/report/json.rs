@@ -190,6 +190,7 @@ fn top(profile: &Profile) -> Map<String, Value> {
         "format": "memprof-report",
         "version": VERSION,
         "memprof_version": profile.memprof_version,
+        "kernel": profile.kernel,
         "mode": profile.mode,
         "target": {
             "pid": profile.target.pid,
