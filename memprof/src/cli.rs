@@ -165,8 +165,13 @@ pub enum Command {
     /// with the arguments, %rsp and %rbp still intact.
     Probes {
         /// Process id.
-        #[arg(long, short)]
-        pid: u32,
+        #[arg(long, short, required_unless_present = "kernel")]
+        pid: Option<u32>,
+        /// Only what the running kernel offers the probes (multi-uprobe
+        /// links, uprobe sessions, the task-VMA iterator), and what each
+        /// absence costs; printed first with --pid too.
+        #[arg(long, conflicts_with = "pid")]
+        kernel: bool,
         /// Show the +0 placement used with --probe-at-entry.
         #[arg(long)]
         probe_at_entry: bool,

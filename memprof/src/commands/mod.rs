@@ -23,9 +23,16 @@ pub fn run_cli(cli: Cli) -> Result<i32> {
         Command::Report(args) => report::report(&args).map(|()| 0),
         Command::Probes {
             pid,
+            kernel,
             probe_at_entry,
             heap,
-        } => probes(pid, probe_at_entry, heap),
+        } => match (pid, kernel) {
+            (Some(pid), false) => probes(pid, probe_at_entry, heap),
+            _ => {
+                println!("{}", crate::probes::kernel().summary());
+                Ok(0)
+            }
+        },
         command => {
             // What the kernel offers, found before anything is loaded.
             let kernel = crate::probes::kernel();

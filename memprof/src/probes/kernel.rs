@@ -173,7 +173,6 @@ impl KernelFeatures {
         }
     }
 
-    /// One line: the kernel, and what each feature's absence costs.
     /// What a profile records of it.
     pub fn info(&self) -> crate::profile::KernelInfo {
         crate::profile::KernelInfo {
@@ -184,6 +183,7 @@ impl KernelFeatures {
         }
     }
 
+    /// One line: the kernel, and what each feature's absence costs.
     pub fn summary(&self) -> String {
         let yes_no = |on: bool| if on { "yes" } else { "no" };
         let mut line = format!(

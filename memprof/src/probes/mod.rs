@@ -397,11 +397,24 @@ fn take_map(ebpf: &mut Ebpf, name: &str) -> Result<Map> {
 /// Probes being detached on a background thread.
 pub struct Detaching(std::thread::JoinHandle<()>);
 
-/// Closes `links`, a thread each (see [`Probes::detach`]).
+/// Threads closing links at most: classic uprobes are a link each (a
+/// few hundred under `attach --all` on Linux 6.1), and the kernel
+/// detaches them one at a time anyway.
+const CLOSING_THREADS: usize = 16;
+
+/// Closes `links`, a thread each up to [`CLOSING_THREADS`] (see
+/// [`Probes::detach`]).
 fn close<L: Send + 'static>(links: impl IntoIterator<Item = L>) {
-    let closing: Vec<_> = links
+    let mut shares: Vec<Vec<L>> = Vec::new();
+    for (i, link) in links.into_iter().enumerate() {
+        match shares.get_mut(i % CLOSING_THREADS) {
+            Some(share) => share.push(link),
+            None => shares.push(vec![link]),
+        }
+    }
+    let closing: Vec<_> = shares
         .into_iter()
-        .map(|link| std::thread::spawn(move || drop(link)))
+        .map(|share| std::thread::spawn(move || drop(share)))
         .collect();
     for thread in closing {
         let _ = thread.join();
