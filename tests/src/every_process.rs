@@ -99,6 +99,50 @@ pub fn sum_at(groups: &[&Value], function: &str) -> Counts {
     sum
 }
 
+/// [`assert_exact_basic`] on a kernel without the task-VMA iterator
+/// (Linux 6.1): process `pid` is there as itself with every allocation
+/// and free counted and its exact bytes; a stack that is not whole to
+/// `_start` is one of a process whose first table came from /proc, and
+/// the profile counts that process (`tables_from_proc`).
+pub fn assert_counted_basic(json: &Value, pid: u32, name: &str, exe: &str) {
+    let p = process(json, pid);
+    assert_eq!(p["comm"], name, "{p:#}");
+    assert_eq!(p["exe"], exe, "{p:#}");
+    assert_eq!(p["exit"]["code"], 0, "{p:#}");
+    assert_eq!(p["counters"]["allocs"], 1000, "{p:#}");
+    assert_eq!(p["counters"]["frees"], 400, "{p:#}");
+    let mine: Vec<&Value> = groups(json)
+        .iter()
+        .filter(|g| uint(g, "/pid") == u64::from(pid))
+        .collect();
+    let total = |field: &str| {
+        mine.iter()
+            .map(|g| uint(g, &format!("/{field}")))
+            .sum::<u64>()
+    };
+    assert_eq!(
+        Counts {
+            live_count: total("live_count"),
+            live_bytes: total("live_bytes"),
+            total_count: total("total_count"),
+            total_bytes: total("total_bytes"),
+        },
+        MAKE_FOO,
+        "pid {pid}: {mine:#?}"
+    );
+    let cut = mine
+        .iter()
+        .filter(|g| functions(g).last() != Some(&"_start"))
+        .count();
+    if cut > 0 {
+        assert!(
+            uint(p, "/counters/tables_from_proc") >= 1
+                || uint(json, "/counters/tables_from_proc") >= 1,
+            "pid {pid}: {cut} stacks cut, not counted: {p:#}"
+        );
+    }
+}
+
 /// memprof keeps the last 1,000 processes that ended: of `pids` (run one
 /// after another, in this order), those absent from the profile must be
 /// the first ones, all but the last 1,000 at least, and no more than it

@@ -196,7 +196,14 @@ fn five_processes_of_a_millisecond_are_exact() {
     let pids: Vec<u32> = (0..5).map(|_| run_to_end(&program, &[])).collect();
     let json = stop(memprof, stderr, &profile);
     for pid in pids {
-        assert_exact_basic(&json, pid, "five", &program);
+        if json["kernel"]["task_vma_iter"] == true {
+            assert_exact_basic(&json, pid, "five", &program);
+        } else {
+            // No kernel-built tables: a process gone before memprof read
+            // its /proc keeps its exact counts, its stacks may stop at
+            // the allocator's caller, and the profile says so.
+            assert_counted_basic(&json, pid, "five", &program);
+        }
     }
 }
 

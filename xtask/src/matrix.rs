@@ -247,7 +247,7 @@ fn guest_script(
     let mut script = format!(
         "export MEMPROF_BIN={memprof} TMPDIR=/tmp MEMPROF_TEST_SLOWER=10\n\
          cd /tmp\n\
-         {memprof} probes --pid $$ 2>&1 | head -1 > {out}/features\n",
+         {memprof} probes --kernel > {out}/features 2>&1\n",
         memprof = quote(memprof),
     );
     for (i, case) in SMOKE.iter().enumerate() {
