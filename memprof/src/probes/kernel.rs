@@ -91,7 +91,7 @@ impl KernelFeatures {
     fn probe() -> KernelFeatures {
         // The link (~10 ms here) is made while the BTF is read (~40 ms).
         let (kfunc_ids, multi_uprobe) = std::thread::scope(|s| {
-            let multi = s.spawn(multi_uprobe_links);
+            let multi = signals_blocked(|| s.spawn(multi_uprobe_links));
             (kfunc_ids(), multi.join().unwrap_or(false))
         });
         let has = |placeholder: u32| kfunc_ids.contains_key(&placeholder);
@@ -215,6 +215,24 @@ impl KernelFeatures {
     }
 }
 
+/// Runs `spawn` (which starts a thread) with every signal blocked, so the
+/// thread starts with them blocked: this may run before the driver blocks
+/// SIGINT and SIGTERM to take them synchronously, and a thread that left
+/// them open would take a Ctrl-C's default action, ending memprof with
+/// its target's probes still attached.
+fn signals_blocked<T>(spawn: impl FnOnce() -> T) -> T {
+    // SAFETY: plain data, then the calling thread's own mask.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut before: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut before);
+        let spawned = spawn();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &before, std::ptr::null_mut());
+        spawned
+    }
+}
+
 /// `uname -r`.
 fn release() -> String {
     // SAFETY: plain data, filled by the call.
@@ -307,7 +325,7 @@ fn multi_uprobe_links() -> bool {
     m.cnt = 1;
     match bpf(bpf_cmd::BPF_LINK_CREATE, &mut attr) {
         Ok(link) => {
-            std::thread::spawn(move || drop((link, program, file)));
+            signals_blocked(|| std::thread::spawn(move || drop((link, program, file))));
             true
         }
         Err(_) => false,
