@@ -225,10 +225,13 @@ impl Snapshots {
     }
 
     /// The processes of the directory, each pid's latest, as ended,
-    /// but those `listed` has.
+    /// but those `listed` has and those this agent follows running (one
+    /// whose end its events have not told yet is not ended here either:
+    /// its row would say so without its exit).
     pub fn rows(&self, listed: &HashSet<u32>) -> Vec<ProcessRow> {
         let mut latest: HashMap<u32, &Snap> = HashMap::new();
-        for snap in self.files.values().filter(|s| !listed.contains(&s.pid)) {
+        let shown = |s: &&Snap| !listed.contains(&s.pid) && !self.latest.contains_key(&s.pid);
+        for snap in self.files.values().filter(shown) {
             let entry = latest.entry(snap.pid).or_insert(snap);
             if snap.written > entry.written {
                 *entry = snap;
