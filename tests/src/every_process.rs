@@ -99,18 +99,26 @@ pub fn sum_at(groups: &[&Value], function: &str) -> Counts {
     sum
 }
 
-/// [`assert_exact_basic`] on a kernel without the task-VMA iterator
-/// (Linux 6.1): process `pid` is there as itself with every allocation
-/// and free counted and its exact bytes; a stack that is not whole to
-/// `_start` is one of a process whose first table came from /proc, and
-/// the profile counts that process (`tables_from_proc`).
-pub fn assert_counted_basic(json: &Value, pid: u32, name: &str, exe: &str) {
+/// Process `pid` (a run of `basic` named `name`, at `exe`) as itself:
+/// its name, its executable, exit 0, its own counters every call and
+/// each free (1,000 and 400). Returns its entry.
+fn basic_process<'a>(json: &'a Value, pid: u32, name: &str, exe: &str) -> &'a Value {
     let p = process(json, pid);
     assert_eq!(p["comm"], name, "{p:#}");
     assert_eq!(p["exe"], exe, "{p:#}");
     assert_eq!(p["exit"]["code"], 0, "{p:#}");
     assert_eq!(p["counters"]["allocs"], 1000, "{p:#}");
     assert_eq!(p["counters"]["frees"], 400, "{p:#}");
+    p
+}
+
+/// [`assert_exact_basic`] on a kernel without the task-VMA iterator
+/// (Linux 6.1): process `pid` is there as itself with every allocation
+/// and free counted and its exact bytes; a stack that is not whole to
+/// `_start` is one of a process whose first table came from /proc, and
+/// the profile counts that process (`tables_from_proc`).
+pub fn assert_counted_basic(json: &Value, pid: u32, name: &str, exe: &str) {
+    let p = basic_process(json, pid, name, exe);
     let mine: Vec<&Value> = groups(json)
         .iter()
         .filter(|g| uint(g, "/pid") == u64::from(pid))
@@ -170,13 +178,7 @@ pub fn assert_exact_basic(json: &Value, pid: u32, name: &str, exe: &str) {
         MAKE_FOO,
         "pid {pid}"
     );
-    let p = process(json, pid);
-    assert_eq!(p["comm"], name, "{p:#}");
-    assert_eq!(p["exe"], exe, "{p:#}");
-    assert_eq!(p["exit"]["code"], 0, "{p:#}");
-    // Its own counters: every call, each free too.
-    assert_eq!(p["counters"]["allocs"], 1000, "{p:#}");
-    assert_eq!(p["counters"]["frees"], 400, "{p:#}");
+    basic_process(json, pid, name, exe);
     for g in groups(json)
         .iter()
         .filter(|g| uint(g, "/pid") == u64::from(pid))

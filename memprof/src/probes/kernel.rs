@@ -34,10 +34,10 @@ use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::OnceLock;
 
-use aya_obj::generated::{bpf_attach_type, bpf_attr, bpf_cmd, bpf_insn, bpf_prog_type};
+use aya_obj::generated::{bpf_attach_type, bpf_attr, bpf_cmd, bpf_insn};
 use memprof_common::programs;
 
-use super::multi::{bpf, BPF_TRACE_UPROBE_SESSION};
+use super::multi::{bpf, uprobe_program_attr, BPF_TRACE_UPROBE_SESSION};
 
 /// The environment variable that turns features off (for tests of the
 /// fallbacks on a kernel that has them all).
@@ -285,16 +285,7 @@ const fn insn(code: u8, src_reg: u8, imm: i32) -> bpf_insn {
 /// Loads `instructions` as a uprobe program (`BPF_PROG_TYPE_KPROBE`)
 /// with `expected_attach_type`; the kernel's errno if it refuses.
 fn load_tiny(instructions: &[bpf_insn], expected_attach_type: u32) -> std::io::Result<OwnedFd> {
-    let license = c"GPL";
-    // SAFETY: plain data; all-zero is the kernel's "unset".
-    let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
-    // SAFETY: the union member BPF_PROG_LOAD reads.
-    let u = unsafe { &mut attr.__bindgen_anon_3 };
-    u.prog_type = bpf_prog_type::BPF_PROG_TYPE_KPROBE as u32;
-    u.expected_attach_type = expected_attach_type;
-    u.insn_cnt = instructions.len() as u32;
-    u.insns = instructions.as_ptr() as u64;
-    u.license = license.as_ptr() as u64;
+    let mut attr = uprobe_program_attr(instructions, expected_attach_type);
     bpf(bpf_cmd::BPF_PROG_LOAD, &mut attr)
 }
 

@@ -259,23 +259,35 @@ fn passes_callback(instructions: &[bpf_insn]) -> bool {
 
 /// Loads one uprobe program with `expected_attach_type`. A refusal by the
 /// verifier says why (`verifier.rs`).
+/// The `BPF_PROG_LOAD` attributes of a uprobe program
+/// (`BPF_PROG_TYPE_KPROBE`) of `instructions`, GPL, with
+/// `expected_attach_type`; the rest unset.
+pub(super) fn uprobe_program_attr(
+    instructions: &[bpf_insn],
+    expected_attach_type: u32,
+) -> bpf_attr {
+    // SAFETY: plain data; all-zero is the kernel's "unset".
+    let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
+    // SAFETY: the union member BPF_PROG_LOAD reads.
+    let u = unsafe { &mut attr.__bindgen_anon_3 };
+    u.prog_type = bpf_prog_type::BPF_PROG_TYPE_KPROBE as u32;
+    u.expected_attach_type = expected_attach_type;
+    u.insn_cnt = instructions.len() as u32;
+    u.insns = instructions.as_ptr() as u64;
+    u.license = c"GPL".as_ptr() as u64;
+    attr
+}
+
 fn load(
     name: &str,
     instructions: &[bpf_insn],
     expected_attach_type: u32,
     funcs: Option<&FuncInfo>,
 ) -> Result<OwnedFd> {
-    let license = c"GPL";
     let prog_name = CString::new(name.chars().take(15).collect::<String>())?;
     let attempt = |log_level: u32, log: &mut [u8]| {
-        // SAFETY: plain data; all-zero is the kernel's "unset".
-        let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
+        let mut attr = uprobe_program_attr(instructions, expected_attach_type);
         let u = unsafe { &mut attr.__bindgen_anon_3 };
-        u.prog_type = bpf_prog_type::BPF_PROG_TYPE_KPROBE as u32;
-        u.expected_attach_type = expected_attach_type;
-        u.insn_cnt = instructions.len() as u32;
-        u.insns = instructions.as_ptr() as u64;
-        u.license = license.as_ptr() as u64;
         if let Some(f) = funcs {
             u.prog_btf_fd = f.btf as u32;
             u.func_info = f.bytes.as_ptr() as u64;
