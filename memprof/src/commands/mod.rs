@@ -34,15 +34,17 @@ pub fn run_cli(cli: Cli) -> Result<i32> {
             }
         },
         command => {
+            // The long-running modes: Ctrl-C, SIGTERM and SIGCHLD are the
+            // driver's from here until the profile is written. First of
+            // all: once blocked, they stay blocked (a signal that comes
+            // while the kernel is probed waits for the driver).
+            let driver = Driver::new()?;
             // What the kernel offers, found before anything is loaded.
             let kernel = crate::probes::kernel();
             if session_args(&command).is_some_and(|session| session.verbose) {
                 eprintln!("memprof: {}", kernel.summary());
             }
-            // The long-running modes: Ctrl-C, SIGTERM and SIGCHLD are the
-            // driver's from here until the profile is written.
             crate::driver::preflight::raise_open_files_limit();
-            let driver = Driver::new()?;
             long_running(&driver, command)
         }
     }
