@@ -85,7 +85,7 @@ pub(crate) mod refill;
 pub(crate) mod sampling;
 pub(crate) mod session;
 pub(crate) mod symbolize;
-pub(crate) mod target;
+pub(crate) mod tracee;
 pub(crate) mod top;
 pub(crate) mod unwind;
 pub(crate) mod whole_heap;

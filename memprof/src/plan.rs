@@ -14,7 +14,8 @@ use crate::options::{GcLiveness, GcSampling, Heap, SessionOptions, Unwind};
 use crate::placement::{self, Planned};
 use crate::probes::ProbeOptions;
 use crate::report;
-use crate::target::{self, maps, Target};
+use crate::modules::maps;
+use crate::tracee::{self, Tracee};
 use crate::unwind::Tables;
 
 /// The GC event ring buffer: ~65k events. Its reader is woken when 1 MiB
@@ -103,7 +104,7 @@ impl Plan {
         loaded: &[PathBuf],
         choice: &Choice,
     ) -> Result<Plan> {
-        let modules = target::modules(exe, loaded);
+        let modules = tracee::modules(exe, loaded);
         let libc = allocators::resolve(&cache, &modules, LIBC)?;
         let mut gc = allocators::resolve(&cache, &modules, BOEHM)?;
         let mut gc_table = BOEHM;
@@ -232,7 +233,7 @@ fn plan_refill(cache: &ModuleCache, gc: &[ResolvedFn], quiet: bool) -> PlannedGc
 
 /// `memprof probes`: where each probe would go in `pid`, and why.
 pub fn plan_for_pid(pid: u32, probe_at_entry: bool, heap: Heap) -> Result<Vec<Planned>> {
-    let target = Target::attach(pid)?;
+    let target = Tracee::attach(pid)?;
     let loaded: Vec<PathBuf> = maps::read(pid)?.into_iter().map(|m| m.path).collect();
     let choice = Choice {
         heap,

@@ -84,6 +84,22 @@ pub fn to_stderr(message: std::fmt::Arguments<'_>) {
     let _ = stderr.write_all(format!("{line}\n").as_bytes());
 }
 
+/// Bytes in B, KiB, MiB or GiB, one decimal.
+pub fn bytes(b: f64) -> String {
+    const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
+    let mut value = b.abs();
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{value:.0} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

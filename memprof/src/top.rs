@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use crate::agent::{client, ProcessRow};
 use crate::driver::{Driven, Driver, Flow};
+use crate::text::bytes;
 
 /// What `memprof top` shows of one process ([`crate::session::Session::vitals`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -110,22 +111,6 @@ pub fn table(rows: &[Row], heading: &str, out: &mut dyn Write) -> io::Result<()>
 
 fn truncate(s: &str, n: usize) -> String {
     s.chars().take(n).collect()
-}
-
-/// Bytes in B, KiB, MiB or GiB, one decimal.
-pub(crate) fn bytes(b: f64) -> String {
-    const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
-    let mut value = b.abs();
-    let mut unit = 0;
-    while value >= 1024.0 && unit < UNITS.len() - 1 {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{value:.0} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
 }
 
 fn signed_bytes(b: f64) -> String {

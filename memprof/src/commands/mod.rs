@@ -44,7 +44,7 @@ pub fn run_cli(cli: Cli) -> Result<i32> {
             if session_args(&command).is_some_and(|session| session.verbose) {
                 eprintln!("memprof: {}", kernel.summary());
             }
-            crate::driver::preflight::raise_open_files_limit();
+            crate::tracee::preflight::raise_open_files_limit();
             long_running(&driver, command)
         }
     }

@@ -13,11 +13,12 @@
 use crate::profile::Frame;
 
 pub mod fields;
+pub mod generics;
 pub mod source;
 pub(crate) mod symbol;
 #[cfg(test)]
 mod tests;
-pub mod type_ids;
+
 
 pub use symbol::{parse_method, Method};
 
@@ -166,7 +167,7 @@ pub fn allocated_type(frames: &[Frame]) -> Option<String> {
         // source. A generic class's source says `Array(T)`, not which T:
         // no type rather than a wrong one (the caller's `[] of Foo` or its
         // own type give `Array(Foo)`).
-        if crate::symbolize::inlined_new::has_parameter(owner) {
+        if crate::crystal::generics::has_parameter(owner) {
             return None;
         }
         return Some(match via {

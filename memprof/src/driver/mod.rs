@@ -24,11 +24,9 @@
 //! |---|---|
 //! | this module | the loop, the deadline, the traits |
 //! | [`signals`] | SIGINT, SIGTERM and SIGCHLD, received synchronously |
-//! | [`preflight`] | what every mode checks before attaching |
 //! | [`profiles`] | a profile's header; many processes' profiles as one |
 //! | [`output`] | the profile file, written whole, and the summary printed |
 pub mod output;
-pub mod preflight;
 pub mod profiles;
 pub mod signals;
 

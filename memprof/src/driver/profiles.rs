@@ -6,7 +6,7 @@ use crate::groups::RawGroups;
 use crate::modules::ModuleCache;
 use crate::profile::{self, Group, Profile, Stacks, TargetInfo};
 use crate::symbolize::{self, SymbolCache};
-use crate::target::maps::MapsCache;
+use crate::modules::maps::MapsCache;
 
 /// Who made a profile and how: [`header`]'s part of it.
 pub struct Header {

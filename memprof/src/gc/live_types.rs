@@ -1,15 +1,15 @@
 //! The class of each GC object memprof tracks, read from the object
 //! itself: a Crystal object's first word is its class's type id, which
-//! [`crate::crystal::type_ids`] names from the program's code (debug,
+//! [`crate::symbolize::type_ids`] names from the program's code (debug,
 //! release and stripped builds alike). Read once per object, while it
 //! still holds it (see [`crate::gc::copy`]'s `classes`).
 use std::collections::BTreeMap;
 
-use crate::crystal::type_ids::{TypeNames, TypeOf};
+use crate::symbolize::type_ids::{TypeNames, TypeOf};
 use crate::gc::census::read::vm_read;
 use crate::gc::copy::{ObjectWord, Slot};
 use crate::gc::site::ClassGc;
-use crate::symbolize::inlined_new::has_parameter;
+use crate::crystal::generics::has_parameter;
 
 /// Most bytes read at once.
 const SPAN: u64 = 1 << 20;

@@ -10,7 +10,7 @@ use std::sync::{Mutex, OnceLock};
 
 use object::{Object, ObjectSymbol};
 
-use crate::target::maps;
+use crate::modules::maps;
 
 pub const LIBGC_SO: &str = "/usr/lib/x86_64-linux-gnu/libgc.so.1";
 pub const LIBGC_A: &str = "/usr/lib/x86_64-linux-gnu/libgc.a";

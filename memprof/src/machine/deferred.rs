@@ -11,7 +11,7 @@ use std::sync::Arc;
 use memprof_common::{DeferredStack, UnwindRow, MAX_FRAMES};
 
 use crate::modules::ModuleCache;
-use crate::target::maps::MapsCache;
+use crate::modules::maps::MapsCache;
 use crate::unwind::finish::{finish, ModuleRows, StackCopy};
 use crate::unwind::ModuleTable;
 

@@ -20,8 +20,8 @@ use memprof_common::{host, DeferredStack, HostEvent};
 use super::files::{self, RowIndex};
 use crate::modules::ModuleCache;
 use crate::probes::{DeferredStacks, HostEvents, ModuleTables};
-use crate::target::maps::{self, Mapping};
-use crate::target::Target;
+use crate::modules::maps::{self, Mapping};
+use crate::tracee::Tracee;
 
 /// The longest wait for an event. The kernel's wakeup of a ring's reader
 /// goes through `irq_work`, which this kernel runs at its next tick (up to
@@ -63,7 +63,7 @@ pub struct ReadNow {
     /// Its files, opened through it (readable after it is gone).
     pub modules: ModuleCache,
     /// Its command line and executable (at its first allocation).
-    pub target: Option<Target>,
+    pub target: Option<Tracee>,
     pub ns_pid: Option<u32>,
 }
 
@@ -393,8 +393,8 @@ fn read_now(event: &HostEvent, reading: u64) -> (Option<ReadNow>, bool) {
     // Who it is (at its first allocation or `exec`).
     let (target, ns_pid) = match event.op {
         host::NEW => (
-            Target::attach(pid).ok(),
-            crate::target::family::namespace_pid(pid),
+            Tracee::attach(pid).ok(),
+            crate::tracee::family::namespace_pid(pid),
         ),
         _ => (None, None),
     };

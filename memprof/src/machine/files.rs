@@ -14,7 +14,7 @@ use crate::modules::{Module, ModuleCache};
 use crate::options::{SessionOptions, Unwind};
 use crate::plan::{Choice, Plan};
 use crate::probes::{Probes, RowTable};
-use crate::target::maps::{self, Mapping};
+use crate::modules::maps::{self, Mapping};
 use crate::unwind::ModuleTable;
 
 use super::row_space::{Refusal, RowSpace};

@@ -38,7 +38,7 @@ use crate::probes::{monotonic_ns, Detaching, ModuleTables, Probes};
 use crate::profile::{Counters, ExitInfo, GcSummary, Profile, TargetInfo};
 use crate::session::select::Selection;
 use crate::symbolize::SymbolCache;
-use crate::target::maps::Mapping;
+use crate::modules::maps::Mapping;
 
 mod deferred;
 mod events;

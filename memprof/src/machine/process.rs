@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use super::events::ReadNow;
 use crate::modules::ModuleCache;
 use crate::profile::{ExitInfo, ProcessInfo};
-use crate::target::maps::{Mapping, MapsCache};
+use crate::modules::maps::{Mapping, MapsCache};
 
 /// A process the kernel gave an index.
 pub struct HostProcess {

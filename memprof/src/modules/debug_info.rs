@@ -320,9 +320,9 @@ fn say_once(path: &Path, what: &str) {
     }
 }
 
-/// `n` bytes as `top` shows them (one decimal, B to GiB).
+/// `n` bytes in B to GiB, one decimal.
 fn bytes(n: u64) -> String {
-    crate::top::bytes(n as f64)
+    crate::text::bytes(n as f64)
 }
 
 #[cfg(test)]

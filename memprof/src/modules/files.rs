@@ -25,7 +25,7 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use crate::target::maps::{self, Mapping};
+use super::maps::{self, Mapping};
 
 /// Whose files a [`super::ModuleCache`] opens.
 #[derive(Debug, Clone)]

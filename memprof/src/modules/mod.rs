@@ -3,7 +3,7 @@
 //!
 //! Every stage needs something from the same ELF files: the allocator
 //! symbols and their code ([`crate::allocators`], [`crate::placement`]),
-//! `.eh_frame` ([`crate::unwind`]), `.interp` ([`crate::target`]), libgc's
+//! `.eh_frame` ([`crate::unwind`]), `.interp` ([`crate::tracee`]), libgc's
 //! code, symbols and GOT slots ([`crate::gc`]), the versioned Crystal names
 //! ([`crate::symbolize`]) and the load bias (unwinding ranges, GC passes).
 //! A [`ModuleCache`] is made once per session and handed down; it gives
@@ -33,6 +33,7 @@
 mod debug_info;
 mod error;
 mod files;
+pub mod maps;
 mod module;
 pub mod shared;
 mod shrunk;
@@ -47,7 +48,7 @@ use std::sync::{Arc, Mutex};
 pub use self::error::Error;
 pub use self::files::{open_regular, strip_deleted};
 pub use self::module::Module;
-use crate::target::maps::Mapping;
+use maps::Mapping;
 
 /// The modules opened so far in one session, by the target's path. Cheap
 /// to share: each [`Module`] is behind an [`Arc`].

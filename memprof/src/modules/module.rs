@@ -12,7 +12,7 @@ use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SectionFlags, S
 use super::debug_info::{self, DebugView};
 use super::error::Error;
 use super::slots::Slots;
-use crate::target::maps::{self, Mapping};
+use super::maps::{self, Mapping};
 
 /// A loadable segment (`PT_LOAD`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

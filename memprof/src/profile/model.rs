@@ -252,24 +252,6 @@ pub struct ExitInfo {
     pub oom_killed: bool,
 }
 
-impl From<crate::target::launch::ExitStatus> for ExitInfo {
-    fn from(status: crate::target::launch::ExitStatus) -> ExitInfo {
-        use crate::target::launch::ExitStatus;
-        match status {
-            ExitStatus::Code(c) => ExitInfo {
-                code: Some(c),
-                signal: None,
-                oom_killed: false,
-            },
-            ExitStatus::Signal(s) => ExitInfo {
-                code: None,
-                signal: Some(s),
-                oom_killed: false,
-            },
-        }
-    }
-}
-
 impl ExitInfo {
     /// The target exited, how is not known (an attached process not traced).
     pub(crate) const UNKNOWN: ExitInfo = ExitInfo {

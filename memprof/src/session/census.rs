@@ -10,7 +10,7 @@
 //! `memprof heap` does ([`HeapReader::copy`], large objects by their head
 //! only); once the collector runs again, a thread of its own judges every
 //! object ([`HeapCopy::census`]), names the types
-//! ([`crate::crystal::type_ids`]) and asks memprof's copy of the GC
+//! ([`crate::symbolize::type_ids`]) and asks memprof's copy of the GC
 //! objects which it tracks ([`crate::gc::copy::GcCopy::tracks`]). The
 //! profile keeps the first (`start`, in `attach` only) and the last
 //! (`end`) as rows per type ([`HeapCensus`]).
@@ -38,7 +38,7 @@ use std::time::Instant;
 
 use anyhow::{anyhow, Result};
 
-use crate::crystal::type_ids::{type_names, TypeNames, TypeOf};
+use crate::symbolize::type_ids::{type_names, TypeNames, TypeOf};
 use crate::gc::census::{kind_name, HeapCopy, HeapReader, Word};
 use crate::modules::{Module, ModuleCache};
 use crate::profile::{CensusType, Censuses, HeapCensus};

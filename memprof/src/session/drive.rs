@@ -17,7 +17,7 @@ use crate::driver::{Driven, Driver, End, Flow, Profiling};
 use crate::machine::{Family, Loading};
 use crate::options::SessionOptions;
 use crate::profile::{ExitInfo, Profile};
-use crate::target::launch::ExitStatus;
+use crate::tracee::launch::ExitStatus;
 
 pub use super::watch::{attach_matching, top};
 
@@ -354,7 +354,7 @@ impl Followed {
     pub(super) fn started(&mut self, pid: u32, session: Result<Session>) {
         match session {
             Ok(session) => self.running.push(session),
-            Err(_) if !crate::target::is_alive(pid) => {
+            Err(_) if !crate::tracee::is_alive(pid) => {
                 self.missed += 1;
                 if self.missed == 1 {
                     eprintln!(
@@ -462,7 +462,7 @@ impl Followed {
                 continue;
             }
             // Gone already (not seen yet): exited, how not known.
-            let exited = !crate::target::is_alive(session.pid());
+            let exited = !crate::tracee::is_alive(session.pid());
             let _ = session.release(exited);
             self.finish_one(session, exited.then_some(ExitInfo::UNKNOWN));
         }

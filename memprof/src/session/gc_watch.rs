@@ -25,7 +25,7 @@ use std::thread::JoinHandle;
 
 use anyhow::Result;
 
-use crate::crystal::type_ids::{type_names, TypeNames};
+use crate::symbolize::type_ids::{type_names, TypeNames};
 use crate::gc::copy::GcCopy;
 use crate::gc::live_types::{classes, first_words};
 use crate::gc::pass::{judged_in_kernel, Judge, KernelCollection, KernelVerdicts, Marks, SiteGc};
@@ -35,7 +35,7 @@ use crate::plan::{Plan, PlannedGcSampling};
 use crate::probes::{GcChange, GcEvents, Probes, Site};
 use crate::profile::{Censuses, GcSummary};
 use crate::session::census::SessionCensus;
-use crate::target::trace::Tracer;
+use crate::tracee::trace::Tracer;
 
 /// The mark-bit passes of a session with a GC heap, or why there are none.
 pub(super) struct GcWatch {
@@ -309,7 +309,7 @@ impl GcWatch {
         match Judge::new(&plan.modules, pid, &module, options.gc_verdicts.as_deref()) {
             Ok(judge) => watch.judge = Some(judge),
             // The target is gone: the session ends with that one line, not this.
-            Err(e) if !crate::target::is_alive(pid) => watch.fallback = Some(format!("{e:#}")),
+            Err(e) if !crate::tracee::is_alive(pid) => watch.fallback = Some(format!("{e:#}")),
             Err(e) => watch.fall_back(format!("{e:#}")),
         }
         watch

@@ -1,7 +1,7 @@
 //! One profiling session, start to end: the pipeline the other modules
 //! implement, in order.
 //!
-//! 1. find the target ([`crate::target`]) and its allocator functions, and
+//! 1. find the target ([`crate::tracee`]) and its allocator functions, and
 //!    place the probes ([`crate::plan`]);
 //! 2. load and attach the probes ([`crate::probes`]) — for `run`, while the
 //!    command is held right after its `exec` ([`start`]);
@@ -44,10 +44,10 @@ use crate::probes::{HeapMaps, Probes};
 use crate::profile::{
     Counters, ExitInfo, Group, ProbeInfo, ProcessInfo, Profile, Stacks, TargetInfo,
 };
-use crate::target::launch::ExitStatus;
-use crate::target::maps::MapsCache;
-use crate::target::trace::{Event, Tracer};
-use crate::target::Target;
+use crate::tracee::launch::ExitStatus;
+use crate::modules::maps::MapsCache;
+use crate::tracee::trace::{Event, Tracer};
+use crate::tracee::Tracee;
 use crate::top::Vitals;
 use crate::{groups, symbolize};
 
@@ -77,7 +77,7 @@ pub enum Step {
 /// memprof traces it), the GC passes, its mappings and the live view.
 pub struct Session {
     mode: Mode,
-    target: Target,
+    target: Tracee,
     plan: Plan,
     options: SessionOptions,
     probes: Probes,
@@ -136,7 +136,7 @@ impl Session {
         // Without a tracer, an attached process's exit is seen in /proc.
         if self.mode == Mode::Attach && self.last_exit_check.elapsed() >= EXIT_CHECK {
             self.last_exit_check = Instant::now();
-            if !crate::target::is_alive(self.pid()) {
+            if !crate::tracee::is_alive(self.pid()) {
                 return Ok(Step::Exited(None));
             }
         }
@@ -559,7 +559,7 @@ impl Session {
                 exit: m
                     .ended
                     .map(|(_, status)| ExitInfo::from(status))
-                    .or_else(|| (!crate::target::is_alive(m.pid)).then_some(ExitInfo::UNKNOWN)),
+                    .or_else(|| (!crate::tracee::is_alive(m.pid)).then_some(ExitInfo::UNKNOWN)),
                 profiled: false,
                 profiled_from_s: None,
                 counters: None,

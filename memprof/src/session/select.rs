@@ -58,7 +58,7 @@ impl Selection {
     /// Also selects `pids` (each must be running now).
     pub fn with_pids(mut self, pids: Vec<u32>) -> Result<Selection> {
         for &pid in &pids {
-            if pid == 0 || !crate::target::is_alive(pid) {
+            if pid == 0 || !crate::tracee::is_alive(pid) {
                 bail!("no process with pid {pid}");
             }
         }

@@ -11,7 +11,7 @@ use anyhow::{bail, Context, Result};
 
 use super::{update_ranges, GcWatch, Session};
 use crate::allocators;
-use crate::driver::preflight::{mapped_files, require_capabilities};
+use crate::tracee::preflight::{mapped_files, require_capabilities};
 use crate::driver::Output;
 use crate::live::Live;
 use crate::modules::ModuleCache;
@@ -19,9 +19,9 @@ use crate::options::{CensusWhen, Mode, SessionOptions};
 use crate::plan::{Choice, Plan, PlannedGcSampling};
 use crate::predict::Predictor;
 use crate::probes::{ProbeOptions, Probes};
-use crate::target::maps::MapsCache;
-use crate::target::trace::Tracer;
-use crate::target::{self, launch, startup, Target};
+use crate::modules::maps::MapsCache;
+use crate::tracee::trace::Tracer;
+use crate::tracee::{self, launch, startup, Tracee};
 use memprof_common::LIBRARY_LOAD_SIGNAL;
 
 impl Session {
@@ -36,7 +36,7 @@ impl Session {
         launched: &mut dyn FnMut(u32),
     ) -> Result<Session> {
         require_capabilities()?;
-        let program = target::find_command(&command[0])?;
+        let program = tracee::find_command(&command[0])?;
         let output = Output::create(options.output.as_ref(), &program, None)?;
         let mut tracer = launch::launch(&program, command, child_mask)?;
         launched(tracer.pid);
@@ -110,9 +110,9 @@ impl Session {
                 tracer.detach();
             }
         };
-        let started = Target::attach(pid).and_then(|target| {
+        let started = Tracee::attach(pid).and_then(|target| {
             // The program the command became (a script's interpreter).
-            target::check_architecture(pid, &target.exe)?;
+            tracee::check_architecture(pid, &target.exe)?;
             let modules = ModuleCache::of_process(pid);
             run_to_libraries(pid, &modules)?;
             let plan = Plan::new(
@@ -169,7 +169,7 @@ impl Session {
             // Libraries are mapped by the dynamic linker after this point:
             // have it stop the command each time, to place them in time.
             let modules = &self.plan.modules;
-            if let Some(ld_so) = target::interpreter(modules, &self.target.exe) {
+            if let Some(ld_so) = tracee::interpreter(modules, &self.target.exe) {
                 let hook = allocators::symbol_in(modules, &ld_so, "_dl_debug_state");
                 if let (Some((_, offset)), Ok(ld_so)) = (hook, modules.get(&ld_so)) {
                     self.probes.watch_library_loads(pid, &ld_so, offset)?;
@@ -204,12 +204,12 @@ impl Session {
 
     /// `attach`: profiles the running process `pid` from now on.
     pub fn attach(pid: u32, options: &SessionOptions) -> Result<Session> {
-        if !target::is_alive(pid) {
+        if !tracee::is_alive(pid) {
             bail!("no process with pid {pid}");
         }
         require_capabilities()?;
-        let target = Target::attach(pid)?;
-        target::check_architecture(pid, &target.exe)?;
+        let target = Tracee::attach(pid)?;
+        tracee::check_architecture(pid, &target.exe)?;
         let loaded = mapped_files(pid)?;
         let output = if options.followed {
             Output::none()
@@ -232,7 +232,7 @@ impl Session {
             .probes
             .attach(pid, &session.plan.probes, &session.plan.modules)
             .map_err(|e| {
-                if target::is_alive(pid) {
+                if tracee::is_alive(pid) {
                     e
                 } else {
                     anyhow::anyhow!("pid {pid} exited while memprof was attaching")
@@ -367,15 +367,15 @@ impl Session {
     /// attached yet).
     fn new(
         mode: Mode,
-        target: Target,
+        target: Tracee,
         mut plan: Plan,
         output: Output,
         options: &SessionOptions,
     ) -> Result<Session> {
         let started = (Instant::now(), SystemTime::now());
         let target_parent =
-            crate::target::family::process_of(target.pid).map_or(0, |(_, parent)| parent);
-        let target_ns_pid = crate::target::family::namespace_pid(target.pid);
+            crate::tracee::family::process_of(target.pid).map_or(0, |(_, parent)| parent);
+        let target_ns_pid = crate::tracee::family::namespace_pid(target.pid);
         let mut gc = GcWatch::new(&plan, options, target.pid);
         gc.name_types(&plan, &target.exe);
         let census = CensusWhen::or_default(options.census, mode);

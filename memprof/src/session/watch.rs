@@ -181,7 +181,7 @@ impl Driven for Watch<'_> {
                 // A process caught while the dynamic linker still maps its
                 // libraries has no allocator yet: looked at again at the
                 // next scans, a few times, before it is given up.
-                if session.is_err() && crate::target::is_alive(pid) {
+                if session.is_err() && crate::tracee::is_alive(pid) {
                     let tries = self.tries.entry(pid).or_insert(0);
                     *tries += 1;
                     if *tries < ATTACH_TRIES {

@@ -23,7 +23,7 @@
 //! Here the addresses are grouped by module, symbolized in batches and the
 //! groups given their stacks, each address's frames made and named;
 //! [`inlined_new`] names the class an inlined Crystal `new` makes (for
-//! [`crate::crystal::type_ids`]).
+//! [`crate::symbolize::type_ids`]).
 use std::collections::HashMap;
 
 use crate::gc::site::ClassGc;
@@ -38,11 +38,12 @@ use crate::crystal;
 use crate::groups::{RawGroup, RawGroups};
 use crate::modules::{Module, ModuleCache};
 use crate::profile::{Frame, Group, Stacks};
-use crate::target::maps::MapsCache;
+use crate::modules::maps::MapsCache;
 
 mod demangle;
 mod inlined;
 pub(crate) mod inlined_new;
+pub mod type_ids;
 
 use demangle::demangle;
 

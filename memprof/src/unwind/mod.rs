@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::modules::{Module, ModuleCache};
-use crate::target::maps::Mapping;
+use crate::modules::maps::Mapping;
 use anyhow::{bail, Result};
 use gimli::{
     BaseAddresses, CfaRule, CieOrFde, EhFrame, NativeEndian, RegisterRule, UnwindContext,
@@ -268,7 +268,7 @@ mod tests {
     fn libc_has_rows_for_malloc() {
         let cache = ModuleCache::default();
         // The libc this test process maps.
-        let libc = crate::target::maps::read(std::process::id())
+        let libc = crate::modules::maps::read(std::process::id())
             .unwrap()
             .into_iter()
             .map(|m| m.path)

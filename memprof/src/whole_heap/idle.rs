@@ -46,7 +46,7 @@ use anyhow::{bail, Result};
 use super::Held;
 use crate::gc::census::{Counters, HeapReader};
 use crate::report::thousands;
-use crate::target::trace::task_ids;
+use crate::tracee::trace::task_ids;
 
 /// Bytes allocated since the last collection under which its marks are
 /// taken as the census at once (or 1% of the heap, if more). A program

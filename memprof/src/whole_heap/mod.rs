@@ -3,7 +3,7 @@
 //!
 //! 1. find the libgc the target uses and derive its layout
 //!    ([`HeapReader`]); name the program's Crystal type ids from its code
-//!    ([`crate::crystal::type_ids`]);
+//!    ([`crate::symbolize::type_ids`]);
 //! 2. look at the program between collections ([`idle`]): stopped a
 //!    moment, its collector at rest, and little allocated since its last
 //!    collection (or `--wait 0`), the heap is copied then and there from
@@ -38,16 +38,16 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Result};
 
 use crate::allocators::{self, BOEHM};
-use crate::crystal::type_ids::{type_names, TypeNames, TypeOf};
-use crate::driver::preflight::{mapped_files, require_capabilities};
+use crate::symbolize::type_ids::{type_names, TypeNames, TypeOf};
+use crate::tracee::preflight::{mapped_files, require_capabilities};
 use crate::driver::{Driven, Driver, Flow};
 use crate::gc::census::{Census, Counters, HeapCopy, HeapReader};
 use crate::modules::ModuleCache;
 use crate::outfile::OutFile;
 use crate::probes::{ProbeOptions, Probes};
 use crate::report::thousands;
-use crate::target::trace::{Event, Tracer};
-use crate::target::{self, Target};
+use crate::tracee::trace::{Event, Tracer};
+use crate::tracee::{self, Tracee};
 
 pub use report::HeapFormat;
 
@@ -69,7 +69,7 @@ pub struct HeapOptions {
 
 /// Everything the report is made of.
 pub struct HeapReport {
-    pub target: Target,
+    pub target: Tracee,
     pub copy: HeapCopy,
     pub census: Census,
     pub names: TypeNames,
@@ -122,14 +122,14 @@ impl Drop for Attached {
 
 /// `memprof heap --pid PID`.
 pub fn run(driver: &Driver, pid: u32, options: &HeapOptions) -> Result<()> {
-    if !target::is_alive(pid) {
+    if !tracee::is_alive(pid) {
         bail!("no process with pid {pid}");
     }
     require_capabilities()?;
-    let target = Target::attach(pid)?;
-    target::check_architecture(pid, &target.exe)?;
+    let target = Tracee::attach(pid)?;
+    tracee::check_architecture(pid, &target.exe)?;
     let cache = ModuleCache::of_process(pid);
-    let modules = target::modules(&target.exe, &mapped_files(pid)?);
+    let modules = tracee::modules(&target.exe, &mapped_files(pid)?);
     let gc_module = allocators::resolve(&cache, &modules, BOEHM)?
         .into_iter()
         .find(|r| r.func.symbol == "GC_malloc")
@@ -257,7 +257,7 @@ fn at_rest_after_wait(
 /// Judges every object of the copy, names their types, builds the RSS
 /// table and, when asked, the retained sizes and the referrers' graph.
 fn judge(
-    target: Target,
+    target: Tracee,
     (copy, snapshot, rollup_rss, held, root_memory): Held,
     names: TypeNames,
     cache: &ModuleCache,

@@ -8,7 +8,7 @@ use anyhow::Result;
 use serde_json::json;
 
 use super::{HeapOptions, HeapReport, Taken};
-use crate::crystal::type_ids::{TypeNames, TypeOf};
+use crate::symbolize::type_ids::{TypeNames, TypeOf};
 use crate::gc::census::{kind_name, Tally, Word, AUNCOLLECTABLE, PTRFREE};
 use crate::report::markdown::escape_text;
 use crate::report::thousands;
@@ -60,7 +60,7 @@ pub(crate) fn is_atomic(kind: u8) -> bool {
     matches!(kind, PTRFREE | AUNCOLLECTABLE)
 }
 
-/// The type rows, most bytes first, named by [`crate::crystal::type_ids`]
+/// The type rows, most bytes first, named by [`crate::symbolize::type_ids`]
 /// (the census kept as type ids only first words that are:
 /// [`TypeOf::NotAType`] never reaches here).
 fn type_rows(report: &HeapReport) -> Vec<TypeRow> {

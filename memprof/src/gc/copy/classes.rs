@@ -16,7 +16,7 @@ use super::record::{Record, FREED, MAX_SITES};
 use super::GcCopy;
 use memprof_common::AllocKind;
 
-use crate::crystal::type_ids::MAX_TYPE_ID;
+use crate::symbolize::type_ids::MAX_TYPE_ID;
 
 /// What an object's first word said.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -1,4 +1,6 @@
 //! How a target ended ([`ExitStatus`]), from a `wait` status.
+use crate::profile::ExitInfo;
+
 /// How the target ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExitStatus {
@@ -31,6 +33,24 @@ impl std::fmt::Display for ExitStatus {
         match self {
             ExitStatus::Code(c) => write!(f, "exited with code {c}"),
             ExitStatus::Signal(s) => write!(f, "was killed by signal {s}"),
+        }
+    }
+}
+
+/// As the profile records it.
+impl From<ExitStatus> for ExitInfo {
+    fn from(status: ExitStatus) -> ExitInfo {
+        match status {
+            ExitStatus::Code(c) => ExitInfo {
+                code: Some(c),
+                signal: None,
+                oom_killed: false,
+            },
+            ExitStatus::Signal(s) => ExitInfo {
+                code: None,
+                signal: Some(s),
+                oom_killed: false,
+            },
         }
     }
 }

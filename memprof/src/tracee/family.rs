@@ -50,7 +50,7 @@ impl Member {
 
     /// Reads its command line and executable again (after an `exec`).
     pub(super) fn reread(&mut self) {
-        if let Ok(target) = super::Target::attach(self.pid) {
+        if let Ok(target) = super::Tracee::attach(self.pid) {
             self.command = target.command;
             self.exe = crate::text::lossy_path(&target.exe);
         }

@@ -1,15 +1,17 @@
 //! The process being profiled: finding it, launching it, knowing which
 //! modules it maps, and noticing when it ends.
 //!
-//! - [`Target::attach`] checks a running pid.
+//! - [`Tracee::attach`] checks a running pid.
 //! - [`launch::launch`] starts a command held right after its `exec`, so
 //!   probes are attached before its first instruction runs.
 //! - [`modules`] lists the executable and the shared libraries it loads, in
 //!   load order (the order in which the dynamic linker binds symbols).
+//! - [`preflight`] checks what every mode needs before it attaches:
+//!   memprof's capabilities, its open-files limit, the files mapped.
 pub(crate) mod exit;
 pub mod family;
 pub mod launch;
-pub mod maps;
+pub mod preflight;
 mod router;
 pub mod startup;
 pub mod trace;
@@ -22,7 +24,7 @@ use crate::modules::ModuleCache;
 
 /// A process to profile.
 #[derive(Debug, Clone)]
-pub struct Target {
+pub struct Tracee {
     pub pid: u32,
     /// Absolute path of the executable.
     pub exe: PathBuf,
@@ -30,9 +32,9 @@ pub struct Target {
     pub command: Vec<String>,
 }
 
-impl Target {
+impl Tracee {
     /// Checks that `pid` is a live process and reads its executable and command line.
-    pub fn attach(pid: u32) -> Result<Target> {
+    pub fn attach(pid: u32) -> Result<Tracee> {
         if pid == 0 || !is_alive(pid) {
             bail!("no process with pid {pid}");
         }
@@ -50,7 +52,7 @@ impl Target {
             .filter(|s| !s.is_empty())
             .map(crate::text::lossy)
             .collect();
-        Ok(Target { pid, exe, command })
+        Ok(Tracee { pid, exe, command })
     }
 }
 
@@ -150,6 +152,7 @@ pub fn interpreter(cache: &ModuleCache, exe: &Path) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::modules::maps;
 
     #[test]
     fn finds_commands_on_path() {

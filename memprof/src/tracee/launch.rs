@@ -87,7 +87,7 @@ unsafe fn exec_in_child(
             libc::_exit(127);
         }
         // Its open-files limit as memprof's user gave it, not memprof's.
-        crate::driver::preflight::restore_open_files_limit();
+        crate::tracee::preflight::restore_open_files_limit();
         libc::execv(exe_c.as_ptr(), argv_p.as_ptr());
         let errno = *libc::__errno_location();
         libc::write(err_w, (&errno as *const i32).cast(), 4);

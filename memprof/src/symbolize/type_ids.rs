@@ -25,9 +25,10 @@ use std::collections::{BTreeMap, HashMap};
 
 use iced_x86::{Code, FlowControl, Instruction, Mnemonic, OpKind, Register};
 
-use super::parse_method;
+use crate::crystal::parse_method;
 use crate::modules::Module;
-use crate::symbolize::inlined_new::{has_parameter, inlined_new_owners};
+use super::inlined_new::inlined_new_owners;
+use crate::crystal::generics::has_parameter;
 use crate::x86::{decode, plt};
 
 /// The functions the compiler allocates objects with, and whether they

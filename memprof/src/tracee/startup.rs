@@ -18,7 +18,7 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 
 use super::exit::ExitStatus;
-use super::maps::{self, Mapping};
+use crate::modules::maps::{self, Mapping};
 use crate::modules::{Module, ModuleCache};
 
 /// `_r_debug.r_state` (after `int r_version`, `r_map`, `r_brk`).

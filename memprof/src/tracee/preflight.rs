@@ -1,10 +1,12 @@
 //! What every mode checks of the machine and the target before it
 //! attaches anything: memprof's capabilities, the files the target maps.
+//! (Here, below the driver, because launching restores the open-files
+//! limit this raises.)
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 
-use crate::target::maps;
+use crate::modules::maps;
 
 /// The files `pid` maps, from its own mappings.
 pub fn mapped_files(pid: u32) -> Result<Vec<PathBuf>> {
