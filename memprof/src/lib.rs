@@ -58,14 +58,13 @@ macro_rules! eprintln {
     };
 }
 
-pub mod cli;
+pub mod commands;
 pub mod profile;
 pub mod report;
 pub mod text;
 
-pub(crate) mod agent;
 pub(crate) mod allocators;
-pub(crate) mod commands;
+
 pub(crate) mod crystal;
 pub(crate) mod driver;
 pub(crate) mod gc;
@@ -86,7 +85,6 @@ pub(crate) mod sampling;
 pub(crate) mod session;
 pub(crate) mod symbolize;
 pub(crate) mod tracee;
-pub(crate) mod top;
 pub(crate) mod unwind;
 pub(crate) mod whole_heap;
 pub(crate) mod x86;

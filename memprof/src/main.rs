@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use memprof::cli::Cli;
+use memprof::commands::cli::Cli;
 
 /// Not libc's malloc: `attach --all` and `run`'s family probe it in every
 /// process, memprof's own included (each of its allocations would trap).

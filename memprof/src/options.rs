@@ -7,8 +7,6 @@ use std::time::Duration;
 use crate::live::LiveOptions;
 use crate::probes::ProbeOptions;
 
-pub use crate::session::census::CensusWhen;
-
 /// Which allocator families to probe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Heap {
@@ -90,7 +88,39 @@ pub enum GcSampling {
     Refill,
 }
 
+/// When a profile gets a census of the whole GC heap by type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CensusWhen {
+    /// At the first held collection: what was live before memprof.
+    Start,
+    /// At the first collection after the session is asked to end
+    /// (waiting up to `--census-wait`): what is live as memprof leaves.
+    End,
+    /// Both (attach's default).
+    Both,
+    /// Both, and at collections in between as a budget allows.
+    Periodic,
+    /// None.
+    Off,
+}
+
 impl CensusWhen {
+    /// Whether the first held collection is censused.
+    pub fn at_first(self) -> bool {
+        matches!(
+            self,
+            CensusWhen::Start | CensusWhen::Both | CensusWhen::Periodic
+        )
+    }
+
+    /// Whether the session waits for a collection to census at its end.
+    pub fn at_end(self) -> bool {
+        matches!(
+            self,
+            CensusWhen::End | CensusWhen::Both | CensusWhen::Periodic
+        )
+    }
+
     /// `--census`, or the mode's default: `attach` censuses what was
     /// live before it and what is live as it leaves; `run` saw every
     /// allocation, and a census holds the collector ~1 ms per MB of heap

@@ -9,12 +9,12 @@ use anyhow::Result;
 use memprof_common::AllocKind;
 
 use crate::allocators::{self, ResolvedFn, BOEHM, BOEHM_REFILL, LIBC};
+use crate::modules::maps;
 use crate::modules::ModuleCache;
 use crate::options::{GcLiveness, GcSampling, Heap, SessionOptions, Unwind};
 use crate::placement::{self, Planned};
 use crate::probes::ProbeOptions;
 use crate::report;
-use crate::modules::maps;
 use crate::tracee::{self, Tracee};
 use crate::unwind::Tables;
 

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Result};
 
-use crate::cli::SessionArgs;
+use crate::commands::cli::SessionArgs;
 use crate::live::LiveOptions;
 use crate::options::{GcLiveness, GcSampling, Heap, SessionOptions, Unwind};
 use crate::probes::ProbeOptions;

@@ -2,8 +2,11 @@
 //! them: each command's options are checked and built here ([`flags`]
 //! for the profiling sessions', [`report`] for `memprof report`), then the
 //! long-running modes go through one [`Driver`].
+pub(crate) mod agent;
+pub mod cli;
 mod flags;
 pub(crate) mod report;
+pub(crate) mod top;
 
 use std::io::Write;
 use std::time::Duration;
@@ -11,10 +14,11 @@ use std::time::Duration;
 use anyhow::{bail, Result};
 
 use crate::allocators;
-use crate::cli::{Cli, Command, SessionArgs};
+use crate::commands::cli::{Cli, Command, SessionArgs};
 use crate::driver::Driver;
+use crate::machine::select::Selection;
 use crate::options::{Heap, SessionOptions};
-use crate::session::{drive, select::Selection};
+use crate::session::drive;
 use flags::{seconds, selection_gc_sampling, session_options};
 
 /// Runs the command line's subcommand; returns memprof's exit code.
@@ -172,7 +176,7 @@ fn long_running(driver: &Driver, command: Command) -> Result<i32> {
                 true => None,
                 false => Some(Selection::new(comm, exe)?),
             };
-            let serve = crate::agent::ServeOptions {
+            let serve = crate::commands::agent::ServeOptions {
                 socket,
                 group,
                 listen,
@@ -180,7 +184,7 @@ fn long_running(driver: &Driver, command: Command) -> Result<i32> {
                 metrics_top,
                 dir: dir
                     .map(|dir| -> Result<_> {
-                        Ok(crate::agent::dir::DirOptions {
+                        Ok(crate::commands::agent::dir::DirOptions {
                             dir,
                             budget: dir_budget,
                             every: seconds("--dir-every", Some(dir_every))?
@@ -189,7 +193,7 @@ fn long_running(driver: &Driver, command: Command) -> Result<i32> {
                     })
                     .transpose()?,
             };
-            crate::agent::run(driver, selection, &options, &serve)
+            crate::commands::agent::run(driver, selection, &options, &serve)
         }
         Command::Report(_) | Command::Probes { .. } => bail!("not a long-running command"),
     }
@@ -213,7 +217,8 @@ fn top(
         bail!("--count must be at least 1");
     }
     let duration = seconds("--duration", duration)?;
-    let refresh = seconds("--interval", session.interval)?.unwrap_or(crate::top::DEFAULT_REFRESH);
+    let refresh =
+        seconds("--interval", session.interval)?.unwrap_or(crate::commands::top::DEFAULT_REFRESH);
     let mut options = session_options(session, duration)?;
     // The sessions print nothing of their own; the table is the view.
     options.live = Default::default();
@@ -240,9 +245,10 @@ fn top_agent(
         bail!("memprof top --agent writes no profile: ask the agent for one (memprof report --agent --pid N)");
     }
     let duration = seconds("--duration", duration)?;
-    let refresh = seconds("--interval", session.interval)?.unwrap_or(crate::top::DEFAULT_REFRESH);
-    let filter = crate::top::AgentFilter { pids, comms, exes };
-    crate::top::from_agent(driver, socket, &filter, (refresh, count, duration))
+    let refresh =
+        seconds("--interval", session.interval)?.unwrap_or(crate::commands::top::DEFAULT_REFRESH);
+    let filter = crate::commands::top::AgentFilter { pids, comms, exes };
+    crate::commands::top::from_agent(driver, socket, &filter, (refresh, count, duration))
 }
 
 /// `memprof probes --pid N`: where the probes would go, and why; first,

@@ -4,7 +4,7 @@ use std::io::Write;
 
 use anyhow::{bail, Result};
 
-use crate::cli::ReportArgs;
+use crate::commands::cli::ReportArgs;
 use crate::outfile::OutFile;
 use crate::profile::{self, Profile};
 use crate::report::{self, diff, filter, Format};
@@ -202,10 +202,12 @@ fn load(args: &ReportArgs, filter: &filter::Filter) -> Result<Vec<Profile>> {
             Some(socket) => {
                 let which = match (&args.pid[..], &args.comm[..]) {
                     ([pid], []) => format!("pid={pid}"),
-                    ([], [comm]) => format!("comm={}", crate::agent::client::query_value(comm)),
+                    ([], [comm]) => {
+                        format!("comm={}", crate::commands::agent::client::query_value(comm))
+                    }
                     _ => bail!("--agent: say which process, with one --pid N or one --comm NAME"),
                 };
-                let profile = crate::agent::client::profile(socket, &which)?;
+                let profile = crate::commands::agent::client::profile(socket, &which)?;
                 // The agent chose the process(es) already.
                 let mut chosen = filter.clone();
                 chosen.pids.clear();

@@ -19,7 +19,6 @@ pub(crate) mod symbol;
 #[cfg(test)]
 mod tests;
 
-
 pub use symbol::{parse_method, Method};
 
 /// The readable form of a Crystal symbol: `Foo.new`, `Array(Int32)#push`,

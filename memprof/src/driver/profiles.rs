@@ -3,10 +3,10 @@
 use std::time::SystemTime;
 
 use crate::groups::RawGroups;
+use crate::modules::maps::MapsCache;
 use crate::modules::ModuleCache;
 use crate::profile::{self, Group, Profile, Stacks, TargetInfo};
 use crate::symbolize::{self, SymbolCache};
-use crate::modules::maps::MapsCache;
 
 /// Who made a profile and how: [`header`]'s part of it.
 pub struct Header {

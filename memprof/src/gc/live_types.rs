@@ -5,11 +5,11 @@
 //! still holds it (see [`crate::gc::copy`]'s `classes`).
 use std::collections::BTreeMap;
 
-use crate::symbolize::type_ids::{TypeNames, TypeOf};
-use crate::gc::census::read::vm_read;
+use crate::crystal::generics::has_parameter;
 use crate::gc::copy::{ObjectWord, Slot};
 use crate::gc::site::ClassGc;
-use crate::crystal::generics::has_parameter;
+use crate::symbolize::type_ids::{TypeNames, TypeOf};
+use crate::tracee::memory::vm_read;
 
 /// Most bytes read at once.
 const SPAN: u64 = 1 << 20;

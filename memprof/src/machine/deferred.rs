@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use memprof_common::{DeferredStack, UnwindRow, MAX_FRAMES};
 
-use crate::modules::ModuleCache;
 use crate::modules::maps::MapsCache;
+use crate::modules::ModuleCache;
 use crate::unwind::finish::{finish, ModuleRows, StackCopy};
 use crate::unwind::ModuleTable;
 

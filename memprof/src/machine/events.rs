@@ -18,9 +18,9 @@ use std::time::{Duration, Instant};
 use memprof_common::{host, DeferredStack, HostEvent};
 
 use super::files::{self, RowIndex};
+use crate::modules::maps::{self, Mapping};
 use crate::modules::ModuleCache;
 use crate::probes::{DeferredStacks, HostEvents, ModuleTables};
-use crate::modules::maps::{self, Mapping};
 use crate::tracee::Tracee;
 
 /// The longest wait for an event. The kernel's wakeup of a ring's reader

@@ -19,11 +19,11 @@ use std::time::Duration;
 
 use anyhow::Result;
 
+use super::select::Selection;
 use super::{Host, Scope};
 use crate::driver::Profiling;
 use crate::options::SessionOptions;
 use crate::profile::{Counters, Profile};
-use crate::session::select::Selection;
 
 /// The processes `run`'s command started, or those a selection names,
 /// followed together.

@@ -10,11 +10,11 @@ use std::time::{Duration, Instant};
 use memprof_common::host::{FileKey, KnownFile};
 use memprof_common::ModuleRange;
 
+use crate::modules::maps::{self, Mapping};
 use crate::modules::{Module, ModuleCache};
 use crate::options::{SessionOptions, Unwind};
 use crate::plan::{Choice, Plan};
 use crate::probes::{Probes, RowTable};
-use crate::modules::maps::{self, Mapping};
 use crate::unwind::ModuleTable;
 
 use super::row_space::{Refusal, RowSpace};

@@ -33,12 +33,12 @@ use memprof_common::{host, HostEvent};
 use crate::driver::profiles::{self, Header};
 use crate::driver::{Driven, Driver, Flow, Output, Profiling};
 use crate::groups;
+use crate::modules::maps::Mapping;
 use crate::options::{Heap, SessionOptions};
 use crate::probes::{monotonic_ns, Detaching, ModuleTables, Probes};
 use crate::profile::{Counters, ExitInfo, GcSummary, Profile, TargetInfo};
-use crate::session::select::Selection;
 use crate::symbolize::SymbolCache;
-use crate::modules::maps::Mapping;
+use select::Selection;
 
 mod deferred;
 mod events;
@@ -47,6 +47,7 @@ mod files;
 mod notes;
 mod process;
 mod row_space;
+pub(crate) mod select;
 mod served;
 
 use deferred::Deferred;
@@ -56,11 +57,6 @@ use notes::{Kind, Notes};
 use process::{HostProcess, Told};
 
 pub use family::{Family, Loading};
-
-/// The kernel's name of the file at `path` (device and inode).
-pub fn file_key(path: &Path) -> Option<memprof_common::host::FileKey> {
-    files::kernel_key(&files::file_id(path)?)
-}
 
 /// The longest wait for an event (signals are looked at between waits).
 const POLL: Duration = Duration::from_millis(10);

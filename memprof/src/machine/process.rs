@@ -4,9 +4,9 @@
 use std::path::PathBuf;
 
 use super::events::ReadNow;
+use crate::modules::maps::{Mapping, MapsCache};
 use crate::modules::ModuleCache;
 use crate::profile::{ExitInfo, ProcessInfo};
-use crate::modules::maps::{Mapping, MapsCache};
 
 /// A process the kernel gave an index.
 pub struct HostProcess {

@@ -11,8 +11,8 @@ use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SectionFlags, S
 
 use super::debug_info::{self, DebugView};
 use super::error::Error;
-use super::slots::Slots;
 use super::maps::{self, Mapping};
+use super::slots::Slots;
 
 /// A loadable segment (`PT_LOAD`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

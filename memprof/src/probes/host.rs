@@ -91,7 +91,7 @@ impl Sizes {
             });
         }
         let offset = |member: &str| -> Result<u32> {
-            let offset = crate::predict::kernel_member_offset("task_struct", &[member])
+            let offset = crate::probes::btf::kernel_member_offset("task_struct", &[member])
                 .with_context(|| format!("task_struct.{member} in the kernel's BTF"))?;
             Ok(offset as u32)
         };
@@ -129,7 +129,7 @@ pub fn monotonic_ns() -> u64 {
 
 /// The offsets the kernel's table building reads, from its BTF.
 fn kernel_layout() -> Result<KernelLayout> {
-    let o = crate::predict::kernel_member_offsets(&[
+    let o = crate::probes::btf::kernel_member_offsets(&[
         ("vm_area_struct", &["vm_start"]),
         ("vm_area_struct", &["vm_end"]),
         ("vm_area_struct", &["vm_flags"]),

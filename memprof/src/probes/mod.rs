@@ -27,6 +27,7 @@ use crate::unwind::Tables;
 
 mod attach;
 mod batch;
+pub mod btf;
 mod classic;
 mod gc_hold;
 mod host;

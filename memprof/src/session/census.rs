@@ -38,45 +38,12 @@ use std::time::Instant;
 
 use anyhow::{anyhow, Result};
 
-use crate::symbolize::type_ids::{type_names, TypeNames, TypeOf};
 use crate::gc::census::{kind_name, HeapCopy, HeapReader, Word};
 use crate::modules::{Module, ModuleCache};
+use crate::options::CensusWhen;
 use crate::profile::{CensusType, Censuses, HeapCensus};
+use crate::symbolize::type_ids::{type_names, TypeNames, TypeOf};
 use crate::whole_heap::report::{is_atomic, object_name};
-
-/// When a profile gets a census of the whole GC heap by type.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum CensusWhen {
-    /// At the first held collection: what was live before memprof.
-    Start,
-    /// At the first collection after the session is asked to end
-    /// (waiting up to `--census-wait`): what is live as memprof leaves.
-    End,
-    /// Both (attach's default).
-    Both,
-    /// Both, and at collections in between as a budget allows.
-    Periodic,
-    /// None.
-    Off,
-}
-
-impl CensusWhen {
-    /// Whether the first held collection is censused.
-    pub fn at_first(self) -> bool {
-        matches!(
-            self,
-            CensusWhen::Start | CensusWhen::Both | CensusWhen::Periodic
-        )
-    }
-
-    /// Whether the session waits for a collection to census at its end.
-    pub fn at_end(self) -> bool {
-        matches!(
-            self,
-            CensusWhen::End | CensusWhen::Both | CensusWhen::Periodic
-        )
-    }
-}
 
 /// A census is taken only when the time since the last one is at least
 /// this many times its cost.

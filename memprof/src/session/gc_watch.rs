@@ -25,7 +25,6 @@ use std::thread::JoinHandle;
 
 use anyhow::Result;
 
-use crate::symbolize::type_ids::{type_names, TypeNames};
 use crate::gc::copy::GcCopy;
 use crate::gc::live_types::{classes, first_words};
 use crate::gc::pass::{judged_in_kernel, Judge, KernelCollection, KernelVerdicts, Marks, SiteGc};
@@ -35,6 +34,7 @@ use crate::plan::{Plan, PlannedGcSampling};
 use crate::probes::{GcChange, GcEvents, Probes, Site};
 use crate::profile::{Censuses, GcSummary};
 use crate::session::census::SessionCensus;
+use crate::symbolize::type_ids::{type_names, TypeNames};
 use crate::tracee::trace::Tracer;
 
 /// The mark-bit passes of a session with a GC heap, or why there are none.

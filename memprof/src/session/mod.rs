@@ -24,9 +24,9 @@
 pub(crate) mod census;
 pub(crate) mod drive;
 mod gc_watch;
-pub(crate) mod select;
 pub(crate) mod selected;
 mod start;
+pub(crate) mod table;
 mod watch;
 
 use std::path::Path;
@@ -37,6 +37,7 @@ use anyhow::Result;
 use crate::driver::profiles::{self, Header};
 use crate::driver::Output;
 use crate::live::Live;
+use crate::modules::maps::MapsCache;
 use crate::modules::ModuleCache;
 use crate::options::{Mode, SessionOptions};
 use crate::plan::{self, Plan};
@@ -45,11 +46,10 @@ use crate::profile::{
     Counters, ExitInfo, Group, ProbeInfo, ProcessInfo, Profile, Stacks, TargetInfo,
 };
 use crate::tracee::launch::ExitStatus;
-use crate::modules::maps::MapsCache;
 use crate::tracee::trace::{Event, Tracer};
 use crate::tracee::Tracee;
-use crate::top::Vitals;
 use crate::{groups, symbolize};
+use table::Vitals;
 
 use gc_watch::GcWatch;
 

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 
 use super::drive::Followed;
-use super::select::{Selection, RESCAN};
 use super::Session;
 use crate::driver::{Driven, Figures, Flow, Profiling};
+use crate::machine::select::{Selection, RESCAN};
 use crate::machine::Family;
 use crate::options::{GcSampling, SessionOptions};
 use crate::profile::{Counters, ProcessInfo, Profile};
@@ -111,7 +111,7 @@ impl Selected {
     fn running_now(&self) -> Vec<u32> {
         match &self.selection {
             Some(selection) => selection.matching(),
-            None => super::select::all_processes(),
+            None => crate::machine::select::all_processes(),
         }
     }
 

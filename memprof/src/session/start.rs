@@ -11,15 +11,15 @@ use anyhow::{bail, Context, Result};
 
 use super::{update_ranges, GcWatch, Session};
 use crate::allocators;
-use crate::tracee::preflight::{mapped_files, require_capabilities};
 use crate::driver::Output;
 use crate::live::Live;
+use crate::modules::maps::MapsCache;
 use crate::modules::ModuleCache;
 use crate::options::{CensusWhen, Mode, SessionOptions};
 use crate::plan::{Choice, Plan, PlannedGcSampling};
 use crate::predict::Predictor;
 use crate::probes::{ProbeOptions, Probes};
-use crate::modules::maps::MapsCache;
+use crate::tracee::preflight::{mapped_files, require_capabilities};
 use crate::tracee::trace::Tracer;
 use crate::tracee::{self, launch, startup, Tracee};
 use memprof_common::LIBRARY_LOAD_SIGNAL;

@@ -18,10 +18,10 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 
 use super::drive::Followed;
-use super::select::{Selection, RESCAN};
 use super::selected::Selected;
 use super::Session;
 use crate::driver::{profiles, Driven, Driver, Flow, Output, Profiling};
+use crate::machine::select::{Selection, RESCAN};
 use crate::options::{GcSampling, SessionOptions};
 use crate::profile::Profile;
 
@@ -92,7 +92,7 @@ fn watch_matching(
         seen: HashSet::new(),
         tries: std::collections::HashMap::new(),
         last_scan: None,
-        top: top.map(|(refresh, count)| crate::top::Table::new(refresh, count)),
+        top: top.map(|(refresh, count)| super::table::Table::new(refresh, count)),
     };
     let started = Instant::now();
     say_watching(selection, options, top.is_some());
@@ -161,7 +161,7 @@ struct Watch<'a> {
     /// Attaches that failed, per process still looked at again.
     tries: std::collections::HashMap<u32, u32>,
     last_scan: Option<Instant>,
-    top: Option<crate::top::Table>,
+    top: Option<super::table::Table>,
 }
 
 /// Scans a process whose attach failed is looked at in, before it is

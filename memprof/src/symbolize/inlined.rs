@@ -16,8 +16,8 @@
 //! on to be (`@hash : Hash(T, Nil)` in `Set(Int32)`: `Hash(Int32, Nil)#[]=`),
 //! the caller's own arguments substituted. Where nothing says, the
 //! parameters stay as the source names them (`Hash(K, V)#upsert`).
-use crate::crystal::generics::{has_parameter, same_generic, substitute};
 use crate::crystal;
+use crate::crystal::generics::{has_parameter, same_generic, substitute};
 use crate::crystal::source::Sources;
 use crate::profile::Frame;
 

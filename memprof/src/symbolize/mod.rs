@@ -36,9 +36,9 @@ use memprof_common::AllocKind;
 
 use crate::crystal;
 use crate::groups::{RawGroup, RawGroups};
+use crate::modules::maps::MapsCache;
 use crate::modules::{Module, ModuleCache};
 use crate::profile::{Frame, Group, Stacks};
-use crate::modules::maps::MapsCache;
 
 mod demangle;
 mod inlined;

@@ -25,10 +25,10 @@ use std::collections::{BTreeMap, HashMap};
 
 use iced_x86::{Code, FlowControl, Instruction, Mnemonic, OpKind, Register};
 
-use crate::crystal::parse_method;
-use crate::modules::Module;
 use super::inlined_new::inlined_new_owners;
 use crate::crystal::generics::has_parameter;
+use crate::crystal::parse_method;
+use crate::modules::Module;
 use crate::x86::{decode, plt};
 
 /// The functions the compiler allocates objects with, and whether they

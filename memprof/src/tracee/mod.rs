@@ -11,6 +11,7 @@
 pub(crate) mod exit;
 pub mod family;
 pub mod launch;
+pub mod memory;
 pub mod preflight;
 mod router;
 pub mod startup;

@@ -14,8 +14,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::modules::{Module, ModuleCache};
 use crate::modules::maps::Mapping;
+use crate::modules::{Module, ModuleCache};
 use anyhow::{bail, Result};
 use gimli::{
     BaseAddresses, CfaRule, CieOrFde, EhFrame, NativeEndian, RegisterRule, UnwindContext,

@@ -38,14 +38,14 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Result};
 
 use crate::allocators::{self, BOEHM};
-use crate::symbolize::type_ids::{type_names, TypeNames, TypeOf};
-use crate::tracee::preflight::{mapped_files, require_capabilities};
 use crate::driver::{Driven, Driver, Flow};
 use crate::gc::census::{Census, Counters, HeapCopy, HeapReader};
 use crate::modules::ModuleCache;
 use crate::outfile::OutFile;
 use crate::probes::{ProbeOptions, Probes};
 use crate::report::thousands;
+use crate::symbolize::type_ids::{type_names, TypeNames, TypeOf};
+use crate::tracee::preflight::{mapped_files, require_capabilities};
 use crate::tracee::trace::{Event, Tracer};
 use crate::tracee::{self, Tracee};
 

@@ -8,10 +8,10 @@ use anyhow::Result;
 use serde_json::json;
 
 use super::{HeapOptions, HeapReport, Taken};
-use crate::symbolize::type_ids::{TypeNames, TypeOf};
 use crate::gc::census::{kind_name, Tally, Word, AUNCOLLECTABLE, PTRFREE};
 use crate::report::markdown::escape_text;
 use crate::report::thousands;
+use crate::symbolize::type_ids::{TypeNames, TypeOf};
 
 /// Output formats of `memprof heap`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

@@ -14,8 +14,8 @@
 use anyhow::{Context, Result};
 
 use super::rss::Mapping;
-use crate::gc::census::vm_read;
 use crate::modules::ModuleCache;
+use crate::tracee::memory::vm_read;
 
 /// Where a copied region is.
 #[derive(Clone)]

@@ -36,7 +36,6 @@ pub(crate) mod read;
 pub use self::count::{Census, LiveObject, Tally, Word};
 pub use self::graph::Graph;
 pub use self::heap_copy::{kind_name, HeapCopy, AUNCOLLECTABLE, PTRFREE};
-pub(crate) use self::read::vm_read;
 pub use self::read::{Counters, HeapReader};
 
 #[cfg(test)]

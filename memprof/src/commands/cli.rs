@@ -137,7 +137,7 @@ pub enum Command {
         /// (/run/memprof/agent.sock unless given) instead of attaching:
         /// --pid, --comm and --exe then only choose the rows (none: every
         /// running process the agent follows).
-        #[arg(long, value_name = "SOCKET", num_args = 0..=1, default_missing_value = crate::agent::DEFAULT_SOCKET)]
+        #[arg(long, value_name = "SOCKET", num_args = 0..=1, default_missing_value = crate::commands::agent::DEFAULT_SOCKET)]
         agent: Option<PathBuf>,
         /// A process to watch (repeatable).
         #[arg(long, short, value_name = "PID")]
@@ -281,7 +281,7 @@ pub enum Command {
         #[arg(long, value_name = "PATH")]
         exe: Vec<PathBuf>,
         /// The Unix socket to serve on (its directory is made if missing).
-        #[arg(long, default_value = crate::agent::DEFAULT_SOCKET, value_name = "PATH")]
+        #[arg(long, default_value = crate::commands::agent::DEFAULT_SOCKET, value_name = "PATH")]
         socket: PathBuf,
         /// A group whose members may connect to the socket too (mode 0660);
         /// by default only root can (mode 0600).
@@ -322,7 +322,7 @@ pub enum Command {
         #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = parse_size, requires = "dir")]
         dir_budget: u64,
         /// --dir: seconds between two snapshots of a process whose figures changed.
-        #[arg(long, value_name = "SECONDS", default_value_t = crate::agent::dir::DEFAULT_EVERY_S, requires = "dir")]
+        #[arg(long, value_name = "SECONDS", default_value_t = crate::commands::agent::dir::DEFAULT_EVERY_S, requires = "dir")]
         dir_every: f64,
         /// Stop after this many seconds.
         #[arg(long, short)]
@@ -499,7 +499,7 @@ pub struct ReportArgs {
     /// the process --pid names (or the running processes of --comm,
     /// merged), as it is now, or as it ended if it ended (the agent's
     /// socket: /run/memprof/agent.sock unless it was given another).
-    #[arg(long, value_name = "SOCKET", conflicts_with_all = ["file", "diff"], num_args = 0..=1, default_missing_value = crate::agent::DEFAULT_SOCKET)]
+    #[arg(long, value_name = "SOCKET", conflicts_with_all = ["file", "diff"], num_args = 0..=1, default_missing_value = crate::commands::agent::DEFAULT_SOCKET)]
     pub agent: Option<PathBuf>,
     /// Output format. pprof is binary (gzipped protobuf): write it with -o.
     /// With --diff: markdown or json.

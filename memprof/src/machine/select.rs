@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Result};
 
+use super::files;
+
 /// How often /proc is read again for processes started since.
 pub const RESCAN: Duration = Duration::from_millis(100);
 
@@ -81,7 +83,7 @@ impl Selection {
         self.exes
             .iter()
             .map(|e| {
-                crate::machine::file_key(e).ok_or_else(|| {
+                file_key(e).ok_or_else(|| {
                     anyhow::anyhow!("--exe {}: cannot read its device and inode", e.display())
                 })
             })
@@ -142,4 +144,8 @@ impl Selection {
                 .any(|&n| c.as_bytes() == n || *c == crate::text::visible_bytes(n))
         })
     }
+}
+/// The kernel's name of the file at `path` (device and inode).
+fn file_key(path: &Path) -> Option<memprof_common::host::FileKey> {
+    files::kernel_key(&files::file_id(path)?)
 }
