@@ -2,11 +2,12 @@
 //! one process's groups symbolized, and many processes' profiles as one.
 use std::time::SystemTime;
 
+use crate::groups::named;
 use crate::groups::RawGroups;
 use crate::modules::maps::MapsCache;
 use crate::modules::ModuleCache;
 use crate::profile::{self, Group, Profile, Stacks, TargetInfo};
-use crate::symbolize::{self, SymbolCache};
+use crate::symbolize::SymbolCache;
 
 /// Who made a profile and how: [`header`]'s part of it.
 pub struct Header {
@@ -68,7 +69,7 @@ pub fn groups_of_with(
     progress: bool,
     cache: &mut SymbolCache,
 ) -> (Vec<Group>, Stacks) {
-    let (mut groups, stacks) = symbolize::symbolize_with(raw, maps, modules, progress, cache);
+    let (mut groups, stacks) = named::symbolize_with(raw, maps, modules, progress, cache);
     for g in &mut groups {
         g.pid = pid;
     }

@@ -36,6 +36,7 @@ use anyhow::Result;
 
 use crate::driver::profiles::{self, Header};
 use crate::driver::Output;
+use crate::groups;
 use crate::live::Live;
 use crate::modules::maps::MapsCache;
 use crate::modules::ModuleCache;
@@ -48,7 +49,6 @@ use crate::profile::{
 use crate::tracee::launch::ExitStatus;
 use crate::tracee::trace::{Event, Tracer};
 use crate::tracee::Tracee;
-use crate::{groups, symbolize};
 use table::Vitals;
 
 use gc_watch::GcWatch;
@@ -316,7 +316,7 @@ impl Session {
         } = self;
         std::thread::scope(|scope| -> Result<()> {
             let publishing = scope.spawn(|| -> Result<()> {
-                let (groups, stacks) = symbolize::symbolize(raw, maps, &plan.modules, false);
+                let (groups, stacks) = groups::named::symbolize(raw, maps, &plan.modules, false);
                 live.publish(
                     &Profile {
                         groups,
@@ -615,7 +615,7 @@ fn read_tables(
     progress: bool,
 ) -> Result<(Counters, Vec<Group>, Stacks)> {
     let (counters, raw) = raw_tables(tables, gc)?;
-    let (groups, stacks) = symbolize::symbolize(raw, maps, modules, progress);
+    let (groups, stacks) = groups::named::symbolize(raw, maps, modules, progress);
     Ok((counters, groups, stacks))
 }
 

@@ -10,6 +10,8 @@
 //! repeating the caller when the kernel did add it.
 // A fast hasher: a big program's end groups millions of sites and
 // addresses (SipHash was a tenth of memprof's CPU at `crystal build`'s end).
+pub mod named;
+
 use foldhash::{HashMap, HashMapExt};
 use std::sync::Arc;
 
