@@ -22,11 +22,11 @@ use memprof_common::{errno, host, module_table, programs, HostEvent, ModuleRange
 
 use crate::counters::{bump, enabled};
 use crate::layout;
+use crate::module_maps::{MODULE_RANGES, MODULE_TABLE};
 use crate::settings::{
     FAMILY_ROOT, HOST, HOST_STARTED_NS, SELECTING, TASK_EXIT_CODE, TASK_REAL_PARENT,
     TASK_START_TIME, TASK_TGID, UNWIND_DWARF,
 };
-use crate::unwind::{MODULE_RANGES, MODULE_TABLE};
 
 /// `attach --all`: the processes followed, tgid → index (see
 /// `this_process`). Only the kernel writes it.

@@ -53,6 +53,9 @@ mod host;
 /// The dynamic linker's library loads.
 #[cfg(target_arch = "bpf")]
 mod library_load;
+/// The module tables the unwinder looks frames up in.
+#[cfg(target_arch = "bpf")]
+mod module_maps;
 /// Reading an allocator's result at its entry.
 #[cfg(target_arch = "bpf")]
 mod prediction;

@@ -11,12 +11,13 @@ use aya_ebpf::{
     programs::ProbeContext,
 };
 use memprof_common::{
-    cfa, errno, module_table, DwarfStack, ModuleRange, UnwindRow, CALLER_ONLY, FOLD_WINDOW,
-    MAX_FRAMES, MAX_STEPS, ROW_CACHE_SLOTS, SHORT_FRAMES,
+    cfa, errno, module_table, DwarfStack, UnwindRow, CALLER_ONLY, FOLD_WINDOW, MAX_FRAMES,
+    MAX_STEPS, ROW_CACHE_SLOTS, SHORT_FRAMES,
 };
 
 use crate::branchless::{at_or_before, differ, select};
 use crate::counters::bump;
+use crate::module_maps::MODULE_RANGES;
 use crate::settings::{FOLD_RECURSION, HOST};
 
 /// Filled on demand (BPF_F_NO_PREALLOC): most runs use a fraction of it.
@@ -29,16 +30,6 @@ static SHORT_STACKS: HashMap<u64, DwarfStack> =
     HashMap::with_max_entries(1 << 16, BPF_F_NO_PREALLOC);
 #[map]
 static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(1, 0);
-/// Two halves (`module_table`): userspace fills the one not in use, then
-/// switches (`MODULE_TABLE`), so no probe sees a half-written one.
-#[map]
-pub(crate) static MODULE_RANGES: Array<ModuleRange> =
-    Array::with_max_entries(module_table::ENTRIES, 0);
-/// `[0]`: the module table in use (packed by `module_table::pack`).
-/// Written by userspace whenever the target's mappings change: one
-/// aligned word, read once per call.
-#[map]
-pub(crate) static MODULE_TABLE: Array<u32> = Array::with_max_entries(1, 0);
 /// Per CPU, rows found by pc (see `cached_row`): one value holding
 /// every slot, looked up once per stack, not once per frame.
 #[map]

@@ -29,38 +29,13 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use memprof_common::AllocKind;
 
+use crate::options::LiveOptions;
 use crate::outfile::OutFile;
 use crate::profile::{self, Group, Profile, Sample, Timeline};
 use crate::report::{self, markdown};
 
-/// Default `--sample-period`, milliseconds.
-pub const DEFAULT_SAMPLE_MS: u64 = 100;
 /// Sampling may take at most 1/MAX_DUTY of memprof's time.
 const MAX_DUTY: u32 = 10;
-
-/// Settings from the command line.
-#[derive(Debug, Clone)]
-pub struct LiveOptions {
-    /// Timeline sampling period; `None` turns sampling off.
-    pub sample_period: Option<Duration>,
-    /// `--interval`: reprint the top table this often.
-    pub interval: Option<Duration>,
-    /// `--snapshot-every`: write a numbered profile this often.
-    pub snapshot_every: Option<Duration>,
-    /// Rows of the reprinted table.
-    pub top: usize,
-}
-
-impl Default for LiveOptions {
-    fn default() -> Self {
-        LiveOptions {
-            sample_period: Some(Duration::from_millis(DEFAULT_SAMPLE_MS)),
-            interval: None,
-            snapshot_every: None,
-            top: 10,
-        }
-    }
-}
 
 /// The state kept while attached.
 pub struct Live {
@@ -268,7 +243,8 @@ fn write_atomically(profile: &Profile, path: &Path) -> Result<()> {
 mod doc_examples {
     #[test]
     fn example_1() {
-        use crate::live::{snapshot_path, Live, LiveOptions};
+        use crate::live::{snapshot_path, Live};
+        use crate::options::LiveOptions;
         use std::time::{Duration, Instant};
         let live = Live::new(LiveOptions::default(), Instant::now(), "app.mprof".as_ref());
         assert!(live.timeout(Duration::from_millis(200)) <= Duration::from_millis(100));

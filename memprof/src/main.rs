@@ -1,10 +1,10 @@
 //! The `memprof` binary: parses the command line and runs one subcommand
-//! ([`memprof::run_cli`]). Errors end the process with one line on stderr
+//! ([`memprof::commands::run_cli`]). Errors end the process with one line on stderr
 //! and exit code 1.
 use std::process::ExitCode;
 
 use clap::Parser;
-use memprof::commands::cli::Cli;
+use memprof::commands::{cli::Cli, run_cli};
 
 /// Not libc's malloc: `attach --all` and `run`'s family probe it in every
 /// process, memprof's own included (each of its allocations would trap).
@@ -12,9 +12,9 @@ use memprof::commands::cli::Cli;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    memprof::configure_memory();
+    memprof::memory::configure();
     let cli = Cli::parse();
-    match memprof::run_cli(cli) {
+    match run_cli(cli) {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
         Err(err) => {
             // One line: the outermost context and the root cause.

@@ -4,7 +4,6 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::live::LiveOptions;
 use crate::probes::ProbeOptions;
 
 /// Which allocator families to probe.
@@ -84,8 +83,36 @@ pub enum GcSampling {
     Exact,
     /// Samples where a thread's free list is refilled, each standing for
     /// the objects of the list; the free lists' fast path is not probed
-    /// ([`crate::refill`]).
+    /// ([`crate::gc::refill`]).
     Refill,
+}
+
+/// Default `--sample-period`, milliseconds.
+pub const DEFAULT_SAMPLE_MS: u64 = 100;
+
+/// What is done while the target runs ([`crate::live`]): settings from
+/// the command line.
+#[derive(Debug, Clone)]
+pub struct LiveOptions {
+    /// Timeline sampling period; `None` turns sampling off.
+    pub sample_period: Option<Duration>,
+    /// `--interval`: reprint the top table this often.
+    pub interval: Option<Duration>,
+    /// `--snapshot-every`: write a numbered profile this often.
+    pub snapshot_every: Option<Duration>,
+    /// Rows of the reprinted table.
+    pub top: usize,
+}
+
+impl Default for LiveOptions {
+    fn default() -> Self {
+        LiveOptions {
+            sample_period: Some(Duration::from_millis(DEFAULT_SAMPLE_MS)),
+            interval: None,
+            snapshot_every: None,
+            top: 10,
+        }
+    }
 }
 
 /// When a profile gets a census of the whole GC heap by type.
@@ -135,7 +162,7 @@ impl CensusWhen {
 
 impl SessionOptions {
     /// The options of the probes `run` follows its command's processes
-    /// with ([`crate::machine::Family`]): as the command's, but the
+    /// with ([`crate::session::machine::Family`]): as the command's, but the
     /// collector's allocation functions are not probed when the command
     /// samples its collector at refills (a uprobe sits on the file: the
     /// command would take a trap at each of its own GC allocations).

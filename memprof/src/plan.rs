@@ -1,6 +1,6 @@
 //! What to attach where, decided before anything is attached: the
 //! allocator functions of the chosen heaps ([`crate::allocators`]), the
-//! offset of each probe ([`crate::placement`]) and, for DWARF unwinding, the
+//! offset of each probe ([`crate::probes::placement`]) and, for DWARF unwinding, the
 //! CFI tables of every module ([`crate::unwind`]).
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -12,7 +12,7 @@ use crate::allocators::{self, ResolvedFn, BOEHM, BOEHM_REFILL, LIBC};
 use crate::modules::maps;
 use crate::modules::ModuleCache;
 use crate::options::{GcLiveness, GcSampling, Heap, SessionOptions, Unwind};
-use crate::placement::{self, Planned};
+use crate::probes::placement::{self, Planned};
 use crate::probes::ProbeOptions;
 use crate::report;
 use crate::tracee::{self, Tracee};
@@ -74,7 +74,7 @@ pub enum PlannedGcSampling {
     /// At refills, with this libgc's layout (in `module`).
     Refill {
         module: PathBuf,
-        layout: crate::refill::RefillLayout,
+        layout: crate::gc::refill::RefillLayout,
     },
     /// Asked for, not possible here (said once): sampled by bytes instead.
     ByBytes,
@@ -211,7 +211,7 @@ fn plan_refill(cache: &ModuleCache, gc: &[ResolvedFn], quiet: bool) -> PlannedGc
     let layout = cache
         .get(&module)
         .map_err(anyhow::Error::from)
-        .and_then(|m| crate::refill::RefillLayout::derive(&m));
+        .and_then(|m| crate::gc::refill::RefillLayout::derive(&m));
     match layout {
         Ok(layout) => {
             if layout.size_reg.is_none() {

@@ -17,6 +17,7 @@
 //!
 //! Every command runs from the workspace root, whatever the current directory.
 
+mod apt;
 mod bench;
 mod demo;
 #[path = "../../tests/fixtures/compile.rs"]

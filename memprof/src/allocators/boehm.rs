@@ -61,7 +61,7 @@ pub static BOEHM: &[AllocFn] = boehm_table![
     AllocFn::alloc("GC_realloc", l::REALLOC, Gc, &[Rdi, Rsi], true),
 ];
 
-/// `--gc-sampling refill` ([`crate::refill`]): the thread-local fast path
+/// `--gc-sampling refill` ([`crate::gc::refill`]): the thread-local fast path
 /// (`GC_malloc`, `GC_malloc_atomic`) is not probed; what it does not serve
 /// is. `GC_malloc_kind` refills a thread's free list with
 /// `GC_generic_malloc_many` (a sample standing for the list) and hands

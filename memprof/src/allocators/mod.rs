@@ -3,7 +3,7 @@
 //! Each allocator backend (today `libc`; the Boehm GC next) is a table of
 //! [`AllocFn`]s: the symbol, the eBPF program that reads its arguments, the
 //! [`AllocKind`](memprof_common::AllocKind) it produces and the argument registers the entry probe reads
-//! (so [`crate::placement`] knows which registers must still be intact).
+//! (so [`crate::probes::placement`] knows which registers must still be intact).
 //!
 //! [`resolve`] looks every symbol up in the target's modules in load order,
 //! the way the dynamic linker binds them: the first module that defines a
@@ -34,7 +34,7 @@ pub struct ResolvedFn {
     /// Offset of the first byte in the file: what uprobes attach to.
     pub file_offset: u64,
     /// The function's code, as far as the symbol size says (at most 4 KiB):
-    /// decoded by [`crate::placement`].
+    /// decoded by [`crate::probes::placement`].
     pub code: Vec<u8>,
     /// Another function at the same address was resolved first (glibc's
     /// `aligned_alloc` is `memalign`): probing it twice would count twice.

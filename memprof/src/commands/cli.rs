@@ -6,6 +6,12 @@ use clap::{Args, Parser, Subcommand};
 use crate::options::{CensusWhen, GcLiveness, GcSampling, Heap, Unwind};
 use crate::report::{Count, Format};
 
+/// Where the agent serves unless `--socket` says otherwise.
+pub const DEFAULT_SOCKET: &str = "/run/memprof/agent.sock";
+
+/// The agent's `--dir-every` unless given, in seconds.
+pub const DEFAULT_EVERY_S: f64 = 60.0;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "memprof",
@@ -137,7 +143,7 @@ pub enum Command {
         /// (/run/memprof/agent.sock unless given) instead of attaching:
         /// --pid, --comm and --exe then only choose the rows (none: every
         /// running process the agent follows).
-        #[arg(long, value_name = "SOCKET", num_args = 0..=1, default_missing_value = crate::commands::agent::DEFAULT_SOCKET)]
+        #[arg(long, value_name = "SOCKET", num_args = 0..=1, default_missing_value = DEFAULT_SOCKET)]
         agent: Option<PathBuf>,
         /// A process to watch (repeatable).
         #[arg(long, short, value_name = "PID")]
@@ -281,7 +287,7 @@ pub enum Command {
         #[arg(long, value_name = "PATH")]
         exe: Vec<PathBuf>,
         /// The Unix socket to serve on (its directory is made if missing).
-        #[arg(long, default_value = crate::commands::agent::DEFAULT_SOCKET, value_name = "PATH")]
+        #[arg(long, default_value = DEFAULT_SOCKET, value_name = "PATH")]
         socket: PathBuf,
         /// A group whose members may connect to the socket too (mode 0660);
         /// by default only root can (mode 0600).
@@ -322,7 +328,7 @@ pub enum Command {
         #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = parse_size, requires = "dir")]
         dir_budget: u64,
         /// --dir: seconds between two snapshots of a process whose figures changed.
-        #[arg(long, value_name = "SECONDS", default_value_t = crate::commands::agent::dir::DEFAULT_EVERY_S, requires = "dir")]
+        #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_EVERY_S, requires = "dir")]
         dir_every: f64,
         /// Stop after this many seconds.
         #[arg(long, short)]
@@ -469,7 +475,7 @@ pub struct SessionArgs {
     /// objects freed or collected count until the next mark-bit pass. The
     /// target is not stopped; sampling is kept under a tenth of memprof's
     /// time (samples spaced out, and memprof says so).
-    #[arg(long, default_value_t = crate::live::DEFAULT_SAMPLE_MS, value_name = "MS")]
+    #[arg(long, default_value_t = crate::options::DEFAULT_SAMPLE_MS, value_name = "MS")]
     pub sample_period: u64,
     /// Reprint the top table (--top rows) on stderr every SECS seconds while
     /// profiling: the screen is cleared first when stderr is a terminal,
@@ -499,7 +505,7 @@ pub struct ReportArgs {
     /// the process --pid names (or the running processes of --comm,
     /// merged), as it is now, or as it ended if it ended (the agent's
     /// socket: /run/memprof/agent.sock unless it was given another).
-    #[arg(long, value_name = "SOCKET", conflicts_with_all = ["file", "diff"], num_args = 0..=1, default_missing_value = crate::commands::agent::DEFAULT_SOCKET)]
+    #[arg(long, value_name = "SOCKET", conflicts_with_all = ["file", "diff"], num_args = 0..=1, default_missing_value = DEFAULT_SOCKET)]
     pub agent: Option<PathBuf>,
     /// Output format. pprof is binary (gzipped protobuf): write it with -o.
     /// With --diff: markdown or json.

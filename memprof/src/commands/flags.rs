@@ -5,7 +5,7 @@ use std::time::Duration;
 use anyhow::{bail, Result};
 
 use crate::commands::cli::SessionArgs;
-use crate::live::LiveOptions;
+use crate::options::LiveOptions;
 use crate::options::{GcLiveness, GcSampling, Heap, SessionOptions, Unwind};
 use crate::probes::ProbeOptions;
 

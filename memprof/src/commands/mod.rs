@@ -16,9 +16,9 @@ use anyhow::{bail, Result};
 use crate::allocators;
 use crate::commands::cli::{Cli, Command, SessionArgs};
 use crate::driver::Driver;
-use crate::machine::select::Selection;
 use crate::options::{Heap, SessionOptions};
 use crate::session::drive;
+use crate::session::machine::select::Selection;
 use flags::{seconds, selection_gc_sampling, session_options};
 
 /// Runs the command line's subcommand; returns memprof's exit code.
@@ -95,7 +95,7 @@ fn long_running(driver: &Driver, command: Command) -> Result<i32> {
                 (true, _) => {
                     let options =
                         flags::refills_checked(&session, flags::for_all(&session, options))?;
-                    crate::machine::attach_all(driver, &options)
+                    crate::session::machine::attach_all(driver, &options)
                 }
                 (false, Some(pid)) => {
                     drive::attach(driver, pid, &flags::refills_checked(&session, options)?)

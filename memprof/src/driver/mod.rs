@@ -13,7 +13,7 @@
 //! | `attach --pid` | `session::drive::Attached` |
 //! | `attach --comm/--exe`, `top` | `session::drive::Watch` |
 //! | the end census's wait (`run`, `attach`) | `session::drive::CensusWait` |
-//! | `attach --all` | [`crate::machine`]'s `Host` |
+//! | `attach --all` | [`crate::session::machine`]'s `Host` |
 //! | `memprof heap`'s wait for a collection | [`crate::whole_heap`]'s `Hold` |
 //!
 //! Those that profile processes are also [`Profiling`]: which processes

@@ -49,6 +49,7 @@ pub mod layout;
 pub mod live_types;
 pub mod lookup;
 pub mod pass;
+pub mod refill;
 pub(crate) mod site;
 mod symbolic;
 

@@ -2,7 +2,7 @@
 //! opened, memory-mapped and parsed once per session.
 //!
 //! Every stage needs something from the same ELF files: the allocator
-//! symbols and their code ([`crate::allocators`], [`crate::placement`]),
+//! symbols and their code ([`crate::allocators`], [`crate::probes::placement`]),
 //! `.eh_frame` ([`crate::unwind`]), `.interp` ([`crate::tracee`]), libgc's
 //! code, symbols and GOT slots ([`crate::gc`]), the versioned Crystal names
 //! ([`crate::symbolize`]) and the load bias (unwinding ranges, GC passes).

@@ -17,7 +17,7 @@ use memprof_common::programs;
 use super::multi::{self, Attach};
 use super::{classic, kernel, permission_hint, Link, Probes};
 use crate::modules::{Module, ModuleCache};
-use crate::placement::Planned;
+use crate::probes::placement::Planned;
 
 /// The probes of one link: a program in one file.
 #[derive(Default)]

@@ -24,7 +24,7 @@ use aya_obj::generated::{
     bpf_attach_type, bpf_attr, bpf_cmd, perf_event_attr, PERF_FLAG_FD_CLOEXEC,
 };
 
-use super::multi::bpf;
+use super::syscall::bpf;
 use super::Link;
 
 /// The uprobe PMU as sysfs describes it.

@@ -37,7 +37,7 @@ use std::sync::OnceLock;
 use aya_obj::generated::{bpf_attach_type, bpf_attr, bpf_cmd, bpf_insn};
 use memprof_common::programs;
 
-use super::multi::{bpf, uprobe_program_attr, BPF_TRACE_UPROBE_SESSION};
+use super::syscall::{bpf, uprobe_program_attr, BPF_TRACE_UPROBE_SESSION};
 
 /// The environment variable that turns features off (for tests of the
 /// fallbacks on a kernel that has them all).

@@ -33,9 +33,11 @@ mod gc_hold;
 mod host;
 mod kernel;
 mod multi;
+pub(crate) mod placement;
 mod spare;
 #[cfg(test)]
 mod stack_budget;
+mod syscall;
 mod unwind_tables;
 mod verifier;
 mod view;

@@ -16,19 +16,20 @@
 //! is explained by `verifier.rs`.
 use std::collections::HashMap;
 use std::ffi::CString;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::path::Path;
 
 use anyhow::{anyhow, bail, Context, Result};
 use aya::maps::Map;
 use aya::Ebpf;
 use aya_obj::generated::{
-    bpf_attach_type, bpf_attr, bpf_cmd, bpf_insn, bpf_prog_type, BPF_DW, BPF_F_UPROBE_MULTI_RETURN,
-    BPF_IMM, BPF_LD, BPF_PSEUDO_FUNC,
+    bpf_attach_type, bpf_attr, bpf_cmd, bpf_insn, BPF_DW, BPF_F_UPROBE_MULTI_RETURN, BPF_IMM,
+    BPF_LD, BPF_PSEUDO_FUNC,
 };
 use memprof_common::programs;
 
 use super::kernel::{kernel, KfuncLink};
+use super::syscall::{bpf, uprobe_program_attr, BPF_TRACE_UPROBE_SESSION};
 
 /// The eBPF object's programs, relocated once, loaded on first use.
 pub(super) struct Programs {
@@ -171,9 +172,6 @@ pub(super) enum Attach {
     Entry,
 }
 
-/// `BPF_TRACE_UPROBE_SESSION`: newer than aya-obj's bindings.
-pub(super) const BPF_TRACE_UPROBE_SESSION: u32 = 57;
-
 /// Rewrites the placeholder helper calls of kfuncs
 /// ([`programs::KFUNCS`]: `bpf_session_is_return()`, the task-VMA
 /// iterator) as `link` says: into calls of the kfuncs, by the running
@@ -222,25 +220,6 @@ fn map_fd(map: &Map) -> Option<RawFd> {
     Some(super::map_data(map)?.fd().as_fd().as_raw_fd())
 }
 
-/// The `bpf(2)` call `cmd`, for commands that return a new descriptor.
-pub(super) fn bpf(cmd: bpf_cmd, attr: &mut bpf_attr) -> std::io::Result<OwnedFd> {
-    // SAFETY: `attr` is a zero-initialised `bpf_attr` whose pointers point
-    // at memory alive for the call.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd as libc::c_long,
-            attr as *mut bpf_attr,
-            std::mem::size_of::<bpf_attr>(),
-        )
-    };
-    if r < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: the kernel returned a new descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(r as RawFd) })
-}
-
 /// A program's functions as its BTF describes them ([`load`]).
 struct FuncInfo {
     btf: RawFd,
@@ -259,25 +238,6 @@ fn passes_callback(instructions: &[bpf_insn]) -> bool {
 
 /// Loads one uprobe program with `expected_attach_type`. A refusal by the
 /// verifier says why (`verifier.rs`).
-/// The `BPF_PROG_LOAD` attributes of a uprobe program
-/// (`BPF_PROG_TYPE_KPROBE`) of `instructions`, GPL, with
-/// `expected_attach_type`; the rest unset.
-pub(super) fn uprobe_program_attr(
-    instructions: &[bpf_insn],
-    expected_attach_type: u32,
-) -> bpf_attr {
-    // SAFETY: plain data; all-zero is the kernel's "unset".
-    let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
-    // SAFETY: the union member BPF_PROG_LOAD reads.
-    let u = unsafe { &mut attr.__bindgen_anon_3 };
-    u.prog_type = bpf_prog_type::BPF_PROG_TYPE_KPROBE as u32;
-    u.expected_attach_type = expected_attach_type;
-    u.insn_cnt = instructions.len() as u32;
-    u.insns = instructions.as_ptr() as u64;
-    u.license = c"GPL".as_ptr() as u64;
-    attr
-}
-
 fn load(
     name: &str,
     instructions: &[bpf_insn],

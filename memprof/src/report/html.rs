@@ -25,6 +25,7 @@ use base64::Engine;
 
 use super::{flamegraph, frame_text, thousands, timeline, types, Options};
 use crate::profile::Profile;
+use crate::text::html_escape;
 
 /// Stacks in the table when `--top` is not given.
 pub const DEFAULT_TOP: usize = 50;
@@ -37,32 +38,15 @@ code{font-size:90%}.note{color:#666}\
 section{margin-bottom:2em}#flamegraph svg{width:100%;max-width:1400px}\
 td i{color:#666}";
 
-/// `<`, `>`, `&` and quotes as entities, control characters as escapes
-/// ([`crate::text`]).
-pub fn escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in crate::text::visible(text).chars() {
-        match c {
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '&' => out.push_str("&amp;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
 pub fn write(profile: &Profile, options: &Options, out: &mut dyn Write) -> Result<()> {
     let title = format!("memprof: {}", flamegraph::target_name(profile));
     writeln!(
         out,
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
          <title>{}</title><style>{STYLE}</style></head><body>",
-        escape(&title)
+        html_escape(&title)
     )?;
-    writeln!(out, "<h1>{}</h1>", escape(&title))?;
+    writeln!(out, "<h1>{}</h1>", html_escape(&title))?;
     summary(profile, options, out)?;
 
     writeln!(
@@ -77,7 +61,7 @@ pub fn write(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
             timeline::SIZE.1,
             base64::engine::general_purpose::STANDARD.encode(svg)
         )?,
-        Err(e) => writeln!(out, "<p class=\"note\">{}</p>", escape(&e.to_string()))?,
+        Err(e) => writeln!(out, "<p class=\"note\">{}</p>", html_escape(&e.to_string()))?,
     }
     writeln!(out, "</section>")?;
 
@@ -155,7 +139,7 @@ fn flamegraph_section(profile: &Profile, options: &Options, out: &mut dyn Write)
             writeln!(out, "{}", &svg[start..])?;
             writeln!(out, "<script>{}</script>", flamegraph::LABELS_SCRIPT)?;
         }
-        Err(e) => writeln!(out, "<p class=\"note\">{}</p>", escape(&e.to_string()))?,
+        Err(e) => writeln!(out, "<p class=\"note\">{}</p>", html_escape(&e.to_string()))?,
     }
     writeln!(out, "</section>")?;
     Ok(())
@@ -235,7 +219,11 @@ fn summary(profile: &Profile, options: &Options, out: &mut dyn Write) -> Result<
     }
     writeln!(out, "<section id=\"summary\"><h2>Summary</h2><table>")?;
     for (name, value) in rows {
-        writeln!(out, "<tr><th>{name}</th><td>{}</td></tr>", escape(&value))?;
+        writeln!(
+            out,
+            "<tr><th>{name}</th><td>{}</td></tr>",
+            html_escape(&value)
+        )?;
     }
     writeln!(out, "</table></section>")?;
     Ok(())
@@ -327,12 +315,12 @@ fn top_table(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
         let g = &r.group;
         let mut frames: Vec<String> = Vec::new();
         if let Some(role) = r.runtime {
-            frames.push(format!("<b>runtime: {}</b>", escape(role.label())));
+            frames.push(format!("<b>runtime: {}</b>", html_escape(role.label())));
         }
         frames.extend(
             r.frames
                 .iter()
-                .map(|f| format!("<code>{}</code>", escape(&frame_text(f)))),
+                .map(|f| format!("<code>{}</code>", html_escape(&frame_text(f)))),
         );
         if g.truncated {
             frames.push("<code>…(truncated)</code>".to_string());
@@ -343,7 +331,7 @@ fn top_table(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
         if r.plumbing_only {
             frames.push(format!(
                 "<code>{}</code>",
-                escape(super::plumbing_only_note(&profile.unwind))
+                html_escape(super::plumbing_only_note(&profile.unwind))
             ));
         }
         if r.stacks > 1 {
@@ -359,9 +347,9 @@ fn top_table(profile: &Profile, options: &Options, out: &mut dyn Write) -> Resul
             thousands(g.live_bytes),
             thousands(g.total_count),
             thousands(g.total_bytes),
-            escape(&g.kind),
+            html_escape(&g.kind),
             r.program
-                .map(|f| format!("<code>{}</code>", escape(&frame_text(f))))
+                .map(|f| format!("<code>{}</code>", html_escape(&frame_text(f))))
                 .unwrap_or_else(|| "—".to_string()),
             frames.join("<br>")
         )?;
@@ -391,11 +379,11 @@ fn types_table(profile: &Profile, options: &Options, out: &mut dyn Write) -> Res
     )?;
     for r in rows {
         let name = if r.class || r.runtime {
-            escape(&r.name)
+            html_escape(&r.name)
         } else if let Some(site) = r.name.strip_prefix("in ") {
-            format!("<i>type unknown; call site:</i> {}", escape(site))
+            format!("<i>type unknown; call site:</i> {}", html_escape(site))
         } else {
-            format!("<i>type unknown:</i> {}", escape(&r.name))
+            format!("<i>type unknown:</i> {}", html_escape(&r.name))
         };
         writeln!(
             out,

@@ -65,7 +65,6 @@ use anyhow::Result;
 
 use crate::profile::Profile;
 
-pub(crate) use html::escape as html_escape;
 pub use options::Options;
 pub(crate) use rows::{plumbing_only_note, rows, select, Row};
 pub(crate) use text::{

@@ -162,7 +162,7 @@ fn legend(lines: &[(String, Vec<(f64, f64)>)], x: i32, y: i32) -> String {
             c.2,
             x + 36,
             line_y + 4,
-            super::html::escape(name)
+            crate::text::html_escape(name)
         );
     }
     svg + "</g>\n"

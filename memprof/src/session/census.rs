@@ -38,12 +38,13 @@ use std::time::Instant;
 
 use anyhow::{anyhow, Result};
 
+use crate::gc::census::is_atomic;
+use crate::gc::census::names::object_name;
 use crate::gc::census::{kind_name, HeapCopy, HeapReader, Word};
 use crate::modules::{Module, ModuleCache};
 use crate::options::CensusWhen;
 use crate::profile::{CensusType, Censuses, HeapCensus};
 use crate::symbolize::type_ids::{type_names, TypeNames, TypeOf};
-use crate::whole_heap::report::{is_atomic, object_name};
 
 /// A census is taken only when the time since the last one is at least
 /// this many times its cost.

@@ -14,9 +14,9 @@ use anyhow::Result;
 use super::{Session, Step};
 use crate::allocators::{program_starts_processes, program_uses_gc};
 use crate::driver::{Driven, Driver, End, Flow, Profiling};
-use crate::machine::{Family, Loading};
 use crate::options::SessionOptions;
 use crate::profile::{ExitInfo, Profile};
+use crate::session::machine::{Family, Loading};
 use crate::tracee::launch::ExitStatus;
 
 pub use super::watch::{attach_matching, top};

@@ -24,6 +24,7 @@
 pub(crate) mod census;
 pub(crate) mod drive;
 mod gc_watch;
+pub(crate) mod machine;
 pub(crate) mod selected;
 mod start;
 pub(crate) mod table;

@@ -12,10 +12,10 @@ use anyhow::Result;
 use super::drive::Followed;
 use super::Session;
 use crate::driver::{Driven, Figures, Flow, Profiling};
-use crate::machine::select::{Selection, RESCAN};
-use crate::machine::Family;
 use crate::options::{GcSampling, SessionOptions};
 use crate::profile::{Counters, ProcessInfo, Profile};
+use crate::session::machine::select::{Selection, RESCAN};
+use crate::session::machine::Family;
 
 /// The longest wait for the selected processes' events.
 const SELECTED_POLL: Duration = Duration::from_millis(10);
@@ -111,7 +111,7 @@ impl Selected {
     fn running_now(&self) -> Vec<u32> {
         match &self.selection {
             Some(selection) => selection.matching(),
-            None => crate::machine::select::all_processes(),
+            None => crate::session::machine::select::all_processes(),
         }
     }
 

@@ -21,9 +21,9 @@ use super::drive::Followed;
 use super::selected::Selected;
 use super::Session;
 use crate::driver::{profiles, Driven, Driver, Flow, Output, Profiling};
-use crate::machine::select::{Selection, RESCAN};
 use crate::options::{GcSampling, SessionOptions};
 use crate::profile::Profile;
+use crate::session::machine::select::{Selection, RESCAN};
 
 /// `memprof attach --comm NAME` / `--exe PATH`.
 pub fn attach_matching(

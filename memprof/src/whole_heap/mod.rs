@@ -267,7 +267,7 @@ fn judge(
     let pid = target.pid;
     let started = Instant::now();
     let census = copy.census(&|word, kind, size| {
-        names.type_of_given(word, report::is_atomic(kind), size) != TypeOf::NotAType
+        names.type_of_given(word, crate::gc::census::is_atomic(kind), size) != TypeOf::NotAType
     });
     let rss = rss::table(&snapshot, &gc_blocks(&copy, &census));
     let graph = (options.sizes || options.graph.is_some()).then(|| copy.graph(&census.objects));
@@ -281,7 +281,7 @@ fn judge(
             let mut walked = graph::walk(
                 &census.objects,
                 g,
-                &|o| report::object_name(&names, o.word, o.kind),
+                &|o| crate::gc::census::names::object_name(&names, o.word, o.kind),
                 &|class, off| fields.get(class)?.get(&u64::from(off)).cloned(),
                 (type_name, *level, *limit),
             )?;

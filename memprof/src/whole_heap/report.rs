@@ -8,10 +8,10 @@ use anyhow::Result;
 use serde_json::json;
 
 use super::{HeapOptions, HeapReport, Taken};
-use crate::gc::census::{kind_name, Tally, Word, AUNCOLLECTABLE, PTRFREE};
+use crate::gc::census::names::object_name;
+use crate::gc::census::{kind_name, Tally, Word};
 use crate::report::markdown::escape_text;
 use crate::report::thousands;
-use crate::symbolize::type_ids::{TypeNames, TypeOf};
 
 /// Output formats of `memprof heap`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -36,28 +36,6 @@ struct TypeRow {
     pub kind: u8,
     pub count: u64,
     pub bytes: u64,
-}
-
-/// The name of an object whose first word says `word`, in memory of `kind`:
-/// `Foo`, `(type 28)`, `Array(Foo) buffer`, `(type 28) buffer`, `(no type id)`.
-pub(crate) fn object_name(names: &TypeNames, word: Word, kind: u8) -> String {
-    match word {
-        Word::Type(id) => match names.type_of(id, is_atomic(kind)) {
-            TypeOf::Named(name) => name.to_string(),
-            _ => format!("(type {id})"),
-        },
-        // A holder is in scanned memory.
-        Word::HeldBy(id) => match names.type_of(id, false) {
-            TypeOf::Named(name) => format!("{name} buffer"),
-            _ => format!("(type {id}) buffer"),
-        },
-        Word::Untyped => "(no type id)".to_string(),
-    }
-}
-
-/// Whether objects of `kind` are pointer-free.
-pub(crate) fn is_atomic(kind: u8) -> bool {
-    matches!(kind, PTRFREE | AUNCOLLECTABLE)
 }
 
 /// The type rows, most bytes first, named by [`crate::symbolize::type_ids`]

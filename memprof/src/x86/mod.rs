@@ -6,7 +6,7 @@
 //! [`value`]). The modules they read ([`crate::modules`]) know nothing of
 //! machine code.
 //!
-//! Probe placement ([`crate::placement`]) and libgc layout recognition
+//! Probe placement ([`crate::probes::placement`]) and libgc layout recognition
 //! ([`crate::gc`]) both build on these parts, and not on each other.
 //!
 //! ```text

@@ -36,7 +36,7 @@ mod boot;
 #[allow(unused_imports)] // `boot` and `BootOutput` are for the test runner
 pub use boot::{boot, vm, BootOutput};
 
-use crate::setup::{
+use crate::apt::{
     apt_get, apt_install, apt_packages, apt_update_once, apt_updated, dpkg_installed,
 };
 use crate::{output, run, target_dir};

@@ -37,9 +37,6 @@ use crate::session::selected::Selected;
 /// Writing per driver's step at most (at least one file is written).
 pub const STEP_BUDGET: Duration = Duration::from_millis(20);
 
-/// `--dir-every` unless given, in seconds.
-pub const DEFAULT_EVERY_S: f64 = 60.0;
-
 /// What `--dir`, `--dir-budget` and `--dir-every` ask.
 #[derive(Debug, Clone)]
 pub struct DirOptions {

@@ -36,13 +36,10 @@ use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
 use crate::driver::{profiles, Driven, Driver, Figures, Flow, Profiling};
-use crate::machine::select::Selection;
 use crate::options::SessionOptions;
 use crate::profile::{ExitInfo, Profile};
+use crate::session::machine::select::Selection;
 use crate::session::selected::Selected;
-
-/// Where the agent serves unless `--socket` says otherwise.
-pub const DEFAULT_SOCKET: &str = "/run/memprof/agent.sock";
 
 /// How the agent serves.
 #[derive(Debug, Clone)]

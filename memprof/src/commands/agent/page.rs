@@ -7,8 +7,8 @@
 //! class, drawn again every 5 s while it runs, zoom and search kept.
 //! `/#pid=N` shows that process as the page loads. The first table is
 //! written here, so the page reads without scripts too.
-use crate::report::html_escape as escape;
 use crate::report::thousands;
+use crate::text::html_escape;
 
 use super::ProcessRow;
 
@@ -19,7 +19,7 @@ pub fn render(rows: &[ProcessRow]) -> String {
         table.push_str(&format!(
             "<tr data-pid=\"{pid}\"><td>{pid}</td><td>{comm}</td><td class=\"n\">{live}</td><td class=\"n\">{blocks}</td><td class=\"n\"></td><td>{state}</td></tr>\n",
             pid = r.pid,
-            comm = escape(&r.comm),
+            comm = html_escape(&r.comm),
             live = thousands(r.live_bytes),
             blocks = thousands(r.live_blocks),
             state = if r.running { "running" } else { "ended" },

@@ -3,7 +3,7 @@
 //! kind, size class and first word, free-list entries told apart.
 use std::collections::BTreeMap;
 
-use super::heap_copy::{cleared, marked, BlockState, HeapBlock, HeapCopy, AUNCOLLECTABLE, PTRFREE};
+use super::heap_copy::{cleared, is_atomic, marked, BlockState, HeapBlock, HeapCopy};
 
 /// Live objects and bytes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -199,7 +199,7 @@ impl HeapCopy {
                         .add(size);
                     // Only scanned memory holds pointers; only small
                     // objects were copied whole.
-                    if !matches!(kind, PTRFREE | AUNCOLLECTABLE) && size <= hblk {
+                    if !is_atomic(kind) && size <= hblk {
                         untyped.holders.push((p, size, id));
                     }
                 }

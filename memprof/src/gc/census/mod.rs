@@ -31,11 +31,12 @@
 mod count;
 mod graph;
 mod heap_copy;
+pub mod names;
 pub(crate) mod read;
 
 pub use self::count::{Census, LiveObject, Tally, Word};
 pub use self::graph::Graph;
-pub use self::heap_copy::{kind_name, HeapCopy, AUNCOLLECTABLE, PTRFREE};
+pub use self::heap_copy::{is_atomic, kind_name, HeapCopy};
 pub use self::read::{Counters, HeapReader};
 
 #[cfg(test)]

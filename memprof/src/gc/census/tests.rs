@@ -1,4 +1,4 @@
-use super::heap_copy::{BlockState, HeapBlock, NORMAL};
+use super::heap_copy::{BlockState, HeapBlock, NORMAL, PTRFREE};
 use super::*;
 use std::collections::BTreeMap;
 

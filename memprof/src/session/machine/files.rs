@@ -566,7 +566,7 @@ impl Files {
         &mut self,
         probes: &mut Probes,
         exe: &std::path::Path,
-        planned: &[crate::placement::Planned],
+        planned: &[crate::probes::placement::Planned],
         plan: &Plan,
     ) {
         if planned.is_empty() {

@@ -35,7 +35,7 @@ use anyhow::{anyhow, Result};
 use iced_x86::Register;
 use memprof_common::Refill;
 
-use crate::gc::{heap_stats, layout};
+use super::{heap_stats, layout};
 use crate::modules::Module;
 use crate::x86::explore::{explore, Hooks};
 use crate::x86::regs::gpr_index;

@@ -213,7 +213,7 @@ mod tests {
 mod doc_examples {
     #[test]
     fn example_1() {
-        use crate::{allocators::ArgReg, placement::choose};
+        use crate::{allocators::ArgReg, probes::placement::choose};
         // glibc's free: test %rdi,%rdi ; je … ; push %rbp
         let code = [0x48, 0x85, 0xff, 0x0f, 0x84, 0xbf, 0x00, 0x00, 0x00, 0x55];
         let p = choose(&code, 0x98ef0, &[ArgReg::Rdi]);
