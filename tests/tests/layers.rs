@@ -185,12 +185,13 @@ fn module_path(path: &str) -> Vec<String> {
 fn test_only_files(files: &[(String, String)]) -> BTreeSet<String> {
     let mut prefixes = Vec::new();
     for (path, text) in files {
-        let dir = match path.rsplit_once('/') {
-            Some((dir, file)) if file == "mod.rs" => format!("{dir}/"),
-            Some((dir, _)) if module_path(path).is_empty() => format!("{dir}/"),
-            Some((_, _)) => format!("{}/", path.trim_end_matches(".rs")),
-            None if module_path(path).is_empty() => String::new(),
-            None => format!("{}/", path.trim_end_matches(".rs")),
+        // Where its `mod name;` files are: beside a `mod.rs` or a root,
+        // else in the folder named like the file.
+        let dir = match path.ends_with("/mod.rs") || module_path(path).is_empty() {
+            true => path
+                .rsplit_once('/')
+                .map_or(String::new(), |(d, _)| format!("{d}/")),
+            false => format!("{}/", path.trim_end_matches(".rs")),
         };
         let mut lines = text.lines().map(str::trim);
         while let Some(line) = lines.next() {
