@@ -72,6 +72,9 @@ mod sampling;
 /// Load-time constants (`Global`s).
 #[cfg(target_arch = "bpf")]
 mod settings;
+/// A task's files as the kernel has them: paths, the VMA iterator.
+#[cfg(target_arch = "bpf")]
+mod task_files;
 /// The CFI unwinder and its stack table.
 #[cfg(target_arch = "bpf")]
 mod unwind;
