@@ -15,7 +15,7 @@ use crate::modules::ModuleCache;
 use crate::unwind::finish::{finish, ModuleRows, StackCopy};
 use crate::unwind::ModuleTable;
 
-use super::files::FileId;
+use super::file_ids::FileId;
 
 /// Copies kept waiting at most (12 KiB each: 48 MiB); more are counted.
 const MAX_WAITING: usize = 4096;

@@ -81,7 +81,7 @@ impl Host {
                 // Told again at each of its library loads: taken once.
                 let told = |k: &Mapping| {
                     (k.start, k.end, k.file_offset) == (m.start, m.end, m.pgoff << 12)
-                        && k.file_id == files::file_id_of(&m.file)
+                        && k.file_id == file_ids::file_id_of(&m.file)
                 };
                 if p.maps.all().iter().any(told) {
                     return;
@@ -92,7 +92,7 @@ impl Host {
                     file_offset: m.pgoff << 12,
                     executable: true,
                     path: path_of_components(&e.path),
-                    file_id: files::file_id_of(&m.file),
+                    file_id: file_ids::file_id_of(&m.file),
                 };
                 // A file not seen yet is opened by the path the kernel
                 // gave (the process may be gone already).

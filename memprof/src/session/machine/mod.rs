@@ -44,6 +44,7 @@ mod deferred;
 mod ended;
 mod events;
 mod family;
+mod file_ids;
 mod files;
 mod host_events;
 mod notes;
@@ -385,7 +386,7 @@ impl Host {
     /// The rows of files no process followed maps any more let go
     /// (`files::Unwinding::let_go_unused`), and the files parsed.
     fn let_go_unused_rows(&mut self) {
-        let in_use: HashSet<&files::FileId> = self
+        let in_use: HashSet<&file_ids::FileId> = self
             .processes
             .values()
             .flat_map(|p| {

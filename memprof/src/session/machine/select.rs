@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Result};
 
-use super::files;
+use super::file_ids;
 
 /// How often /proc is read again for processes started since.
 pub const RESCAN: Duration = Duration::from_millis(100);
@@ -147,5 +147,5 @@ impl Selection {
 }
 /// The kernel's name of the file at `path` (device and inode).
 fn file_key(path: &Path) -> Option<memprof_common::host::FileKey> {
-    files::kernel_key(&files::file_id(path)?)
+    file_ids::kernel_key(&file_ids::file_id(path)?)
 }
