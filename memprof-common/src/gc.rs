@@ -26,7 +26,9 @@ pub struct GcEvent {
     /// `bpf_ktime_get_ns()` at the allocation or the free.
     pub timestamp_ns: u64,
     /// `GC_realloc`: the block this one replaces (its kind is this one's:
-    /// the kernel does not know it); else 0.
+    /// the kernel does not know it), freed by it: that free is not sent
+    /// as a [`gc_event::GONE`] of its own (userspace could drain the ring
+    /// between the two); else 0.
     pub replaces: u64,
     /// [`gc_event::ALLOC`]: the thread's previous GC object, allocated in
     /// the same epoch, whose first 32-bit word is [`GcEvent::typed_word`]
@@ -58,7 +60,8 @@ pub mod gc_event {
     /// A GC object was allocated at `addr`.
     pub const ALLOC: u8 = 0;
     /// The GC object at `addr` was freed (`GC_free`, or the old block of
-    /// `GC_realloc`).
+    /// a `GC_realloc` that made no new one: `GC_realloc(p, 0)`, or one
+    /// not sampled).
     pub const GONE: u8 = 1;
     /// [`globals::GC_VERDICTS`](crate::globals::GC_VERDICTS): at the end of
     /// the marking of collection `epoch`, the object at `addr` (allocated

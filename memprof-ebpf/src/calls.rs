@@ -454,8 +454,14 @@ fn alloc_return(regs: &pt_regs) {
         // atomic objects atomic).
         // realloc succeeded (or was realloc(p, 0), which frees p): the old block is gone.
         let old = host::live_key(call.arg_ptr, call.site.process);
-        // The old block is already freed here: its first word is gone.
-        if let Some(kind) = release(old, call.site.kind, 0) {
+        if in_copy(call.site.kind) && call.unsampled == 0 && !failed {
+            // Userspace's copy: the new block's event (`replaces`) says
+            // the free too. Two events, a reader draining the ring between
+            // them could settle the copy without the new block, and the
+            // replaced block's kind would be gone by the time it came.
+            bump(|c| &mut c.frees);
+        } else if let Some(kind) = release(old, call.site.kind, 0) {
+            // The old block is already freed here: its first word is gone.
             call.site.kind = kind;
         }
     }

@@ -38,7 +38,9 @@ use crate::modules::Module;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GcChange {
     /// A GC object was allocated at `addr`; by `GC_realloc` of
-    /// `replaces` when that is not 0 (its kind is the replaced block's).
+    /// `replaces` when that is not 0 (its kind is the replaced block's),
+    /// which it freed: that free comes in this event, not as a
+    /// [`GcChange::Freed`] (the two are never drained apart).
     Allocated {
         addr: u64,
         block: LiveBlock,
@@ -49,8 +51,8 @@ pub enum GcChange {
         /// ([`GcEvent::typed`]).
         typed: Option<(u64, u32)>,
     },
-    /// The GC object at `addr` was freed (`GC_free`, `GC_realloc`) at
-    /// `time_ns`; `first_word`: its first word then, if read (`GC_free`).
+    /// The GC object at `addr` was freed (`GC_free`; `GC_realloc(p, 0)`)
+    /// at `time_ns`; `first_word`: its first word then, if read (`GC_free`).
     Freed {
         addr: u64,
         time_ns: u64,

@@ -107,6 +107,11 @@ fn apply(copy: &mut GcCopy, kernel: &mut Option<(KernelVerdicts, GcSummary)>, ch
             if let Some((earlier, word)) = typed {
                 copy.word_read(earlier, word);
             }
+            // `GC_realloc`: its free of the block replaced comes in this
+            // event, before the new block (the same address, in place).
+            if replaces != 0 {
+                copy.freed(replaces, block.timestamp_ns, None);
+            }
             copy.allocated_as(addr, &block, objects);
             if replaces != 0 {
                 copy.reallocated(replaces, addr, block.timestamp_ns);
@@ -737,5 +742,69 @@ impl GcWatch {
             summary.unmapped_bytes = Some(stats.unmapped_bytes);
         }
         Some(summary)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::probes::LiveBlock;
+    use memprof_common::AllocKind;
+
+    /// A 16-byte GC object of `kind` allocated at `addr` at `t` µs; by
+    /// `GC_realloc` of `replaces` when not 0.
+    fn allocated(addr: u64, kind: AllocKind, t: u64, replaces: u64) -> GcChange {
+        let block = LiveBlock {
+            site: Site {
+                caller: 0x10,
+                stack: None,
+                kind,
+            },
+            size: 16,
+            timestamp_ns: t * 1_000,
+            epoch: 0,
+        };
+        GcChange::Allocated {
+            addr,
+            block,
+            replaces,
+            objects: 1,
+            typed: None,
+        }
+    }
+
+    /// A `GC_realloc` moving or growing in place an atomic object keeps it
+    /// atomic, wherever the feeder's drains (and the settles between them)
+    /// fall: its free of the old block comes with the new block. (Told as
+    /// a free of its own, a drain could end between the two, and a settle
+    /// then dropped the freed object before the realloc named it: the new
+    /// block kept GC_realloc's `gc`; one string in 1,000 under load.)
+    #[test]
+    fn a_realloc_keeps_the_kind_whatever_the_settles_between_its_events() {
+        for new in [0x200, 0x100] {
+            let events = [
+                allocated(0x100, AllocKind::GcAtomic, 1, 0),
+                allocated(0x300, AllocKind::Gc, 2, 0),
+                allocated(new, AllocKind::Gc, 3, 0x100),
+            ];
+            for settle_after in 0..events.len() {
+                let mut copy = GcCopy::default();
+                for (n, change) in events.iter().enumerate() {
+                    apply(&mut copy, &mut None, change);
+                    if n == settle_after {
+                        copy.settle(None).unwrap();
+                    }
+                }
+                copy.settle(None).unwrap();
+                let kinds = copy.per_kind();
+                assert_eq!(
+                    (kinds[AllocKind::GcAtomic as usize], kinds[AllocKind::Gc as usize]),
+                    ([1, 16], [1, 16]),
+                    "realloc to {new:#x}, settled after event {settle_after}"
+                );
+                assert_eq!(copy.unknown_frees(), 0);
+                assert_eq!(copy.len(), 2);
+            }
+        }
     }
 }
