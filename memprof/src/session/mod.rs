@@ -23,6 +23,7 @@
 //! when dropped, and the kernel closes them if memprof itself dies.
 pub(crate) mod census;
 pub(crate) mod drive;
+mod gc_feeder;
 mod gc_watch;
 pub(crate) mod machine;
 pub(crate) mod selected;
