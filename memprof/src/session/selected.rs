@@ -216,8 +216,21 @@ impl Selected {
             let session = start
                 .join()
                 .unwrap_or_else(|_| Err(anyhow::anyhow!("starting its session failed")));
-            self.own.started(pid, session);
+            self.adopt(pid, session);
         }
+    }
+
+    /// A session started for `pid` takes it over from the probes, which
+    /// drop what they recorded of it (the session's profile says from when
+    /// it is profiled). Until then they keep it: a process that ended
+    /// before its session could start is served from them, with its exit.
+    fn adopt(&mut self, pid: u32, session: Result<Session>) {
+        if session.is_ok() {
+            if let Err(e) = self.probes.leave_out(pid) {
+                eprintln!("memprof: pid {pid} is also kept by the machine's probes: {e:#}");
+            }
+        }
+        self.own.started(pid, session);
     }
 }
 
@@ -257,20 +270,19 @@ impl Driven for Selected {
             if self.starting.iter().any(|(p, _)| *p == pid) {
                 continue;
             }
-            match self.probes.leave_out(pid) {
+            match self.traces() {
                 // A session that traces its process (to hold collections)
                 // must be started by the thread that steps it: ptrace
                 // belongs to a thread.
-                Ok(()) if self.traces() => {
+                true => {
                     let session = Session::attach_followed(pid, &self.options);
-                    self.own.started(pid, session);
+                    self.adopt(pid, session);
                 }
-                Ok(()) => {
+                false => {
                     let options = self.options.clone();
                     let start = std::thread::spawn(move || Session::attach_followed(pid, &options));
                     self.starting.push((pid, start));
                 }
-                Err(e) => eprintln!("memprof: pid {pid} followed without its collections: {e:#}"),
             }
         }
         self.take_started(false);
