@@ -21,7 +21,7 @@
 //! the run ends (stragglers), on a panic here, and on SIGINT, SIGTERM or
 //! SIGHUP to this process: no QEMU is left running.
 
-use super::{kernel_named, qemu_dir, vng_path, Kernel};
+use super::{kernel_named, qemu_dir, venv_dir, vng_path, Kernel};
 use crate::{root, show, target_dir};
 use anyhow::{bail, ensure, Context, Result};
 use std::io::{Read, Write};
@@ -150,7 +150,10 @@ fn boot_with(
 
     let qemu = qemu_dir();
     let mut vng = Command::new(vng_path());
-    vng.arg("--run")
+    // vng starts `virtme-run` through a shell, by name: the venv's bin must
+    // come first on PATH (outside an activated venv nothing else has it).
+    vng.env("PATH", path_with(&venv_dir().join("bin")))
+        .arg("--run")
         .arg(&kernel.vmlinuz)
         .args([
             "--disable-kvm",
@@ -244,6 +247,15 @@ fn wait_until(child: &mut Child, deadline: Instant) -> Result<bool> {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// PATH with `dir` first.
+fn path_with(dir: &Path) -> std::ffi::OsString {
+    let mut dirs = vec![dir.to_path_buf()];
+    if let Some(path) = std::env::var_os("PATH") {
+        dirs.extend(std::env::split_paths(&path));
+    }
+    std::env::join_paths(dirs).unwrap_or_else(|_| dir.as_os_str().to_owned())
 }
 
 /// Reads a pipe to its end in a thread, copying to `echo` as it comes.
