@@ -97,3 +97,19 @@ mod tests {
         assert_eq!(get(mi_option::ALLOW_THP), 1);
     }
 }
+
+/// memprof's resident memory now, in bytes (0 if it cannot be read):
+/// the second field of `/proc/self/statm`, in pages.
+pub fn resident_bytes() -> u64 {
+    let Ok(statm) = std::fs::read_to_string("/proc/self/statm") else {
+        return 0;
+    };
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
+    pages * page
+}

@@ -2,11 +2,11 @@
 //! one process's groups symbolized, and many processes' profiles as one.
 use std::time::SystemTime;
 
-use crate::groups::named;
+use crate::groups::named::{self, Named};
 use crate::groups::RawGroups;
 use crate::modules::maps::MapsCache;
 use crate::modules::ModuleCache;
-use crate::profile::{self, Group, Profile, Stacks, TargetInfo};
+use crate::profile::{self, Profile, TargetInfo};
 use crate::symbolize::SymbolCache;
 
 /// Who made a profile and how: [`header`]'s part of it.
@@ -51,7 +51,7 @@ pub fn groups_of(
     maps: &MapsCache,
     modules: &ModuleCache,
     progress: bool,
-) -> (Vec<Group>, Stacks) {
+) -> Named {
     groups_of_with(
         pid,
         raw,
@@ -68,12 +68,12 @@ pub fn groups_of_with(
     (maps, modules): (&MapsCache, &ModuleCache),
     progress: bool,
     cache: &mut SymbolCache,
-) -> (Vec<Group>, Stacks) {
-    let (mut groups, stacks) = named::symbolize_with(raw, maps, modules, progress, cache);
-    for g in &mut groups {
+) -> Named {
+    let mut named = named::symbolize_with(raw, maps, modules, progress, cache);
+    for g in &mut named.groups {
         g.pid = pid;
     }
-    (groups, stacks)
+    named
 }
 
 /// Many processes' profiles as one: `first` (`run`'s command) or else the

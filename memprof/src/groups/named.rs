@@ -13,17 +13,27 @@ use crate::gc::site::ClassGc;
 use crate::modules::maps::MapsCache;
 use crate::modules::ModuleCache;
 use crate::profile::{Frame, Group, Stacks};
-use crate::symbolize::{self, SymbolCache};
+use crate::symbolize::{self, Budget, NameLosses, SymbolCache};
+
+/// The groups of a profile, their stacks' table, and what could not be named.
+pub struct Named {
+    pub groups: Vec<Group>,
+    pub stacks: Stacks,
+    pub losses: NameLosses,
+}
 
 /// Symbolizes every group's stack and names the class each GC group
 /// allocates. Each distinct address is symbolized once and becomes one
-/// [`crate::profile::Location`]; the groups name their stacks in the returned table.
+/// [`crate::profile::Location`]; the groups name their stacks in the
+/// returned table. With `progress` (a user waits for this profile), a
+/// bar, and naming takes what it takes; without, naming waits at most
+/// [`Budget::BACKGROUND`] (a loop that serves waits for it).
 pub fn symbolize(
     raw: RawGroups,
     maps: &MapsCache,
     modules: &ModuleCache,
     progress: bool,
-) -> (Vec<Group>, Stacks) {
+) -> Named {
     symbolize_with(raw, maps, modules, progress, &mut SymbolCache::default())
 }
 
@@ -34,13 +44,18 @@ pub fn symbolize_with(
     modules: &ModuleCache,
     progress: bool,
     cache: &mut SymbolCache,
-) -> (Vec<Group>, Stacks) {
+) -> Named {
     let RawGroups {
         groups: raw,
         addresses: ids,
     } = raw;
     let mut stacks = Stacks::default();
-    let location_of = symbolize::locations(&ids, (maps, modules), progress, &mut stacks, cache);
+    let budget = match progress {
+        true => Budget::WHOLE,
+        false => Budget::BACKGROUND,
+    };
+    let (location_of, losses) =
+        symbolize::locations(&ids, (maps, modules), (progress, budget), &mut stacks, cache);
     // Each stack's addresses are given back as its locations are made:
     // a big program's stacks are tens of megabytes either way.
     let location_of: Vec<u32> = ids.iter().map(|a| location_of[a]).collect();
@@ -48,7 +63,11 @@ pub fn symbolize_with(
     let mut raw = raw;
     let stack_ids = stack_ids(&mut raw, &location_of, &mut stacks);
     let groups = into_groups(raw, stack_ids, &stacks);
-    (groups, stacks)
+    Named {
+        groups,
+        stacks,
+        losses,
+    }
 }
 
 /// Each raw group's stack as an id in `stacks`, from the locations of its

@@ -425,6 +425,8 @@ fn report_counters(kernel: KernelCounters) -> Counters {
         processes_evicted: 0,
         evicted_allocs: 0,
         gc_sessions_missed: 0,
+        names_left_mangled: 0,
+        frames_unnamed: 0,
     }
 }
 

@@ -128,6 +128,24 @@ pub struct Counters {
     pub gc_sessions_missed: u64,
     #[serde(default)]
     pub evicted_allocs: u64,
+    /// Frames whose C++ or Rust name was left mangled (shown cut): its
+    /// demangled form would pass the cap (a few KiB), or it is too long
+    /// to try. A name made of back-references can demangle to terabytes.
+    #[serde(default)]
+    pub names_left_mangled: u64,
+    /// Addresses left as `module+0xOFFSET`: naming ran out of its time or
+    /// memory budget, memprof was stopped while naming, or the file could
+    /// not be read there.
+    #[serde(default)]
+    pub frames_unnamed: u64,
+}
+
+impl Counters {
+    /// Counts what naming could not do.
+    pub(crate) fn add_name_losses(&mut self, left_mangled: u64, unnamed: u64) {
+        self.names_left_mangled += left_mangled;
+        self.frames_unnamed += unnamed;
+    }
 }
 
 impl Counters {

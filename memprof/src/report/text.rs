@@ -122,6 +122,18 @@ pub fn other_losses(profile: &Profile) -> String {
             thousands(truncated)
         );
     }
+    if c.names_left_mangled > 0 {
+        line += &format!(
+            "; names left mangled (their demangled form over its budget, shown cut): {}",
+            thousands(c.names_left_mangled)
+        );
+    }
+    if c.frames_unnamed > 0 {
+        line += &format!(
+            "; frames left unnamed (module+offset: naming stopped or out of time or memory): {}",
+            thousands(c.frames_unnamed)
+        );
+    }
     if c.processes_evicted > 0 {
         line += &format!(
             "; ended processes let go to keep memory bounded (the oldest first): {}, with their allocations: {}",

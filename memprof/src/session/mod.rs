@@ -318,11 +318,14 @@ impl Session {
         } = self;
         std::thread::scope(|scope| -> Result<()> {
             let publishing = scope.spawn(|| -> Result<()> {
-                let (groups, stacks) = groups::named::symbolize(raw, maps, &plan.modules, false);
+                let named = groups::named::symbolize(raw, maps, &plan.modules, false);
+                let mut counters = header.counters.clone();
+                counters.add_name_losses(named.losses.left_mangled, named.losses.unnamed);
                 live.publish(
                     &Profile {
-                        groups,
-                        stacks,
+                        groups: named.groups,
+                        stacks: named.stacks,
+                        counters,
                         ..header
                     },
                     due,
@@ -463,13 +466,15 @@ impl Session {
         let mut counters = self.tables.counters()?;
         counters.unknown_frees += gc_counts.0;
         counters.sites_overflowed += gc_counts.1;
-        let (groups, stacks) = profiles::groups_of(
+        let named = profiles::groups_of(
             self.target.pid,
             raw,
             &self.maps,
             &self.plan.modules,
             output.is_some(),
         );
+        counters.add_name_losses(named.losses.left_mangled, named.losses.unnamed);
+        let (groups, stacks) = (named.groups, named.stacks);
         let duration_s = self.started.0.elapsed().as_secs_f64();
         let timeline =
             self.live
@@ -616,9 +621,10 @@ fn read_tables(
     modules: &ModuleCache,
     progress: bool,
 ) -> Result<(Counters, Vec<Group>, Stacks)> {
-    let (counters, raw) = raw_tables(tables, gc)?;
-    let (groups, stacks) = groups::named::symbolize(raw, maps, modules, progress);
-    Ok((counters, groups, stacks))
+    let (mut counters, raw) = raw_tables(tables, gc)?;
+    let named = groups::named::symbolize(raw, maps, modules, progress);
+    counters.add_name_losses(named.losses.left_mangled, named.losses.unnamed);
+    Ok((counters, named.groups, named.stacks))
 }
 
 /// The counters and the groups per stack (addresses), from the kernel's

@@ -7,7 +7,8 @@ use std::collections::HashSet;
 use blazesym::symbolize::{Sym, Symbolizer};
 
 use super::inlined::name_inlined;
-use super::{found, sym_frames, BATCH};
+use super::worker::BATCH;
+use super::{found, sym_frames};
 use crate::crystal;
 use crate::crystal::generics::{has_parameter, same_generic, substitute};
 use crate::crystal::source::Sources;

@@ -27,7 +27,7 @@
 //! [`type_ids`], which names the type ids the objects carry.
 use std::collections::HashMap;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{CodeInfo, Input, Sym, Symbolized, Symbolizer};
@@ -37,43 +37,89 @@ use crate::modules::maps::MapsCache;
 use crate::modules::{Module, ModuleCache};
 use crate::profile::{Frame, Stacks};
 
+pub mod budget;
 mod demangle;
 mod inlined;
 pub(crate) mod inlined_new;
 pub mod type_ids;
+pub mod worker;
 
-use demangle::demangle;
+pub use budget::Budget;
+use demangle::{demangle, Demangled};
+pub use worker::NameLosses;
+use worker::{Address, ModuleWork, Worker};
 
-/// Addresses symbolized in one blazesym call: bounds the memory its
-/// results hold at once.
-const BATCH: usize = 4096;
-
-/// What blazesym has read of the files, kept from one process's
-/// symbolization to the next (`attach --all` symbolizes hundreds of
-/// processes of a few programs: each file's symbols and DWARF are read
-/// once, not once per process).
+/// The thread that names addresses, and what blazesym has read of the
+/// files there, kept from one process's symbolization to the next
+/// (`attach --all` symbolizes hundreds of processes of a few programs:
+/// each file's symbols and DWARF are read once, not once per process).
+/// Dropped, its thread ends after its job.
 #[derive(Default)]
-pub struct SymbolCache(Option<Symbolizers>);
+pub struct SymbolCache(Option<Worker>);
 
 /// The location in `stacks` of each of `addresses` (a group's frames
-/// number them), each distinct one symbolized once, through `cache`.
+/// number them), each distinct one symbolized once, on `cache`'s thread
+/// within `budget`, and what could not be named.
 pub fn locations(
     addresses: &[u64],
     (maps, modules): (&MapsCache, &ModuleCache),
-    progress: bool,
+    (progress, budget): (bool, Budget),
     stacks: &mut Stacks,
     cache: &mut SymbolCache,
-) -> HashMap<u64, u32> {
-    let symbolizers = cache.0.get_or_insert_with(Symbolizers::new);
+) -> (HashMap<u64, u32>, NameLosses) {
     let (by_module, unknown) = addresses_by_module(addresses, maps);
-    locate(
-        by_module,
-        unknown,
-        (maps, modules),
-        progress,
-        stacks,
-        symbolizers,
-    )
+    let total: usize = by_module.values().map(Vec::len).sum();
+    if progress && total > 0 {
+        eprintln!(
+            "memprof: symbolizing {total} distinct addresses in {} modules",
+            by_module.len()
+        );
+    }
+    // The files as the session opened them (never another file at the
+    // same path here): unreadable, no names.
+    let work: Vec<ModuleWork> = by_module
+        .into_iter()
+        .map(|(path, addrs)| ModuleWork {
+            file: modules.get(&path).ok(),
+            addresses: addrs.iter().map(|&a| address(a, maps)).collect(),
+            path,
+        })
+        .collect();
+    // No bar at all when not asked: the agent symbolizes 500 processes
+    // per scrape of a program's.
+    let bar = match progress {
+        true => crate::progress::bar(total as u64, "symbolizing"),
+        false => indicatif::ProgressBar::hidden(),
+    };
+    let (named, losses) = worker::name(&mut cache.0, work, budget, &bar);
+    bar.finish_and_clear();
+    if progress && losses.unnamed > 0 {
+        eprintln!(
+            "memprof: {} addresses left unnamed (module+offset): naming was stopped or ran out of time",
+            losses.unnamed
+        );
+    }
+    let mut location_of: HashMap<u64, u32> = HashMap::with_capacity(total + unknown.len());
+    // In address order: the locations are numbered as before.
+    let mut named: Vec<(u64, Vec<Frame>)> = named.into_iter().collect();
+    named.sort_unstable_by_key(|(a, _)| *a);
+    for (addr, frames) in named {
+        location_of.insert(addr, stacks.location(frames));
+    }
+    for addr in unknown {
+        location_of.insert(addr, stacks.location(vec![unknown_frame(None, addr)]));
+    }
+    (location_of, losses)
+}
+
+/// `addr` with the file offsets of its call and of itself.
+fn address(addr: u64, maps: &MapsCache) -> Address {
+    let call = addr.saturating_sub(1);
+    Address {
+        address: addr,
+        lookup: maps.find(call).map_or(0, |m| m.file_offset_of(call)),
+        offset: maps.find(addr).map(|m| m.file_offset_of(addr)),
+    }
 }
 
 /// The distinct addresses (as the groups number them: stacks share most
@@ -92,53 +138,9 @@ fn addresses_by_module(ids: &[u64], maps: &MapsCache) -> (HashMap<PathBuf, Vec<u
     (by_module, unknown)
 }
 
-/// The location of each address in `stacks`, each module symbolized in
-/// batches (a bar on a terminal: thousands of addresses in big modules
-/// take seconds).
-fn locate(
-    by_module: HashMap<PathBuf, Vec<u64>>,
-    unknown: Vec<u64>,
-    (maps, modules): (&MapsCache, &ModuleCache),
-    progress: bool,
-    stacks: &mut Stacks,
-    symbolizers: &mut Symbolizers,
-) -> HashMap<u64, u32> {
-    let total: usize = by_module.values().map(Vec::len).sum();
-    if progress && total > 0 {
-        eprintln!(
-            "memprof: symbolizing {total} distinct addresses in {} modules",
-            by_module.len()
-        );
-    }
-    let mut location_of: HashMap<u64, u32> = HashMap::with_capacity(total + unknown.len());
-    // No bar at all when not asked: the agent symbolizes 500 processes
-    // per scrape of a program's.
-    let bar = match progress {
-        true => crate::progress::bar(total as u64, "symbolizing"),
-        false => indicatif::ProgressBar::hidden(),
-    };
-    for (module, addrs) in by_module {
-        bar.set_message(format!("symbolizing {}", crate::allocators::short(&module)));
-        // The file the target mapped, as the session opened it (never
-        // another file at the same path here): unreadable, no names.
-        let file = modules.get(&module).ok();
-        for batch in addrs.chunks(BATCH) {
-            let frames = symbolizers.batch(&module, file.as_deref(), batch, maps);
-            for (&addr, frames) in batch.iter().zip(frames) {
-                location_of.insert(addr, stacks.location(frames));
-            }
-            bar.inc(batch.len() as u64);
-        }
-    }
-    bar.finish_and_clear();
-    for addr in unknown {
-        location_of.insert(addr, stacks.location(vec![unknown_frame(None, addr)]));
-    }
-    location_of
-}
-
 /// The two blazesym symbolizers (symbol table names; DWARF lines and
-/// inlined functions) and the Crystal sources read so far.
+/// inlined functions) and the Crystal sources read so far: the naming
+/// thread's ([`worker`]).
 struct Symbolizers {
     names: Symbolizer,
     lines: Symbolizer,
@@ -163,20 +165,14 @@ impl Symbolizers {
     }
 
     /// The frames of each address of `batch`, all in `module` (`file`, if
-    /// it could be read).
+    /// it could be read), and how many of their names were left mangled.
     fn batch(
         &mut self,
-        module: &Path,
+        module_name: &str,
         file: Option<&Module>,
-        batch: &[u64],
-        maps: &MapsCache,
-    ) -> Vec<Vec<Frame>> {
-        let module_name = crate::text::lossy_path(module);
-        let mapping = |a: u64| maps.find(a.saturating_sub(1));
-        let offsets: Vec<u64> = batch
-            .iter()
-            .map(|&a| mapping(a).map_or(0, |m| m.file_offset_of(a.saturating_sub(1))))
-            .collect();
+        batch: &[Address],
+    ) -> (Vec<Vec<Frame>>, u64) {
+        let offsets: Vec<u64> = batch.iter().map(|a| a.lookup).collect();
         let (symtab, dwarf) = match file {
             Some(module) => {
                 let mut symtab = Elf::new(&module.debug_view().names);
@@ -191,7 +187,8 @@ impl Symbolizers {
             None => (Vec::new(), Vec::new()),
         };
         let mut all = Vec::with_capacity(batch.len());
-        for (i, &addr) in batch.iter().enumerate() {
+        let mut mangled = 0;
+        for (i, a) in batch.iter().enumerate() {
             let mut symbol = found(&symtab, i).cloned();
             if let Some(sym) = symbol.as_mut().filter(|s| s.name.starts_with(['*', '~'])) {
                 let names = file.map(|m| m.versioned_crystal_names());
@@ -199,17 +196,17 @@ impl Symbolizers {
                     sym.name = name.clone().into();
                 }
             }
-            let mut frames = sym_frames(symbol.as_ref(), found(&dwarf, i), &module_name, addr);
+            let mut frames = sym_frames(symbol.as_ref(), found(&dwarf, i), module_name, a.address);
             let columns = columns(found(&dwarf, i), frames.len());
             inlined::name_inlined(&mut frames, &columns, &mut self.sources);
-            // The return address itself as an offset in the file (stable across runs).
-            let offset = mapping(addr).map(|m| m.file_offset_of(addr));
             for f in &mut frames {
-                f.offset = offset;
+                // The return address itself as an offset in the file (stable across runs).
+                f.offset = a.offset;
+                mangled += u64::from(left_mangled(&f.raw_name, &f.function));
             }
             all.push(frames);
         }
-        all
+        (all, mangled)
     }
 }
 
@@ -249,9 +246,23 @@ fn found<'a>(results: &'a [Symbolized<'a>], i: usize) -> Option<&'a Sym<'a>> {
 /// The name to show for a symbol: Crystal's readable form, else the
 /// demangled C++ or Rust name, else the symbol itself.
 pub fn display_name(raw: &str) -> String {
-    crystal::readable(raw)
-        .or_else(|| demangle(raw))
-        .unwrap_or_else(|| raw.to_string())
+    if let Some(name) = crystal::readable(raw) {
+        return name;
+    }
+    match demangle(raw) {
+        Demangled::Name(name) => name,
+        Demangled::NotMangled => raw.to_string(),
+        // Beyond the budget: the symbol itself, cut (shown escaped).
+        Demangled::LeftMangled => demangle::cut(raw, demangle::MAX_SHOWN),
+    }
+}
+
+/// Whether a frame shows its symbol left mangled ([`display_name`] cut
+/// it, or gave it as it is while it is a C++ or Rust name).
+fn left_mangled(raw: &str, shown: &str) -> bool {
+    (raw.starts_with("_Z") || raw.starts_with("_R"))
+        && (shown == raw || shown == demangle::cut(raw, demangle::MAX_SHOWN))
+        && matches!(demangle(raw), Demangled::LeftMangled)
 }
 
 /// The frames of one address, innermost first: the functions DWARF says

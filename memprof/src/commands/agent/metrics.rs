@@ -190,6 +190,28 @@ pub fn render(machine: &Machine<'_>) -> String {
     let _ = writeln!(out, "memprof_processes_evicted_total {evicted}");
     family(
         &mut out,
+        "memprof_names_left_mangled_total",
+        "counter",
+        "Frames whose C++ or Rust name was left mangled, its demangled form over the budget (processes that ended).",
+    );
+    let _ = writeln!(
+        out,
+        "memprof_names_left_mangled_total {}",
+        machine.counters.names_left_mangled
+    );
+    family(
+        &mut out,
+        "memprof_frames_unnamed_total",
+        "counter",
+        "Frames left as module+offset, naming out of its time or memory budget (processes that ended).",
+    );
+    let _ = writeln!(
+        out,
+        "memprof_frames_unnamed_total {}",
+        machine.counters.frames_unnamed
+    );
+    family(
+        &mut out,
         "memprof_gc_sessions_missed_total",
         "counter",
         "Boehm GC programs that ended before their session attached (their GC objects not seen).",

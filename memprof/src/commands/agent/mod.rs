@@ -150,6 +150,9 @@ pub fn run(
         );
     }
     let end = driver.drive(&mut agent, options.duration);
+    // SIGTERM or Ctrl-C: what is still to name (the processes' last
+    // snapshots) is named within a second, the rest left as addresses.
+    crate::symbolize::budget::stopping();
     // No more answers: the server stops before the processes are let go.
     server.stop();
     // Every process's last figures on disk, before it is let go.

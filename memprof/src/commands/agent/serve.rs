@@ -18,8 +18,8 @@
 use std::collections::HashMap;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
-use std::time::Duration;
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use axum::extract::{Query, State};
@@ -37,6 +37,12 @@ use crate::report::{self, Format};
 /// How long a route waits for the driver's thread (a snapshot of a big
 /// process symbolizes its files first).
 const ANSWER_WAIT: Duration = Duration::from_secs(60);
+
+/// How long `/metrics` waits for the driver's thread before it serves
+/// the last figures it had (the driver may be naming a process's frames
+/// for up to `symbolize::Budget::BACKGROUND`): a scrape is answered
+/// within a second whatever the driver does.
+const METRICS_WAIT: Duration = Duration::from_millis(700);
 
 /// `?seconds=` at most.
 const MAX_SECONDS: u64 = 3600;
@@ -247,12 +253,70 @@ fn group_id(group: &str) -> Result<u32> {
     Ok(unsafe { (*entry).gr_gid })
 }
 
-/// What every route holds: where to ask, and how to wake the driver's
-/// thread to answer at once (it sleeps long on a quiet machine).
+/// What every route holds: where to ask, how to wake the driver's
+/// thread to answer at once (it sleeps long on a quiet machine), and the
+/// last `/metrics` text, with when it was made.
 #[derive(Clone)]
-struct Asking(mpsc::Sender<Request>, Waker);
+struct Asking(mpsc::Sender<Request>, Waker, LastMetrics);
+
+type LastMetrics = Arc<Mutex<Option<(Instant, String)>>>;
 
 impl Asking {
+    /// The figures now, or, when the driver's thread is busy past
+    /// [`METRICS_WAIT`], the last ones it gave (said so in a comment);
+    /// its late answer is kept for the next scrape.
+    async fn metrics(&self) -> Result<String, Response> {
+        let (reply, answer) = oneshot::channel();
+        if self.0.send(Request::Metrics(reply)).is_err() {
+            return Err(error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the agent is stopping",
+            ));
+        }
+        self.1.wake();
+        let mut answer = answer;
+        let last = Arc::clone(&self.2);
+        let keep = move |text: &String| {
+            *last.lock().unwrap_or_else(|e| e.into_inner()) = Some((Instant::now(), text.clone()));
+        };
+        match tokio::time::timeout(METRICS_WAIT, &mut answer).await {
+            Ok(Ok(text)) => {
+                keep(&text);
+                return Ok(text);
+            }
+            Ok(Err(_)) => {
+                return Err(error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the agent is stopping",
+                ))
+            }
+            Err(_) => {}
+        }
+        let cached = self.2.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let Some((at, text)) = cached else {
+            // Nothing to serve yet: wait as the other routes do.
+            return match tokio::time::timeout(ANSWER_WAIT, answer).await {
+                Ok(Ok(text)) => {
+                    keep(&text);
+                    Ok(text)
+                }
+                _ => Err(error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the agent did not answer",
+                )),
+            };
+        };
+        tokio::spawn(async move {
+            if let Ok(Ok(text)) = tokio::time::timeout(ANSWER_WAIT, answer).await {
+                keep(&text);
+            }
+        });
+        Ok(format!(
+            "# memprof agent: busy (naming a process's frames); these figures are from {:.1} s ago\n{text}",
+            at.elapsed().as_secs_f64()
+        ))
+    }
+
     /// Asks the driver's thread, and waits for its answer.
     async fn ask<T>(
         &self,
@@ -293,7 +357,7 @@ fn routes(requests: mpsc::Sender<Request>, driver: Waker) -> Router {
         .route("/debug/pprof/heap", get(heap))
         .route("/api/processes", get(processes))
         .route("/api/profile", get(profile))
-        .with_state(Asking(requests, driver))
+        .with_state(Asking(requests, driver, LastMetrics::default()))
 }
 
 /// A plain-text error, one line.
@@ -307,7 +371,7 @@ fn error(status: StatusCode, message: &str) -> Response {
 }
 
 async fn metrics(State(asking): State<Asking>) -> Response {
-    match asking.ask(Request::Metrics).await {
+    match asking.metrics().await {
         Ok(text) => (
             [(
                 header::CONTENT_TYPE,

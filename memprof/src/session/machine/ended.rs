@@ -101,6 +101,8 @@ impl Host {
             match self.profile_of(&mut p, tables) {
                 Ok(profile) => {
                     self.short_of_resources += profile.counters.short_of_resources;
+                    self.name_losses.left_mangled += profile.counters.names_left_mangled;
+                    self.name_losses.unnamed += profile.counters.frames_unnamed;
                     self.done.push(profile)
                 }
                 Err(e) => {
@@ -261,7 +263,7 @@ impl Host {
             .of_process(tables)
             .with_finished(self.deferred.finished(p.index));
         let raw = groups::collect(&view, None)?;
-        let (groups, stacks) = profiles::groups_of_with(
+        let named = profiles::groups_of_with(
             p.pid,
             raw,
             (maps, modules),
@@ -269,10 +271,13 @@ impl Host {
             self.symbols.0.get_or_insert_with(SymbolCache::default),
         );
         let short = p.short_of_resources();
+        let (groups, stacks) = (named.groups, named.stacks);
         let counters = Counters {
             allocs: recorded,
             frees: freed,
             short_of_resources: if short { recorded } else { 0 },
+            names_left_mangled: named.losses.left_mangled,
+            frames_unnamed: named.losses.unnamed,
             ..Counters::default()
         };
         let mut info = p.info();

@@ -138,6 +138,8 @@ impl Family {
         let mut counters = self.host.probes.peek()?.counters()?;
         counters.stacks_not_finished += self.host.deferred.dropped;
         counters.short_of_resources += self.host.short_of_resources;
+        let names = self.host.name_losses;
+        counters.add_name_losses(names.left_mangled, names.unnamed);
         counters.tables_from_proc += self.host.tables_from_proc();
         (counters.processes_evicted, counters.evicted_allocs) = self.host.evicted;
         Ok(counters)

@@ -37,7 +37,7 @@ use crate::modules::maps::Mapping;
 use crate::options::{Heap, SessionOptions};
 use crate::probes::{monotonic_ns, Detaching, ModuleTables, Probes};
 use crate::profile::{Counters, ExitInfo, GcSummary, Profile, TargetInfo};
-use crate::symbolize::SymbolCache;
+use crate::symbolize::{NameLosses, SymbolCache};
 use select::Selection;
 
 mod deferred;
@@ -168,6 +168,9 @@ struct Host {
     /// Allocations of processes memprof was short of a resource for
     /// ([`HostProcess::short_of_resources`]).
     short_of_resources: u64,
+    /// Names left mangled and frames left unnamed in the profiles of the
+    /// processes that ended (those let go since included).
+    name_losses: NameLosses,
     /// Processes given to sessions of their own ([`Host::leave_out`]):
     /// an index the kernel gave one before it was left out, heard of
     /// after, is dropped.
@@ -328,6 +331,7 @@ impl Host {
             notes: Notes::new(options.verbose),
             loads: 0,
             short_of_resources: 0,
+            name_losses: NameLosses::default(),
             oom_killed: Default::default(),
             exits: Default::default(),
         };
@@ -376,6 +380,7 @@ impl Host {
         let mut counters = self.probes.peek()?.counters()?;
         counters.stacks_not_finished += self.deferred.dropped;
         counters.short_of_resources += self.short_of_resources;
+        counters.add_name_losses(self.name_losses.left_mangled, self.name_losses.unnamed);
         counters.tables_from_proc += self.tables_from_proc();
         (counters.processes_evicted, counters.evicted_allocs) = self.evicted;
         self.take_file_notes();

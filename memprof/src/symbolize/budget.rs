@@ -1,0 +1,56 @@
+//! How long naming may take: the asking thread's wait, and memprof's stop.
+//!
+//! A mode that serves while it runs (`attach --all`, the agent, a
+//! snapshot) waits at most [`Budget::BACKGROUND`] for one process's
+//! names; the profile a user waits for at the end of `run` or `attach`
+//! gets what it takes ([`Budget::WHOLE`]). Either way, a Ctrl-C or
+//! SIGTERM waiting to be taken ends the wait at once (a second one, when
+//! the first ended the profiling), and after [`stopping`] naming ends
+//! within [`STOP_GRACE`]: the profile is written with what was named.
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// How long the asking thread waits for one process's names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    /// `None`: until every address is named (or a stop).
+    pub wait: Option<Duration>,
+}
+
+impl Budget {
+    /// The profile a user waits for.
+    pub const WHOLE: Budget = Budget { wait: None };
+    /// A mode's loop, which has kernel events to drain and requests to answer.
+    pub const BACKGROUND: Budget = Budget {
+        wait: Some(Duration::from_secs(5)),
+    };
+}
+
+/// After [`stopping`], the time naming may still take.
+pub const STOP_GRACE: Duration = Duration::from_secs(1);
+
+static STOPPING: OnceLock<Instant> = OnceLock::new();
+
+/// memprof is stopping (the agent's SIGTERM): naming ends within
+/// [`STOP_GRACE`] from now on.
+pub fn stopping() {
+    STOPPING.get_or_init(Instant::now);
+}
+
+/// Whether naming should end now: the grace after [`stopping`] is spent,
+/// or a SIGINT or SIGTERM waits to be taken (blocked on memprof's
+/// threads, it stays pending for the driver to take).
+pub fn stop_now() -> bool {
+    if STOPPING.get().is_some_and(|at| at.elapsed() >= STOP_GRACE) {
+        return true;
+    }
+    // SAFETY: sigpending fills the set it is given.
+    unsafe {
+        let mut pending: libc::sigset_t = std::mem::zeroed();
+        if libc::sigpending(&mut pending) != 0 {
+            return false;
+        }
+        libc::sigismember(&pending, libc::SIGINT) == 1
+            || libc::sigismember(&pending, libc::SIGTERM) == 1
+    }
+}
