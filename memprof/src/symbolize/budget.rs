@@ -54,3 +54,22 @@ pub fn stop_now() -> bool {
             || libc::sigismember(&pending, libc::SIGTERM) == 1
     }
 }
+
+/// Takes a Ctrl-C or SIGTERM that came before the naming of a profile a
+/// user waits for ([`Budget::WHOLE`]): it ended the profiling (`run`'s
+/// command may end of the same Ctrl-C before the driver took it), so
+/// only one that comes while naming stops the naming.
+pub fn take_earlier_stop() {
+    // SAFETY: a set of two blocked signals, taken without waiting.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        let now = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        while libc::sigtimedwait(&set, std::ptr::null_mut(), &now) > 0 {}
+    }
+}

@@ -77,10 +77,14 @@ pub fn locations(
     }
     // The files as the session opened them (never another file at the
     // same path here): unreadable, no names.
+    if budget.wait.is_none() {
+        budget::take_earlier_stop();
+    }
+    let stopped = budget::stop_now();
     let work: Vec<ModuleWork> = by_module
         .into_iter()
         .map(|(path, addrs)| ModuleWork {
-            file: modules.get(&path).ok(),
+            file: (!stopped).then(|| modules.get(&path).ok()).flatten(),
             addresses: addrs.iter().map(|&a| address(a, maps)).collect(),
             path,
         })

@@ -134,7 +134,12 @@ pub fn name(
         .iter()
         .map(|m| (crate::text::lossy_path(&m.path), m.addresses.clone()))
         .collect();
-    if let Some(answers) = submit(worker, modules) {
+    if budget.wait.is_none() {
+        budget::take_earlier_stop();
+    }
+    // Stopping and out of time: nothing more is read.
+    let stopped = budget::stop_now();
+    if let Some(answers) = (!stopped).then(|| submit(worker, modules)).flatten() {
         let (answers, cancel) = answers;
         let deadline = budget.wait.map(|w| Instant::now() + w);
         loop {
