@@ -117,7 +117,7 @@ pub fn locations(
 }
 
 /// `addr` with the file offsets of its call and of itself.
-fn address(addr: u64, maps: &MapsCache) -> Address {
+pub(crate) fn address(addr: u64, maps: &MapsCache) -> Address {
     let call = addr.saturating_sub(1);
     Address {
         address: addr,

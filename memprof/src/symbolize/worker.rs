@@ -134,9 +134,6 @@ pub fn name(
         .iter()
         .map(|m| (crate::text::lossy_path(&m.path), m.addresses.clone()))
         .collect();
-    if budget.wait.is_none() {
-        budget::take_earlier_stop();
-    }
     // Stopping and out of time: nothing more is read.
     let stopped = budget::stop_now();
     if let Some(answers) = (!stopped).then(|| submit(worker, modules)).flatten() {
@@ -281,5 +278,73 @@ fn block_signals() {
         let mut all: libc::sigset_t = std::mem::zeroed();
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::modules::ModuleCache;
+
+    /// `display_name` in this test binary, as the worker is given it.
+    fn this_function() -> (ModuleWork, u64) {
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let mut maps = crate::modules::maps::MapsCache::default();
+        maps.merge(crate::modules::maps::read(std::process::id()).unwrap());
+        // A return address inside the function (its second byte).
+        let addr = crate::symbolize::display_name as fn(&str) -> String as usize as u64 + 2;
+        let work = ModuleWork {
+            file: ModuleCache::default().get(&exe).ok(),
+            addresses: vec![crate::symbolize::address(addr, &maps)],
+            path: exe,
+        };
+        (work, addr)
+    }
+
+    #[test]
+    fn an_address_is_named_on_the_worker() {
+        let (work, addr) = this_function();
+        let mut worker = None;
+        let bar = indicatif::ProgressBar::hidden();
+        let (named, losses) = name(&mut worker, vec![work], Budget::BACKGROUND, &bar);
+        assert_eq!(losses, NameLosses::default());
+        let frames = &named[&addr];
+        assert!(
+            frames.last().unwrap().function.ends_with("symbolize::display_name"),
+            "{frames:?}"
+        );
+        assert!(worker.is_some());
+    }
+
+    #[test]
+    fn a_waiting_sigterm_leaves_the_addresses_unnamed_and_counted() {
+        let (work, addr) = this_function();
+        let offset = work.addresses[0].offset.unwrap();
+        let module = crate::allocators::short(&work.path);
+        // SIGTERM blocked on this thread and sent to it: pending, as the
+        // driver's thread sees one before it takes it.
+        // SAFETY: this thread's mask; a signal to this thread alone.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGTERM);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+            libc::pthread_kill(libc::pthread_self(), libc::SIGTERM);
+        }
+        let mut worker = None;
+        let bar = indicatif::ProgressBar::hidden();
+        let (named, losses) = name(&mut worker, vec![work], Budget::BACKGROUND, &bar);
+        // Taken again, so the test binary lives on.
+        budget::take_earlier_stop();
+        assert_eq!(
+            losses,
+            NameLosses {
+                left_mangled: 0,
+                unnamed: 1
+            }
+        );
+        assert_eq!(named[&addr].len(), 1);
+        assert_eq!(named[&addr][0].function, format!("{module}+0x{offset:x}"));
+        assert!(worker.is_none(), "no job was given to a worker");
     }
 }
