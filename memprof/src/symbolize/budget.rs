@@ -3,10 +3,12 @@
 //! A mode that serves while it runs (`attach --all`, the agent, a
 //! snapshot) waits at most [`Budget::BACKGROUND`] for one process's
 //! names; the profile a user waits for at the end of `run` or `attach`
-//! gets what it takes ([`Budget::WHOLE`]). Either way, a Ctrl-C or
-//! SIGTERM waiting to be taken ends the wait at once (a second one, when
-//! the first ended the profiling), and after [`stopping`] naming ends
-//! within [`STOP_GRACE`]: the profile is written with what was named.
+//! gets what it takes ([`Budget::WHOLE`]) until a Ctrl-C or SIGTERM
+//! comes while it is named (the first one ended the profiling). A loop's
+//! wait is cut to [`STOP_GRACE`] when a signal waits for the driver, so
+//! the driver takes it soon; and after [`stopping`] (the agent's end)
+//! naming ends within [`STOP_GRACE`]: the profile is written with what
+//! was named.
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -37,13 +39,17 @@ pub fn stopping() {
     STOPPING.get_or_init(Instant::now);
 }
 
-/// Whether naming should end now: the grace after [`stopping`] is spent,
-/// or a SIGINT or SIGTERM waits to be taken (blocked on memprof's
+/// Whether naming should end now: the grace after [`stopping`] is
+/// spent, or, for the profile a user waits for, a Ctrl-C or SIGTERM
+/// came while it was named.
+pub fn stop_now(budget: Budget) -> bool {
+    STOPPING.get().is_some_and(|at| at.elapsed() >= STOP_GRACE)
+        || (budget == Budget::WHOLE && signal_waits())
+}
+
+/// Whether a SIGINT or SIGTERM waits to be taken (blocked on memprof's
 /// threads, it stays pending for the driver to take).
-pub fn stop_now() -> bool {
-    if STOPPING.get().is_some_and(|at| at.elapsed() >= STOP_GRACE) {
-        return true;
-    }
+pub fn signal_waits() -> bool {
     // SAFETY: sigpending fills the set it is given.
     unsafe {
         let mut pending: libc::sigset_t = std::mem::zeroed();

@@ -80,7 +80,7 @@ pub fn locations(
     if budget.wait.is_none() {
         budget::take_earlier_stop();
     }
-    let stopped = budget::stop_now();
+    let stopped = budget::stop_now(budget);
     let work: Vec<ModuleWork> = by_module
         .into_iter()
         .map(|(path, addrs)| ModuleWork {

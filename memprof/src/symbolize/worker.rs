@@ -135,10 +135,10 @@ pub fn name(
         .map(|m| (crate::text::lossy_path(&m.path), m.addresses.clone()))
         .collect();
     // Stopping and out of time: nothing more is read.
-    let stopped = budget::stop_now();
+    let stopped = budget::stop_now(budget);
     if let Some(answers) = (!stopped).then(|| submit(worker, modules)).flatten() {
         let (answers, cancel) = answers;
-        let deadline = budget.wait.map(|w| Instant::now() + w);
+        let mut deadline = budget.wait.map(|w| Instant::now() + w);
         loop {
             match answers.recv_timeout(TICK) {
                 Ok(Answer::Named(frames, mangled)) => {
@@ -149,8 +149,12 @@ pub fn name(
                 Ok(Answer::Module(module)) => bar.set_message(format!("symbolizing {module}")),
                 Ok(Answer::Done) | Err(RecvTimeoutError::Disconnected) => break,
                 Err(RecvTimeoutError::Timeout) => {
+                    // A loop's driver has a signal to take: a second more.
+                    if let Some(d) = deadline.as_mut().filter(|_| budget::signal_waits()) {
+                        *d = (*d).min(Instant::now() + budget::STOP_GRACE);
+                    }
                     let late = deadline.is_some_and(|d| Instant::now() >= d);
-                    if late || budget::stop_now() {
+                    if late || budget::stop_now(budget) {
                         cancel.store(true, Ordering::Relaxed);
                         break;
                     }
@@ -317,7 +321,7 @@ mod tests {
     }
 
     #[test]
-    fn a_waiting_sigterm_leaves_the_addresses_unnamed_and_counted() {
+    fn a_sigterm_while_naming_a_users_profile_leaves_its_addresses_unnamed_and_counted() {
         let (work, addr) = this_function();
         let offset = work.addresses[0].offset.unwrap();
         let module = crate::allocators::short(&work.path);
@@ -333,7 +337,14 @@ mod tests {
         }
         let mut worker = None;
         let bar = indicatif::ProgressBar::hidden();
-        let (named, losses) = name(&mut worker, vec![work], Budget::BACKGROUND, &bar);
+        // A loop's wait gives it a second: named.
+        let (work_again, _) = this_function();
+        let (named, losses) = name(&mut worker, vec![work_again], Budget::BACKGROUND, &bar);
+        assert_eq!(losses, NameLosses::default());
+        assert!(named[&addr][0].function.ends_with("display_name"));
+        // The profile a user waits for: a signal while it is named stops it.
+        let mut worker = None;
+        let (named, losses) = name(&mut worker, vec![work], Budget::WHOLE, &bar);
         // Taken again, so the test binary lives on.
         budget::take_earlier_stop();
         assert_eq!(
