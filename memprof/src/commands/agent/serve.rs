@@ -350,7 +350,7 @@ impl Asking {
     }
 }
 
-fn routes(requests: mpsc::Sender<Request>, driver: Waker) -> Router {
+pub(crate) fn routes(requests: mpsc::Sender<Request>, driver: Waker) -> Router {
     Router::new()
         .route("/", get(page))
         .route("/metrics", get(metrics))
