@@ -20,6 +20,7 @@
 //! fuzz: eh_frame ... FAILED: crash, reproducer target/fuzz/artifacts/eh_frame/crash-1a2b…
 //! ```
 
+use crate::bench::thousands;
 use crate::{root, run, show, target_dir};
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -237,17 +238,4 @@ fn final_stat(log: &str, name: &str) -> Option<u64> {
         .rev()
         .find_map(|l| l.strip_prefix(name))
         .and_then(|n| n.trim().parse().ok())
-}
-
-/// 1234567 → "1,234,567".
-fn thousands(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }
