@@ -6,8 +6,11 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 
-/// The longest name shown, whatever the symbol (run with `-max_len` below it).
-const MAX_SHOWN: usize = 8 << 10;
+/// The longest name shown, whatever the symbol: memprof's budget for a
+/// demangled name (`MAX_DEMANGLED` in `memprof/src/symbolize/demangle.rs`,
+/// 16 KiB); other names are shown as long as they are (run with
+/// `-max_len` below it).
+const MAX_SHOWN: usize = 16 << 10;
 
 fuzz_target!(|data: &[u8]| {
     let raw = String::from_utf8_lossy(data);
