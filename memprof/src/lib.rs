@@ -17,6 +17,7 @@
 //!
 //! | layer | modules |
 //! |---|---|
+//! | 10 entry points for `fuzz/` only (hidden) | `fuzzing` |
 //! | 9 the command line, each command's mode, the agent, `top` | [`commands`] |
 //! | 8 one process, a selection, `run`'s family, every process; `memprof heap` | `session`, `whole_heap` |
 //! | 7 the one loop of every mode, signals, a profile's header and output | `driver` |
@@ -40,6 +41,8 @@ macro_rules! eprintln {
 }
 
 pub mod commands;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod memory;
 pub mod profile;
 pub mod report;

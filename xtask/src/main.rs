@@ -12,6 +12,8 @@
 //!                       #    --agent-only: memprof agent's idle CPU, scrapes and RSS under churn;
 //!                       #    --http-only: crystal-samples' http_server under wrk, beside each way)
 //! cargo xtask fixtures  # compile the C test fixtures into target/fixtures
+//! cargo xtask fuzz [TARGET] [--seconds N] [--keep]
+//!                       # build the fuzz targets of fuzz/ and run each (or one) N seconds
 //! cargo xtask vm 6.12 -- uname -r   # (hidden) run a command in a Debian kernel under QEMU
 //! ```
 //!
@@ -22,6 +24,7 @@ mod bench;
 mod demo;
 #[path = "../../tests/fixtures/compile.rs"]
 mod fixtures;
+mod fuzz;
 mod kernels;
 mod matrix;
 mod setup;
@@ -46,18 +49,22 @@ enum Task {
     Setup,
     /// Build the memprof binary (target/release/memprof).
     Build,
-    /// Set up, build, run the tests on this kernel, then the smoke set in
-    /// each of Debian's kernels under QEMU (needs root: the tests load eBPF
-    /// programs). About 20 minutes on 2 cores.
+    /// Set up, build, run the tests on this kernel, each fuzz target for
+    /// 10 seconds, then the smoke set in each of Debian's kernels under
+    /// QEMU (needs root: the tests load eBPF programs). About 20 minutes
+    /// on 2 cores.
     Test {
         /// Also the long runs (the ten-minute soak, the 2,000-process
-        /// storms): about 15 minutes more.
+        /// storms) and each fuzz target for 5 minutes: about 50 minutes more.
         #[arg(long)]
         long: bool,
         /// Only the tests on this kernel, no kernel matrix (for a quick
         /// check while developing; CI runs the matrix).
         #[arg(long)]
         no_matrix: bool,
+        /// No fuzzing.
+        #[arg(long)]
+        no_fuzz: bool,
     },
     /// Set up, build, profile the demo program and print its report.
     Demo,
@@ -78,6 +85,21 @@ enum Task {
     },
     /// Compile the C test fixtures into target/fixtures.
     Fixtures,
+    /// Build the fuzz targets of fuzz/ (cargo-fuzz, nightly) and run each
+    /// one, or TARGET, for a while; a crash, hang or blow-up fails, naming
+    /// the reproducer.
+    Fuzz {
+        /// One target (demangle, eh_frame, elf_module, symbolize, mprof,
+        /// btf, agent_query); all by default.
+        target: Option<String>,
+        /// Seconds each target runs.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        /// Then merge what the run found into the corpus kept in git
+        /// (fuzz/corpus/TARGET), minimized.
+        #[arg(long)]
+        keep: bool,
+    },
     /// Boot a Debian kernel set up by `setup` (6.1 or 6.12) under QEMU and
     /// run a shell command in it as root, the host's root read-only.
     #[command(hide = true)]
@@ -134,7 +156,11 @@ fn task(task: Task) -> Result<()> {
     match task {
         Task::Setup => setup::setup(),
         Task::Build => build_memprof().map(drop),
-        Task::Test { long, no_matrix } => test(long, !no_matrix),
+        Task::Test {
+            long,
+            no_matrix,
+            no_fuzz,
+        } => test(long, !no_matrix, !no_fuzz),
         Task::Demo => demo::demo(),
         Task::Bench {
             baseline,
@@ -148,6 +174,14 @@ fn task(task: Task) -> Result<()> {
                 println!("fixtures: built {}", exe.display());
             }
             Ok(())
+        }
+        Task::Fuzz {
+            target,
+            seconds,
+            keep,
+        } => {
+            setup::fuzz_tools()?;
+            fuzz::fuzz(target.as_deref(), seconds, keep)
         }
         Task::Matrix => {
             setup::setup()?;
@@ -169,8 +203,10 @@ fn task(task: Task) -> Result<()> {
 }
 
 /// Runs the tests: they attach real uprobes, hence the root check up front.
-/// `long`: the long runs too; `matrix`: then the smoke set in each kernel.
-fn test(long: bool, matrix: bool) -> Result<()> {
+/// `long`: the long runs too; `fuzz`: then each fuzz target ([`fuzz::TEST_SECONDS`]
+/// each, [`fuzz::LONG_SECONDS`] with `long`); `matrix`: then the smoke set
+/// in each kernel.
+fn test(long: bool, matrix: bool, fuzz: bool) -> Result<()> {
     ensure!(
         is_root()?,
         "cargo xtask test must run as root: the integration tests load eBPF programs and attach uprobes"
@@ -193,13 +229,24 @@ fn test(long: bool, matrix: bool) -> Result<()> {
     let here = run(tests
         .args(["--", "--test-threads=2"])
         .env("MEMPROF_BIN", &memprof));
-    // The matrix runs even when a test failed here: CI shows both.
+    // Fuzzing and the matrix run even when a test failed here: CI shows all.
+    let fuzzed = match fuzz {
+        true => fuzz::fuzz(
+            None,
+            match long {
+                true => fuzz::LONG_SECONDS,
+                false => fuzz::TEST_SECONDS,
+            },
+            false,
+        ),
+        false => Ok(()),
+    };
     let kernels = if matrix {
         matrix::run(&memprof, long)
     } else {
         Ok(())
     };
-    here.and(kernels)
+    here.and(fuzzed).and(kernels)
 }
 
 /// The workspace root (the parent of this crate).

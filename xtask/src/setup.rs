@@ -7,8 +7,9 @@
 //! setup: rust-src (nightly) ... installing
 //! ```
 //!
-//! The last steps (kernels/mod.rs) bring virtme-ng, QEMU and Debian's 6.1
-//! and 6.12 kernels into target/, to run tests on those kernels.
+//! cargo-fuzz builds the fuzz targets (`fuzz.rs`). The last steps
+//! (kernels/mod.rs) bring virtme-ng, QEMU and Debian's 6.1 and 6.12
+//! kernels into target/, to run tests on those kernels.
 
 use crate::apt::apt_packages;
 use crate::{output, run};
@@ -39,6 +40,10 @@ const APT_PACKAGES: &[&str] = &[
     "curl",
 ];
 
+/// cargo-fuzz, which builds and runs the fuzz targets of fuzz/ (with the
+/// nightly toolchain).
+const CARGO_FUZZ_VERSION: &str = "0.13.2";
+
 /// The newest bpf-linker that works with the Rust toolchain's own LLVM here
 /// (see docs/ARCHITECTURE.md, "Toolchain facts").
 const BPF_LINKER_VERSION: &str = "0.10.4";
@@ -47,6 +52,7 @@ pub fn setup() -> Result<()> {
     apt_packages(APT_PACKAGES)?;
     rust_src()?;
     bpf_linker()?;
+    cargo_fuzz()?;
     crate::kernels::setup()
 }
 
@@ -89,5 +95,44 @@ fn bpf_linker() -> Result<()> {
     run(&mut install)?;
     output(Command::new("bpf-linker").arg("--version"))
         .context("bpf-linker was installed but is not on PATH (add ~/.cargo/bin to PATH)")?;
+    Ok(())
+}
+
+/// What `cargo xtask fuzz` needs: the targets link memprof, whose build
+/// builds the eBPF programs (rust-src, bpf-linker), and are built by
+/// cargo-fuzz.
+pub fn fuzz_tools() -> Result<()> {
+    rust_src()?;
+    bpf_linker()?;
+    cargo_fuzz()
+}
+
+/// `cargo xtask fuzz` builds and runs the fuzz targets with cargo-fuzz.
+fn cargo_fuzz() -> Result<()> {
+    let installed = Command::new("cargo-fuzz")
+        .arg("--version")
+        .output()
+        .map(|out| {
+            String::from_utf8_lossy(&out.stdout)
+                .split_whitespace()
+                .any(|word| word == CARGO_FUZZ_VERSION)
+        })
+        .unwrap_or(false); // not on PATH
+    if installed {
+        println!("setup: cargo-fuzz {CARGO_FUZZ_VERSION} ... already installed");
+        return Ok(());
+    }
+    println!("setup: cargo-fuzz {CARGO_FUZZ_VERSION} ... installing");
+    let mut install = crate::cargo();
+    install.args([
+        "install",
+        "cargo-fuzz",
+        "--version",
+        CARGO_FUZZ_VERSION,
+        "--locked",
+    ]);
+    run(&mut install)?;
+    output(Command::new("cargo-fuzz").arg("--version"))
+        .context("cargo-fuzz was installed but is not on PATH (add ~/.cargo/bin to PATH)")?;
     Ok(())
 }

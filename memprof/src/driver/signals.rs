@@ -53,7 +53,7 @@ pub struct Waker(libc::pthread_t);
 
 impl Waker {
     /// The calling thread's waker (the driver's: `Driver::new`'s thread).
-    pub(super) fn current() -> Waker {
+    pub(crate) fn current() -> Waker {
         // SAFETY: returns the calling thread's id.
         Waker(unsafe { libc::pthread_self() })
     }

@@ -30,6 +30,8 @@
 //! target's path.
 //!
 //! (Example: `doc_examples::example_1` below, compiled by the tests, not run: it needs a live process.)
+#[cfg(test)]
+mod bad_files;
 mod debug_info;
 mod error;
 mod files;

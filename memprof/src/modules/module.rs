@@ -123,10 +123,10 @@ impl Module {
         let sections = sections_of(&parsed);
         let symbols = symbols_of(&parsed);
         let tls_size = tls_size_of(&parsed);
-        let got = parsed
-            .sections()
-            .filter(|s| matches!(s.name(), Ok(".got" | ".got.plt")))
-            .map(|s| (s.address(), s.address() + s.size()))
+        let got = sections
+            .iter()
+            .filter(|s| matches!(s.name.as_str(), ".got" | ".got.plt"))
+            .map(|s| (s.address, s.address + s.size))
             .collect();
         if super::shrunk::shrank_within(&data, mapped) {
             return Err(read(std::io::Error::other(
@@ -346,7 +346,7 @@ impl Module {
         const PAGE: u64 = 4096;
         let holds = |s: &&Segment| {
             mapping.file_offset >= s.file_offset & !(PAGE - 1)
-                && mapping.file_offset < s.file_offset + s.file_size.max(1)
+                && mapping.file_offset < s.file_offset.saturating_add(s.file_size.max(1))
         };
         let segment = self
             .segments
@@ -428,7 +428,9 @@ impl Module {
     }
 }
 
-/// The loadable segments of `parsed`.
+/// The loadable segments of `parsed`, but those whose addresses or file
+/// range run past the end of the 64-bit space (no loader maps them; left
+/// out, the arithmetic on the others cannot overflow).
 fn segments_of(parsed: &object::File<'_>) -> Vec<Segment> {
     parsed
         .segments()
@@ -443,10 +445,15 @@ fn segments_of(parsed: &object::File<'_>) -> Vec<Segment> {
                 executable,
             }
         })
+        .filter(|s| {
+            s.address.checked_add(s.mem_size.max(s.file_size)).is_some()
+                && s.file_offset.checked_add(s.file_size).is_some()
+        })
         .collect()
 }
 
-/// The sections of `parsed`.
+/// The sections of `parsed`, but those whose addresses or file range run
+/// past the end of the 64-bit space (as for segments).
 fn sections_of(parsed: &object::File<'_>) -> Vec<Section> {
     parsed
         .sections()
@@ -457,6 +464,11 @@ fn sections_of(parsed: &object::File<'_>) -> Vec<Section> {
             file_range: s.file_range(),
             code: s.kind() == SectionKind::Text
                 && matches!(s.flags(), SectionFlags::Elf { sh_flags } if sh_flags & u64::from(object::elf::SHF_EXECINSTR) != 0),
+        })
+        .filter(|s| {
+            s.address.checked_add(s.size).is_some()
+                && s.file_range
+                    .is_none_or(|(offset, size)| offset.checked_add(size).is_some())
         })
         .collect()
 }

@@ -124,7 +124,7 @@ impl Slots {
         if self
             .got
             .iter()
-            .any(|&(start, end)| slot >= start && slot + 8 <= end)
+            .any(|&(start, end)| slot >= start && slot.checked_add(8).is_some_and(|e| e <= end))
         {
             return word(slot).filter(|&value| value != 0);
         }

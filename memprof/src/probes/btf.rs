@@ -14,7 +14,13 @@ pub fn kernel_member_offset(name: &str, path: &[&str]) -> Result<u64> {
 /// [`kernel_member_offset`] of each `(struct, path)`, the BTF read once.
 pub fn kernel_member_offsets(queries: &[(&str, &[&str])]) -> Result<Vec<u64>> {
     let data = std::fs::read(Path::new("/sys/kernel/btf/vmlinux"))?;
-    let btf = Btf::parse(&data)?;
+    member_offsets(&data, queries)
+}
+
+/// [`kernel_member_offsets`] in the BTF `data` (the fuzz target's entry:
+/// `crate::fuzzing`).
+pub fn member_offsets(data: &[u8], queries: &[(&str, &[&str])]) -> Result<Vec<u64>> {
+    let btf = Btf::parse(data)?;
     queries
         .iter()
         .map(|(name, path)| {

@@ -44,11 +44,25 @@ impl ModuleTable {
         let Some((eh_frame_address, eh_frame)) = module.section(".eh_frame") else {
             return Ok(ModuleTable::default());
         };
+        ModuleTable::of_eh_frame(
+            (eh_frame_address, eh_frame),
+            module.section_address(".text"),
+            module.section_address(".got"),
+        )
+    }
+
+    /// The rows of the section `.eh_frame` (its address and bytes), with
+    /// the addresses of `.text` and `.got` its pointers may be relative to.
+    fn of_eh_frame(
+        (eh_frame_address, eh_frame): (u64, &[u8]),
+        text: Option<u64>,
+        got: Option<u64>,
+    ) -> Result<ModuleTable> {
         let mut bases = BaseAddresses::default().set_eh_frame(eh_frame_address);
-        if let Some(text) = module.section_address(".text") {
+        if let Some(text) = text {
             bases = bases.set_text(text);
         }
-        if let Some(got) = module.section_address(".got") {
+        if let Some(got) = got {
             bases = bases.set_got(got);
         }
         let eh_frame = EhFrame::new(eh_frame, NativeEndian);
@@ -93,6 +107,7 @@ fn spans(
         };
         // The function's start names it (the unwinder folds recursion by it).
         let func = u32::try_from(fde.initial_address()).unwrap_or(0);
+        let fde_end = fde.end_address();
         let Ok(mut rows) = fde.rows(eh_frame, bases, &mut ctx) else {
             continue;
         };
@@ -100,6 +115,14 @@ fn spans(
             let Ok(start) = u32::try_from(row.start_address()) else {
                 continue;
             };
+            // A row ends where its function does: a file's instructions
+            // may advance past that end (gimli lets them), and a span
+            // that ends before it starts would put the rows out of order
+            // (the kernel binary-searches them).
+            let end = u32::try_from(row.end_address().min(fde_end)).unwrap_or(u32::MAX);
+            if end <= start {
+                continue;
+            }
             if spans.len() == spans.capacity() {
                 if spans.len() >= MAX_FILE_SPANS {
                     bail!("more than {MAX_FILE_ROWS} unwind rows, the most a file may have");
@@ -109,7 +132,7 @@ fn spans(
             }
             spans.push(Span {
                 start,
-                end: u32::try_from(row.end_address()).unwrap_or(u32::MAX),
+                end,
                 row: UnwindRow { func, ..rule(row) },
             });
         }
@@ -301,6 +324,62 @@ mod tests {
             .address;
         let first = table.rows.iter().find(|r| r.func as u64 == malloc).unwrap();
         assert_eq!(first.pc as u64, malloc);
+    }
+}
+
+/// `.eh_frame` as files have it, or not.
+#[cfg(test)]
+mod bad_files {
+    use super::*;
+
+    /// gcc's CIE: code alignment 1, data alignment -8, return address
+    /// in r16, pointers pc-relative (`zR`, `1b`); CFA = rsp + 8, return
+    /// address at CFA - 8.
+    const CIE: [u8; 24] = [
+        0x14, 0, 0, 0, 0, 0, 0, 0, 1, b'z', b'R', 0, 1, 0x78, 0x10, 1, 0x1b, 0x0c, 7, 8, 0x90,
+        1, 0, 0,
+    ];
+
+    /// An FDE at `at` in a section at 0x2000, of the function at `start`
+    /// (8 bytes long), with these CFA instructions (at most 8 bytes).
+    fn fde(at: u32, start: u32, instructions: &[u8]) -> Vec<u8> {
+        let mut fde = Vec::new();
+        fde.extend_from_slice(&0x14u32.to_le_bytes());
+        fde.extend_from_slice(&(at + 4).to_le_bytes()); // back to the CIE at 0
+        let field = 0x2000 + at + 8;
+        fde.extend_from_slice(&start.wrapping_sub(field).to_le_bytes());
+        fde.extend_from_slice(&8u32.to_le_bytes());
+        fde.push(0); // no augmentation data
+        fde.extend_from_slice(instructions);
+        fde.resize(0x18, 0); // DW_CFA_nop
+        fde
+    }
+
+    /// Found by the eh_frame fuzz target: instructions that advance past
+    /// their function's end gave a row ending before it started, and the
+    /// rows came out of order (the kernel's binary search missed rows).
+    #[test]
+    fn rows_past_a_functions_end_are_cut_and_rows_stay_in_order() {
+        let mut eh_frame = CIE.to_vec();
+        // At 0x1000: CFA = rsp + 16; then 10 bytes on (past its end, 0x1008): rsp + 8.
+        eh_frame.extend(fde(0x18, 0x1000, &[0x0e, 0x10, 0x4a, 0x0e, 0x08]));
+        // At 0x1008, the next function: CFA = rsp + 16.
+        eh_frame.extend(fde(0x30, 0x1008, &[0x0e, 0x10]));
+        eh_frame.extend_from_slice(&[0; 4]);
+        let table = ModuleTable::of_eh_frame((0x2000, &eh_frame), None, None).unwrap();
+        let rows: Vec<(u32, u8, i32, u32)> = table
+            .rows
+            .iter()
+            .map(|r| (r.pc, r.cfa_reg, r.cfa_offset, r.func))
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                (0x1000, cfa::RSP, 16, 0x1000),
+                (0x1008, cfa::RSP, 16, 0x1008),
+                (0x1010, cfa::UNKNOWN, 0, 0),
+            ]
+        );
     }
 }
 

@@ -25,6 +25,8 @@ pub mod dir;
 pub mod history;
 pub mod metrics;
 pub mod page;
+#[cfg(test)]
+mod route_tests;
 pub mod serve;
 
 use std::net::SocketAddr;

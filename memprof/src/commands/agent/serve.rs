@@ -350,7 +350,7 @@ impl Asking {
     }
 }
 
-fn routes(requests: mpsc::Sender<Request>, driver: Waker) -> Router {
+pub(crate) fn routes(requests: mpsc::Sender<Request>, driver: Waker) -> Router {
     Router::new()
         .route("/", get(page))
         .route("/metrics", get(metrics))
@@ -360,12 +360,13 @@ fn routes(requests: mpsc::Sender<Request>, driver: Waker) -> Router {
         .with_state(Asking(requests, driver, LastMetrics::default()))
 }
 
-/// A plain-text error, one line.
+/// A plain-text error, one line: what it quotes of the query (a
+/// parameter's name or value) with its control characters escaped.
 fn error(status: StatusCode, message: &str) -> Response {
     (
         status,
         [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-        format!("memprof agent: {message}\n"),
+        format!("memprof agent: {}\n", crate::text::visible(message)),
     )
         .into_response()
 }
