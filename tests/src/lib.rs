@@ -37,6 +37,11 @@ pub mod fixture {
     /// A Boehm GC program that collects on each SIGUSR1 (`fixtures/c/gc_attach_target.c`).
     pub const GC_ATTACH_TARGET: &str = env!("FIXTURE_GC_ATTACH_TARGET");
     pub const GROW: &str = env!("FIXTURE_GROW");
+    /// `hostile [ROUNDS]`: its allocating function carries a 451-byte C++
+    /// name some 14 TB long demangled; 1,000 × malloc(64) kept, then
+    /// ROUNDS × 100 more 10 ms apart, each freeing the oldest
+    /// (`fixtures/c/hostile.c`).
+    pub const HOSTILE: &str = env!("FIXTURE_HOSTILE");
     /// Forks two workers that never exec; each mallocs 500 × 64 bytes at
     /// worker_alloc after 4 s (`fixtures/c/forker.c`).
     pub const FORKER: &str = env!("FIXTURE_FORKER");

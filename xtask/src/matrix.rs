@@ -9,8 +9,10 @@
 //! their fixtures and memprof, seen by the guest at the same paths (the
 //! host's root, read-only over 9p), each case a test of its own binary
 //! (`BIN --exact NAME`), its output and status written to a folder the
-//! guest may write. Nothing here asserts a time: memprof is 5-10x slower
-//! under emulation.
+//! guest may write. memprof is 5-10x slower under emulation: the cases'
+//! time bounds (hang guards, and the hostile-name cases' deadlines: a
+//! profile on time, `/metrics` within a second, SIGTERM within 2 s) are
+//! stretched tenfold (`MEMPROF_TEST_SLOWER=10`).
 //!
 //! ```text
 //! kernel matrix: 6.1.0-41-amd64: multi-uprobes no, ...
@@ -86,6 +88,16 @@ const SMOKE: &[Case] = &[
         what: "agent: go tool pprof reads /debug/pprof/heap",
         binary: "agent",
         test: "go_tool_pprof_reads_the_heap_and_what_a_window_allocated",
+    },
+    Case {
+        what: "attach --all: a user's hostile C++ name, shown cut, on time, under 200 MB",
+        binary: "hostile_names",
+        test: "attach_all_shows_a_hostile_cpp_name_cut_and_ends_on_time",
+    },
+    Case {
+        what: "agent: a user's hostile C++ name; /metrics answers throughout, SIGTERM obeyed",
+        binary: "hostile_names",
+        test: "the_agent_answers_throughout_and_obeys_sigterm",
     },
 ];
 
