@@ -29,7 +29,7 @@ impl Budget {
 }
 
 /// After [`stopping`], the time naming may still take.
-pub const STOP_GRACE: Duration = Duration::from_secs(1);
+pub const STOP_GRACE: Duration = Duration::from_millis(500);
 
 static STOPPING: OnceLock<Instant> = OnceLock::new();
 

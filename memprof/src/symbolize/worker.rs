@@ -149,7 +149,7 @@ pub fn name(
                 Ok(Answer::Module(module)) => bar.set_message(format!("symbolizing {module}")),
                 Ok(Answer::Done) | Err(RecvTimeoutError::Disconnected) => break,
                 Err(RecvTimeoutError::Timeout) => {
-                    // A loop's driver has a signal to take: a second more.
+                    // A loop's driver has a signal to take: half a second more.
                     if let Some(d) = deadline.as_mut().filter(|_| budget::signal_waits()) {
                         *d = (*d).min(Instant::now() + budget::STOP_GRACE);
                     }

@@ -153,7 +153,7 @@ pub fn run(
     }
     let end = driver.drive(&mut agent, options.duration);
     // SIGTERM or Ctrl-C: what is still to name (the processes' last
-    // snapshots) is named within a second, the rest left as addresses.
+    // snapshots) is named within half a second, the rest left as addresses.
     crate::symbolize::budget::stopping();
     // No more answers: the server stops before the processes are let go.
     server.stop();
