@@ -118,9 +118,10 @@ pub fn elf_module(bytes: &[u8]) -> Result<usize, String> {
 }
 
 /// A mapping of the fuzzed module at [`MAPPED_AT`], from file offset
-/// `file_offset` (page-aligned down), a megabyte long.
+/// `file_offset` (page-aligned down, and below 2^63 as the kernel's
+/// are), a megabyte long.
 fn mapping(file_offset: u64, executable: bool) -> Mapping {
-    let file_offset = file_offset & !0xfff;
+    let file_offset = file_offset.min(i64::MAX as u64) & !0xfff;
     let start = MAPPED_AT.wrapping_add(file_offset & 0xffff_ffff);
     Mapping {
         start,
