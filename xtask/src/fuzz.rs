@@ -54,6 +54,10 @@ pub const TARGETS: &[Target] = &[
         max_len: 32 << 10,
     },
     Target {
+        name: "crystal_source",
+        max_len: 16 << 10,
+    },
+    Target {
         name: "mprof",
         max_len: 64 << 10,
     },
