@@ -160,6 +160,7 @@ fn run_target(bin: &Path, t: &Target, seconds: u64) -> Result<()> {
     for dir in [&corpus, &artifacts, log.parent().unwrap()] {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
+    let before = files(&artifacts);
     let mut fuzz = Command::new(bin.join(t.name));
     fuzz.arg(&corpus).arg(kept_corpus(t));
     let regressions = root().join("fuzz/regressions").join(t.name);
@@ -167,6 +168,7 @@ fn run_target(bin: &Path, t: &Target, seconds: u64) -> Result<()> {
         fuzz.arg(regressions);
     }
     limits(&mut fuzz, t);
+    fuzz.env("LSAN_OPTIONS", lsan_options());
     fuzz.arg(format!("-max_total_time={seconds}"));
     fuzz.arg(format!("-artifact_prefix={}/", artifacts.display()));
     fuzz.arg("-print_final_stats=1");
@@ -179,7 +181,13 @@ fn run_target(bin: &Path, t: &Target, seconds: u64) -> Result<()> {
         .status()
         .with_context(|| format!("cannot run {}", show(&fuzz)))?;
     let text = std::fs::read_to_string(&log).unwrap_or_default();
-    if status.success() {
+    // Whatever the status says (libFuzzer has ended 0 after writing a
+    // leak's input): a new input in the artifacts is a failure.
+    let found: Vec<PathBuf> = files(&artifacts)
+        .into_iter()
+        .filter(|f| !before.contains(f))
+        .collect();
+    if status.success() && found.is_empty() {
         let runs = final_stat(&text, "stat::number_of_executed_units:").unwrap_or(0);
         let size = std::fs::read_dir(&corpus).map_or(0, |d| d.count());
         println!(
@@ -193,20 +201,43 @@ fn run_target(bin: &Path, t: &Target, seconds: u64) -> Result<()> {
     for line in tail.iter().rev() {
         eprintln!("  | {line}");
     }
-    let what = ["deadly signal", "timeout", "out-of-memory", "leak"]
-        .into_iter()
-        .find(|w| text.contains(&format!("ERROR: libFuzzer: {w}")))
-        .map_or("crash", |w| if w == "deadly signal" { "crash" } else { w });
-    match text
+    let what = [
+        ("ERROR: libFuzzer: timeout", "hang"),
+        ("ERROR: libFuzzer: out-of-memory", "out of memory"),
+        ("ERROR: LeakSanitizer: detected memory leaks", "leak"),
+    ]
+    .into_iter()
+    .find(|(said, _)| text.contains(said))
+    .map_or("crash", |(_, what)| what);
+    let written = text
         .lines()
         .find_map(|l| l.split("Test unit written to ").nth(1))
-    {
+        .map(str::to_string)
+        .or_else(|| found.first().map(|f| f.display().to_string()));
+    match written {
         Some(reproducer) => bail!(
             "{what} ({status}), reproducer {reproducer} (run it again: {} {reproducer}; the log: {})",
             bin.join(t.name).display(),
             log.display()
         ),
         None => bail!("{} ({status}), see {}", show(&fuzz), log.display()),
+    }
+}
+
+/// The files of `dir` (none if it cannot be read).
+fn files(dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir).map_or(Vec::new(), |d| {
+        d.filter_map(|e| e.ok().map(|e| e.path())).collect()
+    })
+}
+
+/// LeakSanitizer's options: `fuzz/lsan.supp`'s suppressions (what memprof
+/// keeps on purpose), and the caller's own options.
+fn lsan_options() -> String {
+    let suppressions = format!("suppressions={}", root().join("fuzz/lsan.supp").display());
+    match std::env::var("LSAN_OPTIONS") {
+        Ok(theirs) if !theirs.is_empty() => format!("{suppressions}:{theirs}"),
+        _ => suppressions,
     }
 }
 
@@ -221,6 +252,7 @@ fn keep_corpus(bin: &Path, t: &Target) -> Result<()> {
     let mut merge = Command::new(bin.join(t.name));
     merge.arg("-merge=1").arg(&merged).arg(&kept).arg(&corpus);
     limits(&mut merge, t);
+    merge.env("LSAN_OPTIONS", lsan_options());
     let file = std::fs::File::create(log.with_extension("merge.log"))?;
     merge.stdout(file.try_clone()?).stderr(file);
     run(&mut merge)?;
