@@ -8,16 +8,17 @@
 //! - the corpus it grows is `target/fuzz/corpus/TARGET/` (kept from run
 //!   to run on a machine), the one kept in git `fuzz/corpus/TARGET/` is
 //!   read as seeds (`--keep` merges what the run found into it,
-//!   minimized: what to commit), and so are the inputs that found bugs,
-//!   `fuzz/regressions/TARGET/` (never minimized away);
+//!   minimized, at most [`KEPT_BYTES`]: what to commit), and so are the
+//!   inputs that found bugs, `fuzz/regressions/TARGET/` (never minimized
+//!   away);
 //! - an input that panics, takes more than [`TIMEOUT_S`] or more than
-//!   [`RSS_LIMIT_MB`] fails the run, which names the target and the
+//!   [`RSS_LIMIT_MB`], or leaks, fails the run, which names the target and the
 //!   reproducer (`target/fuzz/artifacts/TARGET/crash-…`), and prints the
 //!   end of the target's log (`target/fuzz/logs/TARGET.log`).
 //!
 //! ```text
 //! fuzz: demangle ... 10 s, 182,311 runs, corpus 412
-//! fuzz: eh_frame ... FAILED: crash, reproducer target/fuzz/artifacts/eh_frame/crash-1a2b…
+//! fuzz: eh_frame ... FAILED: crash (exit status: 77), reproducer target/fuzz/artifacts/eh_frame/crash-1a2b… (…)
 //! ```
 
 use crate::bench::thousands;
@@ -75,6 +76,9 @@ pub const TARGETS: &[Target] = &[
 const TIMEOUT_S: u32 = 2;
 /// An input that takes memprof past this much resident memory is a blow-up.
 const RSS_LIMIT_MB: u32 = 1024;
+
+/// The most a corpus kept in git may hold, in bytes (`--keep`).
+const KEPT_BYTES: u64 = 1 << 20;
 
 /// Seconds each target runs in `cargo xtask test`, and in `test --long`.
 pub const TEST_SECONDS: u64 = 10;
@@ -256,15 +260,29 @@ fn keep_corpus(bin: &Path, t: &Target) -> Result<()> {
     let file = std::fs::File::create(log.with_extension("merge.log"))?;
     merge.stdout(file.try_clone()?).stderr(file);
     run(&mut merge)?;
+    // Smallest first, within the budget (libFuzzer prefers them too).
+    let mut inputs: Vec<(u64, PathBuf)> = files(&merged)
+        .into_iter()
+        .map(|f| (f.metadata().map_or(0, |m| m.len()), f))
+        .collect();
+    inputs.sort();
     let _ = std::fs::remove_dir_all(&kept);
     std::fs::create_dir_all(&kept)?;
-    let mut count = 0;
-    for entry in std::fs::read_dir(&merged)? {
-        let entry = entry?;
-        std::fs::copy(entry.path(), kept.join(entry.file_name()))?;
-        count += 1;
+    let (mut count, mut bytes) = (0, 0);
+    for (size, input) in &inputs {
+        if bytes + size > KEPT_BYTES {
+            break;
+        }
+        std::fs::copy(input, kept.join(input.file_name().unwrap()))?;
+        (count, bytes) = (count + 1, bytes + size);
     }
-    println!("fuzz: {} ... corpus kept in {}: {count} inputs", t.name, kept.display());
+    println!(
+        "fuzz: {} ... corpus kept in {}: {count} inputs of {}, {} KiB",
+        t.name,
+        kept.display(),
+        inputs.len(),
+        bytes >> 10
+    );
     Ok(())
 }
 
