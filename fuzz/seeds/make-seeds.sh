@@ -81,3 +81,11 @@ done
 # are corpus/mprof/seed-c and seed-crystal, each also as its JSON alone
 # (seed-*-json: the target reads an input as a file's JSON too); the
 # agent_query target serves gc-small.mprof (seeds/agent_query.mprof).
+
+# Crystal sources: the one here, and some of the tests' fixtures.
+mkdir -p "$corpus/crystal_source"
+cp "$here/nested.cr" "$corpus/crystal_source/seed-nested.cr"
+cp "$here/gc.cr" "$corpus/crystal_source/seed-gc.cr"
+for f in classes collected allocs; do
+    cp "$here/../../tests/fixtures/crystal/$f.cr" "$corpus/crystal_source/seed-$f.cr"
+done

@@ -9,6 +9,7 @@
 //! | `eh_frame` | `.eh_frame` flattened into the kernel's unwind rows | [`unwind_rows`] |
 //! | `elf_module` | an ELF file as a session reads it (segments, symbols, GOT slots, versioned names, debug links) | [`elf_module`] |
 //! | `symbolize` | names and `file:line` of addresses, blazesym reading the file as memprof hands it over | [`symbolize`] |
+//! | `crystal_source` | a program's Crystal source, read for the class of an inlined `new` | [`crystal_source`] |
 //! | `btf` | the kernel's BTF, members' offsets | [`btf_member_offsets`] |
 //! | `agent_query` | the agent's routes, queries included | [`agent_router`] |
 //!
@@ -118,9 +119,10 @@ pub fn elf_module(bytes: &[u8]) -> Result<usize, String> {
 }
 
 /// A mapping of the fuzzed module at [`MAPPED_AT`], from file offset
-/// `file_offset` (page-aligned down), a megabyte long.
+/// `file_offset` (page-aligned down, and below 2^63 as the kernel's
+/// are), a megabyte long.
 fn mapping(file_offset: u64, executable: bool) -> Mapping {
-    let file_offset = file_offset & !0xfff;
+    let file_offset = file_offset.min(i64::MAX as u64) & !0xfff;
     let start = MAPPED_AT.wrapping_add(file_offset & 0xffff_ffff);
     Mapping {
         start,
@@ -184,6 +186,32 @@ pub fn symbolize(bytes: &[u8], extra: &[u64]) -> Result<Vec<String>, String> {
         }
     }
     Ok(frames)
+}
+
+/// What memprof reads of a Crystal source file `text` (a target's file,
+/// named by its DWARF: `crate::crystal::source`) for the class an
+/// inlined `new` makes, at some of its lines (each line's text also read
+/// as a call's receiver and as a construction): the answers found.
+pub fn crystal_source(text: &str) -> usize {
+    use crate::crystal::source;
+    let lines: Vec<&str> = text.lines().collect();
+    let step = (lines.len() / 32).max(1);
+    let mut found = 0;
+    for line in (0..=lines.len() + 1).step_by(step) {
+        let text = lines.get(line.wrapping_sub(1)).map_or("", |l| l.trim());
+        let answers = [
+            source::enclosing_type(&lines, line),
+            source::enclosing_scope(&lines, line),
+            source::definition(&lines, line, "new").map(|(at, _)| at.to_string()),
+            source::definition(&lines, line, "initialize").map(|(at, _)| at.to_string()),
+            source::receiver_type(&lines, line, text),
+            source::receiver_type(&lines, line, text.rsplit('=').next().unwrap_or("").trim()),
+            source::constructed(text),
+            source::constructed(text.rsplit('=').next().unwrap_or("").trim()),
+        ];
+        found += answers.iter().flatten().count();
+    }
+    found
 }
 
 /// The offsets memprof asks of the kernel's BTF (`crate::probes`), read

@@ -8,16 +8,17 @@
 //! - the corpus it grows is `target/fuzz/corpus/TARGET/` (kept from run
 //!   to run on a machine), the one kept in git `fuzz/corpus/TARGET/` is
 //!   read as seeds (`--keep` merges what the run found into it,
-//!   minimized: what to commit), and so are the inputs that found bugs,
-//!   `fuzz/regressions/TARGET/` (never minimized away);
+//!   minimized, at most [`KEPT_BYTES`]: what to commit), and so are the
+//!   inputs that found bugs, `fuzz/regressions/TARGET/` (never minimized
+//!   away);
 //! - an input that panics, takes more than [`TIMEOUT_S`] or more than
-//!   [`RSS_LIMIT_MB`] fails the run, which names the target and the
+//!   [`RSS_LIMIT_MB`], or leaks, fails the run, which names the target and the
 //!   reproducer (`target/fuzz/artifacts/TARGET/crash-…`), and prints the
 //!   end of the target's log (`target/fuzz/logs/TARGET.log`).
 //!
 //! ```text
 //! fuzz: demangle ... 10 s, 182,311 runs, corpus 412
-//! fuzz: eh_frame ... FAILED: crash, reproducer target/fuzz/artifacts/eh_frame/crash-1a2b…
+//! fuzz: eh_frame ... FAILED: crash (exit status: 77), reproducer target/fuzz/artifacts/eh_frame/crash-1a2b… (…)
 //! ```
 
 use crate::bench::thousands;
@@ -54,6 +55,10 @@ pub const TARGETS: &[Target] = &[
         max_len: 32 << 10,
     },
     Target {
+        name: "crystal_source",
+        max_len: 16 << 10,
+    },
+    Target {
         name: "mprof",
         max_len: 64 << 10,
     },
@@ -71,6 +76,9 @@ pub const TARGETS: &[Target] = &[
 const TIMEOUT_S: u32 = 2;
 /// An input that takes memprof past this much resident memory is a blow-up.
 const RSS_LIMIT_MB: u32 = 1024;
+
+/// The most a corpus kept in git may hold, in bytes (`--keep`).
+const KEPT_BYTES: u64 = 1 << 20;
 
 /// Seconds each target runs in `cargo xtask test`, and in `test --long`.
 pub const TEST_SECONDS: u64 = 10;
@@ -156,6 +164,7 @@ fn run_target(bin: &Path, t: &Target, seconds: u64) -> Result<()> {
     for dir in [&corpus, &artifacts, log.parent().unwrap()] {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
+    let before = files(&artifacts);
     let mut fuzz = Command::new(bin.join(t.name));
     fuzz.arg(&corpus).arg(kept_corpus(t));
     let regressions = root().join("fuzz/regressions").join(t.name);
@@ -163,6 +172,7 @@ fn run_target(bin: &Path, t: &Target, seconds: u64) -> Result<()> {
         fuzz.arg(regressions);
     }
     limits(&mut fuzz, t);
+    fuzz.env("LSAN_OPTIONS", lsan_options());
     fuzz.arg(format!("-max_total_time={seconds}"));
     fuzz.arg(format!("-artifact_prefix={}/", artifacts.display()));
     fuzz.arg("-print_final_stats=1");
@@ -175,7 +185,13 @@ fn run_target(bin: &Path, t: &Target, seconds: u64) -> Result<()> {
         .status()
         .with_context(|| format!("cannot run {}", show(&fuzz)))?;
     let text = std::fs::read_to_string(&log).unwrap_or_default();
-    if status.success() {
+    // Whatever the status says (libFuzzer has ended 0 after writing a
+    // leak's input): a new input in the artifacts is a failure.
+    let found: Vec<PathBuf> = files(&artifacts)
+        .into_iter()
+        .filter(|f| !before.contains(f))
+        .collect();
+    if status.success() && found.is_empty() {
         let runs = final_stat(&text, "stat::number_of_executed_units:").unwrap_or(0);
         let size = std::fs::read_dir(&corpus).map_or(0, |d| d.count());
         println!(
@@ -189,20 +205,43 @@ fn run_target(bin: &Path, t: &Target, seconds: u64) -> Result<()> {
     for line in tail.iter().rev() {
         eprintln!("  | {line}");
     }
-    let what = ["deadly signal", "timeout", "out-of-memory", "leak"]
-        .into_iter()
-        .find(|w| text.contains(&format!("ERROR: libFuzzer: {w}")))
-        .map_or("crash", |w| if w == "deadly signal" { "crash" } else { w });
-    match text
+    let what = [
+        ("ERROR: libFuzzer: timeout", "hang"),
+        ("ERROR: libFuzzer: out-of-memory", "out of memory"),
+        ("ERROR: LeakSanitizer: detected memory leaks", "leak"),
+    ]
+    .into_iter()
+    .find(|(said, _)| text.contains(said))
+    .map_or("crash", |(_, what)| what);
+    let written = text
         .lines()
         .find_map(|l| l.split("Test unit written to ").nth(1))
-    {
+        .map(str::to_string)
+        .or_else(|| found.first().map(|f| f.display().to_string()));
+    match written {
         Some(reproducer) => bail!(
             "{what} ({status}), reproducer {reproducer} (run it again: {} {reproducer}; the log: {})",
             bin.join(t.name).display(),
             log.display()
         ),
         None => bail!("{} ({status}), see {}", show(&fuzz), log.display()),
+    }
+}
+
+/// The files of `dir` (none if it cannot be read).
+fn files(dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir).map_or(Vec::new(), |d| {
+        d.filter_map(|e| e.ok().map(|e| e.path())).collect()
+    })
+}
+
+/// LeakSanitizer's options: `fuzz/lsan.supp`'s suppressions (what memprof
+/// keeps on purpose), and the caller's own options.
+fn lsan_options() -> String {
+    let suppressions = format!("suppressions={}", root().join("fuzz/lsan.supp").display());
+    match std::env::var("LSAN_OPTIONS") {
+        Ok(theirs) if !theirs.is_empty() => format!("{suppressions}:{theirs}"),
+        _ => suppressions,
     }
 }
 
@@ -217,18 +256,33 @@ fn keep_corpus(bin: &Path, t: &Target) -> Result<()> {
     let mut merge = Command::new(bin.join(t.name));
     merge.arg("-merge=1").arg(&merged).arg(&kept).arg(&corpus);
     limits(&mut merge, t);
+    merge.env("LSAN_OPTIONS", lsan_options());
     let file = std::fs::File::create(log.with_extension("merge.log"))?;
     merge.stdout(file.try_clone()?).stderr(file);
     run(&mut merge)?;
+    // Smallest first, within the budget (libFuzzer prefers them too).
+    let mut inputs: Vec<(u64, PathBuf)> = files(&merged)
+        .into_iter()
+        .map(|f| (f.metadata().map_or(0, |m| m.len()), f))
+        .collect();
+    inputs.sort();
     let _ = std::fs::remove_dir_all(&kept);
     std::fs::create_dir_all(&kept)?;
-    let mut count = 0;
-    for entry in std::fs::read_dir(&merged)? {
-        let entry = entry?;
-        std::fs::copy(entry.path(), kept.join(entry.file_name()))?;
-        count += 1;
+    let (mut count, mut bytes) = (0, 0);
+    for (size, input) in &inputs {
+        if bytes + size > KEPT_BYTES {
+            break;
+        }
+        std::fs::copy(input, kept.join(input.file_name().unwrap()))?;
+        (count, bytes) = (count + 1, bytes + size);
     }
-    println!("fuzz: {} ... corpus kept in {}: {count} inputs", t.name, kept.display());
+    println!(
+        "fuzz: {} ... corpus kept in {}: {count} inputs of {}, {} KiB",
+        t.name,
+        kept.display(),
+        inputs.len(),
+        bytes >> 10
+    );
     Ok(())
 }
 

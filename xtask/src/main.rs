@@ -89,8 +89,8 @@ enum Task {
     /// one, or TARGET, for a while; a crash, hang or blow-up fails, naming
     /// the reproducer.
     Fuzz {
-        /// One target (demangle, eh_frame, elf_module, symbolize, mprof,
-        /// btf, agent_query); all by default.
+        /// One target (demangle, eh_frame, elf_module, symbolize,
+        /// crystal_source, mprof, btf, agent_query); all by default.
         target: Option<String>,
         /// Seconds each target runs.
         #[arg(long, default_value_t = 60)]
