@@ -226,6 +226,10 @@ fn signals_blocked<T>(spawn: impl FnOnce() -> T) -> T {
         let mut all: libc::sigset_t = std::mem::zeroed();
         let mut before: libc::sigset_t = std::mem::zeroed();
         libc::sigfillset(&mut all);
+        // A fault's signal blocked would end memprof at once.
+        for fault in [libc::SIGBUS, libc::SIGSEGV, libc::SIGILL, libc::SIGFPE] {
+            libc::sigdelset(&mut all, fault);
+        }
         libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut before);
         let spawned = spawn();
         libc::pthread_sigmask(libc::SIG_SETMASK, &before, std::ptr::null_mut());

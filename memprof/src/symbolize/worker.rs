@@ -274,13 +274,18 @@ pub fn unnamed_frame(module: &str, a: Address) -> Frame {
     }
 }
 
-/// Every signal blocked on the worker: SIGINT and SIGTERM are the
-/// driver's to take.
+/// Every signal blocked on the worker but the ones a fault raises:
+/// SIGINT and SIGTERM are the driver's to take, and a SIGBUS (a file
+/// truncated while blazesym reads its mapping) must reach the handler
+/// of `modules::shrunk`; blocked, the kernel would end memprof with it.
 fn block_signals() {
-    // SAFETY: a full set, applied to this thread's mask alone.
+    // SAFETY: a set built here, applied to this thread's mask alone.
     unsafe {
         let mut all: libc::sigset_t = std::mem::zeroed();
         libc::sigfillset(&mut all);
+        for fault in [libc::SIGBUS, libc::SIGSEGV, libc::SIGILL, libc::SIGFPE] {
+            libc::sigdelset(&mut all, fault);
+        }
         libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
     }
 }
