@@ -10,6 +10,9 @@
 //! - Fixed cost: `memprof run -- /bin/true`.
 //! - `memprof agent`'s bounds: idle CPU, scrapes with 500 processes
 //!   followed, RSS under process churn ([`agent`]).
+//! - What `memprof agent` costs everyday programs: gcc, python3, git,
+//!   crystal, sort, a malloc loop, cargo and http_server, each untraced
+//!   and under the agent ([`agent_cost`]).
 //!
 //! With `--baseline OLD_MEMPROF`, every traced way runs with that binary
 //! too, in the same invocation (rows marked "(baseline)"): a change is
@@ -28,6 +31,7 @@
 //! here asserts a time: the figures are for people to compare.
 
 mod agent;
+mod agent_cost;
 
 use crate::{build_memprof, fixtures, fixtures_src, output, setup::setup, show, target_dir};
 use anyhow::{bail, ensure, Context, Result};
@@ -211,7 +215,12 @@ struct Binary {
     mark: &'static str,
 }
 
-pub fn bench(baseline: Option<PathBuf>, agent_only: bool, http_only: bool) -> Result<()> {
+pub fn bench(
+    baseline: Option<PathBuf>,
+    agent_only: bool,
+    http_only: bool,
+    agent_cost: bool,
+) -> Result<()> {
     setup()?;
     let mut binaries = vec![Binary {
         path: build_memprof()?,
@@ -232,6 +241,9 @@ pub fn bench(baseline: Option<PathBuf>, agent_only: bool, http_only: bool) -> Re
         workloads()?; // binary-trees, which the churn starts
         return agent::agent_bounds(&binaries);
     }
+    if agent_cost {
+        return agent_cost::agent_cost(&binaries);
+    }
     let profile = target_dir().join("bench/bench.mprof");
     if http_only {
         return http_throughput(&binaries, &profile);
@@ -244,6 +256,7 @@ pub fn bench(baseline: Option<PathBuf>, agent_only: bool, http_only: bool) -> Re
     end_to_end(&binaries, &binary_trees, "15", &profile)?;
     http_throughput(&binaries, &profile)?;
     fixed_cost(&binaries, &profile)?;
+    agent_cost::agent_cost(&binaries)?;
     agent::agent_bounds(&binaries)?;
     Ok(())
 }
@@ -287,16 +300,7 @@ struct WrkWay {
 /// started once the server's own session is up), memprof's own start and
 /// end excluded.
 fn http_throughput(binaries: &[Binary], profile: &Path) -> Result<()> {
-    let server = target_dir().join("bench/http_server");
-    if !server.exists() {
-        println!("bench: compiling http_server.cr (crystal build --release)");
-        crate::run(
-            Command::new("crystal")
-                .args(["build", "--release", "-o"])
-                .arg(&server)
-                .arg("/usr/share/doc/crystal/examples/http_server.cr"),
-        )?;
-    }
+    let server = http_server()?;
     let mut child = Command::new(&server)
         .stdout(std::process::Stdio::null())
         .spawn()
@@ -394,6 +398,21 @@ fn http_throughput(binaries: &[Binary], profile: &Path) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// crystal-samples' http_server, built `--release` into target/bench once.
+fn http_server() -> Result<PathBuf> {
+    let server = target_dir().join("bench/http_server");
+    if !server.exists() {
+        println!("bench: compiling http_server.cr (crystal build --release)");
+        crate::run(
+            Command::new("crystal")
+                .args(["build", "--release", "-o"])
+                .arg(&server)
+                .arg("/usr/share/doc/crystal/examples/http_server.cr"),
+        )?;
+    }
+    Ok(server)
 }
 
 /// The 95 % interval of the median of `values`, by order statistics

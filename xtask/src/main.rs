@@ -10,7 +10,8 @@
 //! cargo xtask bench     # setup, build, time bench_loop untraced and under memprof
 //!                       #   (--baseline OLD_MEMPROF: the same ways with an earlier build too;
 //!                       #    --agent-only: memprof agent's idle CPU, scrapes and RSS under churn;
-//!                       #    --http-only: crystal-samples' http_server under wrk, beside each way)
+//!                       #    --http-only: crystal-samples' http_server under wrk, beside each way;
+//!                       #    --agent-cost: everyday programs untraced and under memprof agent)
 //! cargo xtask fixtures  # compile the C test fixtures into target/fixtures
 //! cargo xtask fuzz [TARGET] [--seconds N] [--keep]
 //!                       # build the fuzz targets of fuzz/ and run each (or one) N seconds
@@ -82,6 +83,11 @@ enum Task {
         /// beside each way memprof runs (`attach`, `attach --all`, `agent`).
         #[arg(long, conflicts_with = "agent_only")]
         http_only: bool,
+        /// Only what `memprof agent` with its defaults costs everyday
+        /// programs (gcc, python3, git, crystal, sort, a malloc loop, cargo,
+        /// http_server under `wrk`): each untraced and under the agent.
+        #[arg(long, conflicts_with_all = ["agent_only", "http_only"])]
+        agent_cost: bool,
     },
     /// Compile the C test fixtures into target/fixtures.
     Fixtures,
@@ -166,7 +172,8 @@ fn task(task: Task) -> Result<()> {
             baseline,
             agent_only,
             http_only,
-        } => bench::bench(baseline, agent_only, http_only),
+            agent_cost,
+        } => bench::bench(baseline, agent_only, http_only, agent_cost),
         Task::Fixtures => {
             let built = fixtures::compile_all(&fixtures_src(), &target_dir().join("fixtures"))
                 .map_err(anyhow::Error::msg)?;

@@ -23,7 +23,9 @@ use std::process::Command;
 /// and C++ toolchains (fixtures), wrk (loads crystal-samples'
 /// http_server in the benchmark), tmux (the terminal `memprof top` is
 /// tested in), Prometheus and promtool (scrape `memprof agent`, check its
-/// metrics) and curl (asks the agent over its Unix socket).
+/// metrics), curl (asks the agent over its Unix socket), and Python and
+/// git (everyday programs the agent-cost bench times, with gcc, crystal
+/// and cargo).
 const APT_PACKAGES: &[&str] = &[
     "crystal",
     "libgc-dev",
@@ -38,6 +40,8 @@ const APT_PACKAGES: &[&str] = &[
     "tmux",
     "prometheus",
     "curl",
+    "python3",
+    "git",
 ];
 
 /// cargo-fuzz, which builds and runs the fuzz targets of fuzz/ (with the

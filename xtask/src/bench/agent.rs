@@ -33,13 +33,13 @@ const CHURN_S: u64 = 600;
 const CHURN_EVERY: Duration = Duration::from_millis(300);
 
 /// The agent under measure, stopped (SIGTERM) when dropped.
-struct Agent {
+pub(super) struct Agent {
     child: Child,
-    socket: PathBuf,
+    pub(super) socket: PathBuf,
 }
 
 impl Agent {
-    fn start(memprof: &Path) -> Result<Agent> {
+    pub(super) fn start(memprof: &Path) -> Result<Agent> {
         let socket = target_dir().join("bench/agent.sock");
         let _ = std::fs::remove_file(&socket);
         let mut child = Command::new(memprof)
