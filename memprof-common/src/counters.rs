@@ -148,6 +148,13 @@ counters! {
         /// for whose copy could not be sent for unwinding in userspace
         /// (`DEFERRED_STACKS` full): they stay cut there.
         pub deferred_lost: u64,
+        /// A page sampled at its first write (`rss`) not recorded: the
+        /// table of sampled ranges (`RSS_CHUNKS`) was full.
+        pub rss_pages_untracked: u64,
+        /// A range unmapped or discarded too big to look through whole
+        /// (`rss`): pages of it sampled before may still count as
+        /// resident.
+        pub rss_releases_cut: u64,
     }
 }
 

@@ -177,6 +177,8 @@ pub struct KernelLayout {
     /// `mm_struct.arg_start` and `arg_end`: the command line.
     pub mm_arg_start: u32,
     pub mm_arg_end: u32,
+    /// `mm_struct.brk`: the heap's end, before a `brk` that shrinks it.
+    pub mm_brk: u32,
     /// A file's path, walked up as the kernel's `d_path` does: `file.f_path`'s
     /// `mnt` and `dentry`, `dentry.d_parent`, `dentry.d_name.name`,
     /// `vfsmount.mnt_root`, and `struct mount`'s `mnt`, `mnt_parent`,

@@ -14,15 +14,22 @@ pub enum AllocKind {
     Gc = 2,
     /// Boehm GC, pointer-free objects (`GC_malloc_atomic`).
     GcAtomic = 3,
+    /// Resident memory: a page of memory written for the first time (a
+    /// page fault), whatever allocated it; given back when its range is
+    /// unmapped or discarded.
+    Rss = 4,
 }
 
 impl AllocKind {
-    pub const ALL: [AllocKind; 4] = [
+    pub const ALL: [AllocKind; 5] = [
         AllocKind::Libc,
         AllocKind::Mmap,
         AllocKind::Gc,
         AllocKind::GcAtomic,
+        AllocKind::Rss,
     ];
+    /// How many kinds there are.
+    pub const COUNT: usize = Self::ALL.len();
 
     /// The name used in reports and JSON.
     pub fn name(self) -> &'static str {
@@ -31,6 +38,7 @@ impl AllocKind {
             AllocKind::Mmap => "mmap",
             AllocKind::Gc => "gc",
             AllocKind::GcAtomic => "gc_atomic",
+            AllocKind::Rss => "rss",
         }
     }
 }
@@ -46,6 +54,7 @@ impl TryFrom<u8> for AllocKind {
             1 => Ok(AllocKind::Mmap),
             2 => Ok(AllocKind::Gc),
             3 => Ok(AllocKind::GcAtomic),
+            4 => Ok(AllocKind::Rss),
             _ => Err(UnknownKind(v)),
         }
     }
@@ -73,6 +82,6 @@ mod tests {
         for kind in AllocKind::ALL {
             assert_eq!(AllocKind::try_from(kind as u8), Ok(kind));
         }
-        assert_eq!(AllocKind::try_from(4), Err(UnknownKind(4)));
+        assert_eq!(AllocKind::try_from(5), Err(UnknownKind(5)));
     }
 }

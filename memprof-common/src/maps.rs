@@ -125,8 +125,15 @@ pub const SIGNAL_ON_DLOPEN: &str = "SIGNAL_ON_DLOPEN";
 /// while writing another switch.
 pub const DLOPEN_SIGNALLED: &str = "DLOPEN_SIGNALLED";
 
+// rss: pages sampled at their first write.
+/// `(process index, 2 MiB chunk)` → a bit per page of the chunk sampled
+/// and live: what a range given back is looked through by.
+pub const RSS_CHUNKS: &str = "RSS_CHUNKS";
+/// A thread's `mremap` in flight: its old range, for the return.
+pub const REMAPS: &str = "REMAPS";
+
 /// Every map of the eBPF object.
-pub const ALL: [&str; 43] = [
+pub const ALL: [&str; 45] = [
     ENABLED,
     COUNTERS,
     LIVE,
@@ -170,4 +177,6 @@ pub const ALL: [&str; 43] = [
     SELECTED_COMMS,
     SELECTED_EXES,
     PATH_WALK,
+    RSS_CHUNKS,
+    REMAPS,
 ];

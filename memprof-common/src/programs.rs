@@ -27,9 +27,20 @@ pub const PROCESS_EXEC: &str = "process_exec";
 /// OOM killer chose a process.
 pub const OOM_VICTIM: &str = "oom_victim";
 
+/// Raw tracepoint `page_fault_user` (`--rss`): a page written for the
+/// first time, sampled by bytes.
+pub const PAGE_FAULT: &str = "page_fault";
+/// Raw tracepoints `sys_enter` and `sys_exit` (`--rss`): the syscalls
+/// that give memory back, `munmap`, `madvise` (`MADV_DONTNEED`,
+/// `MADV_FREE`, `MADV_REMOVE`), `mmap` with `MAP_FIXED` over a range,
+/// `brk` lowering the heap's end, and `mremap` (its return: the pages
+/// move with it).
+pub const MM_SYSCALL: &str = "mm_syscall";
+pub const MM_SYSCALL_EXIT: &str = "mm_syscall_exit";
+
 /// Every program of the eBPF object (checked against the object by a
 /// userspace test, as [`maps::ALL`](super::maps::ALL) is).
-pub const ALL: [&str; 12] = [
+pub const ALL: [&str; 15] = [
     ALLOC_ENTER,
     ALLOC_EXIT,
     ALLOC_SESSION,
@@ -42,6 +53,9 @@ pub const ALL: [&str; 12] = [
     THREAD_EXIT,
     PROCESS_EXEC,
     OOM_VICTIM,
+    PAGE_FAULT,
+    MM_SYSCALL,
+    MM_SYSCALL_EXIT,
 ];
 
 /// The number the kernel programs call `bpf_session_is_return()` by: a

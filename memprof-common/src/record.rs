@@ -56,14 +56,16 @@ pub struct LiveAlloc {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KindLive {
-    pub blocks: [i64; 4],
-    pub bytes: [i64; 4],
+    /// By [`AllocKind`](crate::AllocKind) byte; room for 8 so that the
+    /// kernel indexes with `kind & 7`, which the verifier can bound.
+    pub blocks: [i64; 8],
+    pub bytes: [i64; 8],
 }
 
 impl KindLive {
     /// Adds another CPU's figures.
     pub fn add(&mut self, other: &KindLive) {
-        for i in 0..4 {
+        for i in 0..8 {
             self.blocks[i] += other.blocks[i];
             self.bytes[i] += other.bytes[i];
         }

@@ -80,6 +80,18 @@ static TABLE_BUILD: PerCpuArray<TableBuild> = PerCpuArray::with_max_entries(1, 0
 /// table. `None`: not followed (memprof itself, or no room).
 #[inline(always)]
 pub(crate) fn this_process() -> Option<ProcessState> {
+    process_state(true)
+}
+
+/// [`this_process`] for a program that must not walk the task's memory
+/// map (a page fault's): a process with no table yet gets none (0).
+#[inline(always)]
+pub(crate) fn this_process_or_none() -> Option<ProcessState> {
+    process_state(false)
+}
+
+#[inline(always)]
+fn process_state(build: bool) -> Option<ProcessState> {
     if HOST.load() == 0 {
         // Only the CFI unwinder reads the table: with frame pointers,
         // no lookup per call (a load-time constant: the verifier drops it).
@@ -98,7 +110,7 @@ pub(crate) fn this_process() -> Option<ProcessState> {
         return None;
     }
     let mut modules = PROCESS_MODULES.get(index).copied().unwrap_or(0);
-    if modules == 0 {
+    if modules == 0 && build {
         // No table yet (a program's first calls, before its dynamic
         // linker's first `_dl_debug_state`): the kernel's own, once.
         modules = build_table(index, tgid);

@@ -66,6 +66,9 @@ mod record;
 /// Weighing a Boehm free-list refill.
 #[cfg(target_arch = "bpf")]
 mod refill;
+/// Resident memory by stack: pages at their first write, and given back.
+#[cfg(target_arch = "bpf")]
+mod rss;
 /// Sampling by bytes: which calls are followed.
 #[cfg(target_arch = "bpf")]
 mod sampling;
@@ -88,7 +91,7 @@ mod programs {
         programs::{ProbeContext, RawTracePointContext, RetProbeContext},
     };
 
-    use crate::{calls, gc, host, library_load};
+    use crate::{calls, gc, host, library_load, rss};
 
     /// Entry of every allocating function (the cookie says which).
     #[uprobe]
@@ -155,6 +158,28 @@ mod programs {
     pub fn oom_victim(ctx: RawTracePointContext) -> i32 {
         // args: the task, its user.
         host::oom_victim(ctx.arg::<u64>(0))
+    }
+
+    /// `--rss`: a user page fault. args: the address, the user
+    /// registers, the error code.
+    #[raw_tracepoint(tracepoint = "page_fault_user")]
+    pub fn page_fault(ctx: RawTracePointContext) -> i32 {
+        rss::page_fault(ctx.arg::<u64>(0), ctx.arg::<u64>(1), ctx.arg::<u64>(2))
+    }
+
+    /// `--rss`: a syscall's entry (raw tracepoint `sys_enter`; args:
+    /// the user's registers, the syscall's number): those that give
+    /// memory back.
+    #[raw_tracepoint(tracepoint = "sys_enter")]
+    pub fn mm_syscall(ctx: RawTracePointContext) -> i32 {
+        rss::syscall_entry(ctx.arg::<u64>(0), ctx.arg::<u64>(1))
+    }
+
+    /// `--rss`: a syscall's return (`sys_exit`; args: the registers, the
+    /// return value): `mremap`'s.
+    #[raw_tracepoint(tracepoint = "sys_exit")]
+    pub fn mm_syscall_exit(ctx: RawTracePointContext) -> i32 {
+        rss::syscall_exit(ctx.arg::<u64>(0), ctx.arg::<u64>(1))
     }
 
     /// Benchmark baseline: the bare cost of a probe hit.

@@ -36,6 +36,62 @@ static OVERFLOW_TOTALS: PerCpuArray<SiteTotals> =
 #[map]
 pub(crate) static STACKS: StackTrace = StackTrace::with_max_entries(1 << 15, 0);
 
+/// Records a page written for the first time (`rss`) at `key`, its
+/// `LIVE` key, under `site`; `size`: a page.
+#[inline(always)]
+pub(crate) fn record_page(key: u64, site: &AllocSite, size: u64) {
+    bump(|c| &mut c.allocs);
+    let (site, totals) = site_totals(site);
+    let in_totals = match totals {
+        Some(totals) => unsafe {
+            (*totals).count += 1;
+            (*totals).bytes += size;
+            true
+        },
+        None => false,
+    };
+    let now = unsafe { bpf_ktime_get_ns() };
+    let live = LiveAlloc {
+        site,
+        size,
+        timestamp_ns: now,
+        epoch: 0,
+    };
+    match (insert_live(key, &live, now), in_totals) {
+        (true, true) => {}
+        (false, true) => bump(|c| &mut c.live_map_full),
+        (true, false) => bump(|c| &mut c.sites_map_full),
+        (false, false) => bump(|c| &mut c.both_maps_full),
+    }
+}
+
+/// A page recorded by [`record_page`] given back (unmapped or
+/// discarded): out of `LIVE`, its lifetime to its site.
+#[inline(always)]
+pub(crate) fn release_page(key: u64, now: u64) {
+    if let Some(old) = LIVE.get_ptr(&key) {
+        let old = unsafe { *old };
+        retire(&old, now, false);
+        if LIVE.remove(&key).is_ok() {
+            count_live(old.site.kind, old.size, -1);
+        }
+    }
+}
+
+/// A page recorded by [`record_page`] moved (`mremap`) from `key` to `to`.
+#[inline(always)]
+pub(crate) fn move_page(key: u64, to: u64) {
+    if let Some(old) = LIVE.get_ptr(&key) {
+        let old = unsafe { *old };
+        if LIVE.remove(&key).is_ok() {
+            count_live(old.site.kind, old.size, -1);
+            if LIVE.insert(&to, &old, 0).is_ok() {
+                count_live(old.site.kind, old.size, 1);
+            }
+        }
+    }
+}
+
 /// Records an allocation at `addr`; `slot`: the thread's `PENDING` slot.
 #[inline(always)]
 pub(crate) fn record(
@@ -161,7 +217,7 @@ fn overflow_totals(kind: u8) -> Option<*mut SiteTotals> {
 /// Adds `sign` blocks of `size` bytes to `LIVE_BY_KIND` (this CPU's slot).
 #[inline(always)]
 fn count_live(kind: u8, size: u64, sign: i64) {
-    let k = (kind & 3) as usize;
+    let k = (kind & 7) as usize;
     if let Some(slot) = LIVE_BY_KIND.get_ptr_mut(0) {
         unsafe {
             (*slot).blocks[k] += sign;

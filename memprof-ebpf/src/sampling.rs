@@ -56,6 +56,14 @@ fn refill_skipped(every: u32) -> bool {
     draw % every != 0
 }
 
+/// Whether a page written for the first time (`--rss`, `size` bytes) is
+/// followed: the same draw as an allocation's, every one without
+/// sampling.
+#[inline(always)]
+pub(crate) fn page_sampled(size: u64) -> bool {
+    SAMPLING.load() != 1 || sampled(size)
+}
+
 /// Sampling (`--sample-bytes N`): whether an allocation of `size` bytes
 /// is followed. Sample points are a Poisson process over the bytes
 /// allocated (on this CPU), with mean distance N: an allocation is

@@ -76,6 +76,7 @@ pub(crate) static KERNEL_LAYOUT: Global<KernelLayout> = Global::new(KernelLayout
     mm_exe_file: 0,
     mm_arg_start: 0,
     mm_arg_end: 0,
+    mm_brk: 0,
     path_mnt: 0,
     path_dentry: 0,
     dentry_parent: 0,

@@ -180,20 +180,42 @@ const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 #[inline(never)]
 pub(crate) fn dwarf_unwind(ctx: &ProbeContext, packed: u32) -> (u64, Option<u64>) {
     let regs = unsafe { &*ctx.regs };
+    unwind_regs(0, regs.rsp, regs.rbp, packed)
+}
+
+/// [`dwarf_unwind`] from an instruction inside a function (a page
+/// fault's, at `ip`, with `%rsp` and `%rbp` there). The first frame is
+/// `ip + 1`, as if it were a return address: its row is looked up at
+/// `ip` and userspace names it at `ip`, as every frame.
+#[inline(never)]
+pub(crate) fn dwarf_unwind_at(ip: u64, sp: u64, bp: u64, packed: u32) -> (u64, Option<u64>) {
+    unwind_regs(ip, sp, bp, packed)
+}
+
+/// The walk from registers: at a function's entry (`ip` 0) or inside one.
+#[inline(always)]
+fn unwind_regs(ip: u64, rsp: u64, rbp: u64, packed: u32) -> (u64, Option<u64>) {
     let Some(scratch) = SCRATCH.get_ptr_mut(0) else {
-        let caller = unsafe { bpf_probe_read_user(regs.rsp as *const u64) }.unwrap_or(0);
+        let caller = match ip {
+            0 => unsafe { bpf_probe_read_user(rsp as *const u64) }.unwrap_or(0),
+            ip => ip + 1,
+        };
         return (caller, None);
     };
     // At entry the CFA is %rsp + 8 and the return address, the
-    // caller, is at %rsp. The stack is read a window at a time.
+    // caller, is at %rsp; inside, the frame is the instruction's own.
+    // The stack is read a window at a time.
     let caller = {
         let scratch = unsafe { &mut *scratch };
         let mut window = Window { start: 0, end: 0 };
-        let caller = window.word(&mut scratch.window, regs.rsp).unwrap_or(0);
+        let (caller, sp) = match ip {
+            0 => (window.word(&mut scratch.window, rsp).unwrap_or(0), rsp + 8),
+            ip => (ip + 1, rsp),
+        };
         scratch.walk = Walk {
             pc: caller,
-            sp: regs.rsp + 8,
-            bp: regs.rbp,
+            sp,
+            bp: rbp,
             hash: FNV_OFFSET,
             len: 0,
             truncated: 1,

@@ -213,7 +213,7 @@ pub struct PerKind([[u64; 2]; AllocKind::ALL.len()]);
 
 impl PerKind {
     /// From `[blocks, bytes]` per kind (indexed by [`AllocKind`]).
-    pub fn from_array(per_kind: [[u64; 2]; 4]) -> PerKind {
+    pub fn from_array(per_kind: [[u64; 2]; memprof_common::AllocKind::COUNT]) -> PerKind {
         PerKind(per_kind)
     }
 

@@ -62,6 +62,11 @@ pub struct SessionOptions {
     /// (`machine::events`: after a quiet second, the kernel's wakeup, up to
     /// 4 ms late, is waited for instead of looking every millisecond).
     pub resident: bool,
+    /// `--rss`: pages at their first write, sampled, by stack (host
+    /// modes only).
+    pub rss: bool,
+    /// Host modes: the allocator functions are probed (`--rss-only`: not).
+    pub calls: bool,
 }
 
 /// How dead Boehm GC objects are recognized.

@@ -330,6 +330,13 @@ pub enum Command {
         /// --dir: seconds between two snapshots of a process whose figures changed.
         #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_EVERY_S, requires = "dir")]
         dir_every: f64,
+        /// Probe the allocator functions too (every libc `malloc` and
+        /// `free` of every process followed traps into the kernel, 1-2
+        /// µs each: a release `cargo build` took 15 times as long). By
+        /// default the agent follows resident memory only (--rss-only):
+        /// no process pays anything per allocation call.
+        #[arg(long, conflicts_with = "rss_only")]
+        calls: bool,
         /// Stop after this many seconds.
         #[arg(long, short)]
         duration: Option<f64>,
@@ -408,6 +415,24 @@ pub struct SessionArgs {
     /// allocators (libc), GC ones being sampled at the refills.
     #[arg(long, value_name = "N")]
     pub sample_bytes: Option<u64>,
+    /// Resident memory by stack too (attach --all, --comm, --exe; the
+    /// agent's default): each page of memory a process writes for the
+    /// first time (its page fault, which the kernel pays for anyway),
+    /// with the stack that wrote it, whatever allocated it (glibc,
+    /// jemalloc, Go, the JVM, the Boehm GC's heap, a bare mmap); given
+    /// back when its range is unmapped or discarded (munmap, madvise
+    /// DONTNEED/FREE/REMOVE, brk lowered, mremap, mmap MAP_FIXED over
+    /// it). Sampled as allocations are (--sample-bytes; a page weighs
+    /// 4 KiB; 0: every page). Its own kind in reports: `rss`. A page
+    /// read before it is written is the kernel's zero page: not counted.
+    #[arg(long)]
+    pub rss: bool,
+    /// Only resident memory (--rss): no probe on any allocator function,
+    /// so no process pays anything per allocation call (a malloc loop
+    /// runs at full speed); what costs is a sampled page fault's stack.
+    /// The agent's default.
+    #[arg(long, conflicts_with = "rss")]
+    pub rss_only: bool,
     /// How Boehm GC allocations are followed. exact: every GC_malloc and
     /// GC_malloc_atomic call is probed (about a microsecond each). refill:
     /// the collector's fast path is left alone; memprof probes where a

@@ -52,9 +52,19 @@ pub(super) fn for_all(args: &SessionArgs, mut options: SessionOptions) -> Sessio
 /// `memprof agent`: as `attach --comm/--exe` (libc and mmap sampled by
 /// bytes, each Boehm GC program's objects at its collector's refills),
 /// with one live table for every process, as `attach --all`.
-pub(super) fn for_agent(args: &SessionArgs, options: SessionOptions) -> SessionOptions {
+pub(super) fn for_agent(
+    args: &SessionArgs,
+    options: SessionOptions,
+    calls: bool,
+) -> SessionOptions {
     let mut options = for_selection(args, options);
     options.resident = true;
+    // Resident memory only unless the allocator functions are asked for.
+    if !calls {
+        options.rss = true;
+        options.probes.rss = true;
+        options.calls = false;
+    }
     options.probes.gc_refill_every = args.gc_refill_every.unwrap_or(AGENT_REFILL_EVERY);
     if args.max_live.is_none() && options.probes.sample_bytes > 0 {
         options.probes.max_live = HOST_SAMPLED_MAX_LIVE;
@@ -119,6 +129,7 @@ pub(super) fn session_options(
             host: false,
             family_root: 0,
             selecting: false,
+            rss: args.rss || args.rss_only,
             // Set by the session, which knows whether mark bits are read.
             gc_copy: false,
             gc_verdicts: false,
@@ -140,6 +151,8 @@ pub(super) fn session_options(
         followed: false,
         verbose: args.verbose,
         resident: false,
+        rss: args.rss || args.rss_only,
+        calls: !args.rss_only,
         live: LiveOptions {
             sample_period: (args.sample_period > 0)
                 .then(|| Duration::from_millis(args.sample_period)),

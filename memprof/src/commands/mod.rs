@@ -65,6 +65,15 @@ fn session_args(command: &Command) -> Option<&SessionArgs> {
     }
 }
 
+/// `--rss` and `--rss-only` follow page faults through the machine-wide
+/// modes only.
+fn no_rss(session: &SessionArgs, mode: &str) -> Result<()> {
+    if session.rss || session.rss_only {
+        bail!("--rss and --rss-only follow resident memory with attach --all, --comm, --exe and the agent, not with {mode} (yet): try attach --exe PATH");
+    }
+    Ok(())
+}
+
 /// `run`, `attach`, `top` and `heap`, under `driver`.
 fn long_running(driver: &Driver, command: Command) -> Result<i32> {
     match command {
@@ -74,6 +83,7 @@ fn long_running(driver: &Driver, command: Command) -> Result<i32> {
             command,
         } => {
             refuse_attach_flags(&command[0].to_string_lossy())?;
+            no_rss(&session, "run")?;
             let options = SessionOptions {
                 follow: !no_follow,
                 ..session_options(&session, None)?
@@ -98,6 +108,7 @@ fn long_running(driver: &Driver, command: Command) -> Result<i32> {
                     crate::session::machine::attach_all(driver, &options)
                 }
                 (false, Some(pid)) => {
+                    no_rss(&session, "attach --pid")?;
                     drive::attach(driver, pid, &flags::refills_checked(&session, options)?)
                 }
                 (false, None) => {
@@ -163,6 +174,7 @@ fn long_running(driver: &Driver, command: Command) -> Result<i32> {
             dir,
             dir_budget,
             dir_every,
+            calls,
             duration,
             session,
         } => {
@@ -170,7 +182,7 @@ fn long_running(driver: &Driver, command: Command) -> Result<i32> {
                 bail!("memprof agent writes no profile file: it serves its profiles (GET /api/profile?pid=N&format=json, or /debug/pprof/heap?pid=N)");
             }
             let duration = seconds("--duration", duration)?;
-            let options = flags::for_agent(&session, session_options(&session, duration)?);
+            let options = flags::for_agent(&session, session_options(&session, duration)?, calls);
             let options = flags::refills_checked(&session, options)?;
             let selection = match comm.is_empty() && exe.is_empty() {
                 true => None,
@@ -207,6 +219,7 @@ fn top(
     duration: Option<f64>,
     session: &SessionArgs,
 ) -> Result<i32> {
+    no_rss(session, "top")?;
     if pid.is_empty() && comm.is_empty() && exe.is_empty() {
         bail!("memprof top: say which processes: --pid N, --comm NAME or --exe PATH (each repeatable)");
     }

@@ -115,7 +115,7 @@ pub struct Figures {
     pub exe: String,
     /// Per [`memprof_common::AllocKind`] (by its number): live blocks and
     /// bytes (estimated when sampled).
-    pub live: [[u64; 2]; 4],
+    pub live: [[u64; 2]; memprof_common::AllocKind::COUNT],
     /// Allocations followed so far (estimated when sampled).
     pub allocations: u64,
     /// Boehm GC programs with a session: collections seen, and the

@@ -126,7 +126,7 @@ fn into_groups(mut raw: Vec<RawGroup>, mut ids: Vec<u32>, stacks: &Stacks) -> Ve
         // Classes are a GC heap notion; libc and mmap rows keep their call site.
         let type_name = match g.kind() {
             AllocKind::Gc | AllocKind::GcAtomic => stack_type(stack),
-            AllocKind::Libc | AllocKind::Mmap => None,
+            AllocKind::Libc | AllocKind::Mmap | AllocKind::Rss => None,
         };
         groups.push(group(g, stack, type_name));
     }

@@ -152,6 +152,7 @@ fn kernel_layout() -> Result<KernelLayout> {
         ("mm_struct", &["exe_file"]),
         ("mm_struct", &["arg_start"]),
         ("mm_struct", &["arg_end"]),
+        ("mm_struct", &["brk"]),
     ])?;
     let o: Vec<u32> = o.into_iter().map(|o| o as u32).collect();
     Ok(KernelLayout {
@@ -177,6 +178,7 @@ fn kernel_layout() -> Result<KernelLayout> {
         mm_exe_file: o[19],
         mm_arg_start: o[20],
         mm_arg_end: o[21],
+        mm_brk: o[22],
     })
 }
 

@@ -34,6 +34,7 @@ mod host;
 mod kernel;
 mod multi;
 pub(crate) mod placement;
+mod rss;
 mod spare;
 #[cfg(test)]
 mod stack_budget;
@@ -92,6 +93,9 @@ pub struct ProbeOptions {
     /// With `gc_copy`, the kernel judges the copy's objects by the mark
     /// bits itself ([`globals::GC_VERDICTS`]).
     pub gc_verdicts: bool,
+    /// With `host`: pages at their first write, sampled, and the
+    /// syscalls that give them back (`--rss`).
+    pub rss: bool,
 }
 
 impl ProbeOptions {
@@ -113,6 +117,7 @@ impl ProbeOptions {
             selecting: false,
             gc_copy: false,
             gc_verdicts: false,
+            rss: false,
         }
     }
 }
@@ -278,6 +283,9 @@ impl Probes {
         probes.set_enabled(true)?;
         if options.host {
             probes.start_host(host)?;
+            if options.rss {
+                probes.start_rss()?;
+            }
         }
         Ok(probes)
     }

@@ -286,7 +286,7 @@ impl HeapMaps {
 
     /// `[blocks, bytes]` in the live table per kind (indexed by
     /// [`AllocKind`]), in O(1): the kernel's per-kind totals, summed over CPUs.
-    pub fn live_by_kind(&self) -> Result<[[u64; 2]; 4]> {
+    pub fn live_by_kind(&self) -> Result<[[u64; 2]; memprof_common::AllocKind::COUNT]> {
         let mut sum = KindLive::default();
         for cpu in self.live_by_kind.get(&0, 0)?.iter() {
             sum.add(cpu);
@@ -391,6 +391,8 @@ fn report_counters(kernel: KernelCounters) -> Counters {
         // processes instead: `ModuleTables::tables_from_proc`.)
         tables_not_built: _,
         deferred_lost,
+        rss_pages_untracked,
+        rss_releases_cut,
     } = kernel;
     Counters {
         live_map_full,
@@ -419,6 +421,8 @@ fn report_counters(kernel: KernelCounters) -> Counters {
         refills_skipped,
         processes_not_followed,
         stacks_not_finished: deferred_lost,
+        rss_pages_untracked,
+        rss_releases_cut,
         // Userspace's: `attach --all` adds it.
         short_of_resources: 0,
         tables_from_proc: 0,

@@ -103,6 +103,14 @@ pub struct Counters {
     /// or keep it): they stay cut there (and count in `truncated_stacks`).
     #[serde(default)]
     pub stacks_not_finished: u64,
+    /// `--rss`: pages sampled at their first write not recorded (the
+    /// kernel's table of sampled ranges was full).
+    #[serde(default)]
+    pub rss_pages_untracked: u64,
+    /// `--rss`: ranges unmapped or discarded too big to look through
+    /// whole: pages sampled in them may still count as resident.
+    #[serde(default)]
+    pub rss_releases_cut: u64,
     /// `attach --all` on a kernel without the task-VMA iterator (Linux <
     /// 6.7): processes whose first module table came from memprof's
     /// reading of /proc, the kernel building none of its own: their
@@ -176,6 +184,7 @@ impl Counters {
             + self.stale_calls
             + self.processes_not_followed
             + self.short_of_resources
+            + self.rss_pages_untracked
     }
 
     /// Allocations recorded in both tables.

@@ -133,8 +133,8 @@ impl Profile {
 
     /// Live blocks and bytes per allocation kind (in
     /// [`memprof_common::AllocKind::ALL`]'s order), over every group.
-    pub fn live_per_kind(&self) -> [[u64; 2]; 4] {
-        let mut live = [[0u64; 2]; 4];
+    pub fn live_per_kind(&self) -> [[u64; 2]; memprof_common::AllocKind::COUNT] {
+        let mut live = [[0u64; 2]; memprof_common::AllocKind::COUNT];
         for g in &self.groups {
             if let Some(k) = kind_index(&g.kind) {
                 live[k][0] += g.live_count;

@@ -85,7 +85,7 @@ pub fn loss_summary(profile: &Profile) -> String {
 pub fn lost_events(profile: &Profile) -> String {
     let c = &profile.counters;
     format!(
-        "{} (each counted once: not tracked as live, live table full: {}; missing from the stack totals, site table full: {}; in neither table: {}; calls not followed, in-flight table full: {}; returns missed: {}{}{})",
+        "{} (each counted once: not tracked as live, live table full: {}; missing from the stack totals, site table full: {}; in neither table: {}; calls not followed, in-flight table full: {}; returns missed: {}{}{}{})",
         thousands(c.lost_events()),
         thousands(c.live_map_full),
         thousands(c.sites_map_full),
@@ -100,6 +100,10 @@ pub fn lost_events(profile: &Profile) -> String {
         match c.short_of_resources {
             0 => String::new(),
             n => format!("; calls of processes memprof was short of descriptors or memory to read (frames may be unnamed): {}", thousands(n)),
+        },
+        match c.rss_pages_untracked {
+            0 => String::new(),
+            n => format!("; resident pages sampled, table of sampled ranges full: {}", thousands(n)),
         },
     )
 }
@@ -157,6 +161,12 @@ pub fn other_losses(profile: &Profile) -> String {
         line += &format!(
             "; stacks cut at a file not read in time and not finished (no room for their copy): {}",
             thousands(c.stacks_not_finished)
+        );
+    }
+    if c.rss_releases_cut > 0 {
+        line += &format!(
+            "; ranges given back too big to look through (their sampled pages may still count as resident): {}",
+            thousands(c.rss_releases_cut)
         );
     }
     let folded = folded_groups(profile);

@@ -118,7 +118,7 @@ pub(super) struct Feeder {
     pub(super) intake: Arc<Mutex<Intake>>,
     pub(super) copy: Arc<Mutex<GcCopy>>,
     /// The copy's per-kind figures when last read.
-    pub(super) per_kind: [[u64; 2]; 4],
+    pub(super) per_kind: [[u64; 2]; memprof_common::AllocKind::COUNT],
     /// The copy's allocated objects and records when last read.
     pub(super) allocated: (u64, u64),
     stop: Arc<AtomicBool>,
@@ -179,7 +179,7 @@ impl Feeder {
         Ok(Feeder {
             intake,
             copy,
-            per_kind: [[0; 2]; 4],
+            per_kind: [[0; 2]; memprof_common::AllocKind::COUNT],
             allocated: (0, 0),
             stop,
             thread: Some(thread),

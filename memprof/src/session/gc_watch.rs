@@ -452,7 +452,7 @@ impl GcWatch {
     /// Tracked GC objects and bytes per kind, cheaply (for timeline
     /// samples): never waits for the copy's lock (the feeder may be
     /// merging), the last figures read then.
-    pub(super) fn per_kind(&mut self) -> Option<[[u64; 2]; 4]> {
+    pub(super) fn per_kind(&mut self) -> Option<[[u64; 2]; memprof_common::AllocKind::COUNT]> {
         let feeder = self.feeder.as_mut()?;
         if let Ok(copy) = feeder.copy.try_lock() {
             feeder.per_kind = copy.per_kind();

@@ -224,7 +224,7 @@ impl Session {
 
     /// Live blocks and bytes per kind now: the kernel's table's and the GC
     /// copy's running figures (O(1)).
-    fn live_per_kind(&mut self) -> Result<[[u64; 2]; 4]> {
+    fn live_per_kind(&mut self) -> Result<[[u64; 2]; memprof_common::AllocKind::COUNT]> {
         let mut per_kind = self.tables.live_by_kind()?;
         if let Some(gc) = self.gc.per_kind() {
             for (sum, gc) in per_kind.iter_mut().zip(gc) {

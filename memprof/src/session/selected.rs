@@ -33,7 +33,7 @@ pub(crate) struct Ended {
     pub info: ProcessInfo,
     /// What it held live when it ended: blocks and bytes per kind (by
     /// [`memprof_common::AllocKind`]'s number).
-    pub held: [[u64; 2]; 4],
+    pub held: [[u64; 2]; memprof_common::AllocKind::COUNT],
     /// A Boehm GC program's: the collections its session saw.
     pub collections: Option<u64>,
 }

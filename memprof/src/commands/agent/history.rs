@@ -25,7 +25,7 @@ pub const POINTS: usize = 120;
 struct Point {
     unix_s: f64,
     /// Per [`memprof_common::AllocKind`]: live blocks and bytes.
-    live: [[u64; 2]; 4],
+    live: [[u64; 2]; memprof_common::AllocKind::COUNT],
     gc_heap_bytes: Option<u64>,
 }
 
@@ -117,7 +117,7 @@ impl History {
             .unwrap_or_else(|| now_unix_s() - start);
         let mut last = Point {
             unix_s: start + end_s,
-            live: [[0; 2]; 4],
+            live: [[0; 2]; memprof_common::AllocKind::COUNT],
             gc_heap_bytes: profile.gc.as_ref().and_then(|g| g.heap_size),
         };
         for g in &profile.groups {

@@ -112,7 +112,7 @@ pub struct GcCopy {
     reallocs: Vec<(u64, u64, u64)>,
     /// Objects and bytes tracked per kind: exact after a settle, plus the
     /// allocations since (frees and reuse are applied at the next settle).
-    per_kind: [[u64; 2]; 4],
+    per_kind: [[u64; 2]; memprof_common::AllocKind::COUNT],
     /// A block mask (0: none) and the blocks of the settled objects under
     /// it, as of the last settle ([`Self::track_blocks`]).
     settled_blocks: (u64, Vec<u64>),
@@ -379,7 +379,7 @@ impl GcCopy {
 
     /// Tracked objects and bytes per kind (indexed by `AllocKind`), cheap:
     /// exact at the last settle, plus the allocations since.
-    pub fn per_kind(&self) -> [[u64; 2]; 4] {
+    pub fn per_kind(&self) -> [[u64; 2]; memprof_common::AllocKind::COUNT] {
         self.per_kind
     }
 

@@ -230,7 +230,7 @@ impl GcCopy {
                 .collect();
             self.big.retain(|addr, _| big.contains(addr));
         }
-        self.per_kind = [[0; 2]; 4];
+        self.per_kind = [[0; 2]; memprof_common::AllocKind::COUNT];
         for (site, s) in &self.sites {
             let k = &mut self.per_kind[site.kind as usize & 3];
             k[0] += (s.tracked_count as f64 * s.objects_per_record()).round() as u64;

@@ -336,6 +336,9 @@ pub struct Files {
     pub started: bool,
     /// What was said of those files, for the session's notes.
     pub probed_late: Vec<String>,
+    /// The allocator functions are probed (`--rss-only`: not; the files'
+    /// rows are still written, for the page faults' stacks).
+    calls: bool,
     /// Opens of files named by the kernel refused for want of a resource
     /// (descriptors, memory).
     pub refused: u64,
@@ -360,6 +363,7 @@ impl Files {
             started: false,
             probed_late: Vec::new(),
             refused: 0,
+            calls: options.calls,
         }
     }
 
@@ -534,7 +538,7 @@ impl Files {
         planned: &[crate::probes::placement::Planned],
         plan: &Plan,
     ) {
-        if planned.is_empty() {
+        if planned.is_empty() || !self.calls {
             return;
         }
         let files: HashSet<&PathBuf> = planned.iter().map(|p| &p.func.module).collect();

@@ -80,11 +80,11 @@ impl Host {
     /// The processes that ended and are kept, oldest first, each with
     /// what it held live when it ended: blocks and bytes per kind (by
     /// [`memprof_common::AllocKind`]'s number).
-    pub(crate) fn ended(&self) -> Vec<(ProcessInfo, [[u64; 2]; 4])> {
+    pub(crate) fn ended(&self) -> Vec<(ProcessInfo, [[u64; 2]; memprof_common::AllocKind::COUNT])> {
         let mut ended = Vec::new();
         for profile in self.merged.iter().chain(&self.done) {
             // One pass over the groups (a merged profile holds 1,000 processes).
-            let mut live: HashMap<(u32, u32), [[u64; 2]; 4]> = HashMap::new();
+            let mut live: HashMap<(u32, u32), [[u64; 2]; memprof_common::AllocKind::COUNT]> = HashMap::new();
             for g in &profile.groups {
                 let Some(kind) = crate::profile::kind_index(&g.kind) else {
                     continue;
