@@ -131,9 +131,11 @@ pub const DLOPEN_SIGNALLED: &str = "DLOPEN_SIGNALLED";
 pub const RSS_CHUNKS: &str = "RSS_CHUNKS";
 /// A thread's `mremap` in flight: its old range, for the return.
 pub const REMAPS: &str = "REMAPS";
+/// Per CPU: a range being given back, between two steps of its walk.
+pub const RSS_WALK: &str = "RSS_WALK";
 
 /// Every map of the eBPF object.
-pub const ALL: [&str; 45] = [
+pub const ALL: [&str; 46] = [
     ENABLED,
     COUNTERS,
     LIVE,
@@ -179,4 +181,5 @@ pub const ALL: [&str; 45] = [
     PATH_WALK,
     RSS_CHUNKS,
     REMAPS,
+    RSS_WALK,
 ];

@@ -174,7 +174,7 @@ mod tests {
     fn point(t: f64) -> Point {
         Point {
             unix_s: t,
-            live: [[1, t as u64], [0; 2], [0; 2], [0; 2]],
+            live: [[1, t as u64], [0; 2], [0; 2], [0; 2], [0; 2]],
             gc_heap_bytes: None,
         }
     }
@@ -206,7 +206,7 @@ mod tests {
         let figures = |pid, allocations, bytes| Figures {
             pid,
             allocations,
-            live: [[2, bytes], [0; 2], [0; 2], [0; 2]],
+            live: [[2, bytes], [0; 2], [0; 2], [0; 2], [0; 2]],
             ..Figures::default()
         };
         history.sample(&[figures(7, 10, 100), figures(8, 5, 50)], &HashSet::new());
