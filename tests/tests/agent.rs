@@ -41,8 +41,11 @@ impl Agent {
         let socket = dir.join("agent.sock");
         let port = free_port();
         let listen = format!("127.0.0.1:{port}");
+        // The allocator functions probed (`--calls`): these tests' figures
+        // are every call's (resident memory alone is `rss.rs`'s).
         let mut args = vec![
             OsStr::new("agent"),
+            OsStr::new("--calls"),
             OsStr::new("--sample-bytes"),
             OsStr::new("0"),
             OsStr::new("--socket"),
@@ -1389,6 +1392,7 @@ fn a_dir_others_could_write_to_is_refused() {
     let agent = |d: &Path| {
         run([
             OsStr::new("agent"),
+            OsStr::new("--calls"),
             OsStr::new("--comm"),
             OsStr::new("grow"),
             OsStr::new("--socket"),

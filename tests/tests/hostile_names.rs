@@ -671,6 +671,7 @@ fn the_agent_answers_throughout_and_obeys_sigterm() {
     let listen = format!("127.0.0.1:{port}");
     let child = memprof([
         OsStr::new("agent"),
+        OsStr::new("--calls"),
         OsStr::new("--socket"),
         socket.as_os_str(),
         OsStr::new("--listen"),

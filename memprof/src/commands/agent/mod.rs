@@ -115,13 +115,17 @@ pub fn run(
     let snapshots = serve.dir.as_ref().map(dir::Snapshots::open).transpose()?;
     let started = SystemTime::now();
     let followed = Selected::new(selection.clone(), options)?;
+    let what = match (options.rss, options.calls) {
+        (true, false) => "resident memory by stack (page faults sampled; no allocator function probed: --calls probes them)".to_string(),
+        (true, true) => format!("resident memory by stack, and the allocator functions ({} files probed)", followed.files_probed()),
+        _ => format!("the allocator functions ({} files probed)", followed.files_probed()),
+    };
     eprintln!(
-        "memprof agent: following {} (sampled: --sample-bytes {}), {} allocator files probed; serving on {}{}; SIGTERM or Ctrl-C to stop",
+        "memprof agent: following {}: {what}, sampled (--sample-bytes {}); serving on {}{}; SIGTERM or Ctrl-C to stop",
         selection
             .as_ref()
             .map_or_else(|| "every process".to_string(), Selection::describe),
         options.probes.sample_bytes,
-        followed.files_probed(),
         serve.socket.display(),
         serve
             .listen
