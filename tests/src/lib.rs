@@ -42,6 +42,13 @@ pub mod fixture {
     /// ROUNDS × 100 more 10 ms apart, each freeing the oldest
     /// (`fixtures/c/hostile.c`).
     pub const HOSTILE: &str = env!("FIXTURE_HOSTILE");
+    /// `rss_touch SECONDS [UNMAP_SECONDS]`: 100 MiB mapped and each page
+    /// written at touch_pages, then (with UNMAP_SECONDS) unmapped
+    /// (`fixtures/c/rss_touch.c`).
+    pub const RSS_TOUCH: &str = env!("FIXTURE_RSS_TOUCH");
+    /// `rss_leak SECONDS`: leaks 1 MiB/s in 4 KiB blocks it writes at
+    /// leak_block, beside a malloc(64)/free churn (`fixtures/c/rss_leak.c`).
+    pub const RSS_LEAK: &str = env!("FIXTURE_RSS_LEAK");
     /// Forks two workers that never exec; each mallocs 500 × 64 bytes at
     /// worker_alloc after 4 s (`fixtures/c/forker.c`).
     pub const FORKER: &str = env!("FIXTURE_FORKER");

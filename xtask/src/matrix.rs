@@ -99,6 +99,16 @@ const SMOKE: &[Case] = &[
         binary: "hostile_names",
         test: "the_agent_answers_throughout_and_obeys_sigterm",
     },
+    Case {
+        what: "--rss-only: 100 MiB written at one stack, exact to the page; munmap gives it back",
+        binary: "rss",
+        test: "every_page_written_is_counted_at_its_stack_and_given_back_by_munmap",
+    },
+    Case {
+        what: "agent defaults: a user's leak first among its resident memory, no breakpoint in it",
+        binary: "rss",
+        test: "the_agent_at_its_defaults_finds_a_users_leak_with_nothing_per_call",
+    },
 ];
 
 /// A whole kernel's run may take this long, boot included (a case takes

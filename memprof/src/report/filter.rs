@@ -26,7 +26,7 @@ use regex::Regex;
 use crate::profile::{Group, Profile};
 
 /// Kinds a group can have.
-pub const KINDS: [&str; 4] = ["libc", "mmap", "gc", "gc_atomic"];
+pub const KINDS: [&str; 5] = ["libc", "mmap", "gc", "gc_atomic", "rss"];
 
 /// Default of `--temporary-ms`.
 pub const DEFAULT_TEMPORARY_MS: u64 = 10;
