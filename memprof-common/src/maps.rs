@@ -129,13 +129,11 @@ pub const DLOPEN_SIGNALLED: &str = "DLOPEN_SIGNALLED";
 /// `(process index, 2 MiB chunk)` → a bit per page of the chunk sampled
 /// and live: what a range given back is looked through by.
 pub const RSS_CHUNKS: &str = "RSS_CHUNKS";
-/// A thread's `mremap` in flight: its old range, for the return.
-pub const REMAPS: &str = "REMAPS";
 /// Per CPU: a range being given back, between two steps of its walk.
 pub const RSS_WALK: &str = "RSS_WALK";
 
 /// Every map of the eBPF object.
-pub const ALL: [&str; 46] = [
+pub const ALL: [&str; 45] = [
     ENABLED,
     COUNTERS,
     LIVE,
@@ -180,6 +178,5 @@ pub const ALL: [&str; 46] = [
     SELECTED_EXES,
     PATH_WALK,
     RSS_CHUNKS,
-    REMAPS,
     RSS_WALK,
 ];

@@ -30,17 +30,15 @@ pub const OOM_VICTIM: &str = "oom_victim";
 /// Raw tracepoint `page_fault_user` (`--rss`): a page written for the
 /// first time, sampled by bytes.
 pub const PAGE_FAULT: &str = "page_fault";
-/// Raw tracepoints `sys_enter` and `sys_exit` (`--rss`): the syscalls
-/// that give memory back, `munmap`, `madvise` (`MADV_DONTNEED`,
-/// `MADV_FREE`, `MADV_REMOVE`), `mmap` with `MAP_FIXED` over a range,
-/// `brk` lowering the heap's end, and `mremap` (its return: the pages
-/// move with it).
+/// Raw tracepoint `sys_enter` (`--rss`): the syscalls that give memory
+/// back, `munmap`, `madvise` (`MADV_DONTNEED`, `MADV_FREE`,
+/// `MADV_REMOVE`), `mmap` with `MAP_FIXED` over a range, `brk` lowering
+/// the heap's end, `mremap` shrinking a range.
 pub const MM_SYSCALL: &str = "mm_syscall";
-pub const MM_SYSCALL_EXIT: &str = "mm_syscall_exit";
 
 /// Every program of the eBPF object (checked against the object by a
 /// userspace test, as [`maps::ALL`](super::maps::ALL) is).
-pub const ALL: [&str; 15] = [
+pub const ALL: [&str; 14] = [
     ALLOC_ENTER,
     ALLOC_EXIT,
     ALLOC_SESSION,
@@ -55,7 +53,6 @@ pub const ALL: [&str; 15] = [
     OOM_VICTIM,
     PAGE_FAULT,
     MM_SYSCALL,
-    MM_SYSCALL_EXIT,
 ];
 
 /// The number the kernel programs call `bpf_session_is_return()` by: a

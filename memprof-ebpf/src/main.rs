@@ -175,13 +175,6 @@ mod programs {
         rss::syscall_entry(ctx.arg::<u64>(0), ctx.arg::<u64>(1))
     }
 
-    /// `--rss`: a syscall's return (`sys_exit`; args: the registers, the
-    /// return value): `mremap`'s.
-    #[raw_tracepoint(tracepoint = "sys_exit")]
-    pub fn mm_syscall_exit(ctx: RawTracePointContext) -> i32 {
-        rss::syscall_exit(ctx.arg::<u64>(0), ctx.arg::<u64>(1))
-    }
-
     /// Benchmark baseline: the bare cost of a probe hit.
     #[uprobe]
     pub fn empty_probe(_ctx: ProbeContext) -> u32 {

@@ -78,20 +78,6 @@ pub(crate) fn release_page(key: u64, now: u64) {
     }
 }
 
-/// A page recorded by [`record_page`] moved (`mremap`) from `key` to `to`.
-#[inline(always)]
-pub(crate) fn move_page(key: u64, to: u64) {
-    if let Some(old) = LIVE.get_ptr(&key) {
-        let old = unsafe { *old };
-        if LIVE.remove(&key).is_ok() {
-            count_live(old.site.kind, old.size, -1);
-            if LIVE.insert(&to, &old, 0).is_ok() {
-                count_live(old.site.kind, old.size, 1);
-            }
-        }
-    }
-}
-
 /// Records an allocation at `addr`; `slot`: the thread's `PENDING` slot.
 #[inline(always)]
 pub(crate) fn record(

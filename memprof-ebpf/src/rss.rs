@@ -10,17 +10,16 @@
 //!    and its bit in `RSS_CHUNKS`.
 //! 2. Memory given back (`munmap`, `madvise` discarding, `mmap` over a
 //!    range with `MAP_FIXED`, `brk` lowering the heap's end, `mremap`
-//!    moving or shrinking) is looked through by `RSS_CHUNKS`: only the
-//!    2 MiB chunks holding sampled pages, and in them the pages sampled,
-//!    are visited; each such page leaves `LIVE` (or, moved by `mremap`,
-//!    is recorded at its new address).
+//!    shrinking) is looked through by `RSS_CHUNKS`: only the 2 MiB chunks
+//!    holding sampled pages, and in them the pages sampled, are visited;
+//!    each such page leaves `LIVE`.
 //!
 //! A read of a page never written maps the shared zero page (no memory):
 //! not counted. Pages shared after a `fork` are counted in the process
 //! that wrote them first.
 use aya_ebpf::{
     bindings::pt_regs,
-    helpers::{bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns},
+    helpers::{bpf_get_current_task, bpf_ktime_get_ns},
     macros::map,
     maps::{HashMap, PerCpuArray},
 };
@@ -29,7 +28,7 @@ use memprof_common::{host, AllocKind, AllocSite, NO_STACK};
 use crate::counters::{bump, enabled};
 use crate::host::{known_process, this_process_or_none};
 use crate::layout;
-use crate::record::{move_page, record_page, release_page};
+use crate::record::{record_page, release_page};
 use crate::sampling::page_sampled;
 use crate::task_files::read_at;
 use crate::unwind::dwarf_unwind_at;
@@ -58,17 +57,6 @@ const MAP_FIXED: u64 = 0x10;
 #[map]
 static RSS_CHUNKS: HashMap<u64, [u64; 8]> = HashMap::with_max_entries(1 << 16, 0);
 
-/// A thread's `mremap` between its entry and its return.
-#[derive(Clone, Copy)]
-#[repr(C)]
-pub(crate) struct Remap {
-    old: u64,
-    old_len: u64,
-    new_len: u64,
-}
-#[map]
-static REMAPS: HashMap<u64, Remap> = HashMap::with_max_entries(4096, 0);
-
 /// A range being given back, between the steps of its walk.
 #[derive(Clone, Copy)]
 #[repr(C)]
@@ -76,8 +64,6 @@ struct Walk {
     index: u64,
     cursor: u64,
     end: u64,
-    /// `mremap`: where the pages went, less where they were; 0: gone.
-    delta: u64,
 }
 #[map]
 static RSS_WALK: PerCpuArray<Walk> = PerCpuArray::with_max_entries(1, 0);
@@ -181,26 +167,17 @@ const SYS_MADVISE: u64 = 28;
 #[inline(always)]
 pub(crate) fn syscall_entry(regs: u64, id: u64) -> i32 {
     match id {
-        SYS_MUNMAP => give_back(syscall_arg(regs, 0), syscall_arg(regs, 1), 0),
+        SYS_MUNMAP => give_back(syscall_arg(regs, 0), syscall_arg(regs, 1)),
         SYS_MADVISE if MADV_GIVE_BACK.contains(&syscall_arg(regs, 2)) => {
-            give_back(syscall_arg(regs, 0), syscall_arg(regs, 1), 0)
+            give_back(syscall_arg(regs, 0), syscall_arg(regs, 1))
         }
         // With `MAP_FIXED`, what was mapped there goes.
         SYS_MMAP if syscall_arg(regs, 3) & MAP_FIXED != 0 => {
-            give_back(syscall_arg(regs, 0), syscall_arg(regs, 1), 0)
+            give_back(syscall_arg(regs, 0), syscall_arg(regs, 1))
         }
         SYS_BRK => brk(syscall_arg(regs, 0)),
         SYS_MREMAP => remap(regs),
         _ => {}
-    }
-    0
-}
-
-/// A syscall's return, `ret`: `mremap`'s.
-#[inline(always)]
-pub(crate) fn syscall_exit(regs: u64, ret: u64) -> i32 {
-    if read_at(regs, core::mem::offset_of!(pt_regs, orig_rax) as u32) == SYS_MREMAP {
-        remapped(ret);
     }
     0
 }
@@ -216,42 +193,19 @@ fn brk(new: u64) {
     let from = page_up(new);
     let to = page_up(old);
     if to > from {
-        give_back(from, to - from, 0);
+        give_back(from, to - from);
     }
 }
 
-/// `mremap(old, old_len, new_len, …)`'s entry: kept for its return.
+/// `mremap(old, old_len, new_len, …)` shrinking: its tail goes. (A
+/// range it moves keeps its pages counted at their old addresses, its
+/// return not being probed: given back when those are unmapped or
+/// written again.)
 #[inline(always)]
 fn remap(regs: u64) {
-    if !enabled() || known_process().is_none() {
-        return;
-    }
-    let remap = Remap {
-        old: syscall_arg(regs, 0),
-        old_len: syscall_arg(regs, 1),
-        new_len: syscall_arg(regs, 2),
-    };
-    let _ = REMAPS.insert(&bpf_get_current_pid_tgid(), &remap, 0);
-}
-
-/// `mremap`'s return, `ret`: the pages moved with the range, its end
-/// given back if it shrank.
-#[inline(always)]
-fn remapped(ret: u64) {
-    let thread = bpf_get_current_pid_tgid();
-    let Some(r) = (unsafe { REMAPS.get(&thread) }).copied() else {
-        return;
-    };
-    let _ = REMAPS.remove(&thread);
-    if ret > u64::MAX - 4095 {
-        return; // failed: nothing moved
-    }
-    let kept = r.old_len.min(r.new_len);
-    if ret != r.old {
-        give_back(r.old, kept, ret.wrapping_sub(r.old));
-    }
-    if r.new_len < r.old_len {
-        give_back(r.old + r.new_len, r.old_len - r.new_len, 0);
+    let (old, old_len, new_len) = (syscall_arg(regs, 0), syscall_arg(regs, 1), syscall_arg(regs, 2));
+    if new_len < old_len {
+        give_back(old.saturating_add(new_len), old_len - new_len);
     }
 }
 
@@ -261,9 +215,9 @@ fn page_up(addr: u64) -> u64 {
 }
 
 /// The pages of `[start, start + len)` sampled and live leave `LIVE`
-/// (`delta` != 0: move by it), for the calling process if followed.
+/// for the calling process if followed.
 #[inline(never)]
-fn give_back(start: u64, len: u64, delta: u64) {
+fn give_back(start: u64, len: u64) {
     if len == 0 || !enabled() {
         return;
     }
@@ -279,7 +233,6 @@ fn give_back(start: u64, len: u64, delta: u64) {
             index: index as u64,
             cursor: start,
             end: start.saturating_add(len),
-            delta,
         };
         aya_ebpf::helpers::generated::bpf_loop(
             MAX_RELEASE_STEPS,
@@ -320,17 +273,7 @@ extern "C" fn release_step(_index: u64, _ctx: *mut core::ffi::c_void) -> i64 {
     if set & bit != 0 {
         unsafe { (*bits)[word] = set & !bit };
         let live = host::live_key(w.cursor | 1, w.index as u32);
-        if w.delta == 0 {
-            release_page(live, unsafe { bpf_ktime_get_ns() });
-        } else {
-            let to = w.cursor.wrapping_add(w.delta);
-            if mark(w.index, to) {
-                move_page(live, host::live_key(to | 1, w.index as u32));
-            } else {
-                bump(|c| &mut c.rss_pages_untracked);
-                release_page(live, unsafe { bpf_ktime_get_ns() });
-            }
-        }
+        release_page(live, unsafe { bpf_ktime_get_ns() });
         let bits = unsafe { &*bits };
         if bits.iter().all(|&b| b == 0) {
             let _ = RSS_CHUNKS.remove(&key);

@@ -8,8 +8,8 @@
 //! - The agent at its defaults follows resident memory only: a user's
 //!   program leaking 1 MiB/s in 4 KiB blocks beside a malloc/free churn of
 //!   a million calls a second has the leak's stack first among its
-//!   resident memory within 45 s, and no breakpoint was ever put in it
-//!   (its memory map never gets the kernel's `[uprobes]` area).
+//!   resident memory within 45 s, and not one of its allocation calls was
+//!   seen (no allocator function is probed).
 use memprof_tests::every_process::{at_site, process};
 use memprof_tests::*;
 use serde_json::Value;
@@ -161,13 +161,13 @@ fn the_agent_at_its_defaults_finds_a_users_leak_with_nothing_per_call() {
     let pid = leak.0.id();
     let started = Instant::now();
     let limit = Duration::from_secs(45) * slower();
-    let found = loop {
+    let (found, json) = loop {
         std::thread::sleep(Duration::from_secs(2));
         let body = get(&socket, &format!("/api/profile?pid={pid}&format=json"));
         if let Ok(json) = serde_json::from_str::<Value>(&body) {
             let top = rss_groups(&json, pid).first().map(|g| functions(g).join(" < "));
             if top.as_deref().is_some_and(|f| f.contains("leak_block")) {
-                break top.unwrap();
+                break (top.unwrap(), json);
             }
             if started.elapsed() > limit {
                 panic!("after {limit:?}, the top resident stack of pid {pid} is {top:?}:\n{}", list_groups(&json));
@@ -177,10 +177,14 @@ fn the_agent_at_its_defaults_finds_a_users_leak_with_nothing_per_call() {
         }
     };
     assert!(found.contains("main"), "{found}");
-    // Not a breakpoint in it: the kernel maps `[uprobes]` into a process
-    // at its first uprobe hit.
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-    assert!(!maps.contains("[uprobes]"), "{maps}");
+    // Not one of its million calls a second was seen: no allocator
+    // function is probed (only the dynamic linker's library loads are).
+    assert_eq!(uint(&json, "/counters/unsampled_allocs"), 0);
+    assert!(
+        groups(&json).iter().all(|g| g["kind"] == "rss"),
+        "{}",
+        list_groups(&json)
+    );
     drop(leak);
     agent.signal(libc::SIGTERM);
     assert!(agent.wait_timeout(timeout()).success());

@@ -421,7 +421,7 @@ pub struct SessionArgs {
     /// with the stack that wrote it, whatever allocated it (glibc,
     /// jemalloc, Go, the JVM, the Boehm GC's heap, a bare mmap); given
     /// back when its range is unmapped or discarded (munmap, madvise
-    /// DONTNEED/FREE/REMOVE, brk lowered, mremap, mmap MAP_FIXED over
+    /// DONTNEED/FREE/REMOVE, brk lowered, mremap shrinking, mmap MAP_FIXED over
     /// it). Sampled as allocations are (--sample-bytes; a page weighs
     /// 4 KiB; 0: every page). Its own kind in reports: `rss`. A page
     /// read before it is written is the kernel's zero page: not counted.

@@ -6,14 +6,14 @@ use memprof_common::programs;
 use super::Probes;
 
 impl Probes {
-    /// Attaches the programs on the syscalls that give memory back (raw
-    /// tracepoints `sys_enter`, `sys_exit`: no tracefs, no kprobes, which
-    /// some kernels are built without), then the page-fault program (raw
+    /// Attaches the program on the syscalls that give memory back (raw
+    /// tracepoint `sys_enter`: no tracefs, no kprobes, which some kernels
+    /// are built without; no `sys_exit`, which would double what every
+    /// syscall of the machine pays), then the page-fault program (raw
     /// tracepoint `page_fault_user`): a page sampled is never missed when
     /// given back.
     pub(super) fn start_rss(&mut self) -> Result<()> {
         self.attach_raw_tracepoint(programs::MM_SYSCALL, "sys_enter")?;
-        self.attach_raw_tracepoint(programs::MM_SYSCALL_EXIT, "sys_exit")?;
         self.attach_raw_tracepoint(programs::PAGE_FAULT, "page_fault_user")
     }
 }
