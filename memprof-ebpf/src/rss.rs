@@ -203,7 +203,11 @@ fn brk(new: u64) {
 /// written again.)
 #[inline(always)]
 fn remap(regs: u64) {
-    let (old, old_len, new_len) = (syscall_arg(regs, 0), syscall_arg(regs, 1), syscall_arg(regs, 2));
+    let (old, old_len, new_len) = (
+        syscall_arg(regs, 0),
+        syscall_arg(regs, 1),
+        syscall_arg(regs, 2),
+    );
     if new_len < old_len {
         give_back(old.saturating_add(new_len), old_len - new_len);
     }

@@ -43,7 +43,10 @@ fn as_nobody(program: &str, args: &[&str]) -> ChildGuard {
 fn copy_as(fixture: &str, dir: &TempDir, name: &str) -> String {
     let to = dir.join(name);
     std::fs::copy(fixture, &to).unwrap();
-    let _ = Command::new("chmod").args(["-R", "a+rX"]).arg(dir.join("")).status();
+    let _ = Command::new("chmod")
+        .args(["-R", "a+rX"])
+        .arg(dir.join(""))
+        .status();
     to.to_str().unwrap().to_string()
 }
 
@@ -84,7 +87,11 @@ fn every_page_written_is_counted_at_its_stack_and_given_back_by_munmap() {
     assert!(status.success(), "memprof: {status}\n{said}");
     let json = report_json(&profile);
     // No allocator function was probed: every figure is a page's.
-    assert!(groups(&json).iter().all(|g| g["kind"] == "rss"), "{}", list_groups(&json));
+    assert!(
+        groups(&json).iter().all(|g| g["kind"] == "rss"),
+        "{}",
+        list_groups(&json)
+    );
     let kept = at_site(&json, pids.0, "rss", "touch_pages");
     assert_eq!(
         kept,
@@ -117,7 +124,9 @@ fn every_page_written_is_counted_at_its_stack_and_given_back_by_munmap() {
 /// `GET path` from the agent on `socket`: the body.
 fn get(socket: &Path, path: &str) -> String {
     let mut stream = UnixStream::connect(socket).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
     write!(stream, "GET {path} HTTP/1.0\r\nHost: agent\r\n\r\n").unwrap();
     let mut text = String::new();
     stream.read_to_string(&mut text).unwrap();
@@ -165,12 +174,17 @@ fn the_agent_at_its_defaults_finds_a_users_leak_with_nothing_per_call() {
         std::thread::sleep(Duration::from_secs(2));
         let body = get(&socket, &format!("/api/profile?pid={pid}&format=json"));
         if let Ok(json) = serde_json::from_str::<Value>(&body) {
-            let top = rss_groups(&json, pid).first().map(|g| functions(g).join(" < "));
+            let top = rss_groups(&json, pid)
+                .first()
+                .map(|g| functions(g).join(" < "));
             if top.as_deref().is_some_and(|f| f.contains("leak_block")) {
                 break (top.unwrap(), json);
             }
             if started.elapsed() > limit {
-                panic!("after {limit:?}, the top resident stack of pid {pid} is {top:?}:\n{}", list_groups(&json));
+                panic!(
+                    "after {limit:?}, the top resident stack of pid {pid} is {top:?}:\n{}",
+                    list_groups(&json)
+                );
             }
         } else if started.elapsed() > limit {
             panic!("after {limit:?}, no profile of pid {pid}: {body}");

@@ -92,7 +92,11 @@ pub fn fuzz(target: Option<&str>, seconds: u64, keep: bool) -> Result<()> {
             Some(t) => vec![t],
             None => bail!(
                 "no fuzz target {name}: one of {}",
-                TARGETS.iter().map(|t| t.name).collect::<Vec<_>>().join(", ")
+                TARGETS
+                    .iter()
+                    .map(|t| t.name)
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
         },
     };

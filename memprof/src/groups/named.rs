@@ -28,12 +28,7 @@ pub struct Named {
 /// returned table. With `progress` (a user waits for this profile), a
 /// bar, and naming takes what it takes; without, naming waits at most
 /// [`Budget::BACKGROUND`] (a loop that serves waits for it).
-pub fn symbolize(
-    raw: RawGroups,
-    maps: &MapsCache,
-    modules: &ModuleCache,
-    progress: bool,
-) -> Named {
+pub fn symbolize(raw: RawGroups, maps: &MapsCache, modules: &ModuleCache, progress: bool) -> Named {
     symbolize_with(raw, maps, modules, progress, &mut SymbolCache::default())
 }
 
@@ -54,8 +49,13 @@ pub fn symbolize_with(
         true => Budget::WHOLE,
         false => Budget::BACKGROUND,
     };
-    let (location_of, losses) =
-        symbolize::locations(&ids, (maps, modules), (progress, budget), &mut stacks, cache);
+    let (location_of, losses) = symbolize::locations(
+        &ids,
+        (maps, modules),
+        (progress, budget),
+        &mut stacks,
+        cache,
+    );
     // Each stack's addresses are given back as its locations are made:
     // a big program's stacks are tens of megabytes either way.
     let location_of: Vec<u32> = ids.iter().map(|a| location_of[a]).collect();

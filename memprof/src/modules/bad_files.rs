@@ -63,7 +63,14 @@ pub(super) fn elf(sections: &[Section], segments: &[Segment], data: &[u8]) -> Ve
     for s in segments {
         out.extend_from_slice(&s.kind.to_le_bytes());
         out.extend_from_slice(&s.flags.to_le_bytes());
-        for word in [s.offset, s.address, s.address, s.file_size, s.mem_size, 0x1000] {
+        for word in [
+            s.offset,
+            s.address,
+            s.address,
+            s.file_size,
+            s.mem_size,
+            0x1000,
+        ] {
             out.extend_from_slice(&word.to_le_bytes());
         }
     }
@@ -82,7 +89,13 @@ pub(super) fn elf(sections: &[Section], segments: &[Segment], data: &[u8]) -> Ve
     };
     header(&mut out, 0, 0, 0, [0; 3]);
     for (s, &name) in sections.iter().zip(&name_at) {
-        header(&mut out, name, s.kind, s.flags, [s.address, s.offset, s.size]);
+        header(
+            &mut out,
+            name,
+            s.kind,
+            s.flags,
+            [s.address, s.offset, s.size],
+        );
     }
     let names_name = *name_at.last().unwrap();
     header(
@@ -166,7 +179,10 @@ fn headers_past_the_end_of_the_address_space_are_left_out() {
     assert_eq!(module.code_ranges().collect::<Vec<_>>(), [(0x1000, 0x1010)]);
     assert_eq!(module.segments().len(), 1);
     assert!(module.section(".eh_frame").is_none() && module.section(".got").is_none());
-    assert_eq!(module.section(".text").map(|(a, d)| (a, d.len())), Some((0x1000, 0x10)));
+    assert_eq!(
+        module.section(".text").map(|(a, d)| (a, d.len())),
+        Some((0x1000, 0x10))
+    );
     assert_eq!(module.file_offset(0x1008), Some(0x1008));
     for vaddr in [top, u64::MAX, 0x8000] {
         assert!(!module.is_code(vaddr) && !module.is_read_only(vaddr));

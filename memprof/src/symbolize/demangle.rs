@@ -288,7 +288,10 @@ mod tests {
             let start = Instant::now();
             let got = demangle(&name);
             let took = start.elapsed();
-            assert!(took < Duration::from_millis(200), "{levels} levels: {took:?}");
+            assert!(
+                took < Duration::from_millis(200),
+                "{levels} levels: {took:?}"
+            );
             // 12 levels: each argument twice the one before, the last
             // over 2^12 × 7 bytes: past the cap.
             assert_eq!(got, Demangled::LeftMangled, "{levels} levels");

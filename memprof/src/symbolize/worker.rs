@@ -179,7 +179,10 @@ fn submit(
     worker: &mut Option<Worker>,
     modules: Vec<ModuleWork>,
 ) -> Option<(Receiver<Answer>, Arc<AtomicBool>)> {
-    if let Some(w) = worker.as_ref().filter(|w| !w.state.idle.load(Ordering::Acquire)) {
+    if let Some(w) = worker
+        .as_ref()
+        .filter(|w| !w.state.idle.load(Ordering::Acquire))
+    {
         // Stuck in a file: left to end alone (it ends when that call
         // returns, and sees its job cancelled).
         STUCK.fetch_add(1, Ordering::Relaxed);
@@ -230,7 +233,11 @@ fn run_job(symbolizers: &mut Symbolizers, job: Job) {
     'job: for work in job.modules {
         let file_started = Instant::now();
         let module = crate::text::lossy_path(&work.path);
-        if job.answers.send(Answer::Module(crate::allocators::short(&work.path))).is_err() {
+        if job
+            .answers
+            .send(Answer::Module(crate::allocators::short(&work.path)))
+            .is_err()
+        {
             break;
         }
         for batch in work.addresses.chunks(BATCH) {
@@ -319,7 +326,11 @@ mod tests {
         assert_eq!(losses, NameLosses::default());
         let frames = &named[&addr];
         assert!(
-            frames.last().unwrap().function.ends_with("symbolize::display_name"),
+            frames
+                .last()
+                .unwrap()
+                .function
+                .ends_with("symbolize::display_name"),
             "{frames:?}"
         );
         assert!(worker.is_some());

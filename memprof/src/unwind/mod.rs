@@ -336,8 +336,8 @@ mod bad_files {
     /// in r16, pointers pc-relative (`zR`, `1b`); CFA = rsp + 8, return
     /// address at CFA - 8.
     const CIE: [u8; 24] = [
-        0x14, 0, 0, 0, 0, 0, 0, 0, 1, b'z', b'R', 0, 1, 0x78, 0x10, 1, 0x1b, 0x0c, 7, 8, 0x90,
-        1, 0, 0,
+        0x14, 0, 0, 0, 0, 0, 0, 0, 1, b'z', b'R', 0, 1, 0x78, 0x10, 1, 0x1b, 0x0c, 7, 8, 0x90, 1,
+        0, 0,
     ];
 
     /// An FDE at `at` in a section at 0x2000, of the function at `start`

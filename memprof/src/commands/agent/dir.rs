@@ -69,7 +69,11 @@ struct Snap {
 }
 
 /// A process's figures, as compared between two rounds.
-type Key = ([[u64; 2]; memprof_common::AllocKind::COUNT], u64, Option<u64>);
+type Key = (
+    [[u64; 2]; memprof_common::AllocKind::COUNT],
+    u64,
+    Option<u64>,
+);
 
 fn key(f: &Figures) -> Key {
     (f.live, f.allocations, f.collections)

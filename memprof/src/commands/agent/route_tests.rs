@@ -52,7 +52,10 @@ fn get(uri: &str) -> (StatusCode, String) {
 #[test]
 fn a_bad_query_is_answered_in_one_line_its_control_characters_escaped() {
     for (query, said) in [
-        ("pid=1&fun%0Action=x", r"fun\nction: not a parameter of a profile"),
+        (
+            "pid=1&fun%0Action=x",
+            r"fun\nction: not a parameter of a profile",
+        ),
         ("pid=1&leaked=%1B%5B2J", r"leaked=\u{1b}[2J: true or false"),
         ("pid=%0A1", r"pid=\n1: not a process id"),
         ("pid=1&format=x%07", r"format=x\u{7}: one of"),

@@ -106,7 +106,12 @@ impl Family {
     /// The processes that ended, as kept (the last
     /// [`KEEP_ENDED`](super::KEEP_ENDED)), oldest first, with what each
     /// held live per kind when it ended.
-    pub fn ended(&self) -> Vec<(crate::profile::ProcessInfo, [[u64; 2]; memprof_common::AllocKind::COUNT])> {
+    pub fn ended(
+        &self,
+    ) -> Vec<(
+        crate::profile::ProcessInfo,
+        [[u64; 2]; memprof_common::AllocKind::COUNT],
+    )> {
         self.host.ended()
     }
 

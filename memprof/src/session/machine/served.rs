@@ -84,7 +84,8 @@ impl Host {
         let mut ended = Vec::new();
         for profile in self.merged.iter().chain(&self.done) {
             // One pass over the groups (a merged profile holds 1,000 processes).
-            let mut live: HashMap<(u32, u32), [[u64; 2]; memprof_common::AllocKind::COUNT]> = HashMap::new();
+            let mut live: HashMap<(u32, u32), [[u64; 2]; memprof_common::AllocKind::COUNT]> =
+                HashMap::new();
             for g in &profile.groups {
                 let Some(kind) = crate::profile::kind_index(&g.kind) else {
                     continue;
