@@ -74,12 +74,16 @@ fn every_page_written_is_counted_at_its_stack_and_given_back_by_munmap() {
     );
     let mut stderr = Lines::new("memprof attach", memprof.0.stderr.take().unwrap());
     stderr.wait_for("profiling every process", timeout());
-    // One keeps its 100 MiB to its end; the other unmaps them first.
-    let mut kept = as_nobody(&program, &["1"]);
-    let mut unmapped = as_nobody(&program, &["1", "1"]);
-    for child in [&mut kept, &mut unmapped] {
-        assert!(child.0.wait().unwrap().success());
-    }
+    // One keeps its 100 MiB; the other unmaps them. Both run on until
+    // memprof's end, which names them.
+    let mut kept = as_nobody(&program, &["600"]);
+    let mut unmapped = as_nobody(&program, &["0", "600"]);
+    let mut said_by = |child: &mut ChildGuard, what: &str, line: &str| {
+        let mut out = Lines::new(what, child.0.stdout.take().unwrap());
+        out.wait_for(line, timeout());
+    };
+    said_by(&mut kept, "rss_touch (kept)", "touched");
+    said_by(&mut unmapped, "rss_touch (unmapped)", "unmapped");
     let pids = (kept.0.id(), unmapped.0.id());
     memprof.signal(libc::SIGINT);
     let status = memprof.wait_timeout(timeout());

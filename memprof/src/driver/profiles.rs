@@ -7,7 +7,7 @@ use crate::groups::RawGroups;
 use crate::modules::maps::MapsCache;
 use crate::modules::ModuleCache;
 use crate::profile::{self, Profile, TargetInfo};
-use crate::symbolize::SymbolCache;
+use crate::symbolize::{Budget, SymbolCache};
 
 /// Who made a profile and how: [`header`]'s part of it.
 pub struct Header {
@@ -69,7 +69,22 @@ pub fn groups_of_with(
     progress: bool,
     cache: &mut SymbolCache,
 ) -> Named {
-    let mut named = named::symbolize_with(raw, maps, modules, progress, cache);
+    let budget = match progress {
+        true => Budget::WHOLE,
+        false => Budget::BACKGROUND,
+    };
+    groups_within(pid, raw, (maps, modules), (progress, budget), cache)
+}
+
+/// [`groups_of_with`] within `budget`, a bar shown or not.
+pub fn groups_within(
+    pid: u32,
+    raw: RawGroups,
+    (maps, modules): (&MapsCache, &ModuleCache),
+    (progress, budget): (bool, Budget),
+    cache: &mut SymbolCache,
+) -> Named {
+    let mut named = named::symbolize_within(raw, (maps, modules), (progress, budget), cache);
     for g in &mut named.groups {
         g.pid = pid;
     }

@@ -40,15 +40,25 @@ pub fn symbolize_with(
     progress: bool,
     cache: &mut SymbolCache,
 ) -> Named {
+    let budget = match progress {
+        true => Budget::WHOLE,
+        false => Budget::BACKGROUND,
+    };
+    symbolize_within(raw, (maps, modules), (progress, budget), cache)
+}
+
+/// [`symbolize_with`] within `budget`, a bar shown or not.
+pub fn symbolize_within(
+    raw: RawGroups,
+    (maps, modules): (&MapsCache, &ModuleCache),
+    (progress, budget): (bool, Budget),
+    cache: &mut SymbolCache,
+) -> Named {
     let RawGroups {
         groups: raw,
         addresses: ids,
     } = raw;
     let mut stacks = Stacks::default();
-    let budget = match progress {
-        true => Budget::WHOLE,
-        false => Budget::BACKGROUND,
-    };
     let (location_of, losses) = symbolize::locations(
         &ids,
         (maps, modules),

@@ -13,7 +13,18 @@ impl Probes {
     /// tracepoint `page_fault_user`): a page sampled is never missed when
     /// given back.
     pub(super) fn start_rss(&mut self) -> Result<()> {
+        if huge_pages_always() {
+            eprintln!("memprof: transparent huge pages are on for every mapping (/sys/kernel/mm/transparent_hugepage/enabled: always): a first write that maps a 2 MiB page is one fault, counted as one 4 KiB page, so --rss under-counts large anonymous regions (madvise MADV_NOHUGEPAGE, or the setting madvise, counts them)");
+        }
         self.attach_raw_tracepoint(programs::MM_SYSCALL, "sys_enter")?;
         self.attach_raw_tracepoint(programs::PAGE_FAULT, "page_fault_user")
     }
+}
+
+/// Whether the kernel gives anonymous memory huge pages wherever it can
+/// (`always`): one fault then maps 2 MiB, which the fault's program
+/// cannot tell from a 4 KiB one.
+fn huge_pages_always() -> bool {
+    std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+        .is_ok_and(|s| s.contains("[always]"))
 }

@@ -17,16 +17,31 @@ use std::time::{Duration, Instant};
 pub struct Budget {
     /// `None`: until every address is named (or a stop).
     pub wait: Option<Duration>,
+    /// A Ctrl-C or SIGTERM waiting for a loop's driver cuts the wait to
+    /// [`STOP_GRACE`] (a loop that serves, which must answer its stop).
+    pub cut_by_signal: bool,
 }
 
 impl Budget {
     /// The profile a user waits for.
-    pub const WHOLE: Budget = Budget { wait: None };
+    pub const WHOLE: Budget = Budget {
+        wait: None,
+        cut_by_signal: false,
+    };
     /// A mode's loop, which has kernel events to drain and requests to
     /// answer. What it cuts stays unnamed for good: 5 s cut the first
     /// process named in a machine under QEMU (libc read cold), so 15.
     pub const BACKGROUND: Budget = Budget {
         wait: Some(Duration::from_secs(15)),
+        cut_by_signal: true,
+    };
+    /// A loop that serves nobody while it names (`attach --all`,
+    /// `--comm`, `--exe`): a Ctrl-C waits for the process being named
+    /// (cut, its frames would stay addresses for good: under QEMU the
+    /// first process named took longer than the half second).
+    pub const ALONE: Budget = Budget {
+        wait: Some(Duration::from_secs(15)),
+        cut_by_signal: false,
     };
 }
 

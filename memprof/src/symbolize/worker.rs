@@ -150,7 +150,10 @@ pub fn name(
                 Ok(Answer::Done) | Err(RecvTimeoutError::Disconnected) => break,
                 Err(RecvTimeoutError::Timeout) => {
                     // A loop's driver has a signal to take: half a second more.
-                    if let Some(d) = deadline.as_mut().filter(|_| budget::signal_waits()) {
+                    if let Some(d) = deadline
+                        .as_mut()
+                        .filter(|_| budget.cut_by_signal && budget::signal_waits())
+                    {
                         *d = (*d).min(Instant::now() + budget::STOP_GRACE);
                     }
                     let late = deadline.is_some_and(|d| Instant::now() >= d);

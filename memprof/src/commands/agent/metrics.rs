@@ -62,7 +62,7 @@ pub fn render(machine: &Machine<'_>) -> String {
         &mut out,
         "memprof_process_live_bytes",
         "gauge",
-        "Bytes live now per process and kind (libc, mmap, gc, gc_atomic); estimated when sampled.",
+        "Bytes live now per process and kind: libc, mmap, gc, gc_atomic (allocations, followed at their calls: --calls, and the Boehm GC sessions) and rss (resident pages, counted at the stack of their first write: the agent's default); estimated when sampled.",
     );
     for (labels, f) in &series {
         for kind in AllocKind::ALL {

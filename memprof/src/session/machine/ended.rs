@@ -263,11 +263,11 @@ impl Host {
             .of_process(tables)
             .with_finished(self.deferred.finished(p.index));
         let raw = groups::collect(&view, None)?;
-        let named = profiles::groups_of_with(
+        let named = profiles::groups_within(
             p.pid,
             raw,
             (maps, modules),
-            false,
+            (false, self.naming),
             self.symbols.0.get_or_insert_with(SymbolCache::default),
         );
         let short = p.short_of_resources();

@@ -185,6 +185,10 @@ struct Host {
     /// How the last processes left out exited ([`EXITS_KEPT`]): their
     /// sessions, untraced, do not know.
     exits: std::collections::VecDeque<(u32, ExitInfo)>,
+    /// How long a process's names may take: the loop's budget while it
+    /// serves, the whole profile's once recording stopped (a Ctrl-C or
+    /// the agent's stop still cuts it).
+    naming: crate::symbolize::Budget,
 }
 
 /// Which processes a [`Host`] follows (the kernel decides, at each
@@ -334,6 +338,11 @@ impl Host {
             name_losses: NameLosses::default(),
             oom_killed: Default::default(),
             exits: Default::default(),
+            // The agent serves while it names; `attach` does not.
+            naming: match options.resident {
+                true => crate::symbolize::Budget::BACKGROUND,
+                false => crate::symbolize::Budget::ALONE,
+            },
         };
         host.files.probe_system_libraries(&mut host.probes);
         if let Some(live) = live {
@@ -376,6 +385,9 @@ impl Host {
         self.events.stop();
         self.read_events(Duration::ZERO);
         let all: HashSet<u32> = self.processes.keys().copied().collect();
+        // The profile a user waits for: named whole (under QEMU, the
+        // loop's budget cut the first process named).
+        self.naming = crate::symbolize::Budget::WHOLE;
         self.finalize(&all)?;
         let mut counters = self.probes.peek()?.counters()?;
         counters.stacks_not_finished += self.deferred.dropped;
