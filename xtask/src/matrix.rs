@@ -105,7 +105,7 @@ const SMOKE: &[Case] = &[
         test: "every_page_written_is_counted_at_its_stack_and_given_back_by_munmap",
     },
     Case {
-        what: "agent defaults: a user's leak first among its resident memory, no breakpoint in it",
+        what: "agent defaults: a user's leak first among its resident memory, not one of its calls probed",
         binary: "rss",
         test: "the_agent_at_its_defaults_finds_a_users_leak_with_nothing_per_call",
     },
