@@ -251,8 +251,10 @@ pub enum Command {
     /// for pprof, Parca and Pyroscope, a JSON API and a live page.
     ///
     /// Follows every process (or those --comm/--exe select), those running
-    /// and those that start, as `attach --all` does: libc and mmap sampled
-    /// by bytes (--sample-bytes 524288 unless given); each program that
+    /// and those that start, as `attach --all` does: their resident memory
+    /// by stack (each page's first write, kind rss), sampled by bytes
+    /// (--sample-bytes 524288 unless given), with nothing run per
+    /// allocation call (--calls: libc and mmap calls too); each program that
     /// allocates with the Boehm GC (Crystal) gets a session of its own, its
     /// GC objects sampled at the collector's refills and judged by its mark
     /// bits. Runs until SIGTERM or Ctrl-C (or --duration), then lets every
