@@ -83,7 +83,9 @@ fn bit_of(page: u64) -> (usize, u64) {
 /// A user page fault at `address` (`regs`: the user registers).
 #[inline(always)]
 pub(crate) fn page_fault(address: u64, regs: u64, error_code: u64) -> i32 {
-    if !enabled() || error_code & (PF_PROT | PF_WRITE | PF_USER | PF_INSTR) != PF_WRITE | PF_USER {
+    // The error code first: most faults of the machine end on it,
+    // before any map lookup.
+    if error_code & (PF_PROT | PF_WRITE | PF_USER | PF_INSTR) != PF_WRITE | PF_USER || !enabled() {
         return 0;
     }
     if !page_sampled(PAGE) {
@@ -141,16 +143,14 @@ fn mark(index: u64, page: u64) -> bool {
     }
 }
 
-/// The `idx`th argument of a syscall, from the user's registers.
+/// The `idx`th argument (0 to 3) of a syscall, from the user's registers.
 #[inline(always)]
 fn syscall_arg(regs: u64, idx: usize) -> u64 {
     let offset = match idx {
         0 => core::mem::offset_of!(pt_regs, rdi),
         1 => core::mem::offset_of!(pt_regs, rsi),
         2 => core::mem::offset_of!(pt_regs, rdx),
-        3 => core::mem::offset_of!(pt_regs, r10),
-        4 => core::mem::offset_of!(pt_regs, r8),
-        _ => core::mem::offset_of!(pt_regs, r9),
+        _ => core::mem::offset_of!(pt_regs, r10),
     };
     read_at(regs, offset as u32)
 }
