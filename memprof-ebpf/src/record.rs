@@ -41,15 +41,7 @@ pub(crate) static STACKS: StackTrace = StackTrace::with_max_entries(1 << 15, 0);
 #[inline(always)]
 pub(crate) fn record_page(key: u64, site: &AllocSite, size: u64) {
     bump(|c| &mut c.allocs);
-    let (site, totals) = site_totals(site);
-    let in_totals = match totals {
-        Some(totals) => unsafe {
-            (*totals).count += 1;
-            (*totals).bytes += size;
-            true
-        },
-        None => false,
-    };
+    let (site, in_totals) = add_to_totals(site, size);
     let now = unsafe { bpf_ktime_get_ns() };
     let live = LiveAlloc {
         site,
@@ -57,12 +49,7 @@ pub(crate) fn record_page(key: u64, site: &AllocSite, size: u64) {
         timestamp_ns: now,
         epoch: 0,
     };
-    match (insert_live(key, &live, now), in_totals) {
-        (true, true) => {}
-        (false, true) => bump(|c| &mut c.live_map_full),
-        (true, false) => bump(|c| &mut c.sites_map_full),
-        (false, false) => bump(|c| &mut c.both_maps_full),
-    }
+    count_losses(insert_live(key, &live, now), in_totals);
 }
 
 /// A page recorded by [`record_page`] given back (unmapped or
@@ -70,11 +57,44 @@ pub(crate) fn record_page(key: u64, site: &AllocSite, size: u64) {
 #[inline(always)]
 pub(crate) fn release_page(key: u64, now: u64) {
     if let Some(old) = LIVE.get_ptr(&key) {
-        let old = unsafe { *old };
-        retire(&old, now, false);
-        if LIVE.remove(&key).is_ok() {
-            count_live(old.site.kind, old.size, -1);
-        }
+        forget(key, &unsafe { *old }, now);
+    }
+}
+
+/// A live block `old` at `key` freed: its lifetime to its site, out of
+/// `LIVE`.
+#[inline(always)]
+fn forget(key: u64, old: &LiveAlloc, now: u64) {
+    retire(old, now, false);
+    if LIVE.remove(&key).is_ok() {
+        count_live(old.site.kind, old.size, -1);
+    }
+}
+
+/// Adds a block of `size` bytes to `site`'s totals: the site it is
+/// recorded under (its kind's overflow site when the table is full) and
+/// whether it is in the totals.
+#[inline(always)]
+fn add_to_totals(site: &AllocSite, size: u64) -> (AllocSite, bool) {
+    let (site, totals) = site_totals(site);
+    match totals {
+        Some(totals) => unsafe {
+            (*totals).count += 1;
+            (*totals).bytes += size;
+            (site, true)
+        },
+        None => (site, false),
+    }
+}
+
+/// Each allocation not fully recorded is counted once, in one category.
+#[inline(always)]
+fn count_losses(in_live: bool, in_totals: bool) {
+    match (in_live, in_totals) {
+        (true, true) => {}
+        (false, true) => bump(|c| &mut c.live_map_full),
+        (true, false) => bump(|c| &mut c.sites_map_full),
+        (false, false) => bump(|c| &mut c.both_maps_full),
     }
 }
 
@@ -98,15 +118,7 @@ pub(crate) fn record(
         // The site's totals first: when the site table is full, the
         // block is recorded under its kind's overflow site, live entry
         // included.
-        let (site, totals) = site_totals(&call.site);
-        let in_totals = match totals {
-            Some(totals) => unsafe {
-                (*totals).count += 1;
-                (*totals).bytes += call.size;
-                true
-            },
-            None => false,
-        };
+        let (site, in_totals) = add_to_totals(&call.site, call.size);
         (site, in_totals, unsafe { bpf_ktime_get_ns() })
     };
     let live = LiveAlloc {
@@ -131,13 +143,7 @@ pub(crate) fn record(
     } else {
         insert_live(host::live_key(addr, call.site.process), &live, now)
     };
-    // Each allocation not fully recorded is counted once, in one category.
-    match (in_live, in_totals) {
-        (true, true) => {}
-        (false, true) => bump(|c| &mut c.live_map_full),
-        (true, false) => bump(|c| &mut c.sites_map_full),
-        (false, false) => bump(|c| &mut c.both_maps_full),
-    }
+    count_losses(in_live, in_totals);
 }
 
 /// Puts `live` in `LIVE` at `key`; whether there was room. Added if new
@@ -268,11 +274,7 @@ pub(crate) fn release(key: u64, kind: u8, first_word: u64) -> Option<u8> {
     match LIVE.get_ptr(&key) {
         Some(old) => {
             let old = unsafe { *old };
-            let now = unsafe { bpf_ktime_get_ns() };
-            retire(&old, now, false);
-            if LIVE.remove(&key).is_ok() {
-                count_live(old.site.kind, old.size, -1);
-            }
+            forget(key, &old, unsafe { bpf_ktime_get_ns() });
             Some(old.site.kind)
         }
         None => {

@@ -69,11 +69,13 @@ pub fn groups_of_with(
     progress: bool,
     cache: &mut SymbolCache,
 ) -> Named {
-    let budget = match progress {
-        true => Budget::WHOLE,
-        false => Budget::BACKGROUND,
-    };
-    groups_within(pid, raw, (maps, modules), (progress, budget), cache)
+    groups_within(
+        pid,
+        raw,
+        (maps, modules),
+        (progress, Budget::of(progress)),
+        cache,
+    )
 }
 
 /// [`groups_of_with`] within `budget`, a bar shown or not.

@@ -40,11 +40,12 @@ pub fn symbolize_with(
     progress: bool,
     cache: &mut SymbolCache,
 ) -> Named {
-    let budget = match progress {
-        true => Budget::WHOLE,
-        false => Budget::BACKGROUND,
-    };
-    symbolize_within(raw, (maps, modules), (progress, budget), cache)
+    symbolize_within(
+        raw,
+        (maps, modules),
+        (progress, Budget::of(progress)),
+        cache,
+    )
 }
 
 /// [`symbolize_with`] within `budget`, a bar shown or not.

@@ -43,6 +43,14 @@ impl Budget {
         wait: Some(Duration::from_secs(15)),
         cut_by_signal: false,
     };
+
+    /// The profile a user waits for (`progress`: a bar shown) or a loop's.
+    pub fn of(progress: bool) -> Budget {
+        match progress {
+            true => Budget::WHOLE,
+            false => Budget::BACKGROUND,
+        }
+    }
 }
 
 /// After [`stopping`], the time naming may still take.
