@@ -263,6 +263,7 @@ pub fn agent_router(profile: Profile) -> axum::Router {
                 let _ = match request {
                     Request::Metrics(reply) => reply.send(String::new()).map_err(drop),
                     Request::Processes(reply) => reply.send(Vec::new()).map_err(drop),
+                    Request::Escalations(reply) => reply.send(Vec::new()).map_err(drop),
                     Request::Profile(which, reply) => {
                         let known = matches!(&which, Which::Pid(1))
                             || matches!(&which, Which::Comm(comm) if comm == "app");

@@ -78,7 +78,7 @@ fn every_page_written_is_counted_at_its_stack_and_given_back_by_munmap() {
     // memprof's end, which names them.
     let mut kept = as_nobody(&program, &["600"]);
     let mut unmapped = as_nobody(&program, &["0", "600"]);
-    let mut said_by = |child: &mut ChildGuard, what: &str, line: &str| {
+    let said_by = |child: &mut ChildGuard, what: &str, line: &str| {
         let mut out = Lines::new(what, child.0.stdout.take().unwrap());
         out.wait_for(line, timeout());
     };
@@ -204,6 +204,149 @@ fn the_agent_at_its_defaults_finds_a_users_leak_with_nothing_per_call() {
         list_groups(&json)
     );
     drop(leak);
+    agent.signal(libc::SIGTERM);
+    assert!(agent.wait_timeout(timeout()).success());
+}
+
+/// The bytes of process `pid`'s libc text (its executable mapping, read
+/// through /proc/PID/mem) that differ from the file's: a uprobe's
+/// breakpoint (`int3`) is written into the memory of each process it
+/// probes, and of no other.
+fn libc_bytes_changed(pid: u32) -> usize {
+    use std::os::unix::fs::FileExt;
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let line = maps
+        .lines()
+        .find(|l| l.contains("r-xp") && l.contains("/libc.so.6"))
+        .unwrap_or_else(|| panic!("pid {pid} maps no libc text:\n{maps}"));
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    let (start, end) = fields[0].split_once('-').unwrap();
+    let start = u64::from_str_radix(start, 16).unwrap();
+    let end = u64::from_str_radix(end, 16).unwrap();
+    let offset = u64::from_str_radix(fields[2], 16).unwrap();
+    let path = fields[5..].join(" ");
+    let mut in_memory = vec![0u8; (end - start) as usize];
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    mem.read_exact_at(&mut in_memory, start).unwrap();
+    let file = std::fs::File::open(format!("/proc/{pid}/root{path}")).unwrap();
+    let mut on_disk = vec![0u8; in_memory.len()];
+    let read = file.read_at(&mut on_disk, offset).unwrap();
+    in_memory[..read]
+        .iter()
+        .zip(&on_disk[..read])
+        .filter(|(a, b)| a != b)
+        .count()
+}
+
+/// Process `pid`'s groups of `kind` whose stack has `function`: their
+/// total allocations.
+fn allocations_at(json: &Value, pid: u32, kind: &str, function: &str) -> u64 {
+    groups(json)
+        .iter()
+        .filter(|g| g["kind"] == kind && uint(g, "/pid") == u64::from(pid))
+        .filter(|g| functions(g).iter().any(|f| *f == function))
+        .map(|g| uint(g, "/total_count"))
+        .sum()
+}
+
+#[test]
+fn a_process_whose_memory_keeps_growing_gets_its_own_allocator_probes_for_a_window() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = TempDir::new("rss_escalate");
+    let program = copy_as(fixture::RSS_LEAK, &dir, "rss_leak");
+    let socket = dir.join("agent.sock");
+    let mut agent = ChildGuard(
+        memprof([
+            "agent",
+            "--socket",
+            socket.to_str().unwrap(),
+            "--escalate",
+            "8M/10",
+            "--escalate-for",
+            "20",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap(),
+    );
+    let mut stderr = Lines::new("memprof agent", agent.0.stderr.take().unwrap());
+    stderr.wait_for("serving on", timeout());
+    // A process that does not grow, on the same libc: it must never get
+    // a breakpoint.
+    let idle = as_nobody("/bin/sleep", &["300"]);
+    let leak = as_nobody(&program, &["150"]);
+    let pid = leak.0.id();
+    let said = stderr.wait_for(&format!("pid {pid} "), Duration::from_secs(45) * slower());
+    assert!(said.contains("resident memory grew"), "{said}");
+    assert!(said.contains("allocator functions probed"), "{said}");
+    assert!(said.contains("libc.so.6"), "{said}");
+    assert!(said.contains("for 20 s"), "{said}");
+    let escalations: Value = serde_json::from_str(&get(&socket, "/api/escalations")).unwrap();
+    let row = &escalations[0];
+    assert_eq!(uint(row, "/pid"), u64::from(pid), "{escalations}");
+    assert_eq!(row["why"], "growth", "{escalations}");
+    assert_eq!(row["end_unix_s"], Value::Null, "{escalations}");
+    let metrics = get(&socket, "/metrics");
+    assert!(
+        metrics.contains(&format!(
+            "memprof_process_calls_probed{{pid=\"{pid}\",comm=\"rss_leak\",why=\"growth\"}} 1\n"
+        )),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("memprof_escalations_total 1\n"),
+        "{metrics}"
+    );
+    // Breakpoints in the escalated process's libc, none in the other's.
+    assert_ne!(libc_bytes_changed(pid), 0);
+    assert_eq!(libc_bytes_changed(idle.0.id()), 0);
+    // Its exact calls follow: leak_block's mallocs (a libc group), beside
+    // its resident pages.
+    let started = Instant::now();
+    let json = loop {
+        std::thread::sleep(Duration::from_secs(2));
+        let body = get(&socket, &format!("/api/profile?pid={pid}&format=json"));
+        let json: Value = serde_json::from_str(&body).unwrap();
+        if allocations_at(&json, pid, "libc", "leak_block") > 0 {
+            break json;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60) * slower(),
+            "no libc group at leak_block within 60 s:\n{}",
+            list_groups(&json)
+        );
+    };
+    assert!(
+        rss_groups(&json, pid)
+            .first()
+            .is_some_and(|g| functions(g).iter().any(|f| *f == "leak_block")),
+        "{}",
+        list_groups(&json)
+    );
+    // The window ends: the probes come off, the process runs on.
+    let said = stderr.wait_for(&format!("pid {pid} "), Duration::from_secs(40) * slower());
+    assert!(said.contains("probes came off"), "{said}");
+    let escalations: Value = serde_json::from_str(&get(&socket, "/api/escalations")).unwrap();
+    assert!(escalations[0]["end_unix_s"].is_number(), "{escalations}");
+    assert!(get(&socket, "/metrics").contains("memprof_escalations_total 1\n"));
+    // Detached on a thread of the agent's: gone within a few seconds.
+    let off = Instant::now();
+    while libc_bytes_changed(pid) != 0 {
+        assert!(off.elapsed() < Duration::from_secs(10) * slower());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(libc_bytes_changed(idle.0.id()), 0);
+    // Nothing more is counted at its calls.
+    let profile = |socket: &Path| -> Value {
+        serde_json::from_str(&get(socket, &format!("/api/profile?pid={pid}&format=json"))).unwrap()
+    };
+    let before = allocations_at(&profile(&socket), pid, "libc", "leak_block");
+    std::thread::sleep(Duration::from_secs(3));
+    let after = allocations_at(&profile(&socket), pid, "libc", "leak_block");
+    assert_eq!(before, after);
+    drop(leak);
+    drop(idle);
     agent.signal(libc::SIGTERM);
     assert!(agent.wait_timeout(timeout()).success());
 }

@@ -339,6 +339,27 @@ pub enum Command {
         /// no process pays anything per allocation call.
         #[arg(long, conflicts_with = "rss_only")]
         calls: bool,
+        /// Probe the allocator functions of this process (a pid), or of
+        /// every process of this program (the name /api/processes gives),
+        /// for it alone, as long as it runs: its libc and mmap stacks
+        /// beside its resident memory, no other process paying anything
+        /// (repeatable; looked at every 5 s).
+        #[arg(long, value_name = "PID|NAME", conflicts_with = "calls")]
+        examine: Vec<String>,
+        /// Escalate a process whose resident memory keeps growing: when
+        /// the resident bytes memprof counts for it grew by GROWTH over
+        /// the last SECONDS (and it was followed all that time), its
+        /// allocator functions are probed, for it alone, for
+        /// --escalate-for seconds, once per process; then the probes come
+        /// off. `off`: never. Looked at every 5 s.
+        #[arg(long, value_name = "GROWTH/SECONDS", default_value = "32M/60", value_parser = parse_escalate)]
+        escalate: Escalate,
+        /// How long an escalated process keeps its allocator probes.
+        #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
+        escalate_for: f64,
+        /// Processes escalated at once, at most (others wait for a place).
+        #[arg(long, value_name = "N", default_value_t = 2)]
+        escalate_max: usize,
         /// Stop after this many seconds.
         #[arg(long, short)]
         duration: Option<f64>,
@@ -634,6 +655,25 @@ pub struct ReportArgs {
     /// the plain table, "still live at the end", is the leak view.)
     #[arg(long)]
     pub leaks: bool,
+}
+
+/// `--escalate`: a growth of bytes over seconds, or never (`off`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Escalate(pub Option<(u64, f64)>);
+
+/// `--escalate`: `GROWTH/SECONDS` (`32M/60`), or `off`.
+pub fn parse_escalate(text: &str) -> Result<Escalate, String> {
+    if text.trim() == "off" {
+        return Ok(Escalate(None));
+    }
+    let wrong = || format!("{text:?}: say GROWTH/SECONDS (e.g. 32M/60), or off");
+    let (growth, seconds) = text.split_once('/').ok_or_else(wrong)?;
+    let growth = parse_size(growth)?;
+    let seconds: f64 = seconds.trim().parse().map_err(|_| wrong())?;
+    if !(seconds.is_finite() && seconds > 0.0) || growth == 0 {
+        return Err(wrong());
+    }
+    Ok(Escalate(Some((growth, seconds))))
 }
 
 /// A size: bytes, or a number with K, M, G or T (powers of 1024; `KiB`,

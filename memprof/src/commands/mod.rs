@@ -175,6 +175,10 @@ fn long_running(driver: &Driver, command: Command) -> Result<i32> {
             dir_budget,
             dir_every,
             calls,
+            examine,
+            escalate,
+            escalate_for,
+            escalate_max,
             duration,
             session,
         } => {
@@ -204,6 +208,22 @@ fn long_running(driver: &Driver, command: Command) -> Result<i32> {
                         })
                     })
                     .transpose()?,
+                // With --calls every process is probed already.
+                escalate: crate::commands::agent::escalate::EscalateOptions {
+                    growth: match (calls, escalate) {
+                        (false, crate::commands::cli::Escalate(Some((growth, window)))) => Some((
+                            growth,
+                            seconds("--escalate", Some(window))?.unwrap_or_default(),
+                        )),
+                        _ => None,
+                    },
+                    hold: seconds("--escalate-for", Some(escalate_for))?.unwrap_or_default(),
+                    at_most: escalate_max,
+                    named: examine
+                        .iter()
+                        .map(|n| crate::commands::agent::escalate::Named::parse(n))
+                        .collect(),
+                },
             };
             crate::commands::agent::run(driver, selection, &options, &serve)
         }

@@ -15,7 +15,7 @@ use aya::programs::RawTracePoint;
 use memprof_common::programs;
 
 use super::multi::{self, Attach};
-use super::{classic, kernel, permission_hint, Link, Probes};
+use super::{classic, kernel, permission_hint, Detaching, Link, Probes};
 use crate::modules::{Module, ModuleCache};
 use crate::probes::placement::Planned;
 
@@ -101,6 +101,27 @@ impl Probes {
         Ok(())
     }
 
+    /// [`Self::attach`] for process `pid` alone, its links kept apart:
+    /// they come off when the [`ProcessProbes`] is dropped, and no other
+    /// process gets a breakpoint meanwhile (a uprobe opened for one
+    /// process is written into that process's memory only).
+    pub fn attach_to_process(
+        &mut self,
+        pid: u32,
+        plan: &[Planned],
+        modules: &ModuleCache,
+    ) -> Result<ProcessProbes> {
+        let (links, attached) = (self.links.len(), self.attached);
+        let result = self.attach(pid, plan, modules);
+        let own = ProcessProbes {
+            links: self.links.split_off(links),
+        };
+        // `attached` counts the probes on every process.
+        self.attached = attached;
+        // On an error the links made so far come off with `own`.
+        result.map(|()| own)
+    }
+
     /// Attaches the program that removes an exiting thread's slot of the
     /// pending-call table (a raw tracepoint: no tracefs needed). The
     /// entry probe keeps each thread's slot between calls, so without it
@@ -180,5 +201,29 @@ impl Probes {
         let links = attached.map_err(|e| permission_hint(e, "attaching a uprobe"))?;
         self.links.extend(links);
         Ok(())
+    }
+}
+
+/// The probes of one process ([`Probes::attach_to_process`]), detached
+/// when dropped (on a thread: a link's close waits for the kernel's grace
+/// periods, and the caller is the event loop).
+pub struct ProcessProbes {
+    links: Vec<Link>,
+}
+
+impl ProcessProbes {
+    /// Detaches them on a thread; [`Detaching::wait`] joins it.
+    pub fn detach(mut self) -> Detaching {
+        let links = std::mem::take(&mut self.links);
+        Detaching(std::thread::spawn(move || drop(links)))
+    }
+}
+
+impl Drop for ProcessProbes {
+    fn drop(&mut self) {
+        let links = std::mem::take(&mut self.links);
+        if !links.is_empty() {
+            std::thread::spawn(move || drop(links));
+        }
     }
 }

@@ -43,6 +43,7 @@ mod unwind_tables;
 mod verifier;
 mod view;
 
+pub use attach::ProcessProbes;
 pub use gc_hold::{GcChange, GcEvents};
 pub use host::{monotonic_ns, DeferredStacks, HostEvents, ModuleTables, Prefetched, RowTable};
 pub use kernel::kernel;

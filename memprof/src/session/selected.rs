@@ -178,6 +178,21 @@ impl Selected {
         Ok(counters)
     }
 
+    /// Probes the allocator functions of followed process `pid`, for it
+    /// alone, until [`Self::unprobe_calls`]; says which files. A Boehm GC
+    /// program's session follows its calls already: refused.
+    pub(crate) fn probe_calls(&mut self, pid: u32) -> Result<Vec<std::path::PathBuf>> {
+        if self.own.pids().contains(&pid) {
+            anyhow::bail!("pid {pid} has a session of its own (a Boehm GC program)");
+        }
+        self.probes.probe_calls(pid)
+    }
+
+    /// Process `pid`'s own allocator probes come off; whether it had them.
+    pub(crate) fn unprobe_calls(&mut self, pid: u32) -> bool {
+        self.probes.unprobe_calls(pid)
+    }
+
     /// The end: every process let go (it runs on, untraced); the
     /// profiles of all those followed.
     pub(crate) fn finish(mut self) -> Result<Vec<Profile>> {

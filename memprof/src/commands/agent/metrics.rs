@@ -29,6 +29,8 @@ pub struct Machine<'a> {
     pub dir: Option<super::dir::DirCounts>,
     /// Files held parsed, and files with unwind rows in the kernel's table.
     pub files: (usize, usize),
+    /// The processes with allocator probes of their own.
+    pub escalations: &'a super::escalate::Escalations,
 }
 
 /// The whole exposition.
@@ -223,6 +225,35 @@ pub fn render(machine: &Machine<'_>) -> String {
     );
     family(
         &mut out,
+        "memprof_process_calls_probed",
+        "gauge",
+        "Processes whose allocator functions are probed now, for them alone (their libc and mmap figures exact, or sampled by --sample-bytes): why=named (--examine) or why=growth (their resident memory grew by --escalate, for --escalate-for).",
+    );
+    for (pid, why) in machine.escalations.probed() {
+        let comm = machine
+            .figures
+            .iter()
+            .find(|f| f.pid == pid)
+            .map_or(String::new(), |f| f.program.clone());
+        let _ = writeln!(
+            out,
+            "memprof_process_calls_probed{{pid=\"{pid}\",comm=\"{}\",why=\"{why}\"}} 1",
+            escape(&comm)
+        );
+    }
+    family(
+        &mut out,
+        "memprof_escalations_total",
+        "counter",
+        "Processes given allocator probes of their own since the agent started (named or grown).",
+    );
+    let _ = writeln!(
+        out,
+        "memprof_escalations_total {}",
+        machine.escalations.started
+    );
+    family(
+        &mut out,
         "memprof_files",
         "gauge",
         "Files of the processes followed the agent holds: parsed (symbols, sections), and with unwind rows in the kernel's table; each let go 10 s after no process followed maps it.",
@@ -367,6 +398,7 @@ mod tests {
             top: 1,
             dir: None,
             files: (0, 0),
+            escalations: &super::super::escalate::Escalations::new(Default::default()),
         });
         assert!(text.contains(
             "memprof_process_live_bytes{pid=\"2\",comm=\"big\",exe=\"/usr/bin/big\",kind=\"libc\"} 5000\n"

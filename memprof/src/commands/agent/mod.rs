@@ -17,11 +17,13 @@
 //! | [`delta`] | what was allocated between two profiles (`?seconds=N`) |
 //! | [`client`] | `memprof report --agent`, `memprof top --agent`: what the agent serves, asked |
 //! | [`dir`] | `--dir`: each process's profile kept on disk, read again at the start |
+//! | [`escalate`] | which processes get allocator probes of their own, and for how long |
 //! | [`history`] | each process's live memory over time: its profile's timeline |
 //! | [`page`] | the page at `/` |
 pub mod client;
 pub mod delta;
 pub mod dir;
+pub mod escalate;
 pub mod history;
 pub mod metrics;
 pub mod page;
@@ -58,6 +60,8 @@ pub struct ServeOptions {
     pub metrics_top: usize,
     /// `--dir`: snapshots kept on disk.
     pub dir: Option<dir::DirOptions>,
+    /// Which processes get allocator probes of their own.
+    pub escalate: escalate::EscalateOptions,
 }
 
 /// Which processes a profile is asked of.
@@ -73,6 +77,7 @@ pub enum Which {
 pub enum Request {
     Metrics(tokio::sync::oneshot::Sender<String>),
     Processes(tokio::sync::oneshot::Sender<Vec<ProcessRow>>),
+    Escalations(tokio::sync::oneshot::Sender<Vec<escalate::EscalationRow>>),
     Profile(
         Which,
         tokio::sync::oneshot::Sender<std::result::Result<Profile, String>>,
@@ -139,6 +144,7 @@ pub fn run(
         started,
         dir: snapshots,
         history: history::History::default(),
+        escalations: escalate::Escalations::new(serve.escalate.clone()),
     };
     if let Some(dir) = &agent.dir {
         let counts = dir.counts();
@@ -162,6 +168,7 @@ pub fn run(
     // No more answers: the server stops before the processes are let go.
     server.stop();
     // Every process's last figures on disk, before it is let go.
+    agent.escalations.end();
     let Agent {
         mut followed, dir, ..
     } = agent;
@@ -186,6 +193,7 @@ struct Agent {
     /// `--dir`: snapshots kept on disk.
     dir: Option<dir::Snapshots>,
     history: history::History,
+    escalations: escalate::Escalations,
 }
 
 /// Requests answered per step at most (the processes' events come first).
@@ -209,6 +217,7 @@ impl Driven for Agent {
             let running = self.followed.figures().unwrap_or_default();
             let kept = self.followed.ended_pids().into_iter().collect();
             self.history.sample(&running, &kept);
+            self.escalations.step(&mut self.followed, &running);
         }
         for _ in 0..ANSWERS_PER_STEP {
             let Ok(request) = self.requests.try_recv() else {
@@ -238,6 +247,9 @@ impl Agent {
             Request::Processes(reply) => {
                 let _ = reply.send(self.processes());
             }
+            Request::Escalations(reply) => {
+                let _ = reply.send(self.escalations.rows());
+            }
             Request::Profile(which, reply) => {
                 let _ = reply.send(self.profile(&which).map_err(|e| format!("{e:#}")));
             }
@@ -255,6 +267,7 @@ impl Agent {
             top: self.metrics_top,
             dir: self.dir.as_ref().map(dir::Snapshots::counts),
             files: self.followed.files_held(),
+            escalations: &self.escalations,
         }))
     }
 

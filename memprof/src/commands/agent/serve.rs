@@ -9,6 +9,7 @@
 //! | `/metrics` | Prometheus's text format ([`super::metrics`]) |
 //! | `/debug/pprof/heap?pid=N` or `?comm=NAME` (`&seconds=S`) | gzipped pprof, as Go's heap profile |
 //! | `/api/processes` | JSON: the processes followed and those ended kept |
+//! | `/api/escalations` | JSON: the processes given allocator probes of their own, and when |
 //! | `/api/profile?pid=N` or `?comm=NAME` (`&format=F`, and `memprof report`'s filters: `&function=RE&top=N&leaked`…) | one profile in any format of `memprof report`, filtered as `report` filters |
 //! | `/` | the page ([`super::page`]) |
 //!
@@ -356,6 +357,7 @@ pub(crate) fn routes(requests: mpsc::Sender<Request>, driver: Waker) -> Router {
         .route("/metrics", get(metrics))
         .route("/debug/pprof/heap", get(heap))
         .route("/api/processes", get(processes))
+        .route("/api/escalations", get(escalations))
         .route("/api/profile", get(profile))
         .with_state(Asking(requests, driver, LastMetrics::default()))
 }
@@ -387,6 +389,13 @@ async fn metrics(State(asking): State<Asking>) -> Response {
 
 async fn processes(State(asking): State<Asking>) -> Response {
     match asking.ask(Request::Processes).await {
+        Ok(rows) => json(&rows),
+        Err(response) => response,
+    }
+}
+
+async fn escalations(State(asking): State<Asking>) -> Response {
+    match asking.ask(Request::Escalations).await {
         Ok(rows) => json(&rows),
         Err(response) => response,
     }

@@ -12,6 +12,7 @@
 //! `attach --comm/--exe` follow the processes a selection names the same
 //! way ([`Family::select`]): the kernel checks each new process's `comm`
 //! and executable.
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -23,12 +24,16 @@ use super::select::Selection;
 use super::{Host, Scope};
 use crate::driver::Profiling;
 use crate::options::SessionOptions;
+use crate::probes::ProcessProbes;
 use crate::profile::{Counters, Profile};
 
 /// The processes `run`'s command started, or those a selection names,
 /// followed together.
 pub struct Family {
     host: Host,
+    /// Processes given the allocator probes of their own
+    /// ([`Family::probe_calls`]), by pid.
+    calls: HashMap<u32, ProcessProbes>,
 }
 
 /// The family's probes being loaded, beside the command's session.
@@ -76,6 +81,7 @@ impl Family {
         let loading = std::thread::spawn(move || {
             Ok(Family {
                 host: Host::start(&options, Scope::Family(root), Some(&set))?,
+                calls: HashMap::new(),
             })
         });
         Loading { live, loading }
@@ -87,6 +93,7 @@ impl Family {
     pub fn select(options: &SessionOptions, selection: &Selection) -> Result<Family> {
         Ok(Family {
             host: Host::start(options, Scope::Selected(selection.clone()), None)?,
+            calls: HashMap::new(),
         })
     }
 
@@ -95,6 +102,7 @@ impl Family {
     pub fn all(options: &SessionOptions) -> Result<Family> {
         Ok(Family {
             host: Host::start(options, Scope::All, None)?,
+            calls: HashMap::new(),
         })
     }
 
@@ -183,6 +191,24 @@ impl Family {
         self.host.leave_out(pid)
     }
 
+    /// Probes the allocator functions of process `pid`, for it alone,
+    /// until [`Family::unprobe_calls`]; says which files.
+    pub fn probe_calls(&mut self, pid: u32) -> Result<Vec<std::path::PathBuf>> {
+        if self.calls.contains_key(&pid) {
+            anyhow::bail!("pid {pid}'s allocator functions are probed already");
+        }
+        let host = &mut self.host;
+        let (own, files) = host.files.probe_process(&mut host.probes, pid)?;
+        self.calls.insert(pid, own);
+        Ok(files)
+    }
+
+    /// Process `pid`'s own allocator probes come off (detached on a
+    /// thread); whether it had them.
+    pub fn unprobe_calls(&mut self, pid: u32) -> bool {
+        self.calls.remove(&pid).is_some()
+    }
+
     /// The events read (without waiting: the command's session is
     /// stepped by the same loop), the processes that ended finalized.
     pub fn step(&mut self) -> Result<()> {
@@ -207,6 +233,10 @@ impl Family {
     /// Recording stops; the profile of every process followed, the
     /// family's counters (losses included) in the first one's.
     pub fn finish(mut self) -> Result<Vec<Profile>> {
+        // No process keeps a probe of memprof's once it stops.
+        for (_, own) in self.calls.drain() {
+            own.detach().wait();
+        }
         let counters = self.host.stop()?;
         let mut done = std::mem::take(&mut self.host.done);
         // Each process's own figures are in its entry of the process

@@ -14,7 +14,7 @@ use crate::modules::maps::{self, Mapping};
 use crate::modules::{Module, ModuleCache};
 use crate::options::{SessionOptions, Unwind};
 use crate::plan::{Choice, Plan};
-use crate::probes::{Probes, RowTable};
+use crate::probes::{Probes, ProcessProbes, RowTable};
 use crate::unwind::ModuleTable;
 
 use super::file_ids::file_id_of_meta;
@@ -564,6 +564,44 @@ impl Files {
                     .join(", ")
             ),
         }
+    }
+
+    /// Probes the allocator functions of every file process `pid` maps,
+    /// for `pid` alone (`memprof agent`'s escalations and `--examine`):
+    /// no other process gets a breakpoint. Its files' parses are shared
+    /// with the files examined already. Says which files were probed.
+    pub fn probe_process(
+        &mut self,
+        probes: &mut Probes,
+        pid: u32,
+    ) -> anyhow::Result<(ProcessProbes, Vec<PathBuf>)> {
+        use anyhow::Context;
+        let mappings: Vec<Mapping> = maps::read(pid)
+            .with_context(|| format!("reading pid {pid}'s mappings"))?
+            .into_iter()
+            .filter(|m| m.executable)
+            .collect();
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
+            .with_context(|| format!("reading pid {pid}'s executable"))?;
+        let exe = crate::modules::strip_deleted(&exe);
+        let cache = ModuleCache::of_process(pid);
+        let plan_cache = cache.sibling();
+        for m in &mappings {
+            if let Some(module) = self.module_of(m, &cache) {
+                plan_cache.adopt(&m.path, module);
+            }
+        }
+        let loaded: Vec<PathBuf> = mappings.iter().map(|m| m.path.clone()).collect();
+        let plan = Plan::new(plan_cache, &exe, &loaded, &self.choice)?;
+        let files: Vec<PathBuf> = plan
+            .probes
+            .iter()
+            .map(|p| p.func.module.clone())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let own = probes.attach_to_process(pid, &plan.probes, &plan.modules)?;
+        Ok((own, files))
     }
 
     /// Files held parsed.
