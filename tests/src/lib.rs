@@ -664,3 +664,40 @@ pub fn assert_one_line_error(output: &Output, words: &[&str]) {
         );
     }
 }
+
+/// A port nobody listens on now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Headless Chromium on `url`: its DOM after its scripts ran, and a
+/// screenshot of it (kept in `png`).
+pub fn chromium(url: &str, png: &Path) -> String {
+    let run = |extra: &[String]| {
+        Command::new("chromium")
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--window-size=1280,1000",
+                "--virtual-time-budget=5000",
+            ])
+            .args(extra)
+            .arg(url)
+            .stderr(Stdio::null())
+            .output()
+            .expect("cannot run chromium (cargo xtask setup installs it)")
+    };
+    let shot = run(&[
+        "--force-device-scale-factor=2".to_string(),
+        format!("--screenshot={}", png.display()),
+    ]);
+    assert!(shot.status.success(), "chromium --screenshot failed");
+    let dom = run(&["--dump-dom".to_string()]);
+    assert!(dom.status.success(), "chromium --dump-dom failed");
+    String::from_utf8_lossy(&dom.stdout).into_owned()
+}

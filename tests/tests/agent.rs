@@ -7,7 +7,6 @@
 //! allocated. The agent runs with `--sample-bytes 0`: every figure exact.
 
 use std::io::Write;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{ChildStdin, Command, Stdio};
 use std::sync::Mutex;
@@ -17,15 +16,6 @@ use memprof_tests::*;
 
 /// One agent at a time: each follows every process of the machine.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-/// A port nobody listens on now.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// A running `memprof agent --sample-bytes 0`, its socket in the test's
 /// directory, on a loopback port.
@@ -741,34 +731,6 @@ fn a_process_the_oom_killer_ends_is_served_marked_so() {
         "{}",
         stderr.join("\n")
     );
-}
-
-/// Headless Chromium on `url`: its DOM after its scripts ran, and a
-/// screenshot of it (kept in `png`).
-fn chromium(url: &str, png: &Path) -> String {
-    let run = |extra: &[String]| {
-        Command::new("chromium")
-            .args([
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--window-size=1280,1000",
-                "--virtual-time-budget=5000",
-            ])
-            .args(extra)
-            .arg(url)
-            .stderr(Stdio::null())
-            .output()
-            .expect("cannot run chromium (cargo xtask setup installs it)")
-    };
-    let shot = run(&[
-        "--force-device-scale-factor=2".to_string(),
-        format!("--screenshot={}", png.display()),
-    ]);
-    assert!(shot.status.success(), "chromium --screenshot failed");
-    let dom = run(&["--dump-dom".to_string()]);
-    assert!(dom.status.success(), "chromium --dump-dom failed");
-    String::from_utf8_lossy(&dom.stdout).into_owned()
 }
 
 #[test]

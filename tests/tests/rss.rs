@@ -10,6 +10,13 @@
 //!   a million calls a second has the leak's stack first among its
 //!   resident memory within 45 s, and not one of its allocation calls was
 //!   seen (no allocator function is probed).
+//! - Escalation: the same leak under `--escalate 8M/10 --escalate-for 20`
+//!   gets libc's allocator functions probed for it alone: breakpoints in
+//!   its libc text, none in an idle process's on the same file; its
+//!   `leak_block` mallocs appear as a libc group; after the window the
+//!   breakpoints are gone and no call is counted any more.
+//! - `--examine NAME`: a process of that name gets the probes as long as
+//!   it runs; the page (in Chromium) lists the window; it ends with it.
 use memprof_tests::every_process::{at_site, process};
 use memprof_tests::*;
 use serde_json::Value;
@@ -346,6 +353,96 @@ fn a_process_whose_memory_keeps_growing_gets_its_own_allocator_probes_for_a_wind
     let after = allocations_at(&profile(&socket), pid, "libc", "leak_block");
     assert_eq!(before, after);
     drop(leak);
+    drop(idle);
+    agent.signal(libc::SIGTERM);
+    assert!(agent.wait_timeout(timeout()).success());
+}
+
+#[test]
+fn a_process_named_by_examine_gets_its_own_allocator_probes_while_it_runs() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = TempDir::new("rss_examine");
+    let program = copy_as(fixture::RSS_LEAK, &dir, "rss_leak");
+    let socket = dir.join("agent.sock");
+    let listen = format!("127.0.0.1:{}", free_port());
+    let mut agent = ChildGuard(
+        memprof([
+            "agent",
+            "--socket",
+            socket.to_str().unwrap(),
+            "--listen",
+            &listen,
+            "--examine",
+            "rss_leak",
+            "--escalate",
+            "off",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap(),
+    );
+    let mut stderr = Lines::new("memprof agent", agent.0.stderr.take().unwrap());
+    stderr.wait_for("serving on", timeout());
+    let idle = as_nobody("/bin/sleep", &["300"]);
+    let mut leak = as_nobody(&program, &["20"]);
+    let pid = leak.0.id();
+    let said = stderr.wait_for(&format!("pid {pid} "), Duration::from_secs(20) * slower());
+    assert!(
+        said.ends_with(&format!(
+            "pid {pid} (rss_leak): named by --examine; its allocator functions probed (/usr/lib/x86_64-linux-gnu/libc.so.6) as long as it runs"
+        )),
+        "{said}"
+    );
+    assert_ne!(libc_bytes_changed(pid), 0);
+    assert_eq!(libc_bytes_changed(idle.0.id()), 0);
+    let started = Instant::now();
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+        let body = get(&socket, &format!("/api/profile?pid={pid}&format=json"));
+        let json: Value = serde_json::from_str(&body).unwrap();
+        if allocations_at(&json, pid, "libc", "leak_block") > 0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10) * slower(),
+            "no libc group at leak_block:\n{}",
+            list_groups(&json)
+        );
+    }
+    // The page lists it, in a real browser.
+    let dom = chromium(&format!("http://{listen}/"), &dir.join("page.png"));
+    let table = &dom[dom
+        .find("id=\"escalated\"")
+        .expect("no escalations on the page")..];
+    assert!(!table.starts_with("id=\"escalated\" hidden"), "{table}");
+    let row = table
+        .lines()
+        .find(|l| l.contains(&format!("<tr data-pid=\"{pid}\"")))
+        .unwrap_or_else(|| panic!("pid {pid} is not listed:\n{table}"));
+    assert!(
+        row.contains("<td>rss_leak</td><td>named: named by --examine</td>"),
+        "{row}"
+    );
+    assert!(row.contains("libc.so.6</td>"), "{row}");
+    assert!(row.contains("<td>on now</td>"), "{row}");
+    // It ends: its window with it.
+    assert!(leak.0.wait().unwrap().success());
+    let ended = Instant::now();
+    loop {
+        let rows: Value = serde_json::from_str(&get(&socket, "/api/escalations")).unwrap();
+        assert_eq!(rows.as_array().unwrap().len(), 1, "{rows}");
+        assert_eq!(uint(&rows[0], "/pid"), u64::from(pid), "{rows}");
+        assert_eq!(rows[0]["why"], "named", "{rows}");
+        if rows[0]["end_unix_s"].is_number() {
+            break;
+        }
+        assert!(
+            ended.elapsed() < Duration::from_secs(15) * slower(),
+            "{rows}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
     drop(idle);
     agent.signal(libc::SIGTERM);
     assert!(agent.wait_timeout(timeout()).success());

@@ -109,6 +109,11 @@ const SMOKE: &[Case] = &[
         binary: "rss",
         test: "the_agent_at_its_defaults_finds_a_users_leak_with_nothing_per_call",
     },
+    Case {
+        what: "agent escalation: a growing process gets allocator probes for a window, breakpoints in its memory alone",
+        binary: "rss",
+        test: "a_process_whose_memory_keeps_growing_gets_its_own_allocator_probes_for_a_window",
+    },
 ];
 
 /// A whole kernel's run may take this long, boot included (a case takes

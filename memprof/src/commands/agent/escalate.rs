@@ -145,7 +145,7 @@ impl Escalations {
                 continue;
             }
             if self.options.named.iter().any(|n| n.names(f)) {
-                self.escalate(followed, f, "named", "--examine".to_string(), None);
+                self.escalate(followed, f, "named", "named by --examine".to_string(), None);
                 continue;
             }
             let Some((growth, window)) = self.options.growth else {
