@@ -254,7 +254,9 @@ pub enum Command {
     /// and those that start, as `attach --all` does: their resident memory
     /// by stack (each page's first write, kind rss), sampled by bytes
     /// (--sample-bytes 524288 unless given), with nothing run per
-    /// allocation call (--calls: libc and mmap calls too); each program that
+    /// allocation call (--calls: libc and mmap calls too, in every process;
+    /// --examine: in the processes named; --escalate: in a process whose
+    /// resident memory keeps growing, for a window); each program that
     /// allocates with the Boehm GC (Crystal) gets a session of its own, its
     /// GC objects sampled at the collector's refills and judged by its mark
     /// bits. Runs until SIGTERM or Ctrl-C (or --duration), then lets every
@@ -266,6 +268,7 @@ pub enum Command {
     ///   /metrics                          Prometheus text format: live bytes and blocks per process and kind, allocations, GC collections, losses
     ///   /debug/pprof/heap?pid=N           Go's heap profile (alloc_objects, alloc_space, inuse_objects, inuse_space); ?comm=NAME: a program's processes merged; &seconds=S: what was allocated in the next S seconds
     ///   /api/processes                    JSON: the processes followed, and those that ended (the last 1,000 kept)
+    ///   /api/escalations                  JSON: the processes given allocator probes of their own (--examine, --escalate), and when
     ///   /api/profile?pid=N&format=F       one process's profile in a format of `memprof report` (json unless F)
     ///   /                                 a page: processes by live bytes, refreshed; a click shows one's profile
     ///
