@@ -153,6 +153,15 @@ impl ModuleCache {
             .collect()
     }
 
+    /// `module` at `path` from now on, in place of any other parse of the
+    /// same file: one parse (one open file) shared by the processes that
+    /// map it, not parsed again for each (a build runs its compiler
+    /// thousands of times).
+    pub fn share(&self, path: &Path, module: Arc<Module>) {
+        let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+        modules.insert(path.to_path_buf(), module);
+    }
+
     /// Takes `module`, parsed for another process, as this one's `path`:
     /// the same file (`attach --all` knows files by device and inode).
     pub fn adopt(&self, path: &Path, module: Arc<Module>) {

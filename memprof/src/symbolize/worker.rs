@@ -220,8 +220,7 @@ fn serve(jobs: Receiver<Job>, state: &State) {
     block_signals();
     let mut symbolizers = Symbolizers::new();
     while let Ok(job) = jobs.recv() {
-        run_job(&mut symbolizers, job);
-        state.idle.store(true, Ordering::Release);
+        run_job(&mut symbolizers, job, state);
     }
     if state.stuck.load(Ordering::Acquire) {
         STUCK.fetch_sub(1, Ordering::Relaxed);
@@ -230,7 +229,7 @@ fn serve(jobs: Receiver<Job>, state: &State) {
 
 /// One process's modules, a batch at a time, until done, cancelled or a
 /// budget is spent (the rest stays unnamed: the caller fills it in).
-fn run_job(symbolizers: &mut Symbolizers, job: Job) {
+fn run_job(symbolizers: &mut Symbolizers, job: Job, state: &State) {
     let started = Instant::now();
     let resident = crate::memory::resident_bytes();
     'job: for work in job.modules {
@@ -266,6 +265,10 @@ fn run_job(symbolizers: &mut Symbolizers, job: Job) {
             }
         }
     }
+    // Idle before the caller hears it is done: a next job submitted at
+    // once must find this worker free, not stuck (a new worker would
+    // parse every file again: libc's DWARF alone 40 ms, each process).
+    state.idle.store(true, Ordering::Release);
     let _ = job.answers.send(Answer::Done);
 }
 

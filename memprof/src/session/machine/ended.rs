@@ -256,6 +256,14 @@ impl Host {
             }
             None => (&p.maps, &p.modules),
         };
+        // The files parsed already (examined, or with rows: a program
+        // run again and again, a build's compiler) are not parsed again
+        // for this process's names, nor read again by the symbolizer.
+        for m in maps.all().iter().filter(|m| m.executable) {
+            if let Some(module) = self.files.module_by_id(&m.file_id) {
+                modules.share(&m.path, module);
+            }
+        }
         self.deferred.finish_process(p.index, maps, modules);
         let view = self
             .probes
