@@ -54,7 +54,7 @@ impl Agent {
     }
 
     /// utime + stime, in clock ticks.
-    fn cpu_ticks(&self) -> Result<u64> {
+    pub(super) fn cpu_ticks(&self) -> Result<u64> {
         super::cpu_ticks(self.child.id())
     }
 

@@ -80,6 +80,8 @@ pub(super) fn agent_cost(binaries: &[Binary]) -> Result<()> {
         .chain(binaries.iter().map(Some))
         .collect();
     let mut runs = vec![vec![Vec::new(); ways.len()]; workloads.len()];
+    // The agent's own CPU seconds per run, by way.
+    let mut agent_cpu: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); ways.len()]; workloads.len()];
     for round in 0..ROUNDS {
         for k in 0..ways.len() {
             let way = (round + k) % ways.len();
@@ -95,21 +97,31 @@ pub(super) fn agent_cost(binaries: &[Binary]) -> Result<()> {
             if agent.is_some() {
                 std::thread::sleep(SETTLE);
             }
-            for (workload, runs) in workloads.iter_mut().zip(&mut runs) {
+            for ((workload, runs), cpu) in workloads.iter_mut().zip(&mut runs).zip(&mut agent_cpu) {
                 let socket = agent.as_ref().map(|a| a.socket.as_path());
+                let before = agent.as_ref().map(|a| a.cpu_ticks()).transpose()?;
                 runs[way].push(workload.measure(socket)?);
+                // What the agent does after a workload (the processes
+                // that ended named, a Boehm GC program's session let go)
+                // is that workload's: waited for, and counted in its
+                // agent CPU, not left to slow the next one.
+                if let (Some(agent), Some(before)) = (&agent, before) {
+                    settle(agent)?;
+                    cpu[way].push((agent.cpu_ticks()? - before) as f64 / ticks_per_s());
+                }
             }
         }
     }
     println!(
         "\nbench: what memprof agent (defaults) costs everyday programs: each whole command by the wall clock, median of {ROUNDS} rounds, untraced (no agent) and under the agent in turn"
     );
-    println!("| workload                                          |      untraced | under the agent |    ratio |");
-    println!("|---------------------------------------------------|--------------:|----------------:|---------:|");
-    for (workload, runs) in workloads.iter().zip(runs) {
+    println!("| workload                                          |      untraced | under the agent |    ratio | the agent's CPU |");
+    println!("|---------------------------------------------------|--------------:|----------------:|---------:|----------------:|");
+    for ((workload, runs), cpu) in workloads.iter().zip(runs).zip(agent_cpu) {
         let untraced = median(runs[0].clone());
-        for (binary, traced) in binaries.iter().zip(&runs[1..]) {
+        for ((binary, traced), cpu) in binaries.iter().zip(&runs[1..]).zip(&cpu[1..]) {
             let traced = median(traced.clone());
+            let cpu = format!("{:.2} s", median(cpu.clone()));
             let name = format!("{}{}", workload.name, binary.mark);
             let (untraced, traced, ratio) = match workload.run {
                 Run::Timed { .. } => (
@@ -123,10 +135,37 @@ pub(super) fn agent_cost(binaries: &[Binary]) -> Result<()> {
                     format!("{:.1} %", traced / untraced * 100.0),
                 ),
             };
-            println!("| {name:<49} | {untraced:>13} | {traced:>15} | {ratio:>8} |");
+            println!("| {name:<49} | {untraced:>13} | {traced:>15} | {ratio:>8} | {cpu:>15} |");
         }
     }
     Ok(())
+}
+
+/// Waits until `agent` is quiet (under 2 % of a core over a quarter of a
+/// second), at most 10 s.
+fn settle(agent: &Agent) -> Result<()> {
+    let quarter = Duration::from_millis(250);
+    let quiet = (ticks_per_s() * 0.25 * 0.02).ceil() as u64;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::time::Instant::now() < deadline {
+        let before = agent.cpu_ticks()?;
+        std::thread::sleep(quarter);
+        if agent.cpu_ticks()? - before <= quiet {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Clock ticks a second (`/proc/PID/stat`'s unit).
+fn ticks_per_s() -> f64 {
+    // SAFETY: sysconf reads a constant.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if ticks > 0 {
+        ticks as f64
+    } else {
+        100.0
+    }
 }
 
 /// One run of `wrk` against a fresh http_server, in requests/s; under the
