@@ -305,7 +305,9 @@ fn pprof_raw(url: &str) -> String {
 }
 
 /// From `pprof -raw`: the values of the samples whose stack names
-/// `function` (alloc_objects, alloc_space, inuse_objects, inuse_space).
+/// `function` (alloc_objects, alloc_space, inuse_objects, inuse_space;
+/// the resident pages' own types after them, and their samples, are
+/// left out).
 fn samples_at(raw: &str, function: &str) -> Vec<[i64; 4]> {
     // Locations: "     3: 0x401156 M=1 grow /src/grow.c:30 s=0".
     let mut ids = Vec::new();
@@ -337,9 +339,12 @@ fn samples_at(raw: &str, function: &str) -> Vec<[i64; 4]> {
             .split_whitespace()
             .filter_map(|v| v.parse().ok())
             .collect();
-        let Ok(values) = <[i64; 4]>::try_from(values) else {
+        let Some(values) = values.get(..4).and_then(|v| <[i64; 4]>::try_from(v).ok()) else {
             continue;
         };
+        if values == [0; 4] {
+            continue; // resident pages
+        }
         let stack: Vec<u64> = stack
             .split_whitespace()
             .filter_map(|i| i.parse().ok())

@@ -266,7 +266,7 @@ pub enum Command {
     /// TCP address only when --listen asks:
     ///
     ///   /metrics                          Prometheus text format: live bytes and blocks per process and kind, allocations, GC collections, losses
-    ///   /debug/pprof/heap?pid=N           Go's heap profile (alloc_objects, alloc_space, inuse_objects, inuse_space); ?comm=NAME: a program's processes merged; &seconds=S: what was allocated in the next S seconds
+    ///   /debug/pprof/heap?pid=N           Go's heap profile (alloc_objects, alloc_space, inuse_objects, inuse_space; resident_pages, resident_space); ?comm=NAME: a program's processes merged; &seconds=S: what was allocated in the next S seconds
     ///   /api/processes                    JSON: the processes followed, and those that ended (the last 1,000 kept)
     ///   /api/escalations                  JSON: the processes given allocator probes of their own (--examine, --escalate), and when
     ///   /api/profile?pid=N&format=F       one process's profile in a format of `memprof report` (json unless F)

@@ -1,8 +1,10 @@
 //! pprof: a gzipped `profile.proto`, for `go tool pprof` and the pprof web
 //! UI (`go tool pprof -http=: app.pb.gz`). Four sample types per stack:
 //! `alloc_objects`/`alloc_space` (everything allocated) and
-//! `inuse_objects`/`inuse_space` (live at the end, the default view); each
-//! sample carries a `kind` label. Frames become functions with file and
+//! `inuse_objects`/`inuse_space` (live at the end, the default view); with
+//! resident memory (kind `rss`), `resident_pages`/`resident_space` too,
+//! its pages counted there alone (the default view when nothing else is
+//! live); each sample carries a `kind` label. Frames become functions with file and
 //! line; inlined frames share their caller's location, as in pprof's own
 //! profiles; each module is a mapping, the executable's first (pprof's
 //! main binary). A stack the unwinder could not
@@ -164,19 +166,26 @@ pub mod proto {
 pub fn build(profile: &Profile, options: &Options) -> proto::Profile {
     let mut b = Builder::default();
     b.string(""); // index 0 is the empty string
-    let sample_type = [
-        "alloc_objects",
-        "alloc_space",
-        "inuse_objects",
-        "inuse_space",
-    ]
-    .iter()
-    .zip(["count", "bytes", "count", "bytes"])
-    .map(|(t, u)| proto::ValueType {
-        r#type: b.string(t),
-        unit: b.string(u),
-    })
-    .collect();
+                  // Resident pages (`rss`) are not allocations: their own pair of
+                  // sample types, or `alloc_space` would count a block's bytes and
+                  // again its pages.
+    let resident = profile.groups.iter().any(|g| g.kind == RSS);
+    let mut types = vec![
+        ("alloc_objects", "count"),
+        ("alloc_space", "bytes"),
+        ("inuse_objects", "count"),
+        ("inuse_space", "bytes"),
+    ];
+    if resident {
+        types.extend([("resident_pages", "count"), ("resident_space", "bytes")]);
+    }
+    let sample_type = types
+        .iter()
+        .map(|(t, u)| proto::ValueType {
+            r#type: b.string(t),
+            unit: b.string(u),
+        })
+        .collect();
     let labels = LabelKeys::new(&mut b, profile);
     let groups = select(profile, options, 0, false);
     let bar = crate::progress::bar(groups.len() as u64, "writing pprof samples");
@@ -192,9 +201,7 @@ pub fn build(profile: &Profile, options: &Options) -> proto::Profile {
         let label = labels.of(&mut b, profile, g);
         samples.push(proto::Sample {
             location_id,
-            value: [g.total_count, g.total_bytes, g.live_count, g.live_bytes]
-                .map(|v| v as i64)
-                .to_vec(),
+            value: values(g, resident),
             label,
         });
     }
@@ -204,7 +211,15 @@ pub fn build(profile: &Profile, options: &Options) -> proto::Profile {
         r#type: b.string("space"),
         unit: b.string("bytes"),
     });
-    let default_sample_type = b.string("inuse_space");
+    // Resident memory alone (the agent's default): its view first.
+    let heap = profile
+        .groups
+        .iter()
+        .any(|g| g.kind != RSS && g.live_bytes > 0);
+    let default_sample_type = b.string(match resident && !heap {
+        true => "resident_space",
+        false => "inuse_space",
+    });
     b.main_mapping_first(&profile.target.exe);
     proto::Profile {
         sample_type,
@@ -220,6 +235,21 @@ pub fn build(profile: &Profile, options: &Options) -> proto::Profile {
         comment,
         default_sample_type,
     }
+}
+
+/// The kind of resident pages.
+const RSS: &str = "rss";
+
+/// A sample's values, in the order of the sample types: an allocation's
+/// in the four heap types, resident pages in their own pair.
+fn values(g: &Group, resident: bool) -> Vec<i64> {
+    let heap = [g.total_count, g.total_bytes, g.live_count, g.live_bytes];
+    let values: Vec<u64> = match (resident, g.kind == RSS) {
+        (false, _) => heap.to_vec(),
+        (true, false) => heap.into_iter().chain([0, 0]).collect(),
+        (true, true) => vec![0, 0, 0, 0, g.live_count, g.live_bytes],
+    };
+    values.into_iter().map(|v| v as i64).collect()
 }
 
 /// The label keys every sample uses, and each process's program name.
@@ -541,5 +571,65 @@ mod tests {
         assert_eq!(proto.sample[0].value, [1000, 48000, 600, 28800]);
         let bytes = proto.encode_to_vec();
         assert_eq!(proto::Profile::decode(&bytes[..]).unwrap(), proto);
+    }
+
+    #[test]
+    fn resident_pages_are_their_own_sample_types() {
+        let group = |kind: &str, function: &str, live: u64| {
+            (
+                Group {
+                    kind: kind.into(),
+                    live_count: live / 4096,
+                    live_bytes: live,
+                    total_count: live / 4096,
+                    total_bytes: live,
+                    ..Default::default()
+                },
+                vec![Frame {
+                    function: function.into(),
+                    address: 0x1234,
+                    ..Default::default()
+                }],
+            )
+        };
+        let type_names = |proto: &proto::Profile| -> Vec<String> {
+            let name = |i: i64| proto.string_table[i as usize].clone();
+            proto.sample_type.iter().map(|t| name(t.r#type)).collect()
+        };
+        // Resident pages alone: their view is the default.
+        let mut profile = Profile::default();
+        let (g, frames) = group("rss", "touch_pages", 1 << 20);
+        profile.push(g, frames);
+        let proto = build(&profile, &Options::default());
+        assert_eq!(
+            type_names(&proto),
+            [
+                "alloc_objects",
+                "alloc_space",
+                "inuse_objects",
+                "inuse_space",
+                "resident_pages",
+                "resident_space"
+            ]
+        );
+        assert_eq!(proto.sample[0].value, [0, 0, 0, 0, 256, 1 << 20]);
+        assert_eq!(
+            proto.string_table[proto.default_sample_type as usize],
+            "resident_space"
+        );
+        // Beside allocations: each in its own types, the heap's the default.
+        let (g, frames) = group("libc", "make_foo", 8192);
+        profile.push(g, frames);
+        let proto = build(&profile, &Options::default());
+        let mut values: Vec<Vec<i64>> = proto.sample.iter().map(|s| s.value.clone()).collect();
+        values.sort();
+        assert_eq!(
+            values,
+            [vec![0, 0, 0, 0, 256, 1 << 20], vec![2, 8192, 2, 8192, 0, 0]]
+        );
+        assert_eq!(
+            proto.string_table[proto.default_sample_type as usize],
+            "inuse_space"
+        );
     }
 }
