@@ -215,6 +215,24 @@ fn the_agent_at_its_defaults_finds_a_users_leak_with_nothing_per_call() {
     assert!(agent.wait_timeout(timeout()).success());
 }
 
+/// `memprof agent --socket SOCKET ARGS`, serving: the agent and its stderr.
+fn agent_on(socket: &Path, args: &[&str]) -> (ChildGuard, Lines) {
+    let mut agent = ChildGuard(
+        memprof(
+            ["agent", "--socket", socket.to_str().unwrap()]
+                .iter()
+                .chain(args),
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap(),
+    );
+    let mut stderr = Lines::new("memprof agent", agent.0.stderr.take().unwrap());
+    stderr.wait_for("serving on", timeout());
+    (agent, stderr)
+}
+
 /// The bytes of process `pid`'s libc text (its executable mapping, read
 /// through /proc/PID/mem) that differ from the file's: a uprobe's
 /// breakpoint (`int3`) is written into the memory of each process it
@@ -262,23 +280,8 @@ fn a_process_whose_memory_keeps_growing_gets_its_own_allocator_probes_for_a_wind
     let dir = TempDir::new("rss_escalate");
     let program = copy_as(fixture::RSS_LEAK, &dir, "rss_leak");
     let socket = dir.join("agent.sock");
-    let mut agent = ChildGuard(
-        memprof([
-            "agent",
-            "--socket",
-            socket.to_str().unwrap(),
-            "--escalate",
-            "8M/10",
-            "--escalate-for",
-            "20",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap(),
-    );
-    let mut stderr = Lines::new("memprof agent", agent.0.stderr.take().unwrap());
-    stderr.wait_for("serving on", timeout());
+    let (mut agent, mut stderr) =
+        agent_on(&socket, &["--escalate", "8M/10", "--escalate-for", "20"]);
     // A process that does not grow, on the same libc: it must never get
     // a breakpoint.
     let idle = as_nobody("/bin/sleep", &["300"]);
@@ -365,25 +368,17 @@ fn a_process_named_by_examine_gets_its_own_allocator_probes_while_it_runs() {
     let program = copy_as(fixture::RSS_LEAK, &dir, "rss_leak");
     let socket = dir.join("agent.sock");
     let listen = format!("127.0.0.1:{}", free_port());
-    let mut agent = ChildGuard(
-        memprof([
-            "agent",
-            "--socket",
-            socket.to_str().unwrap(),
+    let (mut agent, mut stderr) = agent_on(
+        &socket,
+        &[
             "--listen",
             &listen,
             "--examine",
             "rss_leak",
             "--escalate",
             "off",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap(),
+        ],
     );
-    let mut stderr = Lines::new("memprof agent", agent.0.stderr.take().unwrap());
-    stderr.wait_for("serving on", timeout());
     let idle = as_nobody("/bin/sleep", &["300"]);
     let mut leak = as_nobody(&program, &["20"]);
     let pid = leak.0.id();
