@@ -450,11 +450,9 @@ fn wrk_while(way: &WrkWay, server: u32, profile: &Path, socket: &Path) -> Result
         let started = Instant::now();
         let rate = wrk()?;
         let ticks = cpu_ticks(session.id())? - before;
-        // SAFETY: sysconf reads a constant.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
         Ok((
             rate,
-            ticks as f64 / hz / started.elapsed().as_secs_f64() * 100.0,
+            ticks as f64 / ticks_per_s() / started.elapsed().as_secs_f64() * 100.0,
         ))
     });
     send_signal(session.id(), 2); // SIGINT: memprof ends its session
@@ -474,6 +472,17 @@ pub(crate) fn cpu_ticks(pid: u32) -> Result<u64> {
     let rest = stat.rsplit_once(')').context("bad stat")?.1;
     let f: Vec<&str> = rest.split_whitespace().collect();
     Ok(f[11].parse::<u64>()? + f[12].parse::<u64>()?)
+}
+
+/// Clock ticks a second (`/proc/PID/stat`'s unit).
+pub(crate) fn ticks_per_s() -> f64 {
+    // SAFETY: sysconf reads a constant.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if ticks > 0 {
+        ticks as f64
+    } else {
+        100.0
+    }
 }
 
 /// The requests/s of one run of `wrk` against port 8080.

@@ -107,7 +107,7 @@ pub(super) fn agent_cost(binaries: &[Binary]) -> Result<()> {
                 // agent CPU, not left to slow the next one.
                 if let (Some(agent), Some(before)) = (&agent, before) {
                     settle(agent)?;
-                    cpu[way].push((agent.cpu_ticks()? - before) as f64 / ticks_per_s());
+                    cpu[way].push((agent.cpu_ticks()? - before) as f64 / super::ticks_per_s());
                 }
             }
         }
@@ -145,7 +145,7 @@ pub(super) fn agent_cost(binaries: &[Binary]) -> Result<()> {
 /// second), at most 10 s.
 fn settle(agent: &Agent) -> Result<()> {
     let quarter = Duration::from_millis(250);
-    let quiet = (ticks_per_s() * 0.25 * 0.02).ceil() as u64;
+    let quiet = (super::ticks_per_s() * 0.25 * 0.02).ceil() as u64;
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while std::time::Instant::now() < deadline {
         let before = agent.cpu_ticks()?;
@@ -155,17 +155,6 @@ fn settle(agent: &Agent) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// Clock ticks a second (`/proc/PID/stat`'s unit).
-fn ticks_per_s() -> f64 {
-    // SAFETY: sysconf reads a constant.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if ticks > 0 {
-        ticks as f64
-    } else {
-        100.0
-    }
 }
 
 /// One run of `wrk` against a fresh http_server, in requests/s; under the
