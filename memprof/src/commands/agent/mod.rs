@@ -167,8 +167,9 @@ pub fn run(
     crate::symbolize::budget::stopping();
     // No more answers: the server stops before the processes are let go.
     server.stop();
-    // Every process's last figures on disk, before it is let go.
+    // The windows on now are over (their probes come off with the rest).
     agent.escalations.end();
+    // Every process's last figures on disk, before it is let go.
     let Agent {
         mut followed, dir, ..
     } = agent;
