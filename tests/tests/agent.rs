@@ -1392,10 +1392,12 @@ fn files_held(text: &str) -> (u64, u64) {
 }
 
 /// A machine runs ever new files (a build's every binary): what the
-/// agent parsed of a program's files, and their unwind rows, are let go
-/// once no process followed maps them. The build that kept every file
-/// it had parsed grew by the file's symbols and mapping per new binary,
-/// for ever (a headless Chromium left the agent 100 MB bigger).
+/// agent parsed of a program's files is let go once no process followed
+/// maps them. The build that kept every file it had parsed grew by the
+/// file's symbols and mapping per new binary, for ever (a headless
+/// Chromium left the agent 100 MB bigger). Their unwind rows stay, for
+/// the next process that maps them (a build runs its compiler again and
+/// again): a copy run again gets no new file's rows.
 #[test]
 fn the_files_of_programs_that_ended_are_let_go() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
@@ -1411,38 +1413,54 @@ fn the_files_of_programs_that_ended_are_let_go() {
         })
         .collect();
     let agent = Agent::start(&dir, &["--comm", "fresh_binary"]);
+    let ended = |n: usize| {
+        poll("the copies listed ended", || {
+            let text = agent.get_text("/api/processes");
+            let rows: Value = serde_json::from_str(&text).unwrap();
+            let ended = rows
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|r| r["comm"] == "fresh_binary" && r["running"] == false)
+                .count();
+            if ended == n {
+                Ok(())
+            } else {
+                Err(text)
+            }
+        })
+    };
     for copy in &copies {
         assert!(Command::new(copy).status().unwrap().success());
     }
-    poll("the five copies listed ended", || {
-        let text = agent.get_text("/api/processes");
-        let rows: Value = serde_json::from_str(&text).unwrap();
-        let ended = rows
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|r| r["comm"] == "fresh_binary" && r["running"] == false)
-            .count();
-        if ended == 5 {
-            Ok(())
-        } else {
-            Err(text)
-        }
-    });
-    // Within the 10 s they are kept: each copy's file is held, and the
+    ended(5);
+    // While the copies end, they are held: each copy's file, and the
     // libraries they mapped (libc, the dynamic linker).
     let during = files_held(&agent.get_text("/metrics"));
     eprintln!("files held with the copies ended: {during:?}");
-    // Then nothing: no process followed maps any file.
+    // Then none parsed: no process followed maps any file. Their rows
+    // stay, every one.
     let after = poll("the files let go", || {
         let held = files_held(&agent.get_text("/metrics"));
-        if held == (0, 0) {
+        if held.0 == 0 {
             Ok(held)
         } else {
             Err(format!("{held:?}"))
         }
     });
-    assert_eq!(after, (0, 0));
+    assert_eq!(after, (0, during.1));
+    // A copy run again maps files with rows: none added.
+    assert!(Command::new(&copies[0]).status().unwrap().success());
+    ended(6);
+    let again = poll("the files let go again", || {
+        let held = files_held(&agent.get_text("/metrics"));
+        if held.0 == 0 {
+            Ok(held)
+        } else {
+            Err(format!("{held:?}"))
+        }
+    });
+    assert_eq!(again, (0, during.1));
     // The profiles of the ended copies stay, named.
     let text = agent.get_text("/api/processes");
     let rows: Value = serde_json::from_str(&text).unwrap();

@@ -526,8 +526,8 @@ fn assert_whole(json: &serde_json::Value, pid: u64, what: &str) {
 /// it: a program of root's with 800,000 rows started after them still
 /// gets its rows, and its stack is whole. The user's first two programs
 /// get rows; the others are said, and unwound by memprof itself. Once the
-/// user's programs have ended, their rows are let go: another of theirs,
-/// started later, gets the room.
+/// user's programs have ended, their rows are let go for another of
+/// theirs, started later: it gets the room.
 #[test]
 fn one_users_files_hold_half_of_the_unwind_table() {
     let dir = TempDir::new("hostile_rows");
@@ -550,8 +550,9 @@ fn one_users_files_hold_half_of_the_unwind_table() {
         assert!(root.wait().unwrap().success());
         root_pid = u64::from(root.id());
         pids = holders.into_iter().map(Holder::end).collect();
-        // Their rows let go (unused 10 s, looked at every 2 s).
-        std::thread::sleep(Duration::from_secs(14));
+        // Their rows no longer named (unused 5 s, looked at every 2 s):
+        // let go for the room the next of theirs wants.
+        std::thread::sleep(Duration::from_secs(9));
         later = run_as_nobody(&copies[5]);
     });
     assert_whole(&seen.json, root_pid, "root's program");

@@ -49,7 +49,7 @@ use std::sync::{Arc, Mutex};
 
 pub use self::error::Error;
 pub use self::files::{open_regular, strip_deleted};
-pub use self::module::Module;
+pub use self::module::{Module, Segment};
 use maps::Mapping;
 
 /// The modules opened so far in one session, by the target's path. Cheap

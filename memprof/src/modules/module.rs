@@ -27,6 +27,27 @@ pub struct Segment {
     pub executable: bool,
 }
 
+impl Segment {
+    /// The bias of `mapping` of a module of `segments` (`Module::bias`).
+    pub fn bias(segments: &[Segment], mapping: &Mapping) -> Option<u64> {
+        const PAGE: u64 = 4096;
+        let holds = |s: &&Segment| {
+            mapping.file_offset >= s.file_offset & !(PAGE - 1)
+                && mapping.file_offset < s.file_offset.saturating_add(s.file_size.max(1))
+        };
+        let segment = segments
+            .iter()
+            .filter(holds)
+            .find(|s| s.executable == mapping.executable)
+            .or_else(|| segments.iter().find(holds))?;
+        let address = segment
+            .address
+            .wrapping_add(mapping.file_offset)
+            .wrapping_sub(segment.file_offset);
+        Some(mapping.start.wrapping_sub(address))
+    }
+}
+
 /// A section, by name.
 #[derive(Debug, Clone)]
 struct Section {
@@ -343,22 +364,7 @@ impl Module {
     /// at file offset 0 are unambiguous; a data mapping may not be (two
     /// segments can share a file page), so use one of those.
     pub fn bias(&self, mapping: &Mapping) -> Option<u64> {
-        const PAGE: u64 = 4096;
-        let holds = |s: &&Segment| {
-            mapping.file_offset >= s.file_offset & !(PAGE - 1)
-                && mapping.file_offset < s.file_offset.saturating_add(s.file_size.max(1))
-        };
-        let segment = self
-            .segments
-            .iter()
-            .filter(holds)
-            .find(|s| s.executable == mapping.executable)
-            .or_else(|| self.segments.iter().find(holds))?;
-        let address = segment
-            .address
-            .wrapping_add(mapping.file_offset)
-            .wrapping_sub(segment.file_offset);
-        Some(mapping.start.wrapping_sub(address))
+        Segment::bias(&self.segments, mapping)
     }
 
     /// Its (first) executable segment's link-time address minus its file

@@ -256,7 +256,7 @@ pub fn render(machine: &Machine<'_>) -> String {
         &mut out,
         "memprof_files",
         "gauge",
-        "Files of the processes followed the agent holds: parsed (symbols, sections), and with unwind rows in the kernel's table; each let go 10 s after no process followed maps it.",
+        "Files of the processes followed the agent holds: parsed (symbols, sections), and with unwind rows in the kernel's table; the parse let go once no process followed maps the file, its rows kept for the next process that does (10 minutes at most, or until their room is wanted).",
     );
     let (parsed, rows) = machine.files;
     let _ = writeln!(out, "memprof_files{{state=\"parsed\"}} {parsed}");

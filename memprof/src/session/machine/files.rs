@@ -11,7 +11,7 @@ use memprof_common::host::{FileKey, KnownFile};
 use memprof_common::ModuleRange;
 
 use crate::modules::maps::{self, Mapping};
-use crate::modules::{Module, ModuleCache};
+use crate::modules::{Module, ModuleCache, Segment};
 use crate::options::{SessionOptions, Unwind};
 use crate::plan::{Choice, Plan};
 use crate::probes::{Probes, ProcessProbes, RowTable};
@@ -26,11 +26,15 @@ struct FileEntry {
     module: Option<Arc<Module>>,
 }
 
-/// A file's rows in the kernel's table, and the file (for its load bias).
+/// A file's rows in the kernel's table, and its segments (for its load
+/// bias).
 struct FileRows {
     start: u32,
     count: u32,
-    module: Arc<Module>,
+    segments: Vec<Segment>,
+    /// The file parsed, while a process maps it (its symbols and
+    /// sections weigh more than its rows: let go when it is unnamed).
+    module: Option<Arc<Module>>,
     owner: u32,
     /// What the kernel is told of it (`None`: not told).
     known: Option<(FileKey, KnownFile)>,
@@ -43,10 +47,12 @@ struct FileRows {
 /// A file no process followed has mapped for this long is no longer
 /// named to the kernel (the tables it builds leave it out)...
 const UNUSED_UNNAMED: Duration = Duration::from_secs(5);
-/// ...and this long, its rows are let go: by then every process that
-/// could have been given a table with them has been heard of, and would
-/// have kept them in use.
-const UNUSED_LET_GO: Duration = Duration::from_secs(10);
+/// ...and this long, its rows are let go, or sooner, the least recently
+/// used first, when a file needs their room ([`Unwinding::make_room`]).
+/// Kept that long because a build runs the same compiler again and again:
+/// let go after 10 s, `rustc`'s rows were built and written anew for each
+/// `cargo build` (2.5 s of the agent's CPU for a 0.5 s build).
+const UNUSED_LET_GO: Duration = Duration::from_secs(600);
 
 /// The files' CFI rows in the kernel, shared by the event reader (which
 /// gives a process its table the moment it is seen, writing the rows of
@@ -104,6 +110,42 @@ impl Unwinding {
         }
     }
 
+    /// Room for `count` rows of a file of `owner`, where there is or
+    /// where the rows of files no process uses (no longer named to the
+    /// kernel) are let go for them, the least recently used first (only
+    /// `owner`'s when its share is what refused them).
+    fn make_room(&mut self, count: u32, owner: u32) -> Result<u32, Refusal> {
+        loop {
+            let refusal = match self.space.take(count, owner) {
+                Ok(start) => return Ok(start),
+                Err(refusal) => refusal,
+            };
+            let oldest = self
+                .files
+                .iter()
+                .filter(|(_, f)| f.unnamed)
+                .filter(|(_, f)| match refusal {
+                    Refusal::OwnerShare { .. } => f.owner == owner,
+                    Refusal::Full => true,
+                })
+                .min_by_key(|(_, f)| f.last_used)
+                .map(|(id, _)| id.clone());
+            let Some(id) = oldest else {
+                return Err(refusal);
+            };
+            self.let_go(&id);
+        }
+    }
+
+    /// File `id`'s rows let go, their room free.
+    fn let_go(&mut self, id: &FileId) {
+        if let Some(file) = self.files.remove(id) {
+            self.space.give_back(file.start, file.count, file.owner);
+            self.tried.remove(id);
+            self.let_go += 1;
+        }
+    }
+
     /// Files with rows in the kernel's table.
     pub fn with_rows(&self) -> usize {
         self.files.len()
@@ -138,17 +180,14 @@ impl Unwinding {
                     }
                 }
                 file.unnamed = true;
+                file.module = None;
             }
             if file.unnamed && unused >= UNUSED_LET_GO {
                 gone.push(id.clone());
             }
         }
         for id in &gone {
-            if let Some(file) = self.files.remove(id) {
-                self.space.give_back(file.start, file.count, file.owner);
-                self.tried.remove(id);
-                self.let_go += 1;
-            }
+            self.let_go(id);
         }
         if !gone.is_empty() {
             for id in self.refused.drain() {
@@ -248,7 +287,7 @@ fn build_rows(rows: &RowIndex, m: &Mapping, cache: &ModuleCache) -> Option<FileR
     };
     let count = table.rows.len() as u32;
     let mut unwinding = rows.lock().unwrap_or_else(|e| e.into_inner());
-    let start = match unwinding.space.take(count, owner) {
+    let start = match unwinding.make_room(count, owner) {
         Ok(start) => start,
         Err(refusal) => {
             unwinding.refused.insert(m.file_id.clone());
@@ -290,7 +329,8 @@ fn build_rows(rows: &RowIndex, m: &Mapping, cache: &ModuleCache) -> Option<FileR
     Some(FileRows {
         start,
         count,
-        module,
+        segments: module.segments().to_vec(),
+        module: Some(module),
         owner,
         known,
         last_used: Instant::now(),
@@ -309,7 +349,7 @@ pub fn ranges(rows: &RowIndex, mappings: &[Mapping]) -> Vec<ModuleRange> {
             Some(ModuleRange {
                 start: m.start,
                 end: m.end,
-                bias: file.module.bias(m)?,
+                bias: Segment::bias(&file.segments, m)?,
                 row_start: file.start,
                 row_count: file.count,
             })
@@ -623,7 +663,7 @@ impl Files {
             return Some(module);
         }
         let rows = self.rows.lock().unwrap_or_else(|e| e.into_inner());
-        rows.files.get(id).map(|f| Arc::clone(&f.module))
+        rows.files.get(id).and_then(|f| f.module.clone())
     }
 
     /// File `id`, mapped at `m` by a process memprof may not have read in

@@ -415,11 +415,11 @@ impl Host {
         let rows = Arc::clone(&self.files.rows);
         let mut rows = rows.lock().unwrap_or_else(|e| e.into_inner());
         rows.let_go_unused(&in_use, Instant::now());
-        // The parsed files go with their rows (or at once, without rows):
-        // a machine runs ever new files, a build's every binary.
+        // The parsed files go at once (their rows stay, for the next
+        // process that maps them, until their room is wanted): a machine
+        // runs ever new files, a build's every binary.
         let parsed = self.files.parsed();
-        self.files
-            .let_go_modules(|id| in_use.contains(id) || rows.has_rows(id));
+        self.files.let_go_modules(|id| in_use.contains(id));
         // Else a machine quiet after a build keeps what blazesym read of
         // the build's files until 500 more processes end.
         if self.files.parsed() < parsed
