@@ -131,9 +131,15 @@ pub const DLOPEN_SIGNALLED: &str = "DLOPEN_SIGNALLED";
 pub const RSS_CHUNKS: &str = "RSS_CHUNKS";
 /// Per CPU: a range being given back, between two steps of its walk.
 pub const RSS_WALK: &str = "RSS_WALK";
+/// Per process index: pages sampled so far, and the highest heap end one
+/// was sampled under. Sized by userspace.
+pub const RSS_SAMPLED: &str = "RSS_SAMPLED";
+/// Per CPU: the range last given back, and by which thread (`rss_stat`
+/// fires once per page table a syscall empties).
+pub const RSS_LAST_WALK: &str = "RSS_LAST_WALK";
 
 /// Every map of the eBPF object.
-pub const ALL: [&str; 45] = [
+pub const ALL: [&str; 47] = [
     ENABLED,
     COUNTERS,
     LIVE,
@@ -179,4 +185,6 @@ pub const ALL: [&str; 45] = [
     PATH_WALK,
     RSS_CHUNKS,
     RSS_WALK,
+    RSS_SAMPLED,
+    RSS_LAST_WALK,
 ];

@@ -35,10 +35,14 @@ pub const PAGE_FAULT: &str = "page_fault";
 /// `MADV_REMOVE`), `mmap` with `MAP_FIXED` over a range, `brk` lowering
 /// the heap's end, `mremap` shrinking a range.
 pub const MM_SYSCALL: &str = "mm_syscall";
+/// Raw tracepoint `rss_stat` (`--rss`): a process's resident count
+/// changed; inside a syscall of those [`MM_SYSCALL`] names, its range is
+/// given back. Where the kernel has it, in place of [`MM_SYSCALL`].
+pub const RSS_CHANGED: &str = "rss_changed";
 
 /// Every program of the eBPF object (checked against the object by a
 /// userspace test, as [`maps::ALL`](super::maps::ALL) is).
-pub const ALL: [&str; 14] = [
+pub const ALL: [&str; 15] = [
     ALLOC_ENTER,
     ALLOC_EXIT,
     ALLOC_SESSION,
@@ -53,6 +57,7 @@ pub const ALL: [&str; 14] = [
     OOM_VICTIM,
     PAGE_FAULT,
     MM_SYSCALL,
+    RSS_CHANGED,
 ];
 
 /// The number the kernel programs call `bpf_session_is_return()` by: a

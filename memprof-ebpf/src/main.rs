@@ -175,6 +175,13 @@ mod programs {
         rss::syscall_entry(ctx.arg::<u64>(0), ctx.arg::<u64>(1))
     }
 
+    /// `--rss`: the kernel changed a process's resident count (raw
+    /// tracepoint `rss_stat`; args: the `mm_struct`, the counter).
+    #[raw_tracepoint(tracepoint = "rss_stat")]
+    pub fn rss_changed(ctx: RawTracePointContext) -> i32 {
+        rss::rss_changed(ctx.arg::<u64>(0))
+    }
+
     /// Benchmark baseline: the bare cost of a probe hit.
     #[uprobe]
     pub fn empty_probe(_ctx: ProbeContext) -> u32 {

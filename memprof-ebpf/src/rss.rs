@@ -12,16 +12,24 @@
 //!    range with `MAP_FIXED`, `brk` lowering the heap's end, `mremap`
 //!    shrinking) is looked through by `RSS_CHUNKS`: only the 2 MiB chunks
 //!    holding sampled pages, and in them the pages sampled, are visited;
-//!    each such page leaves `LIVE`.
+//!    each such page leaves `LIVE`. Seen where the kernel lowers the
+//!    process's resident count (`rss_changed`, on tracepoint `rss_stat`,
+//!    inside such a syscall: nothing run for any other syscall), or, on a
+//!    kernel without that tracepoint, at each syscall's entry
+//!    (`syscall_entry`, on `sys_enter`: every syscall of the machine then
+//!    pays for the tracepoint, about 0.1 µs).
 //!
 //! A read of a page never written maps the shared zero page (no memory):
 //! not counted. Pages shared after a `fork` are counted in the process
 //! that wrote them first.
 use aya_ebpf::{
     bindings::pt_regs,
-    helpers::{bpf_get_current_task, bpf_ktime_get_ns},
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_get_current_task, bpf_get_current_task_btf, bpf_ktime_get_ns,
+        bpf_task_pt_regs,
+    },
     macros::map,
-    maps::{HashMap, PerCpuArray},
+    maps::{Array, HashMap, PerCpuArray},
 };
 use memprof_common::{host, AllocKind, AllocSite, NO_STACK};
 
@@ -68,6 +76,35 @@ struct Walk {
 #[map]
 static RSS_WALK: PerCpuArray<Walk> = PerCpuArray::with_max_entries(1, 0);
 
+/// Per process index: what giving back needs of its samples.
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct Sampled {
+    /// Pages sampled so far: a range looked through again only if more
+    /// were sampled since (`rss_stat` fires once per page table a
+    /// syscall empties).
+    pages: u64,
+    /// The highest heap end (`brk`) a page was sampled under: where
+    /// `brk` lowering the end looks up to (the kernel has lowered
+    /// `mm->brk` already when `rss_stat` fires).
+    heap_end: u64,
+}
+/// Sized by userspace (one per process index).
+#[map]
+static RSS_SAMPLED: Array<Sampled> = Array::with_max_entries(1, 0);
+
+/// Per CPU: the range last looked through, and for which thread.
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct LastWalk {
+    thread: u64,
+    syscall: u64,
+    args: [u64; 3],
+    pages: u64,
+}
+#[map]
+static RSS_LAST_WALK: PerCpuArray<LastWalk> = PerCpuArray::with_max_entries(1, 0);
+
 #[inline(always)]
 fn chunk_key(index: u64, page: u64) -> u64 {
     (index << 32) | (page >> CHUNK_SHIFT)
@@ -113,6 +150,16 @@ pub(crate) fn page_fault(address: u64, regs: u64, error_code: u64) -> i32 {
     if !mark(process.index as u64, page) {
         bump(|c| &mut c.rss_pages_untracked);
         return 0;
+    }
+    if let Some(sampled) = RSS_SAMPLED.get_ptr_mut(process.index) {
+        let mm = read_at(unsafe { bpf_get_current_task() }, layout!(task_mm));
+        let brk = read_at(mm, layout!(mm_brk));
+        unsafe {
+            (*sampled).pages += 1;
+            if page < brk && brk > (*sampled).heap_end {
+                (*sampled).heap_end = brk;
+            }
+        }
     }
     let site = AllocSite {
         caller,
@@ -161,6 +208,75 @@ const SYS_MUNMAP: u64 = 11;
 const SYS_BRK: u64 = 12;
 const SYS_MREMAP: u64 = 25;
 const SYS_MADVISE: u64 = 28;
+
+/// `-ENOSYS`: a syscall's return value while it runs (set at its entry).
+const RUNNING: u64 = -38i64 as u64;
+
+/// The kernel changed the resident count of `mm`: if it did so inside a
+/// syscall of the calling process that gives memory back, that
+/// syscall's range is given back (once per syscall, unless pages were
+/// sampled since).
+#[inline(always)]
+pub(crate) fn rss_changed(mm: u64) -> i32 {
+    let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as u64;
+    // In a fault, `orig_ax` is -1.
+    let syscall = read_at(regs, core::mem::offset_of!(pt_regs, orig_rax) as u32);
+    if !matches!(
+        syscall,
+        SYS_MMAP | SYS_MUNMAP | SYS_BRK | SYS_MREMAP | SYS_MADVISE
+    ) || read_at(regs, core::mem::offset_of!(pt_regs, rax) as u32) != RUNNING
+        || !enabled()
+        || read_at(unsafe { bpf_get_current_task() }, layout!(task_mm)) != mm
+    {
+        return 0;
+    }
+    let Some(index) = known_process() else {
+        return 0;
+    };
+    let pages = RSS_SAMPLED.get(index).map_or(0, |s| s.pages);
+    let now = LastWalk {
+        thread: bpf_get_current_pid_tgid(),
+        syscall,
+        args: [
+            syscall_arg(regs, 0),
+            syscall_arg(regs, 1),
+            syscall_arg(regs, 2),
+        ],
+        pages,
+    };
+    let Some(last) = RSS_LAST_WALK.get_ptr_mut(0) else {
+        return 0;
+    };
+    let last = unsafe { &mut *last };
+    if last.thread == now.thread
+        && last.syscall == now.syscall
+        && last.args == now.args
+        && last.pages == now.pages
+    {
+        return 0;
+    }
+    *last = now;
+    if syscall == SYS_BRK {
+        brk_lowered(index, syscall_arg(regs, 0));
+        return 0;
+    }
+    syscall_entry(regs, syscall)
+}
+
+/// `brk(new)` lowered the heap's end, `mm->brk` already `new`: the
+/// pages sampled above it, up to the highest end any was sampled under.
+#[inline(always)]
+fn brk_lowered(index: u32, new: u64) {
+    let Some(sampled) = RSS_SAMPLED.get_ptr_mut(index) else {
+        return;
+    };
+    let from = page_up(new);
+    let to = page_up(unsafe { (*sampled).heap_end });
+    if to > from {
+        unsafe { (*sampled).heap_end = from };
+        give_back(from, to - from);
+    }
+}
 
 /// A syscall's entry (`regs`: the user's registers): those that give
 /// memory back.

@@ -58,7 +58,7 @@ fn copy_as(fixture: &str, dir: &TempDir, name: &str) -> String {
 }
 
 #[test]
-fn every_page_written_is_counted_at_its_stack_and_given_back_by_munmap() {
+fn every_page_written_is_counted_at_its_stack_and_given_back_every_way() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let dir = TempDir::new("rss_touch");
     let program = copy_as(fixture::RSS_TOUCH, &dir, "rss_touch");
@@ -81,17 +81,23 @@ fn every_page_written_is_counted_at_its_stack_and_given_back_by_munmap() {
     );
     let mut stderr = Lines::new("memprof attach", memprof.0.stderr.take().unwrap());
     stderr.wait_for("profiling every process", timeout());
-    // One keeps its 100 MiB; the other unmaps them. Both run on until
-    // memprof's end, which names them.
+    // One keeps its 100 MiB; the others give them back, each its own
+    // way. All run on until memprof's end, which names them.
     let mut kept = as_nobody(&program, &["600"]);
-    let mut unmapped = as_nobody(&program, &["0", "600"]);
+    let ways = ["munmap", "dontneed", "fixed", "remap", "brk"];
+    let mut given_back: Vec<ChildGuard> = ways
+        .iter()
+        .map(|how| as_nobody(&program, &["0", "600", how]))
+        .collect();
     let said_by = |child: &mut ChildGuard, what: &str, line: &str| {
         let mut out = Lines::new(what, child.0.stdout.take().unwrap());
         out.wait_for(line, timeout());
     };
     said_by(&mut kept, "rss_touch (kept)", "touched");
-    said_by(&mut unmapped, "rss_touch (unmapped)", "unmapped");
-    let pids = (kept.0.id(), unmapped.0.id());
+    for (child, how) in given_back.iter_mut().zip(ways) {
+        said_by(child, &format!("rss_touch ({how})"), "unmapped");
+    }
+    let pids = (kept.0.id(), given_back[0].0.id());
     memprof.signal(libc::SIGINT);
     let status = memprof.wait_timeout(timeout());
     let said = stderr.all().join("\n");
@@ -115,18 +121,22 @@ fn every_page_written_is_counted_at_its_stack_and_given_back_by_munmap() {
         "{}",
         list_groups(&json)
     );
-    let gone = at_site(&json, pids.1, "rss", "touch_pages");
-    assert_eq!(
-        gone,
-        Counts {
-            live_count: 0,
-            live_bytes: 0,
-            total_count: PAGES,
-            total_bytes: BYTES,
-        },
-        "{}",
-        list_groups(&json)
-    );
+    for (child, how) in given_back.iter().zip(ways) {
+        // mremap keeps the first page.
+        let left = u64::from(how == "remap");
+        let gone = at_site(&json, child.0.id(), "rss", "touch_pages");
+        assert_eq!(
+            gone,
+            Counts {
+                live_count: left,
+                live_bytes: left * 4096,
+                total_count: PAGES,
+                total_bytes: BYTES,
+            },
+            "given back by {how}: {}",
+            list_groups(&json)
+        );
+    }
     assert_eq!(process(&json, pids.0)["comm"], "rss_touch");
     assert_eq!(uint(&json, "/counters/rss_pages_untracked"), 0);
     assert_eq!(uint(&json, "/counters/rss_releases_cut"), 0);

@@ -102,7 +102,7 @@ const SMOKE: &[Case] = &[
     Case {
         what: "--rss-only: 100 MiB written at one stack, exact to the page; munmap gives it back",
         binary: "rss",
-        test: "every_page_written_is_counted_at_its_stack_and_given_back_by_munmap",
+        test: "every_page_written_is_counted_at_its_stack_and_given_back_every_way",
     },
     Case {
         what: "agent defaults: a user's leak first among its resident memory, not one of its calls probed",

@@ -244,6 +244,7 @@ impl Probes {
             .map_max_entries(maps::FREE_INDEXES, host.indexes)
             .map_max_entries(maps::PROCESSES, host.processes)
             .map_max_entries(maps::PROCESS_MODULES, host.indexes)
+            .map_max_entries(maps::RSS_SAMPLED, host.indexes)
             .map_max_entries(maps::HOST_EVENTS, host.events_bytes)
             .map_max_entries(maps::DEFERRED_STACKS, host.deferred_bytes)
             .map_max_entries(maps::DEFERRED_SENT, host.deferred_keys)

@@ -151,11 +151,6 @@ impl Unwinding {
         self.files.len()
     }
 
-    /// Whether file `id` has rows in the kernel's table.
-    pub fn has_rows(&self, id: &FileId) -> bool {
-        self.files.contains_key(id)
-    }
-
     /// Of the files with rows, those no process of `in_use` maps: no
     /// longer named to the kernel after [`UNUSED_UNNAMED`], their rows
     /// let go after [`UNUSED_LET_GO`] (the files refused room are tried
