@@ -19,7 +19,7 @@ use anyhow::{Context, Result};
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuHashMap, Queue, RingBuf};
 use memprof_common::host::{FileKey, KernelLayout, KnownFile, KERNEL_SEGMENTS};
 use memprof_common::{
-    host, maps, module_table, programs, AllocSite, DeferredStack, HostEvent, LiveAlloc,
+    host, maps, module_table, programs, AllocKind, AllocSite, DeferredStack, HostEvent, LiveAlloc,
     ModuleRange, SiteTotals, UnwindRow,
 };
 
@@ -520,6 +520,30 @@ impl Probes {
     /// of the kernel's tables (they ended: nothing adds to them any more).
     pub fn take_ended(&mut self, indexes: &HashSet<u32>) -> Result<HashMap<u32, Prefetched>> {
         self.tables_of(indexes, true)
+    }
+
+    /// Takes out of `LIVE` the blocks of process `index` that its own
+    /// allocator probes recorded (every kind but `rss`), once those came
+    /// off: their frees are not seen any more. Their sizes.
+    pub fn take_calls_live(&mut self, index: u32) -> Result<Vec<u64>> {
+        let live_data = super::map_data(self.map(maps::LIVE)?)
+            .ok_or_else(|| anyhow::anyhow!("map {} has an unexpected type", maps::LIVE))?;
+        let mut keys = Vec::new();
+        let mut seen = HashSet::new();
+        super::batch::read_hash(live_data, |key: u64, block: LiveAlloc| {
+            let (of, _) = host::split(key);
+            if of == index && block.site.kind != AllocKind::Rss as u8 && seen.insert(key) {
+                keys.push((key, block.size));
+            }
+        })?;
+        let mut live: BpfHashMap<&mut MapData, u64, LiveAlloc> =
+            BpfHashMap::try_from(self.map_mut(maps::LIVE)?)?;
+        // One freed meanwhile is the kernel's to count.
+        Ok(keys
+            .into_iter()
+            .filter(|(key, _)| live.remove(key).is_ok())
+            .map(|(_, size)| size)
+            .collect())
     }
 
     /// Reads the live blocks and the sites of the processes `indexes`,

@@ -410,6 +410,13 @@ fn take_map(ebpf: &mut Ebpf, name: &str) -> Result<Map> {
 /// Probes being detached on a background thread.
 pub struct Detaching(std::thread::JoinHandle<()>);
 
+impl Detaching {
+    /// Whether every link is closed (then [`Detaching::wait`] returns at once).
+    pub fn is_done(&self) -> bool {
+        self.0.is_finished()
+    }
+}
+
 /// Threads closing links at most: classic uprobes are a link each (a
 /// few hundred under `attach --all` on Linux 6.1), and the kernel
 /// detaches them one at a time anyway.

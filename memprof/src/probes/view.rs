@@ -428,6 +428,8 @@ fn report_counters(kernel: KernelCounters) -> Counters {
         tables_from_proc: 0,
         processes_evicted: 0,
         evicted_allocs: 0,
+        calls_live_let_go: 0,
+        calls_live_let_go_bytes: 0,
         gc_sessions_missed: 0,
         names_left_mangled: 0,
         frames_unnamed: 0,

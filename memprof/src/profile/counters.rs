@@ -136,6 +136,15 @@ pub struct Counters {
     pub gc_sessions_missed: u64,
     #[serde(default)]
     pub evicted_allocs: u64,
+    /// The agent's `--examine`/`--escalate`: blocks a process's own
+    /// allocator probes recorded, still live when the probes came off,
+    /// and their bytes: let go then (their frees would not be seen; in
+    /// `allocs` and their sites' totals, in no live figure). Sampled: the
+    /// blocks they stand for, as the live figures count them.
+    #[serde(default)]
+    pub calls_live_let_go: u64,
+    #[serde(default)]
+    pub calls_live_let_go_bytes: u64,
     /// Frames whose C++ or Rust name was left mangled (shown cut): its
     /// demangled form would pass the cap (a few KiB), or it is too long
     /// to try. A name made of back-references can demangle to terabytes.

@@ -145,6 +145,13 @@ pub fn other_losses(profile: &Profile) -> String {
             thousands(c.evicted_allocs)
         );
     }
+    if c.calls_live_let_go > 0 {
+        line += &format!(
+            "; blocks still live when the process's own allocator probes came off, let go (their frees are not seen after): {} ({} bytes)",
+            thousands(c.calls_live_let_go),
+            thousands(c.calls_live_let_go_bytes)
+        );
+    }
     if c.gc_sessions_missed > 0 {
         line += &format!(
             "; Boehm GC programs that ended before their session attached (their GC objects not seen): {}",

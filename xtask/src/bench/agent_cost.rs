@@ -1,7 +1,9 @@
 //! What `memprof agent`, left on with its defaults, costs everyday
 //! programs ([`workloads`]): each one a whole command, timed by the wall
-//! clock, with no agent and under one, [`ROUNDS`] rounds; the medians
-//! and their ratio. crystal-samples' http_server under `wrk` gives
+//! clock, with no agent and under one, [`ROUNDS`] rounds of [`REPEATS`]
+//! runs each; the medians and their ratio. (Untraced runs of one command
+//! vary by up to 20 % on these 2-core machines: 3 runs' median moved a
+//! ratio by 0.2.) crystal-samples' http_server under `wrk` gives
 //! requests/s instead, and the ratio is the share of them left.
 //!
 //! Untraced means no agent at all, not a stopped one: its probes live in
@@ -25,7 +27,9 @@ use super::{
 };
 use crate::{root, target_dir};
 
-const ROUNDS: usize = 3;
+const ROUNDS: usize = 5;
+/// Runs of a timed workload in a row, each round, each way (`wrk`: two).
+const REPEATS: usize = 3;
 /// After "serving on", the agent's first seconds are its start's work
 /// (every running process read, its files parsed): the table is about an
 /// agent left on, so the traced runs wait this long (as `agent_bounds`).
@@ -100,20 +104,30 @@ pub(super) fn agent_cost(binaries: &[Binary]) -> Result<()> {
             for ((workload, runs), cpu) in workloads.iter_mut().zip(&mut runs).zip(&mut agent_cpu) {
                 let socket = agent.as_ref().map(|a| a.socket.as_path());
                 let before = agent.as_ref().map(|a| a.cpu_ticks()).transpose()?;
-                runs[way].push(workload.measure(socket)?);
+                let repeats = match workload.run {
+                    Run::Timed { .. } => REPEATS,
+                    Run::Wrk(_) => 2,
+                };
+                for _ in 0..repeats {
+                    runs[way].push(workload.measure(socket)?);
+                }
                 // What the agent does after a workload (the processes
                 // that ended named, a Boehm GC program's session let go)
                 // is that workload's: waited for, and counted in its
                 // agent CPU, not left to slow the next one.
                 if let (Some(agent), Some(before)) = (&agent, before) {
                     settle(agent)?;
-                    cpu[way].push((agent.cpu_ticks()? - before) as f64 / super::ticks_per_s());
+                    cpu[way].push(
+                        (agent.cpu_ticks()? - before) as f64
+                            / super::ticks_per_s()
+                            / repeats as f64,
+                    );
                 }
             }
         }
     }
     println!(
-        "\nbench: what memprof agent (defaults) costs everyday programs: each whole command by the wall clock, median of {ROUNDS} rounds, untraced (no agent) and under the agent in turn"
+        "\nbench: what memprof agent (defaults) costs everyday programs: each whole command by the wall clock, median of {ROUNDS} rounds of {REPEATS} runs (wrk: 2), untraced (no agent) and under the agent in turn; the agent's CPU per run"
     );
     println!("| workload                                          |      untraced | under the agent |    ratio | the agent's CPU |");
     println!("|---------------------------------------------------|--------------:|----------------:|---------:|----------------:|");
@@ -226,6 +240,10 @@ fn workloads() -> Result<Vec<Workload>> {
     let mut pairs = Command::new(&malloc_loop);
     pairs.arg("1000000");
 
+    // A syscall each byte: what every syscall pays under the agent.
+    let mut dd = Command::new("dd");
+    dd.args(["if=/dev/zero", "of=/dev/null", "bs=1", "count=2000000"]);
+
     let krate = dir.join("tiny-crate");
     std::fs::create_dir_all(krate.join("src"))?;
     // Its own `[workspace]`: not a member of memprof's, which is above it.
@@ -278,6 +296,13 @@ fn workloads() -> Result<Vec<Workload>> {
             name: "1,000,000 malloc(64)/free pairs (gcc -O2)".into(),
             run: Run::Timed {
                 command: pairs,
+                touch: None,
+            },
+        },
+        Workload {
+            name: "dd bs=1 count=2000000 (4,000,000 syscalls)".into(),
+            run: Run::Timed {
+                command: dd,
                 touch: None,
             },
         },

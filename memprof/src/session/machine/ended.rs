@@ -286,6 +286,8 @@ impl Host {
             short_of_resources: if short { recorded } else { 0 },
             names_left_mangled: named.losses.left_mangled,
             frames_unnamed: named.losses.unnamed,
+            calls_live_let_go: p.calls_let_go.0,
+            calls_live_let_go_bytes: p.calls_let_go.1,
             ..Counters::default()
         };
         let mut info = p.info();

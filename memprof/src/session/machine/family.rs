@@ -24,7 +24,7 @@ use super::select::Selection;
 use super::{Host, Scope};
 use crate::driver::Profiling;
 use crate::options::SessionOptions;
-use crate::probes::ProcessProbes;
+use crate::probes::{Detaching, ProcessProbes};
 use crate::profile::{Counters, Profile};
 
 /// The processes `run`'s command started, or those a selection names,
@@ -34,6 +34,9 @@ pub struct Family {
     /// Processes given the allocator probes of their own
     /// ([`Family::probe_calls`]), by pid.
     calls: HashMap<u32, ProcessProbes>,
+    /// Those whose probes are coming off: once they are off, the blocks
+    /// they recorded still live are let go ([`Host::let_go_calls`]).
+    coming_off: Vec<(u32, Detaching)>,
 }
 
 /// The family's probes being loaded, beside the command's session.
@@ -82,6 +85,7 @@ impl Family {
             Ok(Family {
                 host: Host::start(&options, Scope::Family(root), Some(&set))?,
                 calls: HashMap::new(),
+                coming_off: Vec::new(),
             })
         });
         Loading { live, loading }
@@ -94,6 +98,7 @@ impl Family {
         Ok(Family {
             host: Host::start(options, Scope::Selected(selection.clone()), None)?,
             calls: HashMap::new(),
+            coming_off: Vec::new(),
         })
     }
 
@@ -103,6 +108,7 @@ impl Family {
         Ok(Family {
             host: Host::start(options, Scope::All, None)?,
             calls: HashMap::new(),
+            coming_off: Vec::new(),
         })
     }
 
@@ -194,7 +200,7 @@ impl Family {
     /// Probes the allocator functions of process `pid`, for it alone,
     /// until [`Family::unprobe_calls`]; says which files.
     pub fn probe_calls(&mut self, pid: u32) -> Result<Vec<std::path::PathBuf>> {
-        if self.calls.contains_key(&pid) {
+        if self.calls.contains_key(&pid) || self.host.files.calls_probed() {
             anyhow::bail!("pid {pid}'s allocator functions are probed already");
         }
         let host = &mut self.host;
@@ -204,14 +210,29 @@ impl Family {
     }
 
     /// Process `pid`'s own allocator probes come off (detached on a
-    /// thread); whether it had them.
+    /// thread; once off, what they recorded still live is let go: its
+    /// frees would not be seen); whether it had them.
     pub fn unprobe_calls(&mut self, pid: u32) -> bool {
-        self.calls.remove(&pid).is_some()
+        match self.calls.remove(&pid) {
+            Some(own) => {
+                self.coming_off.push((pid, own.detach()));
+                true
+            }
+            None => false,
+        }
     }
 
     /// The events read (without waiting: the command's session is
     /// stepped by the same loop), the processes that ended finalized.
     pub fn step(&mut self) -> Result<()> {
+        let (off, on): (Vec<_>, Vec<_>) = std::mem::take(&mut self.coming_off)
+            .into_iter()
+            .partition(|(_, detaching)| detaching.is_done());
+        self.coming_off = on;
+        for (pid, detaching) in off {
+            detaching.wait();
+            self.host.let_go_calls(pid)?;
+        }
         self.host.tick(Duration::ZERO)
     }
 
@@ -236,6 +257,10 @@ impl Family {
         // No process keeps a probe of memprof's once it stops.
         for (_, own) in self.calls.drain() {
             own.detach().wait();
+        }
+        for (pid, detaching) in std::mem::take(&mut self.coming_off) {
+            detaching.wait();
+            self.host.let_go_calls(pid)?;
         }
         let counters = self.host.stop()?;
         let mut done = std::mem::take(&mut self.host.done);

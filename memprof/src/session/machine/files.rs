@@ -402,6 +402,11 @@ impl Files {
         }
     }
 
+    /// Whether every process's allocator functions are probed (`--calls`).
+    pub fn calls_probed(&self) -> bool {
+        self.calls
+    }
+
     /// How many files have probes.
     pub fn probed(&self) -> usize {
         self.probed

@@ -400,6 +400,28 @@ impl Host {
         Ok(counters)
     }
 
+    /// The blocks process `pid`'s own allocator probes recorded, still
+    /// live now that those came off, let go (their frees would not be
+    /// seen) and counted in its profile.
+    pub fn let_go_calls(&mut self, pid: u32) -> Result<()> {
+        let Some(p) = self.processes.values_mut().find(|p| p.pid == pid) else {
+            return Ok(());
+        };
+        // Sampled, each stands for the blocks its size weighs, as the
+        // live figures count them (by size, rounded once, as a group's).
+        let mean = self.probes.sample_bytes();
+        let mut by_size: std::collections::BTreeMap<u64, u64> = Default::default();
+        for size in self.probes.take_calls_live(p.index)? {
+            *by_size.entry(size).or_default() += 1;
+        }
+        for (size, n) in by_size {
+            let (blocks, bytes) = crate::sampling::scale(n, n * size, mean);
+            p.calls_let_go.0 += blocks;
+            p.calls_let_go.1 += bytes;
+        }
+        Ok(())
+    }
+
     /// The rows of files no process followed maps any more let go
     /// (`files::Unwinding::let_go_unused`), and the files parsed.
     fn let_go_unused_rows(&mut self) {

@@ -50,6 +50,9 @@ pub struct HostProcess {
     pub refused: bool,
     /// The kernel's OOM killer chose it.
     pub oom_killed: bool,
+    /// Blocks (and bytes) its own allocator probes recorded, let go when
+    /// they came off.
+    pub calls_let_go: (u64, u64),
 }
 
 /// What the kernel said of a process when it gave it its index (empty:
@@ -119,6 +122,7 @@ impl HostProcess {
             unknown: Vec::new(),
             refused: false,
             oom_killed: false,
+            calls_let_go: (0, 0),
         };
         if let Some(read) = now {
             process.take(read);
