@@ -28,8 +28,11 @@ static DWARF_STACKS: HashMap<u64, DwarfStack> =
 #[map]
 static SHORT_STACKS: HashMap<u64, DwarfStack> =
     HashMap::with_max_entries(1 << 16, BPF_F_NO_PREALLOC);
+/// Mappable (`BPF_F_MMAPABLE`): userspace writes a file's rows with a
+/// copy, not a syscall's copy per row.
 #[map]
-static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(1, 0);
+static UNWIND_ROWS: Array<UnwindRow> =
+    Array::with_max_entries(1, aya_ebpf::bindings::BPF_F_MMAPABLE);
 /// Per CPU, rows found by pc (see `cached_row`): one value holding
 /// every slot, looked up once per stack, not once per frame.
 #[map]

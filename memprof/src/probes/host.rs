@@ -204,9 +204,17 @@ impl RowTable {
         self.capacity
     }
 
-    /// Writes a file's rows from row `start`.
+    /// Writes a file's rows from row `start` (copied into the mapped
+    /// table; by `bpf(2)` if it cannot be mapped).
     pub fn write(&mut self, start: u32, rows: &[UnwindRow]) -> Result<()> {
-        super::batch::fill_at(&self.rows, start, rows)
+        anyhow::ensure!(
+            start as usize + rows.len() <= self.capacity as usize,
+            "rows {start}+{} past the table's {}",
+            rows.len(),
+            self.capacity
+        );
+        super::batch::copy_into_mappable(&self.rows, start, rows)
+            .or_else(|_| super::batch::fill_at(&self.rows, start, rows))
     }
 
     /// Tells the kernel that `file`'s rows are `known`: the tables it

@@ -29,7 +29,16 @@ pub(super) struct ModuleTable {
 impl Probes {
     /// Writes the CFI rows (the kernel unwinds with them: `UNWIND_DWARF` was set at load).
     pub(super) fn write_unwind_rows(&mut self, tables: &Tables) -> Result<()> {
-        super::batch::fill_array::<UnwindRow>(self.map(maps::UNWIND_ROWS)?, &tables.rows)?;
+        let map = self.map(maps::UNWIND_ROWS)?;
+        let copied = match map {
+            aya::maps::Map::Array(data) => {
+                super::batch::copy_into_mappable(data, 0, &tables.rows).is_ok()
+            }
+            _ => false,
+        };
+        if !copied {
+            super::batch::fill_array::<UnwindRow>(map, &tables.rows)?;
+        }
         Ok(())
     }
 
