@@ -100,7 +100,7 @@ const SMOKE: &[Case] = &[
         test: "the_agent_answers_throughout_and_obeys_sigterm",
     },
     Case {
-        what: "--rss-only: 100 MiB written at one stack, exact to the page; munmap gives it back",
+        what: "--rss-only: 100 MiB written at one stack, exact to the page; given back by munmap, madvise, mmap MAP_FIXED, mremap and brk (seen at rss_stat)",
         binary: "rss",
         test: "every_page_written_is_counted_at_its_stack_and_given_back_every_way",
     },
