@@ -132,7 +132,8 @@ pub const RSS_CHUNKS: &str = "RSS_CHUNKS";
 /// Per CPU: a range being given back, between two steps of its walk.
 pub const RSS_WALK: &str = "RSS_WALK";
 /// Per process index: pages sampled so far, and the highest heap end one
-/// was sampled under. Sized by userspace.
+/// was sampled under, and of which address space (an index is given
+/// again). Sized by userspace.
 pub const RSS_SAMPLED: &str = "RSS_SAMPLED";
 /// Per CPU: the range last given back, and by which thread (`rss_stat`
 /// fires once per page table a syscall empties).

@@ -88,6 +88,9 @@ struct Sampled {
     /// `brk` lowering the end looks up to (the kernel has lowered
     /// `mm->brk` already when `rss_stat` fires).
     heap_end: u64,
+    /// The address space that end is of: an index is given again to
+    /// another process, whose heap may lie terabytes away.
+    mm: u64,
 }
 /// Sized by userspace (one per process index).
 #[map]
@@ -156,6 +159,10 @@ pub(crate) fn page_fault(address: u64, regs: u64, error_code: u64) -> i32 {
         let brk = read_at(mm, layout!(mm_brk));
         unsafe {
             (*sampled).pages += 1;
+            if (*sampled).mm != mm {
+                (*sampled).mm = mm;
+                (*sampled).heap_end = 0;
+            }
             if page < brk && brk > (*sampled).heap_end {
                 (*sampled).heap_end = brk;
             }
@@ -257,19 +264,23 @@ pub(crate) fn rss_changed(mm: u64) -> i32 {
     }
     *last = now;
     if syscall == SYS_BRK {
-        brk_lowered(index, syscall_arg(regs, 0));
+        brk_lowered(index, mm, syscall_arg(regs, 0));
         return 0;
     }
     syscall_entry(regs, syscall)
 }
 
-/// `brk(new)` lowered the heap's end, `mm->brk` already `new`: the
-/// pages sampled above it, up to the highest end any was sampled under.
+/// `brk(new)` lowered the heap's end of `mm`, `mm->brk` already `new`:
+/// the pages sampled above it, up to the highest end any was sampled
+/// under.
 #[inline(always)]
-fn brk_lowered(index: u32, new: u64) {
+fn brk_lowered(index: u32, mm: u64, new: u64) {
     let Some(sampled) = RSS_SAMPLED.get_ptr_mut(index) else {
         return;
     };
+    if unsafe { (*sampled).mm } != mm {
+        return; // no page of this process sampled in its heap
+    }
     let from = page_up(new);
     let to = page_up(unsafe { (*sampled).heap_end });
     if to > from {
