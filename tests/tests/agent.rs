@@ -1440,27 +1440,21 @@ fn the_files_of_programs_that_ended_are_let_go() {
     eprintln!("files held with the copies ended: {during:?}");
     // Then none parsed: no process followed maps any file. Their rows
     // stay, every one.
-    let after = poll("the files let go", || {
-        let held = files_held(&agent.get_text("/metrics"));
-        if held.0 == 0 {
-            Ok(held)
-        } else {
-            Err(format!("{held:?}"))
-        }
-    });
-    assert_eq!(after, (0, during.1));
+    let none_parsed = || {
+        poll("the files let go", || {
+            let held = files_held(&agent.get_text("/metrics"));
+            if held.0 == 0 {
+                Ok(held)
+            } else {
+                Err(format!("{held:?}"))
+            }
+        })
+    };
+    assert_eq!(none_parsed(), (0, during.1));
     // A copy run again maps files with rows: none added.
     assert!(Command::new(&copies[0]).status().unwrap().success());
     ended(6);
-    let again = poll("the files let go again", || {
-        let held = files_held(&agent.get_text("/metrics"));
-        if held.0 == 0 {
-            Ok(held)
-        } else {
-            Err(format!("{held:?}"))
-        }
-    });
-    assert_eq!(again, (0, during.1));
+    assert_eq!(none_parsed(), (0, during.1));
     // The profiles of the ended copies stay, named.
     let text = agent.get_text("/api/processes");
     let rows: Value = serde_json::from_str(&text).unwrap();
